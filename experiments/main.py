@@ -1,0 +1,39 @@
+"""The one launcher: python -m experiments.main --config=configs/<slug>.py[:variant] --workdir=runs/<slug>
+
+Runs `iclr24_jax.papers.<config.paper>.experiment.run(config, workdir)` (or a family experiment such as
+`classify`). Add `--distributed` on multi-host systems (TPU pods, GPU clusters) to join the run first.
+"""
+import json
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a configs/<slug>.py file (with :variant).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where metrics, checkpoints, results and plots go.")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() first (multi-host).")
+_COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-host without a scheduler).")
+_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-host without a scheduler).")
+_PID = flags.DEFINE_integer("process_id", None, "This process's index (multi-host without a scheduler).")
+_CPU_DEVICES = flags.DEFINE_integer("cpu_devices", None, "Simulated CPU devices per process (testing).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  if _DISTRIBUTED.value:
+    from iclr24_jax.common.sharding import initialize_distributed
+    initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _CPU_DEVICES.value)
+  elif _CPU_DEVICES.value:
+    import jax
+    jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
+  from iclr24_jax import registry
+  config = _CONFIG.value
+  module = registry.experiment_module(config.paper)
+  logging.info("running %s in %s", config.paper, _WORKDIR.value)
+  results = module.run(config, _WORKDIR.value)
+  print(json.dumps({k: v for k, v in (results or {}).items() if isinstance(v, (int, float, str, bool))}, indent=1))
+
+
+if __name__ == "__main__":
+  app.run(main)

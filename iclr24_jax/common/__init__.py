@@ -1,0 +1,1 @@
+"""Shared training machinery: state, mesh sharding, loop, checkpoints, metrics, data, graphs, benchmarks."""

@@ -1,0 +1,144 @@
+"""Timing compiled functions: compile seconds, median step time, items/s, memory; tables and JSON."""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+
+
+def _block(x):
+  return jax.block_until_ready(x)
+
+
+def peak_memory_bytes() -> dict[str, int | None]:
+  """Peak device memory where the backend reports it (GPU/TPU), else None; and host peak RSS."""
+  device_peak = None
+  try:
+    stats = jax.devices()[0].memory_stats()
+    if stats:
+      device_peak = int(stats.get("peak_bytes_in_use", stats.get("bytes_in_use", 0)))
+  except Exception:
+    device_peak = None
+  host_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  return {"device_peak_bytes": device_peak, "host_peak_rss_bytes": int(host_peak)}
+
+
+def time_fn(fn: Callable, *args: Any, repeats: int = 10, warmup: int = 1, items: int | None = None,
+            carry: bool = False, name: str = "", min_time_s: float = 0.0, **extra: Any) -> dict[str, Any]:
+  """Times a function; jitted functions are lowered and compiled separately to time compilation.
+
+  Args:
+    fn: a `jax.jit`-wrapped function (or any callable returning arrays).
+    *args: its arguments.
+    repeats: timed calls (the median is reported).
+    warmup: untimed calls after compilation.
+    items: work items per call (examples, tokens, env steps) for items/s.
+    carry: feed the first output back as the first argument (for steps that donate their state).
+    name: a row label.
+    min_time_s: keep repeating until this much time was measured (noisy machines).
+    **extra: more columns for the row (size, devices ...).
+
+  Returns:
+    A row: name, compile_s, median_s, steps_per_s, items_per_s, compiled_temp_bytes, peak memory, extra.
+  """
+  compile_s = None
+  temp_bytes = None
+  call = fn
+  if hasattr(fn, "lower"):
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+    try:
+      ma = compiled.memory_analysis()
+      temp_bytes = int(ma.temp_size_in_bytes + ma.argument_size_in_bytes + ma.output_size_in_bytes)
+    except Exception:
+      temp_bytes = None
+    call = compiled
+  args = list(args)
+
+  def once():
+    out = _block(call(*args))
+    if carry:
+      args[0] = out[0] if isinstance(out, tuple) else out
+    return out
+
+  for _ in range(warmup):
+    once()
+  times = []
+  t_start = time.perf_counter()
+  while len(times) < repeats or (time.perf_counter() - t_start) < min_time_s:
+    t0 = time.perf_counter()
+    once()
+    times.append(time.perf_counter() - t0)
+    if len(times) > 10 * max(repeats, 1):
+      break
+  med = statistics.median(times)
+  row = {"name": name, "compile_s": compile_s, "median_s": med, "steps_per_s": 1.0 / med if med > 0 else None,
+         "items_per_s": (items / med if items and med > 0 else None), "repeats": len(times),
+         "compiled_bytes": temp_bytes, "devices": jax.device_count(), "backend": jax.default_backend()}
+  row.update(peak_memory_bytes())
+  row.update(extra)
+  return row
+
+
+def time_host(fn: Callable[[], Any], repeats: int = 3, items: int | None = None, name: str = "", **extra) -> dict:
+  """Times a whole host-side routine (first call reported separately as it includes compilation)."""
+  t0 = time.perf_counter()
+  _block(fn())
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    _block(fn())
+    times.append(time.perf_counter() - t0)
+  med = statistics.median(times) if times else first
+  row = {"name": name, "first_call_s": first, "median_s": med, "steps_per_s": 1.0 / med if med > 0 else None,
+         "items_per_s": (items / med if items and med > 0 else None), "repeats": len(times),
+         "devices": jax.device_count(), "backend": jax.default_backend()}
+  row.update(peak_memory_bytes())
+  row.update(extra)
+  return row
+
+
+def _fmt(v: Any) -> str:
+  if v is None:
+    return "-"
+  if isinstance(v, float):
+    if v == 0:
+      return "0"
+    if abs(v) >= 1e5 or abs(v) < 1e-3:
+      return f"{v:.3g}"
+    return f"{v:.4g}"
+  return str(v)
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+  """Formats rows as a Markdown table (columns default to the union of keys, in first-seen order)."""
+  if not rows:
+    return "(no rows)\n"
+  if columns is None:
+    columns = []
+    for r in rows:
+      for k in r:
+        if k not in columns:
+          columns.append(k)
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  for r in rows:
+    lines.append("| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def write_rows(rows: Sequence[dict], path_json: str, path_md: str | None = None,
+               columns: Sequence[str] | None = None) -> None:
+  """Writes rows as JSON (and a Markdown table)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path_json)), exist_ok=True)
+  with open(path_json, "w") as f:
+    json.dump(list(rows), f, indent=2, default=str)
+  if path_md:
+    with open(path_md, "w") as f:
+      f.write(format_table(rows, columns))

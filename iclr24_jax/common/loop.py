@@ -1,0 +1,167 @@
+"""The training loop: compile a pure step over the mesh, run it with logging, eval, checkpoints, resume.
+
+A method supplies pure functions:
+  init_fn(key) -> TrainState
+  train_step(state, batch, key) -> (state, metrics)   # folds state.step into key itself
+  batches(step) -> host batch (dict of numpy arrays [B_local, ...]), deterministic in `step`
+and `train_loop` does the rest. The step is compiled once with
+`jax.jit(step, in_shardings=(state: replicated, batch: P('data'), key: replicated), donate_argnums=0)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable, Mapping
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from iclr24_jax.common import checkpoint as ckpt_lib
+from iclr24_jax.common import metrics as metrics_lib
+from iclr24_jax.common import sharding
+
+TrainStep = Callable[[Any, Any, jax.Array], tuple[Any, Mapping[str, jax.Array]]]
+
+
+def compile_step(step_fn: TrainStep, mesh: Mesh, state_sharding: Any = None, batch_sharding: Any = None,
+                 donate: bool = True) -> Callable:
+  """Compiles `step_fn(state, batch, key) -> (state, metrics)` over `mesh`.
+
+  Args:
+    step_fn: the pure step.
+    mesh: the device mesh.
+    state_sharding: a sharding (or pytree prefix of shardings) for the state; default replicated.
+    batch_sharding: default `P('data')` on every batch leaf.
+    donate: donate the input state's buffers (the caller must not reuse the old state).
+
+  Returns:
+    The jitted step.
+  """
+  rep = sharding.replicated_sharding(mesh)
+  state_sh = rep if state_sharding is None else state_sharding
+  batch_sh = sharding.data_sharding(mesh) if batch_sharding is None else batch_sharding
+  return jax.jit(step_fn, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep),
+                 donate_argnums=(0,) if donate else ())
+
+
+def abstract_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: Any) -> Any:
+  """`jax.eval_shape(init_fn, key)` with target shardings attached (for restoring)."""
+  shapes = jax.eval_shape(init_fn, key)
+  if isinstance(shardings, NamedSharding):
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=shardings), shapes)
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+@dataclasses.dataclass
+class LoopResult:
+  state: Any
+  history: list[dict]              # rows written to metrics.jsonl by this invocation (and earlier, on resume)
+  final_eval: dict | None
+  start_step: int                  # the step this invocation started from (> 0 when resumed)
+  steps_per_s: float | None
+
+
+def _mean_metrics(rows: list[Mapping[str, Any]]) -> dict[str, float]:
+  rows = jax.device_get(rows)
+  out = {}
+  for k in rows[-1]:
+    vals = [np.asarray(r[k], np.float64) for r in rows if k in r]
+    out[k] = float(np.mean(vals))
+  return out
+
+
+def train_loop(*, init_fn: Callable[[jax.Array], Any], train_step: TrainStep, batches: Callable[[int], Any],
+               num_steps: int, key: jax.Array, workdir: str | None = None, mesh: Mesh | None = None,
+               log_every: int = 100, eval_every: int = 0, eval_fn: Callable[[Any], Mapping[str, Any]] | None = None,
+               checkpoint_every: int = 0, max_to_keep: int = 3, config: Any = None, progress: bool = True,
+               state_sharding: Any = None, stop_at: int | None = None, name: str = "train") -> LoopResult:
+  """Runs a compiled train step for `num_steps` steps with logging, eval and checkpoint/resume.
+
+  Args:
+    init_fn: key -> initial TrainState (pure; compiled with replicated outputs).
+    train_step: pure step; see module docstring.
+    batches: step -> this host's batch at that step (deterministic, so a resumed run sees the same data).
+    num_steps: total optimizer steps.
+    key: the run's key; split into key_init and key_train here.
+    workdir: where metrics.jsonl and checkpoints/ go (None: nothing written, no resume).
+    mesh: the mesh (default: all devices on 'data').
+    log_every: pull and write metrics every N steps (averaged over the interval).
+    eval_every: call eval_fn every N steps (0: only at the end).
+    eval_fn: state -> dict of eval metrics (host side; may run its own compiled function).
+    checkpoint_every: save every N steps (0: only at the end); needs workdir.
+    max_to_keep: checkpoints kept.
+    config: saved as JSON beside the checkpoints.
+    progress: print a progress line.
+    state_sharding: shardings of the state (default replicated).
+    stop_at: stop early after this step (simulates a killed run in tests) without the final save.
+    name: label of the progress line.
+
+  Returns:
+    LoopResult with the final state, metric history, final eval and speed.
+  """
+  mesh = sharding.make_mesh() if mesh is None else mesh
+  rep = sharding.replicated_sharding(mesh)
+  state_sh = rep if state_sharding is None else state_sharding
+  key_init, key_train = jax.random.split(key)
+
+  checkpointer = None
+  start_step = 0
+  if workdir is not None:
+    checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=max_to_keep,
+                                         config=config)
+  with jax.set_mesh(mesh):
+    if checkpointer is not None and checkpointer.latest_step() is not None:
+      target = abstract_state(init_fn, key_init, state_sh)
+      state = checkpointer.restore(target)
+      start_step = int(jax.device_get(state.step))  # static fields (tx) come from the abstract state
+    else:
+      state = jax.jit(init_fn, out_shardings=state_sh)(key_init)
+
+    writer = metrics_lib.MetricWriter(workdir, resume_step=start_step if start_step else None) if workdir else None
+    history = metrics_lib.read_jsonl(writer.path) if (writer and start_step and os.path.exists(writer.path)) else []
+    step_fn = compile_step(train_step, mesh, state_sharding=state_sh)
+    prog = metrics_lib.Progress(num_steps, start=start_step, name=name, enabled=progress and jax.process_index() == 0)
+    pending: list[Mapping[str, jax.Array]] = []
+    final_eval = None
+    t0, steps_done = time.perf_counter(), 0
+    last = min(num_steps, stop_at) if stop_at is not None else num_steps
+    for step in range(start_step, last):
+      batch = sharding.shard_batch(batches(step), mesh)
+      state, metrics = step_fn(state, batch, key_train)
+      pending.append(metrics)
+      steps_done += 1
+      s = step + 1
+      if s % max(log_every, 1) == 0 or s == num_steps:
+        row = {f"train/{k}" if "/" not in k else k: v for k, v in _mean_metrics(pending).items()}
+        pending = []
+        row["steps_per_s"] = steps_done / max(time.perf_counter() - t0, 1e-9)
+        if eval_fn is not None and eval_every and s % eval_every == 0 and s != num_steps:
+          row.update({f"eval/{k}" if "/" not in k else k: v for k, v in eval_fn(state).items()})
+        if writer:
+          writer.write(s, row)
+        history.append({"step": s, **metrics_lib.to_python(row)})
+        loss = next((v for k, v in row.items() if k.endswith("loss")), None)
+        prog.update(s, loss)
+      elif eval_fn is not None and eval_every and s % eval_every == 0:
+        ev = {f"eval/{k}" if "/" not in k else k: v for k, v in eval_fn(state).items()}
+        if writer:
+          writer.write(s, ev)
+        history.append({"step": s, **metrics_lib.to_python(ev)})
+      if checkpointer is not None and checkpoint_every and s % checkpoint_every == 0 and s != num_steps:
+        checkpointer.save(s, state)
+    elapsed = time.perf_counter() - t0
+    stopped_early = stop_at is not None and last < num_steps
+    if checkpointer is not None and not stopped_early and checkpointer.latest_step() != num_steps:
+      checkpointer.save(num_steps, state)
+    if eval_fn is not None and not stopped_early:
+      final_eval = {f"eval/{k}" if "/" not in k else k: v for k, v in eval_fn(state).items()}
+      final_eval = metrics_lib.to_python(final_eval)
+      if writer:
+        writer.write(int(jax.device_get(state.step)), final_eval)
+      history.append({"step": int(jax.device_get(state.step)), **final_eval})
+  if checkpointer is not None:
+    checkpointer.close()
+  return LoopResult(state=state, history=history, final_eval=final_eval, start_step=start_step,
+                    steps_per_s=(steps_done / elapsed if steps_done and elapsed > 0 else None))

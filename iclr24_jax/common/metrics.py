@@ -1,0 +1,166 @@
+"""Metrics on disk (`metrics.jsonl`, `results.json`), a progress line, and PNG plots."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Iterable, Mapping
+
+import jax
+import numpy as np
+
+
+def to_python(tree: Any) -> Any:
+  """Converts arrays/numpy scalars inside a pytree of dicts/lists into JSON-safe Python values."""
+  tree = jax.device_get(tree)
+  if isinstance(tree, Mapping):
+    return {str(k): to_python(v) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [to_python(v) for v in tree]
+  if isinstance(tree, np.ndarray):
+    return tree.item() if tree.ndim == 0 else tree.tolist()
+  if isinstance(tree, np.generic):
+    return tree.item()
+  if isinstance(tree, float) and not math.isfinite(tree):
+    return str(tree)
+  return tree
+
+
+class MetricWriter:
+  """Appends one JSON object per logged step to `workdir/metrics.jsonl`.
+
+  On resume (`resume_step` given) rows logged after that step by the interrupted run are dropped, so
+  the file reads as one uninterrupted run.
+  """
+
+  def __init__(self, workdir: str, resume_step: int | None = None, filename: str = "metrics.jsonl"):
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, filename)
+    if resume_step is not None and os.path.exists(self.path):
+      rows = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= resume_step]
+      with open(self.path, "w") as f:
+        for r in rows:
+          f.write(json.dumps(r) + "\n")
+    elif resume_step is None and os.path.exists(self.path):
+      os.remove(self.path)
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    """Writes `{"step": step, **metrics}` (arrays pulled to host once, here)."""
+    row = {"step": int(step), **to_python(dict(metrics))}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """Reads a JSON-lines file into a list of dicts."""
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def write_results(workdir: str, results: Mapping[str, Any], filename: str = "results.json") -> str:
+  """Writes the final numbers of a run as `workdir/results.json`; returns the path."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, filename)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(to_python(dict(results)), f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+  return path
+
+
+def _fmt_seconds(s: float) -> str:
+  if not math.isfinite(s):
+    return "?"
+  s = int(round(s))
+  h, rem = divmod(s, 3600)
+  m, sec = divmod(rem, 60)
+  return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+class Progress:
+  """A one-line progress report: step/total, steps/s, ETA and the last loss.
+
+  Prints at most every `every_s` seconds (and at the end) to `stream`.
+  """
+
+  def __init__(self, total: int, start: int = 0, every_s: float = 5.0, name: str = "train", stream=None,
+               enabled: bool = True):
+    self.total, self.start, self.every_s, self.name = total, start, every_s, name
+    self.stream = stream or sys.stderr
+    self.enabled = enabled
+    self.t0 = time.perf_counter()
+    self.last_print = -float("inf")
+
+  def line(self, step: int, loss: float | None = None) -> str:
+    done = step - self.start
+    elapsed = time.perf_counter() - self.t0
+    rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
+    eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
+    pct = 100.0 * step / max(self.total, 1)
+    parts = [f"[{self.name}] step {step}/{self.total} ({pct:.0f}%)", f"{rate:.2f} steps/s", f"ETA {_fmt_seconds(eta)}"]
+    if loss is not None:
+      parts.append(f"loss {loss:.4g}")
+    return " | ".join(parts)
+
+  def update(self, step: int, loss: float | None = None, force: bool = False) -> None:
+    now = time.perf_counter()
+    if self.enabled and (force or step >= self.total or now - self.last_print >= self.every_s):
+      self.last_print = now
+      print(self.line(step, loss), file=self.stream, flush=True)
+
+
+def save_figure(fig, path: str) -> str:
+  """Saves a matplotlib figure as PNG (creating folders) and closes it; returns the path."""
+  import matplotlib
+  matplotlib.use("Agg", force=False)
+  import matplotlib.pyplot as plt
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110, bbox_inches="tight")
+  plt.close(fig)
+  return path
+
+
+def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (4.0, 3.0)):
+  """Returns (fig, axes) from a headless matplotlib backend."""
+  import matplotlib
+  matplotlib.use("Agg", force=False)
+  import matplotlib.pyplot as plt
+  return plt.subplots(nrows, ncols, figsize=(size[0] * ncols, size[1] * nrows), squeeze=False)
+
+
+def plot_curves(rows: Iterable[Mapping[str, Any]], keys: Iterable[str], path: str, x: str = "step",
+                title: str | None = None) -> str:
+  """Plots metric curves (e.g. rows of metrics.jsonl) for the given keys into a PNG."""
+  rows = list(rows)
+  fig, axes = new_figure()
+  ax = axes[0, 0]
+  for k in keys:
+    pts = [(r[x], r[k]) for r in rows if k in r and isinstance(r[k], (int, float))]
+    if pts:
+      xs, ys = zip(*pts)
+      ax.plot(xs, ys, label=k)
+  ax.set_xlabel(x)
+  ax.legend()
+  if title:
+    ax.set_title(title)
+  return save_figure(fig, path)
+
+
+def plot_image_grid(images: np.ndarray, path: str, ncols: int = 8, title: str | None = None) -> str:
+  """Saves a grid of images [N, H, W] or [N, H, W, C] (values in [0, 1]) as PNG."""
+  images = np.asarray(images)
+  n = images.shape[0]
+  nrows = max(1, math.ceil(n / ncols))
+  fig, axes = new_figure(ncols=ncols, nrows=nrows, size=(1.2, 1.2))
+  for i, ax in enumerate(axes.flat):
+    ax.axis("off")
+    if i < n:
+      img = images[i]
+      if img.ndim == 3 and img.shape[-1] == 1:
+        img = img[..., 0]
+      ax.imshow(np.clip(img, 0, 1), cmap="gray" if img.ndim == 2 else None, vmin=0, vmax=1)
+  if title:
+    fig.suptitle(title)
+  return save_figure(fig, path)

@@ -1,0 +1,123 @@
+"""The device mesh: the one distributed engine of the library.
+
+Every compiled step runs over a `jax.sharding.Mesh` with axes ('data', 'model'). Batches are split
+over 'data' (`P('data')`), parameters are replicated unless a method shards them over 'model'. The
+same code runs on 1 CPU device, 8 simulated CPU devices in tests, a GPU box and a TPU pod; for many
+hosts call `initialize_distributed()` first and feed each host's slice through `shard_batch`.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+DATA_AXIS = "data"
+MODEL_AXIS = "model"
+
+
+def make_mesh(mesh_config: Mapping[str, int] | Any | None = None,
+              devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds a ('data', 'model') mesh.
+
+  Args:
+    mesh_config: mapping (or ConfigDict) with `data` and `model` sizes; -1 means "all remaining
+      devices". None means data=-1, model=1 (pure data parallelism over every device).
+    devices: the devices to use (default: all of `jax.devices()`); tests pass a subset to compare
+      1-device and 8-device runs.
+
+  Returns:
+    A `Mesh` of shape [data, model] with Auto axis types.
+
+  Raises:
+    ValueError: if the sizes do not multiply to the number of devices.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  n = len(devices)
+  cfg = dict(mesh_config) if mesh_config is not None else {}
+  unknown = set(cfg) - {DATA_AXIS, MODEL_AXIS}
+  if unknown:
+    raise ValueError(f"mesh config has unknown axes {sorted(unknown)}; only 'data' and 'model' exist.")
+  data, model = int(cfg.get(DATA_AXIS, -1)), int(cfg.get(MODEL_AXIS, 1))
+  if data == -1 and model == -1:
+    raise ValueError("mesh: at most one of mesh.data / mesh.model may be -1.")
+  if data == -1:
+    data = n // max(model, 1)
+  if model == -1:
+    model = n // max(data, 1)
+  if data * model != n or data < 1 or model < 1:
+    raise ValueError(f"mesh data={data} x model={model} does not use the {n} available devices exactly; "
+                     f"set mesh.data / mesh.model so their product is {n} (or use -1).")
+  return jax.make_mesh((data, model), (DATA_AXIS, MODEL_AXIS),
+                       axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+
+
+def data_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a batch: leading axis split over 'data', the rest replicated."""
+  return NamedSharding(mesh, P(DATA_AXIS))
+
+
+def replicated_sharding(mesh: Mesh) -> NamedSharding:
+  """Sharding of a fully replicated array (params, keys, scalars)."""
+  return NamedSharding(mesh, P())
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+  """Places every leaf of `tree` replicated on all devices of `mesh`."""
+  return jax.device_put(tree, replicated_sharding(mesh))
+
+
+def shard_batch(host_batch: Any, mesh: Mesh) -> Any:
+  """Turns this host's slice of a batch into global arrays sharded over 'data'.
+
+  On one host the slice is the whole batch. On many hosts each process passes its own rows (same
+  local size everywhere) and the global batch is their concatenation in process order.
+
+  Args:
+    host_batch: pytree of numpy/jax arrays, each [B_local, ...].
+    mesh: the mesh to shard over.
+
+  Returns:
+    The same pytree of global `jax.Array`s, each [B_local * process_count, ...], sharded `P('data')`.
+
+  Raises:
+    ValueError: if the global batch size is not divisible by the mesh's data axis.
+  """
+  sharding = data_sharding(mesh)
+  n_data = mesh.shape[DATA_AXIS]
+
+  def put(x):
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    if x.ndim == 0:
+      raise ValueError("shard_batch got a scalar leaf; batches must have a leading batch axis.")
+    global_rows = x.shape[0] * jax.process_count()
+    if global_rows % n_data:
+      raise ValueError(f"batch size {global_rows} is not divisible by the mesh's data axis ({n_data} devices); "
+                       f"choose a batch size that is a multiple of {n_data}.")
+    if jax.process_count() == 1:
+      return jax.device_put(x, sharding)
+    return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+
+  return jax.tree.map(put, host_batch)
+
+
+def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
+                           process_id: int | None = None, cpu_devices_per_process: int | None = None) -> None:
+  """Joins a multi-host run (TPU pod, GPU cluster, or several CPU processes on one machine).
+
+  On TPU pods and SLURM/GPU clusters all arguments may be None (JAX detects them). For CPU processes
+  (tests, the notes in shared/notes/jax-distributed-cpu.md) pass the coordinator address, the process
+  count and id, and the number of CPU devices per process; gloo collectives are enabled for them.
+  Must run before any other JAX call in the process.
+  """
+  if cpu_devices_per_process is not None:
+    jax.config.update("jax_num_cpu_devices", int(cpu_devices_per_process))
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                             process_id=process_id)
+
+
+def host_key(key: jax.Array) -> jax.Array:
+  """Folds the process index into a data/environment key (params keys stay global)."""
+  return jax.random.fold_in(key, jax.process_index())

@@ -1,0 +1,51 @@
+"""Which experiments exist: the family checks (classify, diffusion, ppo, lm) and the 19 papers.
+
+An experiment module (`iclr24_jax/papers/<slug>/experiment.py`, or a family's `experiment.py`) offers:
+  run(config, workdir) -> dict                      # the launcher calls this
+  reproduce(workdir, fast=False) -> list[dict]      # rows for results/REPRODUCTION.md (optional)
+  benchmark(quick=True) -> list[dict]               # rows for experiments/benchmark.py (optional)
+A reproduction row has: paper, experiment, metric, ours, paper_value, holds (True/False/None), and
+optionally notes and plots (paths). Papers register themselves by existing; nothing else to edit.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from types import ModuleType
+
+FAMILY = {
+    "classify": "iclr24_jax.vision.experiment",
+    "diffusion": "iclr24_jax.diffusion.experiment",
+    "ppo": "iclr24_jax.rl.experiment",
+    "lm": "iclr24_jax.lm.experiment",
+}
+
+PAPERS = ("llmbar", "fps", "clip_ood", "finetune_dissect", "motif", "coboosting", "cpm", "d2pruning", "unio4",
+          "graphcare", "nci", "mdm", "ldcq", "pmp", "cdgm", "lm_inversion", "mario", "safeguards", "daclip")
+
+
+def module_name(name: str) -> str:
+  if name in FAMILY:
+    return FAMILY[name]
+  if name in PAPERS:
+    return f"iclr24_jax.papers.{name}.experiment"
+  raise ValueError(f"unknown experiment '{name}'; known: {sorted(FAMILY) + sorted(PAPERS)}.")
+
+
+def exists(name: str) -> bool:
+  try:
+    return importlib.util.find_spec(module_name(name)) is not None
+  except ModuleNotFoundError:
+    return False
+
+
+def experiment_module(name: str) -> ModuleType:
+  """Imports the experiment module of `name` (a family check or a paper slug)."""
+  if not exists(name):
+    raise ValueError(f"experiment '{name}' is not implemented yet (no module {module_name(name)}).")
+  return importlib.import_module(module_name(name))
+
+
+def available() -> list[str]:
+  """Names with an experiment module, families first."""
+  return [n for n in list(FAMILY) + list(PAPERS) if exists(n)]

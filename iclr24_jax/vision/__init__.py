@@ -1,0 +1,8 @@
+"""Vision family: small MLP / CNN / ResNet classifiers (Flax Linen) and the supervised classifier.
+
+The whole library uses Flax Linen: modules are stateless descriptions, parameters are plain pytrees,
+and `model.apply(params, x)` is a pure function that composes with jit, vmap, grad and sharding.
+"""
+from iclr24_jax.vision.models import CNN, MLP, ResNet, create_model
+
+__all__ = ["MLP", "CNN", "ResNet", "create_model"]

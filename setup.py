@@ -1,0 +1,36 @@
+"""iclr24_jax: ICLR 2024 methods as pure, composable JAX/Flax functions."""
+import setuptools
+
+CORE = [
+    "jax>=0.9.2,<0.10",
+    "jaxlib>=0.9.2,<0.10",
+    "flax==0.12.6",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "jraph==0.0.6.dev0",
+    "ml_collections>=1.0",
+    "absl-py>=2.1",
+    "numpy>=1.26",
+    "scipy>=1.11",
+    "scikit-learn>=1.4",
+    "scikit-image>=0.22",
+    "mlxtend==0.25.*",
+    "matplotlib>=3.8",
+    "tensorflow-datasets==4.9.10",
+]
+LM = ["transformers==4.57.6", "tokenizers>=0.20", "safetensors>=0.4", "gguf>=0.10", "jinja2>=3.1"]
+RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "nle==1.3.0", "gymnasium==1.2.0"]
+TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100"]
+
+setuptools.setup(
+    name="iclr24_jax",
+    version="0.1.0",
+    description="Pure-functional JAX/Flax reimplementations of 19 ICLR 2024 papers.",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=CORE,
+    extras_require={"lm": LM, "rl": RL, "test": TEST, "all": LM + RL + TEST},
+)

@@ -1,0 +1,28 @@
+"""Test setup: 8 simulated CPU devices (before JAX is used), shared-data lookup, quiet logs."""
+import os
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+  sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_num_cpu_devices", 8)
+
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+
+logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> pathlib.Path:
+  """The public data beside the project (ICLR24_DATA or ../shared/data); skips when truly absent."""
+  from iclr24_jax.common.data import shared_data_dir
+  d = shared_data_dir()
+  if d is None:
+    pytest.skip("shared data folder not found: set ICLR24_DATA or place the data at ../shared/data")
+  return d
