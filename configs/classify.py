@@ -27,7 +27,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.log_every = 10
     c.eval_every = 20
     c.checkpoint_every = 20
-    c.optimizer.warmup_steps = 5
+    c.optimizer.warmup_steps = 0
+    c.optimizer.schedule = "constant"
+    c.optimizer.learning_rate = 1e-2
     c.model.features = (8, 16)
     c.model.dense = 32
   elif arg == "mnist5k":

@@ -21,6 +21,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; --verbosity=0 brings it back
   if _DISTRIBUTED.value:
     from iclr24_jax.common.sharding import initialize_distributed
     initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _CPU_DEVICES.value)
@@ -30,7 +32,7 @@ def main(argv):
   from iclr24_jax import registry
   config = _CONFIG.value
   module = registry.experiment_module(config.paper)
-  logging.info("running %s in %s", config.paper, _WORKDIR.value)
+  print(f"running {config.paper} in {_WORKDIR.value}", flush=True)
   results = module.run(config, _WORKDIR.value)
   print(json.dumps({k: v for k, v in (results or {}).items() if isinstance(v, (int, float, str, bool))}, indent=1))
 

@@ -144,7 +144,7 @@ def knn(x: jax.Array | np.ndarray, k: int, block_size: int = 2048, exclude_self:
   """
   x = jnp.asarray(x, jnp.float32)
   n = x.shape[0]
-  if k >= n + (0 if not exclude_self else 0) and k > n - int(exclude_self):
+  if k > n - int(exclude_self):
     raise ValueError(f"knn: k={k} neighbours requested but only {n - int(exclude_self)} other points exist.")
   d2, idx = _knn_blocked(x, k, min(block_size, n), exclude_self)
   return (d2 if squared else jnp.sqrt(d2)), idx

@@ -1,0 +1,56 @@
+"""Two processes on localhost (2 x 2 CPU devices) agree with a single-process run."""
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import optax
+
+NUM_STEPS = 6
+
+
+def train_digits(mesh):
+  """Trains the digits CNN a few steps with the shared loop; returns host params."""
+  from iclr24_jax.common import loop
+  from iclr24_jax.common.data import BatchStream, load_digits
+  from iclr24_jax.vision import classify
+  from iclr24_jax.vision.models import CNN
+  ds = load_digits()
+  model = CNN(10, features=(8, 16), dense=32)
+  tx = optax.adam(1e-2)
+  stream = BatchStream({"x": ds.train.x, "y": ds.train.y}, 32, seed=0)
+  res = loop.train_loop(init_fn=lambda k: classify.init_state(k, model, ds.input_shape, tx),
+                        train_step=classify.make_train_step(model), batches=stream, num_steps=NUM_STEPS,
+                        key=jax.random.key(0), mesh=mesh, log_every=NUM_STEPS, progress=False)
+  return jax.device_get(res.state.params)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_single_process(tmp_path):
+  port = _free_port()
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  env = dict(os.environ, PYTHONPATH=root)
+  env.pop("XLA_FLAGS", None)
+  procs = [subprocess.Popen([sys.executable, os.path.join(root, "tests", "common", "_dist_worker.py"), str(port),
+                             str(i), str(tmp_path / f"p{i}.npy")], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p in procs:
+    try:
+      _, err = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+    assert p.returncode == 0, err[-3000:]
+  from iclr24_jax.common import sharding
+  single = train_digits(sharding.make_mesh(devices=jax.devices()[:4]))
+  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(single)])
+  for i in range(2):
+    np.testing.assert_allclose(np.load(tmp_path / f"p{i}.npy"), flat, atol=1e-5)

@@ -1,0 +1,80 @@
+"""Mesh and sharding: the same step on 1 and 8 devices gives the same params; clear errors."""
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+
+from iclr24_jax.common import loop, sharding
+from iclr24_jax.common.data import BatchStream, load_digits
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.vision import classify
+from iclr24_jax.vision.models import CNN
+
+
+def test_eight_devices_exist():
+  assert jax.device_count() == 8
+
+
+def test_make_mesh_shapes_and_errors():
+  assert dict(sharding.make_mesh().shape) == {"data": 8, "model": 1}
+  assert dict(sharding.make_mesh({"data": -1, "model": 2}).shape) == {"data": 4, "model": 2}
+  assert dict(sharding.make_mesh(devices=jax.devices()[:1]).shape) == {"data": 1, "model": 1}
+  with pytest.raises(ValueError, match="product is 8"):
+    sharding.make_mesh({"data": 3, "model": 1})
+  with pytest.raises(ValueError, match="unknown axes"):
+    sharding.make_mesh({"data": -1, "pipeline": 1})
+
+
+def test_shard_batch_places_rows_and_checks_divisibility():
+  mesh = sharding.make_mesh()
+  x = np.arange(16 * 3, dtype=np.float32).reshape(16, 3)
+  xs = sharding.shard_batch({"x": x}, mesh)["x"]
+  np.testing.assert_array_equal(np.asarray(xs), x)
+  assert len(xs.addressable_shards) == 8
+  assert xs.addressable_shards[1].data.shape == (2, 3)
+  with pytest.raises(ValueError, match="not divisible by the mesh's data axis"):
+    sharding.shard_batch({"x": x[:12]}, mesh)
+
+
+def _run_steps(mesh, num_steps=5):
+  ds = load_digits()
+  model = CNN(10, features=(8, 16), dense=32)
+  tx = optax.adam(1e-2)
+  stream = BatchStream({"x": ds.train.x, "y": ds.train.y}, 32, seed=0)
+  step = loop.compile_step(classify.make_train_step(model), mesh)
+  state = jax.jit(lambda k: classify.init_state(k, model, ds.input_shape, tx),
+                  out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
+  key = jax.random.key(1)
+  for s in range(num_steps):
+    state, _ = step(state, sharding.shard_batch(stream(s), mesh), key)
+  return jax.device_get(state.params)
+
+
+def test_one_and_eight_devices_agree():
+  p1 = _run_steps(sharding.make_mesh(devices=jax.devices()[:1]))
+  p8 = _run_steps(sharding.make_mesh())
+  chex.assert_trees_all_close(p1, p8, atol=1e-5)
+
+
+def test_train_step_compiles_once_and_lowers_loss():
+  ds = load_digits()
+  model = CNN(10, features=(8, 16), dense=32)
+  tx = optax.adam(3e-3)
+  batch = {"x": jnp.asarray(ds.train.x[:64]), "y": jnp.asarray(ds.train.y[:64])}
+  state = classify.init_state(jax.random.key(0), model, ds.input_shape, tx)
+  step = jax.jit(chex.assert_max_traces(classify.make_train_step(model), n=1))
+  losses = []
+  for _ in range(20):
+    state, m = step(state, batch, jax.random.key(1))
+    losses.append(float(m["loss"]))
+  assert losses[-1] < losses[0]
+  assert int(state.step) == 20
+
+
+def test_train_state_needs_tx():
+  state = TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.ones(2)}, opt_state=None)
+  with pytest.raises(ValueError, match="TrainState.create"):
+    state.apply_gradients({"w": jnp.ones(2)})
