@@ -1,0 +1,462 @@
+"""A T5-style encoder-decoder as pure JAX functions (Raffel et al., 2020), usable from scratch at small sizes.
+
+Matches Hugging Face's T5 (v1.0 'relu' and v1.1 'gated-gelu'): RMS layer norm without bias, bucketed
+relative position biases (computed by the first layer of each stack and shared by all its layers),
+unscaled dot-product attention, tied embeddings with the d_model**-0.5 output scaling (or an untied
+head), decoder start token = pad (0). Checkpoints in Hugging Face naming load with `load_hf_t5`.
+
+  params = init_params(key, config)
+  logits = forward(params, config, enc_ids, enc_mask, dec_ids)          # [B, T, V] teacher forcing
+  loss, metrics = seq2seq_loss(params, config, batch)                  # batch: inputs, input_mask, labels, label_mask
+  out = generate(params, config, enc_ids, enc_mask, key, max_new_tokens=16)   # KV cache, lax.while_loop
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import pathlib
+from typing import Any, Mapping, Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.lm import layers
+from iclr24_jax.lm.generate import GenerationOutput, sample_token
+
+_NEG = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """T5 hyper-parameters (defaults: a small model trainable on CPU; t5-small is d_model=512, d_ff=2048,
+  d_kv=64, 8 heads, 6+6 layers, vocab 32128)."""
+
+  vocab_size: int = 512
+  d_model: int = 128
+  d_kv: int = 32
+  d_ff: int = 256
+  num_layers: int = 2
+  num_decoder_layers: int | None = None
+  num_heads: int = 4
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  feed_forward_proj: str = "relu"  # 'relu' (T5 v1.0) or 'gated-gelu' (T5 v1.1, flan-t5)
+  tie_word_embeddings: bool = True
+  norm_eps: float = 1e-6
+  pad_id: int = 0
+  eos_id: int = 1
+  decoder_start_id: int = 0
+  max_seq_len: int = 512
+
+  def __post_init__(self):
+    if self.feed_forward_proj not in ("relu", "gated-gelu"):
+      raise ValueError(f"feed_forward_proj={self.feed_forward_proj!r}; choose 'relu' or 'gated-gelu'.")
+
+  @property
+  def n_dec(self) -> int:
+    return self.num_decoder_layers if self.num_decoder_layers is not None else self.num_layers
+
+
+# ----------------------------------------------------------------------------------------------- params
+
+
+def _attn_init(key, config, dtype):
+  inner = config.num_heads * config.d_kv
+  k = jax.random.split(key, 4)
+  std_q = (config.d_model * config.d_kv) ** -0.5  # HF's T5 init (it absorbs the missing 1/sqrt(d) scaling)
+  return {"q": layers.dense_init(k[0], config.d_model, inner, dtype, std=std_q),
+          "k": layers.dense_init(k[1], config.d_model, inner, dtype, std=config.d_model ** -0.5),
+          "v": layers.dense_init(k[2], config.d_model, inner, dtype, std=config.d_model ** -0.5),
+          "o": layers.dense_init(k[3], inner, config.d_model, dtype, std=inner ** -0.5)}
+
+
+def _mlp_init(key, config, dtype):
+  k = jax.random.split(key, 3)
+  p = {"wo": layers.dense_init(k[2], config.d_ff, config.d_model, dtype, std=config.d_ff ** -0.5)}
+  if config.feed_forward_proj == "gated-gelu":
+    p["wi_0"] = layers.dense_init(k[0], config.d_model, config.d_ff, dtype, std=config.d_model ** -0.5)
+    p["wi_1"] = layers.dense_init(k[1], config.d_model, config.d_ff, dtype, std=config.d_model ** -0.5)
+  else:
+    p["wi"] = layers.dense_init(k[0], config.d_model, config.d_ff, dtype, std=config.d_model ** -0.5)
+  return p
+
+
+def init_params(key: jax.Array, config: T5Config, dtype=jnp.float32) -> dict:
+  """Random T5 parameters (Hugging Face's initialisation scheme).
+
+  Returns:
+    {'shared': [V, D], 'encoder': {'rel_bias': [buckets, H], 'layers': [...], 'final_norm'},
+     'decoder': {... each layer also has 'cross_attn'}, 'lm_head' (untied only)}.
+  """
+  d = config.d_model
+  ones = lambda: {"scale": jnp.ones((d,), dtype)}  # noqa: E731
+  keys = jax.random.split(key, 5)
+  params = {"shared": jax.random.normal(keys[0], (config.vocab_size, d), jnp.float32).astype(dtype)}
+  for name, n, k in (("encoder", config.num_layers, keys[1]), ("decoder", config.n_dec, keys[2])):
+    ks = jax.random.split(k, n + 1)
+    stack = {"rel_bias": (d ** -0.5 * jax.random.normal(ks[0], (config.relative_attention_num_buckets,
+                                                                 config.num_heads))).astype(dtype),
+             "layers": [], "final_norm": ones()}
+    for i in range(n):
+      kk = jax.random.split(ks[i + 1], 3)
+      layer = {"attn_norm": ones(), "self_attn": _attn_init(kk[0], config, dtype), "mlp_norm": ones(),
+               "mlp": _mlp_init(kk[1], config, dtype)}
+      if name == "decoder":
+        layer["cross_norm"] = ones()
+        layer["cross_attn"] = _attn_init(kk[2], config, dtype)
+      stack["layers"].append(layer)
+    params[name] = stack
+  if not config.tie_word_embeddings:
+    params["lm_head"] = layers.dense_init(keys[3], d, config.vocab_size, dtype, std=d ** -0.5)
+  return params
+
+
+# ------------------------------------------------------------------------------------------------ blocks
+
+
+def relative_position_bucket(relative_position: jax.Array, bidirectional: bool, num_buckets: int,
+                             max_distance: int) -> jax.Array:
+  """T5's bucketing of (key position - query position): exact for small offsets, log-spaced up to
+  max_distance; separate buckets for positive offsets when bidirectional (the encoder)."""
+  buckets = jnp.zeros_like(relative_position)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (relative_position > 0).astype(relative_position.dtype) * num_buckets
+    relative_position = jnp.abs(relative_position)
+  else:
+    relative_position = -jnp.minimum(relative_position, 0)
+  max_exact = num_buckets // 2
+  is_small = relative_position < max_exact
+  rp = jnp.maximum(relative_position, 1).astype(jnp.float32)
+  large = max_exact + (jnp.log(rp / max_exact) / math.log(max_distance / max_exact)
+                       * (num_buckets - max_exact)).astype(relative_position.dtype)
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(is_small, relative_position, large)
+
+
+def position_bias(rel_bias: jax.Array, query_pos: jax.Array, key_pos: jax.Array, bidirectional: bool,
+                  config: T5Config) -> jax.Array:
+  """[H, Q, K] additive attention bias from the bucket table [buckets, H]."""
+  rel = key_pos[None, :] - query_pos[:, None]
+  b = relative_position_bucket(rel, bidirectional, config.relative_attention_num_buckets,
+                               config.relative_attention_max_distance)
+  return jnp.take(rel_bias, b, axis=0).transpose(2, 0, 1)
+
+
+def _heads(x, config):
+  b, t, _ = x.shape
+  return x.reshape(b, t, config.num_heads, config.d_kv).transpose(0, 2, 1, 3)  # [B, H, T, dk]
+
+
+def _attend(p, q_in, k, v, bias, config):
+  """q_in [B, T, D]; k, v [B, H, S, dk]; bias [B or 1, H, T, S] -> [B, T, D]."""
+  q = _heads(layers.dense(p["q"], q_in), config)
+  scores = jnp.einsum("bhtd,bhsd->bhts", q, k).astype(jnp.float32) + bias  # T5: no 1/sqrt(d) scaling
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bhts,bhsd->bhtd", probs, v)
+  b, _, t, _ = out.shape
+  return layers.dense(p["o"], out.transpose(0, 2, 1, 3).reshape(b, t, -1))
+
+
+def _mlp(p, x, config):
+  if config.feed_forward_proj == "gated-gelu":
+    h = jax.nn.gelu(layers.dense(p["wi_0"], x), approximate=True) * layers.dense(p["wi_1"], x)
+  else:
+    h = jax.nn.relu(layers.dense(p["wi"], x))
+  return layers.dense(p["wo"], h)
+
+
+def encode(params: dict, config: T5Config, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+  """Encoder hidden states.
+
+  Args:
+    params: T5 parameters.
+    config: T5Config.
+    ids: [B, S] input ids.
+    mask: [B, S] bool (default all).
+
+  Returns:
+    [B, S, D] (after the final layer norm).
+  """
+  if ids.ndim != 2:
+    raise ValueError(f"ids must be [batch, time], got shape {ids.shape}.")
+  b, s = ids.shape
+  mask = jnp.ones((b, s), bool) if mask is None else mask.astype(bool)
+  enc = params["encoder"]
+  x = jnp.take(params["shared"], ids, axis=0)
+  pos = jnp.arange(s)
+  bias = position_bias(enc["rel_bias"], pos, pos, True, config)[None] + jnp.where(mask, 0.0, _NEG)[:, None, None, :]
+  for layer in enc["layers"]:
+    h = layers.rms_norm(layer["attn_norm"], x, config.norm_eps)
+    k = _heads(layers.dense(layer["self_attn"]["k"], h), config)
+    v = _heads(layers.dense(layer["self_attn"]["v"], h), config)
+    x = x + _attend(layer["self_attn"], h, k, v, bias, config)
+    x = x + _mlp(layer["mlp"], layers.rms_norm(layer["mlp_norm"], x, config.norm_eps), config)
+  return layers.rms_norm(enc["final_norm"], x, config.norm_eps)
+
+
+@flax.struct.dataclass
+class T5Cache:
+  """Decoder state for incremental decoding: self-attention K/V per layer [B, H, S, dk], the encoder's
+  cross-attention K/V per layer [B, H, S_enc, dk], the encoder mask [B, S_enc] and the next slot."""
+
+  k: list
+  v: list
+  cross_k: list
+  cross_v: list
+  enc_mask: jax.Array
+  index: jax.Array
+
+
+def init_cache(params: dict, config: T5Config, enc_out: jax.Array, enc_mask: jax.Array, max_len: int) -> T5Cache:
+  """An empty decoder cache with the cross-attention keys/values of `enc_out` precomputed."""
+  b = enc_out.shape[0]
+  shape = (b, config.num_heads, max_len, config.d_kv)
+  dec = params["decoder"]["layers"]
+  return T5Cache(k=[jnp.zeros(shape, enc_out.dtype) for _ in dec], v=[jnp.zeros(shape, enc_out.dtype) for _ in dec],
+                 cross_k=[_heads(layers.dense(l["cross_attn"]["k"], enc_out), config) for l in dec],
+                 cross_v=[_heads(layers.dense(l["cross_attn"]["v"], enc_out), config) for l in dec],
+                 enc_mask=enc_mask.astype(bool), index=jnp.zeros((), jnp.int32))
+
+
+def decode(params: dict, config: T5Config, enc_out: jax.Array | None, enc_mask: jax.Array | None,
+           dec_ids: jax.Array, dec_mask: jax.Array | None = None, cache: T5Cache | None = None):
+  """Decoder logits (teacher forcing, or incremental with a cache).
+
+  Args:
+    params, config: the model.
+    enc_out: [B, S, D] encoder output (unused when a cache is given: it holds the cross K/V).
+    enc_mask: [B, S] encoder mask.
+    dec_ids: [B, T] decoder input ids (start token first when teacher forcing).
+    dec_mask: [B, T] decoder padding mask (right padding; default all).
+    cache: optional T5Cache; the T tokens are written at slots [index, index + T).
+
+  Returns:
+    logits [B, T, V] float32, and the new cache when one was given.
+  """
+  b, t = dec_ids.shape
+  dec = params["decoder"]
+  x = jnp.take(params["shared"], dec_ids, axis=0)
+  if cache is None:
+    q_pos = k_pos = jnp.arange(t)
+    self_allowed = jnp.tril(jnp.ones((t, t), bool))[None]
+    if dec_mask is not None:
+      self_allowed = self_allowed & dec_mask.astype(bool)[:, None, :]
+    cross_mask = enc_mask.astype(bool) if enc_mask is not None else jnp.ones(enc_out.shape[:2], bool)
+  else:
+    s = cache.k[0].shape[2]
+    q_pos = cache.index + jnp.arange(t)
+    k_pos = jnp.arange(s)
+    self_allowed = (k_pos[None, :] <= q_pos[:, None])[None]
+    cross_mask = cache.enc_mask
+  self_bias = (position_bias(dec["rel_bias"], q_pos, k_pos, False, config)[None]
+               + jnp.where(self_allowed, 0.0, _NEG)[:, None])
+  cross_bias = jnp.where(cross_mask, 0.0, _NEG)[:, None, None, :]
+  new_k, new_v = [], []
+  for i, layer in enumerate(dec["layers"]):
+    h = layers.rms_norm(layer["attn_norm"], x, config.norm_eps)
+    k = _heads(layers.dense(layer["self_attn"]["k"], h), config)
+    v = _heads(layers.dense(layer["self_attn"]["v"], h), config)
+    if cache is not None:
+      k = jax.lax.dynamic_update_slice(cache.k[i], k, (0, 0, cache.index, 0))
+      v = jax.lax.dynamic_update_slice(cache.v[i], v, (0, 0, cache.index, 0))
+      new_k.append(k)
+      new_v.append(v)
+    x = x + _attend(layer["self_attn"], h, k, v, self_bias, config)
+    h = layers.rms_norm(layer["cross_norm"], x, config.norm_eps)
+    if cache is not None:
+      ck, cv = cache.cross_k[i], cache.cross_v[i]
+    else:
+      ck = _heads(layers.dense(layer["cross_attn"]["k"], enc_out), config)
+      cv = _heads(layers.dense(layer["cross_attn"]["v"], enc_out), config)
+    x = x + _attend(layer["cross_attn"], h, ck, cv, cross_bias, config)
+    x = x + _mlp(layer["mlp"], layers.rms_norm(layer["mlp_norm"], x, config.norm_eps), config)
+  x = layers.rms_norm(dec["final_norm"], x, config.norm_eps)
+  if config.tie_word_embeddings:
+    logits = (x * config.d_model ** -0.5) @ params["shared"].T
+  else:
+    logits = layers.dense(params["lm_head"], x)
+  logits = logits.astype(jnp.float32)
+  if cache is None:
+    return logits
+  return logits, cache.replace(k=new_k, v=new_v, index=cache.index + t)
+
+
+def shift_right(labels: jax.Array, start_id: int) -> jax.Array:
+  """Decoder inputs for teacher forcing: [start, labels[:-1]]."""
+  return jnp.concatenate([jnp.full((labels.shape[0], 1), start_id, labels.dtype), labels[:, :-1]], axis=1)
+
+
+def forward(params: dict, config: T5Config, enc_ids: jax.Array, enc_mask: jax.Array | None,
+            dec_ids: jax.Array, dec_mask: jax.Array | None = None) -> jax.Array:
+  """Teacher-forced logits [B, T, V] for decoder inputs `dec_ids` given encoder inputs `enc_ids`."""
+  enc_mask = jnp.ones(enc_ids.shape, bool) if enc_mask is None else enc_mask
+  return decode(params, config, encode(params, config, enc_ids, enc_mask), enc_mask, dec_ids, dec_mask)
+
+
+def seq2seq_loss(params: dict, config: T5Config, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict]:
+  """Mean token cross-entropy of `labels` given `inputs`.
+
+  Args:
+    params, config: the model.
+    batch: inputs [B, S], input_mask [B, S], labels [B, T] (ending with EOS), label_mask [B, T].
+
+  Returns:
+    (loss, {'loss', 'accuracy', 'tokens'}).
+  """
+  labels = batch["labels"]
+  label_mask = batch.get("label_mask")
+  label_mask = jnp.ones(labels.shape, bool) if label_mask is None else label_mask.astype(bool)
+  dec_in = shift_right(labels, config.decoder_start_id)
+  logits = forward(params, config, batch["inputs"], batch.get("input_mask"), dec_in, label_mask)
+  lp = jnp.take_along_axis(logits, labels[..., None], -1)[..., 0] - jax.nn.logsumexp(logits, -1)
+  w = label_mask.astype(jnp.float32)
+  n = jnp.maximum(jnp.sum(w), 1.0)
+  loss = -jnp.sum(lp * w) / n
+  acc = jnp.sum((jnp.argmax(logits, -1) == labels) * w) / n
+  return loss, {"loss": loss, "accuracy": acc, "tokens": jnp.sum(w)}
+
+
+def generate(params: dict, config: T5Config, enc_ids: jax.Array, enc_mask: jax.Array | None, key: jax.Array,
+             max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+             stop_ids: Sequence[int] | None = None, logit_bias: jax.Array | None = None,
+             use_cache: bool = True) -> GenerationOutput:
+  """Decodes up to `max_new_tokens` tokens per input (greedy or sampling, KV cache, `lax.while_loop`).
+
+  Args:
+    params, config: the model.
+    enc_ids: [B, S] inputs; enc_mask: [B, S] (default all).
+    key: PRNG key (step t uses fold_in(key, t)).
+    max_new_tokens: N (static).
+    temperature, top_k, top_p: sampling (static; temperature 0 = greedy).
+    stop_ids: stop tokens (default (config.eos_id,)).
+    logit_bias: optional [V] or [B, V] additive bias.
+    use_cache: False recomputes the decoder over the whole prefix each step (reference).
+
+  Returns:
+    GenerationOutput (tokens [B, N] exclude the start token; pad after the stop token).
+  """
+  b = enc_ids.shape[0]
+  n = int(max_new_tokens)
+  enc_mask = jnp.ones(enc_ids.shape, bool) if enc_mask is None else enc_mask.astype(bool)
+  stop = jnp.asarray(tuple(stop_ids) if stop_ids is not None else (config.eos_id,), jnp.int32)
+  enc_out = encode(params, config, enc_ids, enc_mask)
+  bias = None if logit_bias is None else jnp.asarray(logit_bias, jnp.float32)
+  pad = config.pad_id
+
+  def pick(logits, step):
+    if bias is not None:
+      logits = logits + bias
+    return sample_token(jax.random.fold_in(key, step), logits, temperature, top_k, top_p)
+
+  start = jnp.full((b,), config.decoder_start_id, jnp.int32)
+  if use_cache:
+    cache = init_cache(params, config, enc_out, enc_mask, n)
+    logits, carry0 = decode(params, config, None, None, start[:, None], cache=cache)
+  else:
+    seq = jnp.full((b, n), pad, jnp.int32).at[:, 0].set(start)
+    logits = decode(params, config, enc_out, enc_mask, seq[:, :1])
+    carry0 = seq
+  tok0, lp0 = pick(logits[:, -1], 0)
+  tokens = jnp.full((b, n), pad, jnp.int32).at[:, 0].set(tok0)
+  logps = jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp0)
+  gen_mask = jnp.zeros((b, n), bool).at[:, 0].set(True)
+  done = jnp.isin(tok0, stop)
+
+  def cond(state):
+    return (state[0] < n) & ~jnp.all(state[5])
+
+  def body(state):
+    step, tokens, logps, gen_mask, last, done, carry = state
+    live = ~done
+    if use_cache:
+      logits, carry = decode(params, config, None, None, last[:, None], cache=carry)
+      logits = logits[:, 0]
+    else:
+      carry = jax.lax.dynamic_update_slice(carry, last[:, None], (0, step))
+      all_logits = decode(params, config, enc_out, enc_mask, carry)  # causal: later slots do not matter
+      logits = jax.lax.dynamic_index_in_dim(all_logits, step, axis=1, keepdims=False)
+    tok, lp = pick(logits, step)
+    tok = jnp.where(live, tok, pad)
+    tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, step))
+    logps = jax.lax.dynamic_update_slice(logps, jnp.where(live, lp, 0.0)[:, None], (0, step))
+    gen_mask = jax.lax.dynamic_update_slice(gen_mask, live[:, None], (0, step))
+    done = done | (live & jnp.isin(tok, stop))
+    return step + 1, tokens, logps, gen_mask, tok, done, carry
+
+  state = (jnp.ones((), jnp.int32), tokens, logps, gen_mask, tok0, done, carry0)
+  _, tokens, logps, gen_mask, _, done, _ = jax.lax.while_loop(cond, body, state)
+  return GenerationOutput(tokens=tokens, mask=gen_mask, lengths=jnp.sum(gen_mask, 1, dtype=jnp.int32),
+                          logprobs=logps, stopped=done)
+
+
+# ------------------------------------------------------------------------------------------ HF weights
+
+
+def config_from_hf(cfg: Mapping[str, Any]) -> T5Config:
+  """T5Config from a Hugging Face T5 `config.json` dict."""
+  ff = cfg.get("feed_forward_proj", "relu")
+  ff = "gated-gelu" if ff.startswith("gated") else "relu"
+  return T5Config(vocab_size=cfg["vocab_size"], d_model=cfg["d_model"], d_kv=cfg["d_kv"], d_ff=cfg["d_ff"],
+                  num_layers=cfg["num_layers"], num_decoder_layers=cfg.get("num_decoder_layers"),
+                  num_heads=cfg["num_heads"], relative_attention_num_buckets=cfg.get("relative_attention_num_buckets", 32),
+                  relative_attention_max_distance=cfg.get("relative_attention_max_distance", 128),
+                  feed_forward_proj=ff, tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+                  norm_eps=cfg.get("layer_norm_epsilon", 1e-6), pad_id=_get(cfg, "pad_token_id", 0),
+                  eos_id=_get(cfg, "eos_token_id", 1), decoder_start_id=_get(cfg, "decoder_start_token_id", 0))
+
+
+def _get(cfg, key, default):
+  value = cfg.get(key)
+  return default if value is None else value
+
+
+def convert_hf_state_dict(sd: Mapping[str, np.ndarray], config: T5Config, dtype=jnp.float32) -> dict:
+  """Hugging Face T5 weights ({'encoder.block.0.layer.0.SelfAttention.q.weight': [out, in], ...}) -> params."""
+  sd = dict(sd)
+  lin = lambda k: {"kernel": jnp.asarray(np.ascontiguousarray(sd[k].T), dtype)}  # noqa: E731
+  norm = lambda k: {"scale": jnp.asarray(sd[k], dtype)}  # noqa: E731
+
+  def attn(pre):
+    return {n: lin(f"{pre}.{n}.weight") for n in ("q", "k", "v", "o")}
+
+  def mlp(pre):
+    names = ("wi_0", "wi_1", "wo") if config.feed_forward_proj == "gated-gelu" else ("wi", "wo")
+    return {n: lin(f"{pre}.DenseReluDense.{n}.weight") for n in names}
+
+  shared = sd.get("shared.weight", sd.get("encoder.embed_tokens.weight"))
+  params = {"shared": jnp.asarray(shared, dtype)}
+  for stack, n in (("encoder", config.num_layers), ("decoder", config.n_dec)):
+    out = {"rel_bias": jnp.asarray(sd[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"], dtype),
+           "final_norm": norm(f"{stack}.final_layer_norm.weight"), "layers": []}
+    for i in range(n):
+      pre = f"{stack}.block.{i}.layer"
+      layer = {"attn_norm": norm(f"{pre}.0.layer_norm.weight"), "self_attn": attn(f"{pre}.0.SelfAttention")}
+      if stack == "decoder":
+        layer["cross_norm"] = norm(f"{pre}.1.layer_norm.weight")
+        layer["cross_attn"] = attn(f"{pre}.1.EncDecAttention")
+        ff = f"{pre}.2"
+      else:
+        ff = f"{pre}.1"
+      layer["mlp_norm"] = norm(f"{ff}.layer_norm.weight")
+      layer["mlp"] = mlp(ff)
+      out["layers"].append(layer)
+    params[stack] = out
+  if not config.tie_word_embeddings:
+    params["lm_head"] = lin("lm_head.weight")
+  return params
+
+
+def load_hf_t5(path: str | os.PathLike, dtype=jnp.float32) -> tuple[dict, T5Config]:
+  """A local Hugging Face T5 folder (config.json + *.safetensors) as (params, config)."""
+  from iclr24_jax.lm.weights import read_safetensors
+  p = pathlib.Path(path)
+  if not (p / "config.json").exists():
+    raise FileNotFoundError(f"{p} has no config.json (expected a Hugging Face T5 folder).")
+  with open(p / "config.json") as f:
+    config = config_from_hf(json.load(f))
+  return convert_hf_state_dict(read_safetensors(p), config, dtype), config
