@@ -1,0 +1,66 @@
+"""Classification with Conceptual Safeguards (ICLR 2024): https://arxiv.org/abs/2411.04342
+
+Run:  python -m experiments.main --config=configs/safeguards.py:tiny --workdir=runs/safeguards
+Variants (after the colon): '' (the paper's synthetic generator, the default), 'tiny', 'digits' (a real concept
+data set: eight concepts computed from scikit-learn digit images, target "the digit is even"), 'digits_tiny'.
+"""
+import ml_collections
+
+VARIANTS = ("", "tiny", "digits", "digits_tiny")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.paper = "safeguards"
+  c.seed = 0
+  # The synthetic generator of the official code (scripts/generate_synthetic_datasets.py): 100,000 rows,
+  # x ~ Bern(0.7)^5, concepts = noisy parities of feature triples, y ~ Bern(sigmoid(c0 + 2 c1 + 3 c2 - 2)).
+  c.data = ml_collections.ConfigDict(dict(name="synthetic", data_dir="", num_samples=100_000, seed=0,
+                                          concept_noise=(0.3, 0.3, 0.3), target="even"))
+  # Concept detectors: one 100-unit MLP per concept (official MLPConceptModel default).
+  c.model = ml_collections.ConfigDict(dict(name="concept_mlp", hidden=100))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3, schedule="constant",
+                                               warmup_steps=0, weight_decay=0.0, grad_clip=0.0))
+  c.num_steps = 1000
+  c.batch_size = 256
+  c.calibration = ml_collections.ConfigDict(dict(method="platt"))            # 'platt' | 'temperature' | 'none'
+  c.front_end = ml_collections.ConfigDict(dict(inverse_c=1.0, num_iters=25))   # sklearn LogisticRegression(C=1)
+  # target_accuracies: the first is the main setting; the others show how the comparison depends on it.
+  c.safeguard = ml_collections.ConfigDict(dict(
+      target_accuracies=(0.9, 0.8), method="exact", num_samples=1000,
+      budget_fractions=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0), num_random_seeds=5))
+  # Baseline: a selective classifier trained directly on x (same threshold rule).
+  c.baseline = ml_collections.ConfigDict(dict(enabled=True, num_steps=1000,
+                                              model=ml_collections.ConfigDict(dict(name="mlp", hidden=(100,)))))
+  c.log_every = 100
+  c.eval_every = 0
+  c.checkpoint_every = 0
+  c.save_checkpoints = True    # False: train without orbax checkpoints (metrics.jsonl is still written)
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+  arg = arg or ""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown variant '{arg}' for configs/safeguards.py; choose one of {VARIANTS}.")
+  if arg in ("tiny", "digits_tiny"):
+    c.num_steps = 60
+    c.baseline.num_steps = 60
+    c.log_every = 20
+    c.safeguard.budget_fractions = (0.0, 0.5, 1.0)
+    c.safeguard.num_random_seeds = 2
+    c.data.num_samples = 2000
+    c.save_checkpoints = False
+    c.safeguard.target_accuracies = c.safeguard.target_accuracies[:1]
+  if arg in ("digits", "digits_tiny"):
+    c.data.name = "digits"
+    c.model = ml_collections.ConfigDict(dict(name="cnn", features=(32, 64), dense=128, dropout=0.0))
+    c.baseline.model = ml_collections.ConfigDict(dict(name="cnn", features=(32, 64), dense=128, dropout=0.0))
+    c.batch_size = 64
+    c.safeguard.target_accuracies = (0.95,) if arg == "digits_tiny" else (0.95, 0.9)
+    if arg == "digits":
+      c.num_steps = 1500
+      c.baseline.num_steps = 1500
+    else:
+      c.model.features = (8, 16)
+      c.model.dense = 32
+      c.baseline.model.features = (8, 16)
+      c.baseline.model.dense = 32
+  return c
