@@ -86,6 +86,8 @@ def test_confident_concepts_give_front_end_output():
   np.testing.assert_allclose(sg.propagate(c, params), f_c, rtol=1e-6)
   np.testing.assert_allclose(sg.propagate(c, params, method="mc", key=jax.random.key(1), num_samples=10),
                              f_c, rtol=1e-6)
+  # 300 samples = one full chunk of 250 + a masked partial chunk: the mean must still be exactly f(c)
+  np.testing.assert_allclose(sg.propagate_mc(c, params, jax.random.key(2), num_samples=300), f_c, rtol=1e-5)
 
 
 def test_outcomes_are_multilinear_decomposition():
