@@ -1,0 +1,323 @@
+"""The Constraint Layer: forward correction along the ordering, batched and jittable; satisfaction metrics.
+
+For the variable x_k at position k, every constraint of its reduced set that mentions x_k gives a bound
+    x_k >= (b - sum_{j != k} a_j x_j) / a_k   (a_k > 0, lower)      x_k <= (b - sum_{j != k} a_j x_j) / a_k   (a_k < 0, upper)
+evaluated at the already-corrected earlier variables; strict inequalities are tightened by `epsilon` before the
+reduction (`tighten_strict`).
+The layer sets x_k <- min(max(x_k, max lower), min upper) (Eq. (4)-(5) of the paper; `get_final_x_correction` in
+the official code: max with the lower bounds first, then min with the upper bounds).
+
+Schedules (identical outputs, different compiled programs):
+  'levels'     (default) variables whose bounds only read variables corrected in earlier groups are corrected
+               together; a Python loop over these dependency levels is unrolled inside jit. For wids (31
+               independent pairs) this is one step instead of 31.
+  'sequential' one unrolled step per constrained variable, in ordering order (the paper's loop).
+  'scan'       one `lax.scan` over the constrained variables with padded per-position bound tensors.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fractions import Fraction
+
+from iclr24_jax.papers.cdgm.constraints import (Constraints, InfeasibleConstraintsError, Reduction, Row, _build,
+                                                reduce_constraints)
+
+Schedule = Literal["levels", "sequential", "scan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Group:
+  """Variables corrected together: vars [M], referenced columns ref [S], bounds c - G @ x[ref]."""
+
+  vars: np.ndarray      # [M] int32 feature indices
+  ref: np.ndarray       # [S] int32 feature indices read by the bounds
+  coef: np.ndarray      # [M, R, S] float
+  const: np.ndarray     # [M, R] float
+  lower: np.ndarray     # [M, R] bool
+  upper: np.ndarray     # [M, R] bool
+
+
+def _position_bounds(reduction: Reduction, position: int):
+  """Rows of one position as (g: {var: a_u / a_k} over the other vars, b / a_k, is_lower)."""
+  v = reduction.ordering[position]
+  out = []
+  for r in reduction.rows_for(position):
+    a = r.coef(v)
+    g = {u: c / a for u, c in r.coeffs if u != v}  # bound = b/a - sum_u g_u x_u
+    out.append((g, float(r.constant / a), bool(a > 0)))
+  return v, out
+
+
+def tighten_strict(constraints: Constraints, epsilon: float) -> Constraints:
+  """Replaces every strict `a.x > b` by the non-strict `a.x >= b + epsilon * max_j |a_j|`.
+
+  Deviation: the official code adds epsilon (1e-12) to each bound of a strict row at correction time, also for
+  rows derived by the reduction. That margin does not compose: e.g. {2 y_1 + y_2 >= -0.5, -y_1 > -0.5} with
+  ordering (y_2, y_1) derives y_2 > -1.5, and with a per-bound epsilon of 1e-3 the interval left for y_1 is
+  [0.4995, 0.499], empty (found by the property test). Tightening the original rows before the reduction makes the
+  reduced system exact, so the correction is guaranteed whenever the tightened system is feasible.
+  """
+  rows, texts = [], []
+  for r, t in zip(constraints.rows, constraints.texts):
+    if r.strict:
+      scale = max(abs(a) for _, a in r.coeffs)
+      r = Row(r.coeffs, r.constant + Fraction(epsilon) * scale, False, r.history)
+    rows.append(r)
+    texts.append(t)
+  return _build(rows, texts, constraints.ordering, constraints.num_variables)
+
+
+def _make_group(items, dtype) -> _Group:
+  """items: list of (var, rows) with rows = [(g dict, c, lower)]."""
+  ref = sorted({u for _, rows in items for g, _, _ in rows for u in g})
+  col = {u: i for i, u in enumerate(ref)}
+  m, r_max, s = len(items), max(len(rows) for _, rows in items), len(ref)
+  coef = np.zeros((m, r_max, s), np.float64)
+  const = np.zeros((m, r_max), np.float64)
+  lower = np.zeros((m, r_max), bool)
+  upper = np.zeros((m, r_max), bool)
+  for i, (_, rows) in enumerate(items):
+    for j, (g, c, lo) in enumerate(rows):
+      for u, val in g.items():
+        coef[i, j, col[u]] = float(val)
+      const[i, j] = c
+      lower[i, j], upper[i, j] = lo, not lo
+  return _Group(vars=np.array([v for v, _ in items], np.int32), ref=np.array(ref, np.int32),
+                coef=coef.astype(dtype), const=const.astype(dtype), lower=lower, upper=upper)
+
+
+class ConstraintLayer:
+  """Maps any [B, D] batch onto the region defined by linear constraints (the paper's CL).
+
+  The reduction is computed once, here, on the host; calling the layer is pure, jittable and differentiable
+  almost everywhere (it is a composition of affine maps, max, min).
+
+  Args:
+    constraints: parsed `Constraints` (their ordering is the correction order).
+    num_features: D, the width of the inputs (constrained variables must be < D; others pass through).
+    epsilon: margin for strict inequalities: `a.x > b` is enforced as `a.x >= b + epsilon * max|a|` (see
+      `tighten_strict`; the official 1e-12 is below float32 resolution).
+    schedule: 'levels' (default), 'sequential' or 'scan' (see module docstring).
+    prune: prune redundant reduced constraints (does not change outputs; see `constraints.py`).
+    dtype: the bound tensors' dtype (inputs are cast to it).
+
+  Raises:
+    InfeasibleConstraintsError: if the constraints have no solution (the message names the conflicting ones).
+    ValueError: if a constrained variable index is >= num_features or the schedule is unknown.
+  """
+
+  def __init__(self, constraints: Constraints, num_features: int, *, epsilon: float = 1e-6,
+               schedule: Schedule = "levels", prune: bool = True, dtype=jnp.float32):
+    if schedule not in ("levels", "sequential", "scan"):
+      raise ValueError(f"unknown schedule '{schedule}'; choose 'levels', 'sequential' or 'scan'.")
+    used = constraints.constrained_variables
+    if used and max(used) >= num_features:
+      raise ValueError(f"constraint variable y_{max(used)} does not exist in inputs with num_features="
+                       f"{num_features}; pass the full feature width (or fix the constraints file).")
+    if epsilon < 0:
+      raise ValueError("epsilon must be >= 0.")
+    self.constraints = constraints
+    self.num_features = int(num_features)
+    self.epsilon = float(epsilon)
+    self.schedule = schedule
+    self.dtype = jnp.dtype(dtype)
+    self.reduction = reduce_constraints(constraints, prune=prune)   # exact feasibility check (strictness kept)
+    if constraints.strict.any():
+      try:
+        self.reduction = reduce_constraints(tighten_strict(constraints, self.epsilon), prune=prune)
+      except InfeasibleConstraintsError as e:
+        raise InfeasibleConstraintsError(f"the strict constraints leave less room than epsilon={self.epsilon}; "
+                                         f"use a smaller epsilon ({e})") from e
+    positions = []
+    for k in range(len(self.reduction.ordering)):
+      v, rows = _position_bounds(self.reduction, k)
+      if rows:
+        positions.append((v, rows))
+    self._positions = positions
+    # Dependency levels: a variable's level is 1 + the largest level among the corrected variables it reads.
+    level: dict[int, int] = {}
+    for v, rows in positions:
+      level[v] = 1 + max([level.get(u, 0) for g, _, _ in rows for u in g], default=0)
+    self.num_levels = max(level.values(), default=0)
+    if schedule == "levels":
+      groups = [[(v, rows) for v, rows in positions if level[v] == lv] for lv in range(1, self.num_levels + 1)]
+    else:
+      groups = [[p] for p in positions]
+    self._groups = [_make_group(g, self.dtype) for g in groups if g]
+    if schedule == "scan" and positions:
+      self._scan = self._build_scan(positions)
+
+  # ------------------------------------------------------------------------------------------------------------
+  def _build_scan(self, positions):
+    p = len(positions)
+    r_max = max(len(rows) for _, rows in positions)
+    s_max = max(max(len({u for g, _, _ in rows for u in g}), 1) for _, rows in positions)
+    var = np.zeros((p,), np.int32)
+    ref = np.zeros((p, s_max), np.int32)
+    coef = np.zeros((p, r_max, s_max), np.float64)
+    const = np.zeros((p, r_max), np.float64)
+    lower = np.zeros((p, r_max), bool)
+    upper = np.zeros((p, r_max), bool)
+    for i, (v, rows) in enumerate(positions):
+      var[i] = v
+      cols = sorted({u for g, _, _ in rows for u in g})
+      col = {u: j for j, u in enumerate(cols)}
+      ref[i, :len(cols)] = cols
+      for j, (g, c, lo) in enumerate(rows):
+        for u, val in g.items():
+          coef[i, j, col[u]] = float(val)
+        const[i, j], lower[i, j], upper[i, j] = c, lo, not lo
+    return dict(var=var, ref=ref, coef=coef.astype(self.dtype), const=const.astype(self.dtype), lower=lower,
+                upper=upper)
+
+  @property
+  def stats(self) -> dict:
+    """Reduction sizes and the compiled structure (positions, levels, groups)."""
+    s = dict(self.reduction.stats)
+    s.pop("rows_per_level", None)
+    s.update(active_positions=len(self._positions), num_levels=self.num_levels, num_groups=len(self._groups),
+             schedule=self.schedule)
+    return s
+
+  def __repr__(self) -> str:
+    return (f"ConstraintLayer(num_constraints={self.constraints.num_constraints}, num_features={self.num_features}, "
+            f"active_positions={len(self._positions)}, levels={self.num_levels}, schedule='{self.schedule}')")
+
+  # ------------------------------------------------------------------------------------------------------------
+  def __call__(self, x: jax.Array) -> jax.Array:
+    """Corrects a batch.
+
+    Args:
+      x: [B, D] (or [D]) values in the original (inverse-transformed) feature space.
+
+    Returns:
+      [B, D] (or [D]) values satisfying every constraint; unconstrained columns are unchanged, and rows that
+      already satisfy the constraints are returned unchanged (up to the strict-inequality epsilon).
+    """
+    x = jnp.asarray(x)
+    if x.ndim not in (1, 2):
+      raise ValueError(f"ConstraintLayer expects [B, D] or [D] inputs, got shape {x.shape}.")
+    if x.shape[-1] != self.num_features:
+      raise ValueError(f"ConstraintLayer was built for num_features={self.num_features}, got inputs of width "
+                       f"{x.shape[-1]} (shape {x.shape}).")
+    squeeze = x.ndim == 1
+    x = x[None] if squeeze else x
+    x = x.astype(self.dtype)
+    if self.schedule == "scan" and self._positions:
+      x = self._call_scan(x)
+    else:
+      for g in self._groups:
+        x = _correct_group(x, g)
+    return x[0] if squeeze else x
+
+  def _call_scan(self, x):
+    s = self._scan
+
+    def step(x, p):
+      var, ref, coef, const, lower, upper = p
+      xs = jnp.take(x, ref, axis=1)                                   # [B, S]
+      bounds = const[None] - jnp.einsum("bs,rs->br", xs, coef)        # [B, R]
+      lo = jnp.max(jnp.where(lower[None], bounds, -jnp.inf), axis=1)
+      hi = jnp.min(jnp.where(upper[None], bounds, jnp.inf), axis=1)
+      cur = jax.lax.dynamic_index_in_dim(x, var, axis=1, keepdims=False)
+      new = jnp.minimum(jnp.maximum(cur, lo), hi)
+      return jax.lax.dynamic_update_index_in_dim(x, new, var, axis=1), None
+
+    x, _ = jax.lax.scan(step, x, (s["var"], s["ref"], s["coef"], s["const"], s["lower"], s["upper"]))
+    return x
+
+
+def _correct_group(x: jax.Array, g: _Group) -> jax.Array:
+  """One group: bounds from x[:, ref] (already final), clip x[:, vars] into [max lower, min upper]."""
+  xs = x[:, g.ref]                                                    # [B, S]
+  bounds = g.const[None] - jnp.einsum("bs,mrs->bmr", xs, g.coef)      # [B, M, R]   Eq. (4)
+  lo = jnp.max(jnp.where(g.lower[None], bounds, -jnp.inf), axis=-1)   # [B, M]
+  hi = jnp.min(jnp.where(g.upper[None], bounds, jnp.inf), axis=-1)
+  cur = x[:, g.vars]
+  new = jnp.minimum(jnp.maximum(cur, lo), hi)                          # Eq. (5): max with lower, then min with upper
+  return x.at[:, g.vars].set(new)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Satisfaction
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _coefficients_for(constraints: Constraints, width: int) -> np.ndarray:
+  a = constraints.coefficients
+  if a.shape[1] > width:
+    if np.any(a[:, width:] != 0):
+      raise ValueError(f"inputs of width {width} lack constrained variables up to y_{a.shape[1] - 1}.")
+    a = a[:, :width]
+  elif a.shape[1] < width:
+    a = np.pad(a, ((0, 0), (0, width - a.shape[1])))
+  return a
+
+
+def constraint_slack(x: jax.Array, constraints: Constraints) -> tuple[jax.Array, jax.Array]:
+  """Slack `A x - b` of every constraint and its scale `1 + |A| |x| + |b|`.
+
+  Args:
+    x: [B, D] values.
+    constraints: the constraints.
+
+  Returns:
+    (slack [B, C], scale [B, C]).
+  """
+  x = jnp.asarray(x)
+  if x.ndim != 2:
+    raise ValueError(f"expected [B, D] inputs, got shape {x.shape}.")
+  a = _coefficients_for(constraints, x.shape[-1])
+  dtype = jnp.promote_types(x.dtype, jnp.float32)
+  x = x.astype(dtype)
+  a_j = jnp.asarray(a, dtype)
+  b = jnp.asarray(constraints.constants, dtype)
+  slack = x @ a_j.T - b[None]
+  scale = 1.0 + jnp.abs(x) @ jnp.abs(a_j).T + jnp.abs(b)[None]
+  return slack, scale
+
+
+def satisfied_per_constraint(x: jax.Array, constraints: Constraints, tol: float = 1e-6) -> jax.Array:
+  """[B, C] bool: constraint c holds for row b (relative tolerance, see `satisfied`)."""
+  slack, scale = constraint_slack(x, constraints)
+  thr = -tol * scale
+  strict = jnp.asarray(constraints.strict)[None]
+  return jnp.where(strict, slack > thr, slack >= thr)
+
+
+def satisfied(x: jax.Array, constraints: Constraints, tol: float = 1e-6) -> jax.Array:
+  """Which rows satisfy every constraint.
+
+  A constraint `a.x >= b` holds when `a.x - b >= -tol * (1 + |a|.|x| + |b|)` (a relative tolerance, so float32
+  rounding of large features such as faults' 2.5e6 pixel coordinates is not a violation); `a.x > b` uses `>` in
+  place of `>=`. With tol=0 the check is exact. NaN rows count as violating.
+
+  Args:
+    x: [B, D] values in the original feature space.
+    constraints: the constraints.
+    tol: relative tolerance.
+
+  Returns:
+    [B] bool.
+  """
+  return jnp.all(satisfied_per_constraint(x, constraints, tol), axis=-1)
+
+
+def violation_rate(x: jax.Array, constraints: Constraints, tol: float = 1e-6) -> jax.Array:
+  """Fraction of rows that violate at least one constraint (the paper's 'samples violating constraints').
+
+  Args:
+    x: [B, D] values.
+    constraints: the constraints.
+    tol: relative tolerance (see `satisfied`).
+
+  Returns:
+    A float32 scalar in [0, 1] (a 0-d array; `float()` it on the host).
+  """
+  return 1.0 - jnp.mean(satisfied(x, constraints, tol).astype(jnp.float32))
