@@ -1,0 +1,41 @@
+"""PPO on JAX environments: the RL family's end-to-end check (PureJaxRL-style jitted training).
+
+PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms", https://arxiv.org/abs/1707.06347
+
+Run:  python -m experiments.main --config=configs/ppo.py:tiny --workdir=runs/ppo
+Variants (after the colon): 'cartpole' (the default: gymnax CartPole-v1, PureJaxRL's settings),
+'inverted_pendulum' (brax, spring backend), 'hopper' (brax, spring backend, CPU-sized budget),
+'maze' (point-mass umaze, dense reward), 'tiny' (CartPole, a few updates: seconds).
+num_steps counts PPO updates; env steps = num_steps * ppo.num_envs * ppo.rollout_steps.
+"""
+import ml_collections
+
+VARIANTS = ("", "cartpole", "inverted_pendulum", "hopper", "maze", "tiny")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  from iclr24_jax.rl.ppo import preset_config
+  arg = arg or ""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown variant '{arg}' for configs/ppo.py; choose one of {list(VARIANTS)}.")
+  preset = {"": "cartpole", "tiny": "cartpole"}.get(arg, arg)
+  c = preset_config(preset)
+  c.paper = "ppo"
+  c.variant = arg or "cartpole"
+  c.data = ml_collections.ConfigDict(dict(name=c.env.name, data_dir=""))  # the environment is the data
+  c.log_every = max(1, c.num_steps // 50)
+  c.eval_every = max(1, c.num_steps // 5)
+  c.eval_episodes = 32
+  c.checkpoint_every = 0  # 0: only at the end
+  # Environments are sharded over mesh.data (1 = one device; -1 = all, needs ppo.num_envs divisible by it).
+  c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
+  if arg == "tiny":
+    c.num_steps = 6
+    c.ppo.num_envs = 4
+    c.ppo.rollout_steps = 16
+    c.ppo.num_minibatches = 2
+    c.ppo.update_epochs = 2
+    c.log_every = 2
+    c.eval_every = 3
+    c.eval_episodes = 4
+  return c

@@ -1,0 +1,512 @@
+"""Offline (D4RL-style) data sets generated here, deterministically, and read from users' D4RL files.
+
+D4RL itself cannot be downloaded here, so the data sets are made by code and cached (never committed):
+
+  ds = offline.get_dataset('brax/inverted_pendulum', 'medium')    # generates once, then loads the cache
+  ds = offline.get_dataset('maze/umaze', 'noisy')                 # D4RL-maze2d-like waypoint data
+  score = offline.normalized_score('brax/hopper', returns)        # 100 (R - R_random) / (R_expert - R_random)
+  ds = offline.load_dataset('/path/to/hopper-medium-v2.hdf5')     # a user's D4RL file (.hdf5 needs h5py) or .npz
+
+Format: a dict of numpy arrays, one row per transition, episodes contiguous:
+  observations [N, D] float32, actions [N, A] float32 (or [N] int32 for discrete envs), rewards [N] float32,
+  next_observations [N, D] float32, terminals [N] bool, timeouts [N] bool, and for mazes goals [N, 2].
+
+Kinds (brax / JAX envs with a continuous policy):
+  random        uniform random actions.
+  medium        a PPO policy stopped part-way (the training snapshot whose return is closest to
+                R_random + (R_expert - R_random) / 3, D4RL's "about a third of the expert").
+  medium-replay the training data up to that snapshot. Deviation: PPO keeps no replay buffer, so this is the
+                last rollout batch of every training chunk (a uniform subsample of everything the agent
+                collected) up to the medium snapshot.
+  expert        the final PPO policy (stochastic actions, as D4RL's expert data).
+  medium-expert medium + expert concatenated (D4RL).
+Kinds (mazes): random, noisy (the waypoint controller with Gaussian action noise and a new random goal each
+time one is reached, as D4RL's maze2d data; episodes cut by the time limit), expert (noise-free controller).
+
+Reference returns (random and expert policies' mean episode return on the evaluation environment) are
+measured here by `measure_reference_returns` and recorded in `reference_returns.json` beside this file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import pathlib
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.rl import envs as envs_lib
+from iclr24_jax.rl import maze as maze_lib
+from iclr24_jax.rl import rollout as rollout_lib
+
+REQUIRED_KEYS = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
+BRAX_KINDS = ("random", "medium", "medium-replay", "expert", "medium-expert")
+MAZE_KINDS = ("random", "noisy", "expert")
+REFERENCE_FILE = pathlib.Path(__file__).resolve().parent / "reference_returns.json"
+CACHE_ENV = "ICLR24_RL_CACHE"
+FORMAT_VERSION = 1
+
+# Data-agent presets (iclr24_jax.rl.ppo.preset_config names) per environment.
+AGENT_PRESETS = {"brax/inverted_pendulum": "inverted_pendulum", "brax/hopper": "hopper"}
+# Env kwargs used both for data and for the reference returns.
+ENV_KWARGS: dict[str, dict] = {}
+
+
+def default_cache_dir() -> pathlib.Path:
+  """`$ICLR24_RL_CACHE`, else `~/.cache/iclr24_jax/rl`."""
+  env = os.environ.get(CACHE_ENV)
+  return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "iclr24_jax" / "rl"
+
+
+# --- format ---------------------------------------------------------------------------------------------------
+def validate_dataset(ds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Checks keys, lengths and finiteness; returns the data set. Raises ValueError naming the problem."""
+  missing = [k for k in REQUIRED_KEYS if k not in ds]
+  if missing:
+    raise ValueError(f"offline data set lacks {missing}; a D4RL-style file needs {list(REQUIRED_KEYS)} "
+                     "(next_observations can be rebuilt with fill_next_observations).")
+  n = len(ds["observations"])
+  bad = {k: len(ds[k]) for k in REQUIRED_KEYS if len(ds[k]) != n}
+  if bad:
+    raise ValueError(f"offline data set arrays differ in length: observations has {n} rows, {bad}.")
+  for k in ("observations", "actions", "rewards", "next_observations"):
+    if np.issubdtype(np.asarray(ds[k]).dtype, np.floating) and not np.all(np.isfinite(ds[k])):
+      raise ValueError(f"offline data set '{k}' contains NaN or inf values.")
+  return ds
+
+
+def save_npz(path: str | os.PathLike, ds: dict[str, np.ndarray], meta: dict | None = None) -> str:
+  """Writes a data set (and JSON metadata under key 'meta') atomically as .npz; returns the path."""
+  path = str(path)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + ".tmp.npz"
+  arrays = dict(ds)
+  if meta is not None:
+    arrays["meta"] = np.asarray(json.dumps(meta))
+  np.savez_compressed(tmp, **arrays)
+  os.replace(tmp, path)
+  return path
+
+
+def fill_next_observations(ds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Adds next_observations from observations[i + 1], as d4rl.qlearning_dataset does.
+
+  Rows whose successor is unknown (a timeout, or the last row) are dropped; terminal rows keep
+  observations[i + 1] (unused: no bootstrapping past a terminal).
+  """
+  n = len(ds["observations"])
+  timeouts = np.asarray(ds.get("timeouts", np.zeros(n, bool)), bool)
+  keep = ~timeouts
+  keep[-1] = False
+  idx = np.nonzero(keep)[0]
+  out = {k: np.asarray(v)[idx] for k, v in ds.items() if np.ndim(v) >= 1 and len(v) == n}
+  out["next_observations"] = np.asarray(ds["observations"])[idx + 1]
+  out.setdefault("timeouts", np.zeros(len(idx), bool))
+  return out
+
+
+def load_dataset(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """Reads a D4RL-format data set from .npz or .hdf5/.h5 (the latter needs `pip install h5py`).
+
+  Keys are taken at the top level ('observations', ...); D4RL's 'infos/goal' becomes 'goals'. Missing
+  next_observations are rebuilt (`fill_next_observations`), missing timeouts are all False.
+
+  Raises:
+    FileNotFoundError: naming the path; ValueError: when required keys are missing.
+  """
+  p = pathlib.Path(os.path.expanduser(str(path)))
+  if not p.exists():
+    raise FileNotFoundError(f"offline data set '{p}' does not exist; generate one with "
+                            "iclr24_jax.rl.offline.get_dataset(env, kind) or pass a D4RL .hdf5/.npz path.")
+  ds: dict[str, np.ndarray] = {}
+  if p.suffix in (".hdf5", ".h5"):
+    try:
+      import h5py
+    except ImportError as e:
+      raise ImportError(f"reading {p} needs h5py (`pip install h5py`), or convert it to .npz.") from e
+    with h5py.File(p, "r") as f:
+      for k in ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts"):
+        if k in f:
+          ds[k] = f[k][()]
+      if "infos/goal" in f:
+        ds["goals"] = f["infos/goal"][()]
+  else:
+    with np.load(p, allow_pickle=False) as z:
+      ds = {k: z[k] for k in z.files if k != "meta"}
+  if "timeouts" not in ds and "observations" in ds:
+    ds["timeouts"] = np.zeros(len(ds["observations"]), bool)
+  if "next_observations" not in ds and "observations" in ds:
+    ds = fill_next_observations(ds)
+  for k in ("terminals", "timeouts"):
+    if k in ds:
+      ds[k] = np.asarray(ds[k]).astype(bool)
+  return validate_dataset(ds)
+
+
+def episode_returns(ds: dict[str, np.ndarray], complete_only: bool = False) -> np.ndarray:
+  """Returns of the episodes in a data set (split at terminals | timeouts; a trailing partial episode counts
+  unless complete_only)."""
+  ends = np.asarray(ds["terminals"], bool) | np.asarray(ds["timeouts"], bool)
+  r = np.asarray(ds["rewards"], np.float64)
+  out, acc = [], 0.0
+  for i in range(len(r)):
+    acc += r[i]
+    if ends[i]:
+      out.append(acc)
+      acc = 0.0
+  if not complete_only and len(r) and not ends[-1]:
+    out.append(acc)
+  return np.asarray(out, np.float32)
+
+
+def to_jax_batch(ds: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+  """The data set as JAX arrays (e.g. to put into a replay buffer: replay.uniform_add)."""
+  return {k: jnp.asarray(v) for k, v in ds.items() if k != "meta"}
+
+
+# --- reference returns and normalised scores ------------------------------------------------------------------
+def reference_table() -> dict[str, dict]:
+  """The recorded reference returns (reference_returns.json): {env: {'random': R, 'expert': R, ...}}."""
+  if not REFERENCE_FILE.exists():
+    return {}
+  with open(REFERENCE_FILE) as f:
+    return json.load(f)
+
+
+def reference_returns(env_name: str) -> tuple[float, float]:
+  """(R_random, R_expert) of an environment ('brax/hopper', 'maze/umaze', or 'd4rl/hopper' for D4RL's own)."""
+  table = reference_table()
+  if env_name not in table:
+    raise KeyError(f"no reference returns recorded for '{env_name}'; known: {sorted(table)}. Measure them with "
+                   "iclr24_jax.rl.offline.measure_reference_returns(env_name) and record them.")
+  e = table[env_name]
+  return float(e["random"]), float(e["expert"])
+
+
+def normalized_score(env_name: str, returns: Any) -> np.ndarray | float:
+  """D4RL's normalised score 100 * (R - R_random) / (R_expert - R_random) (array or scalar)."""
+  lo, hi = reference_returns(env_name)
+  if hi == lo:
+    raise ValueError(f"reference returns of '{env_name}' are equal ({lo}); the score is undefined.")
+  r = np.asarray(returns, np.float64)
+  s = 100.0 * (r - lo) / (hi - lo)
+  return float(s) if s.ndim == 0 else s
+
+
+# --- collection -------------------------------------------------------------------------------------------------
+def _to_dataset(tr: rollout_lib.Transition, num_transitions: int) -> dict[str, np.ndarray]:
+  """Transition [T, B] -> env-major rows (each env's steps contiguous), a timeout at each env's last row."""
+  tr = jax.device_get(tr)
+  t, b = np.asarray(tr.reward).shape
+  swap = lambda x: np.swapaxes(np.asarray(x), 0, 1).reshape((t * b,) + np.asarray(x).shape[2:])
+  term = swap(tr.terminated).astype(bool)
+  timeout = swap(tr.truncated).astype(bool)
+  cut = np.zeros((b, t), bool)
+  cut[:, -1] = True
+  timeout = timeout | (cut.reshape(-1) & ~term)
+  act = swap(tr.env_action)
+  ds = {"observations": swap(tr.obs).astype(np.float32),
+        "actions": act.astype(np.int32 if np.issubdtype(act.dtype, np.integer) else np.float32),
+        "rewards": swap(tr.reward).astype(np.float32), "next_observations": swap(tr.next_obs).astype(np.float32),
+        "terminals": term, "timeouts": timeout}
+  if isinstance(tr.extras, dict) and "goal" in tr.extras:
+    ds["goals"] = swap(tr.extras["goal"]).astype(np.float32)
+  ds = {k: v[:num_transitions] for k, v in ds.items()}
+  ds["timeouts"][-1] = not ds["terminals"][-1]
+  return ds
+
+
+def collect(env: envs_lib.Env, policy_fn: rollout_lib.PolicyFn, num_transitions: int, key: jax.Array,
+            num_envs: int = 16) -> dict[str, np.ndarray]:
+  """Rolls out a policy in `num_envs` environments until `num_transitions` rows exist.
+
+  Returns:
+    A data set dict (see module docstring), env-major with a timeout at the end of each env's segment.
+  """
+  steps = math.ceil(num_transitions / num_envs)
+  k_reset, k_roll = jax.random.split(key)
+
+  @jax.jit
+  def go(k_reset, k_roll):
+    state = env.reset_batch(k_reset, num_envs)
+    return rollout_lib.rollout(env, policy_fn, state, k_roll, steps)[1]
+
+  return _to_dataset(go(k_reset, k_roll), num_transitions)
+
+
+def collect_maze(env: maze_lib.PointMaze, num_transitions: int, key: jax.Array, noise_std: float = 0.3,
+                 random_actions: bool = False, resample_goal: bool = True, num_envs: int = 16) -> dict[str, np.ndarray]:
+  """Maze data: the waypoint controller (+ Gaussian noise) or uniform actions; new goal when one is reached.
+
+  Rewards are the sparse reward w.r.t. the goal being pursued at that step (stored as 'goals').
+  """
+  steps = math.ceil(num_transitions / num_envs)
+
+  def one_step(state, k):
+    k_goal, k_noise, k_env = jax.random.split(k, 3)
+    core = state.core
+    reached = jnp.linalg.norm(core.pos - core.goal) <= env.goal_radius
+    if resample_goal:
+      core = core.replace(goal=jnp.where(reached, env.sample_cell(k_goal), core.goal))
+    state = state.replace(core=core)
+    if random_actions:
+      a = jax.random.uniform(k_noise, (2,), minval=-1.0, maxval=1.0)
+    else:
+      a = maze_lib.waypoint_action(env, core.pos, core.vel, core.goal)
+      a = jnp.clip(a + noise_std * jax.random.normal(k_noise, (2,)), -1.0, 1.0)
+    new_state, ts = env.step(k_env, state, a)
+    tr = rollout_lib.Transition(obs=state.obs, action=a, env_action=a, reward=ts.reward, terminated=ts.terminated,
+                                truncated=ts.truncated, next_obs=ts.final_obs, episode_return=ts.episode_return,
+                                episode_length=ts.episode_length, extras={"goal": core.goal})
+    return new_state, tr
+
+  @jax.jit
+  def go(key):
+    k_reset, k_roll = jax.random.split(key)
+    state = env.reset_batch(k_reset, num_envs)
+    keys = jax.random.split(k_roll, steps * num_envs).reshape(steps, num_envs)
+    return jax.lax.scan(lambda s, k: jax.vmap(one_step)(s, k), state, keys)[1]
+
+  return _to_dataset(go(key), num_transitions)
+
+
+# --- data agents (PPO with snapshots) -------------------------------------------------------------------------
+def _flatten(tree: Any) -> dict[str, np.ndarray]:
+  from flax import serialization, traverse_util
+  flat = traverse_util.flatten_dict(serialization.to_state_dict(jax.device_get(tree)), sep="/")
+  return {k: np.asarray(v) for k, v in flat.items()}
+
+
+def _unflatten(template: Any, flat: dict[str, np.ndarray]) -> Any:
+  from flax import serialization, traverse_util
+  return serialization.from_state_dict(template, traverse_util.unflatten_dict(flat, sep="/"))
+
+
+def _hash(obj: Any) -> str:
+  return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike | None = None,
+                     num_chunks: int = 15, config: Any = None, progress: bool = True) -> dict[str, Any]:
+  """Trains the PPO data agent of an environment in chunks, keeping a snapshot after each (cached).
+
+  Args:
+    env_name: a key of AGENT_PRESETS (or any env with `config` given).
+    seed: the run's seed.
+    cache_dir: where `<env>-agent-<hash>.npz` is cached (default `default_cache_dir()`).
+    num_chunks: snapshots (the run's updates are split evenly; the last chunk takes the remainder).
+    config: a PPO config (default `ppo.preset_config(AGENT_PRESETS[env_name])`).
+
+  Returns:
+    dict with 'agent' (ppo.PPO), 'params' (list of params per snapshot), 'obs_stats' (list), 'eval_returns'
+    [num_chunks] (deterministic-policy evaluation, 16 episodes), 'env_steps' [num_chunks], 'replay' (a data set
+    of the last rollout of each chunk, with a 'chunk' column), 'config' (dict).
+  """
+  from iclr24_jax.rl import ppo
+  if config is None:
+    if env_name not in AGENT_PRESETS:
+      raise ValueError(f"no data-agent preset for '{env_name}'; known: {sorted(AGENT_PRESETS)}; pass config=.")
+    config = ppo.preset_config(AGENT_PRESETS[env_name])
+  config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
+  agent = ppo.PPO(config)
+  cfg_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  tag = _hash({"cfg": cfg_dict, "seed": seed, "chunks": num_chunks, "v": FORMAT_VERSION})
+  cache = pathlib.Path(cache_dir) if cache_dir else default_cache_dir()
+  path = cache / f"{env_name.replace('/', '_')}-agent-{tag}.npz"
+  template = jax.eval_shape(agent.init, jax.random.key(seed))
+  tmpl = {"params": template.train_state.params, "stats": template.train_state.extra}
+  if path.exists():
+    with np.load(path, allow_pickle=False) as z:
+      meta = json.loads(str(z["meta"]))
+      snaps = []
+      for c in range(meta["num_chunks"]):
+        flat = {k.split("/", 2)[2]: z[k] for k in z.files if k.startswith(f"snap/{c}/")}
+        snaps.append(_unflatten(jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), tmpl), flat))
+      replay = {k[len("replay/"):]: z[k] for k in z.files if k.startswith("replay/")}
+    return {"agent": agent, "params": [s["params"] for s in snaps], "obs_stats": [s["stats"] for s in snaps],
+            "eval_returns": np.asarray(meta["eval_returns"]), "env_steps": np.asarray(meta["env_steps"]),
+            "replay": replay, "config": cfg_dict, "path": str(path)}
+
+  total = agent.num_updates
+  sizes = [total // num_chunks] * num_chunks
+  sizes[-1] += total - sum(sizes)
+  if min(sizes) < 1:
+    raise ValueError(f"train_data_agent: {total} updates cannot be split into {num_chunks} chunks.")
+  chunk_fns = {n: jax.jit(lambda r, n=n: _chunk_with_last(agent, r, n)) for n in set(sizes)}
+  eval_fn = jax.jit(lambda p, s, k: agent.evaluate(p, s, k, num_envs=16, deterministic=True)["return"])
+  runner = jax.jit(agent.init)(jax.random.key(seed))
+  snaps, evals, steps, replays = [], [], [], []
+  for c, n in enumerate(sizes):
+    runner, tr = chunk_fns[n](runner)
+    ts = runner.train_state
+    evals.append(float(eval_fn(ts.params, ts.extra, jax.random.fold_in(jax.random.key(seed + 1), c))))
+    steps.append(int(runner.update) * agent.num_envs * agent.rollout_steps)
+    snaps.append(jax.device_get({"params": ts.params, "stats": ts.extra}))
+    part = _to_dataset(tr, agent.num_envs * agent.rollout_steps)
+    part["chunk"] = np.full(len(part["rewards"]), c, np.int32)
+    replays.append(part)
+    if progress:
+      print(f"[data agent {env_name}] chunk {c + 1}/{num_chunks}: {steps[-1]} env steps, eval return "
+            f"{evals[-1]:.1f}", flush=True)
+  replay = {k: np.concatenate([r[k] for r in replays]) for k in replays[0]}
+  arrays = {}
+  for c, s in enumerate(snaps):
+    arrays.update({f"snap/{c}/{k}": v for k, v in _flatten(s).items()})
+  arrays.update({f"replay/{k}": v for k, v in replay.items()})
+  meta = {"env": env_name, "seed": seed, "num_chunks": num_chunks, "eval_returns": evals, "env_steps": steps,
+          "config": cfg_dict}
+  save_npz(path, arrays, meta)
+  return {"agent": agent, "params": [s["params"] for s in snaps], "obs_stats": [s["stats"] for s in snaps],
+          "eval_returns": np.asarray(evals), "env_steps": np.asarray(steps), "replay": replay, "config": cfg_dict,
+          "path": str(path)}
+
+
+def _chunk_with_last(agent, runner, n: int):
+  if n > 1:
+    runner, _ = agent.train_chunk(runner, n - 1)
+  runner, _, tr = agent.update_with_trajectory(runner)
+  return runner, tr
+
+
+def _policy(agent, params, stats, deterministic=False):
+  return agent.policy_fn(jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, stats), deterministic)
+
+
+def _medium_index(eval_returns: np.ndarray, r_random: float, r_expert: float) -> int:
+  target = r_random + (r_expert - r_random) / 3.0
+  return int(np.argmin(np.abs(np.asarray(eval_returns) - target)))
+
+
+# --- reference returns -----------------------------------------------------------------------------------------
+def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 64,
+                              cache_dir: str | os.PathLike | None = None, agent_seed: int = 0) -> dict[str, Any]:
+  """Measures R_random (uniform actions) and R_expert (the final data agent, stochastic, or the noise-free
+  waypoint controller for mazes) as mean returns over `num_episodes` episodes of the evaluation env.
+
+  Returns:
+    {'random', 'expert', 'random_std', 'expert_std', 'episodes', 'seed', 'how'}.
+  """
+  env = make_data_env(env_name)
+  k_rand, k_exp = jax.random.split(jax.random.key(seed + 1000))
+  rand = jax.jit(lambda k: rollout_lib.evaluate(env, rollout_lib.random_policy(env), k, num_episodes))(k_rand)
+  if env_name.startswith("maze/"):
+    pol = maze_lib.waypoint_policy(env)
+    exp = jax.jit(lambda k: rollout_lib.evaluate(env, pol, k, num_episodes))(k_exp)
+    how = "expert = noise-free waypoint controller"
+  else:
+    run = train_data_agent(env_name, agent_seed, cache_dir)
+    pol = _policy(run["agent"], run["params"][-1], run["obs_stats"][-1])
+    exp = jax.jit(lambda k: rollout_lib.evaluate(env, pol, k, num_episodes))(k_exp)
+    how = (f"expert = final PPO data agent (stochastic), {int(run['env_steps'][-1])} env steps, "
+           f"agent seed {agent_seed}")
+  return {"random": float(rand["return"]), "expert": float(exp["return"]), "random_std": float(rand["return_std"]),
+          "expert_std": float(exp["return_std"]), "episodes": num_episodes, "seed": seed, "how": how}
+
+
+def make_data_env(env_name: str) -> envs_lib.Env:
+  """The evaluation environment of a data set (mazes: fixed goal 'G', random start, sparse reward)."""
+  return envs_lib.make_env(env_name, **ENV_KWARGS.get(env_name, {}))
+
+
+# --- the entry point ----------------------------------------------------------------------------------------------
+def get_dataset(env_name: str, kind: str, num_transitions: int = 100_000, seed: int = 0,
+                cache_dir: str | os.PathLike | None = None, agent_seed: int = 0, noise_std: float = 0.3,
+                regenerate: bool = False) -> dict[str, np.ndarray]:
+  """Generates (once, deterministically) and caches a D4RL-style data set, then loads it.
+
+  Args:
+    env_name: 'brax/inverted_pendulum', 'brax/hopper' (data agents in AGENT_PRESETS) or 'maze/<layout>'.
+    kind: BRAX_KINDS for brax envs, MAZE_KINDS for mazes.
+    num_transitions: rows (medium-replay: at most what the training produced; medium-expert: twice this).
+    seed: data seed (the agent has its own `agent_seed`).
+    cache_dir: default `default_cache_dir()`; files are `<env>-<kind>-n<N>-s<seed>-<hash>.npz`.
+    noise_std: action noise of the maze 'noisy' controller.
+    regenerate: ignore an existing cache file.
+
+  Returns:
+    The data set dict (validated). Generation prints progress and may train a PPO agent (minutes on CPU).
+  """
+  family = env_name.split("/", 1)[0]
+  kinds = MAZE_KINDS if family == "maze" else BRAX_KINDS
+  if kind not in kinds:
+    raise ValueError(f"unknown data set kind '{kind}' for {env_name}; choose one of {kinds}.")
+  if family not in ("maze", "brax", "gymnax"):
+    raise ValueError(f"offline data sets exist for brax, gymnax and maze environments, not '{env_name}'.")
+  if num_transitions < 1:
+    raise ValueError(f"num_transitions must be >= 1, got {num_transitions}.")
+  cache = pathlib.Path(cache_dir) if cache_dir else default_cache_dir()
+  spec = {"env": env_name, "kind": kind, "n": num_transitions, "seed": seed, "agent_seed": agent_seed,
+          "noise": noise_std if family == "maze" else None, "v": FORMAT_VERSION,
+          "env_kwargs": ENV_KWARGS.get(env_name, {})}
+  path = cache / f"{env_name.replace('/', '_')}-{kind}-n{num_transitions}-s{seed}-{_hash(spec)}.npz"
+  if path.exists() and not regenerate:
+    return load_dataset(path)
+  key = jax.random.key(seed)
+  env = make_data_env(env_name)
+  if family == "maze":
+    if kind == "random":
+      ds = collect_maze(env, num_transitions, key, random_actions=True)
+    elif kind == "noisy":
+      ds = collect_maze(env, num_transitions, key, noise_std=noise_std)
+    else:
+      ds = collect_maze(env, num_transitions, key, noise_std=0.0, resample_goal=True)
+  elif kind == "random":
+    ds = collect(env, rollout_lib.random_policy(env), num_transitions, key)
+  else:
+    run = train_data_agent(env_name, agent_seed, cache)
+    agent = run["agent"]
+    r_rand = float(jax.jit(lambda k: rollout_lib.evaluate(env, rollout_lib.random_policy(env), k, 16))(
+        jax.random.key(seed + 7))["return"])
+    mid = _medium_index(run["eval_returns"], r_rand, float(np.max(run["eval_returns"])))
+    if kind == "medium":
+      ds = collect(env, _policy(agent, run["params"][mid], run["obs_stats"][mid]), num_transitions, key)
+    elif kind == "expert":
+      ds = collect(env, _policy(agent, run["params"][-1], run["obs_stats"][-1]), num_transitions, key)
+    elif kind == "medium-expert":
+      k1, k2 = jax.random.split(key)
+      a = collect(env, _policy(agent, run["params"][mid], run["obs_stats"][mid]), num_transitions, k1)
+      b = collect(env, _policy(agent, run["params"][-1], run["obs_stats"][-1]), num_transitions, k2)
+      ds = {k: np.concatenate([a[k], b[k]]) for k in a}
+    else:  # medium-replay
+      rep = run["replay"]
+      rows = np.nonzero(rep["chunk"] <= mid)[0][:num_transitions]
+      ds = {k: v[rows] for k, v in rep.items() if k != "chunk"}
+      ds["timeouts"][-1] = not ds["terminals"][-1]
+  validate_dataset(ds)
+  save_npz(path, ds, spec)
+  return ds
+
+
+def main(argv: list[str] | None = None) -> int:
+  """`python -m iclr24_jax.rl.offline [--measure] ENV...`: generate data sets / measure reference returns."""
+  import argparse
+  ap = argparse.ArgumentParser(description=main.__doc__)
+  ap.add_argument("envs", nargs="+")
+  ap.add_argument("--measure", action="store_true", help="measure reference returns and update the JSON table")
+  ap.add_argument("--kinds", default="")
+  ap.add_argument("--n", type=int, default=100_000)
+  ap.add_argument("--cache_dir", default=None)
+  args = ap.parse_args(argv)
+  for env_name in args.envs:
+    if args.measure:
+      ref = measure_reference_returns(env_name, cache_dir=args.cache_dir)
+      table = reference_table()
+      table[env_name] = {**table.get(env_name, {}), **ref}
+      with open(REFERENCE_FILE, "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+      print(env_name, ref, flush=True)
+    kinds = [k for k in args.kinds.split(",") if k]
+    for kind in kinds:
+      ds = get_dataset(env_name, kind, args.n, cache_dir=args.cache_dir)
+      rets = episode_returns(ds, complete_only=True)
+      print(f"{env_name} {kind}: {len(ds['rewards'])} rows, {len(rets)} episodes, mean return "
+            f"{rets.mean() if len(rets) else float('nan'):.1f}", flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

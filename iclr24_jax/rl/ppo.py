@@ -1,0 +1,300 @@
+"""PPO for JAX environments, PureJaxRL style: the whole run is one jitted `train(key)`.
+
+  train = make_train(config)                # config: see `default_config()` / configs/ppo.py
+  out = jax.jit(train)(jax.random.key(0))   # out['metrics'][k]: [num_updates] curves
+  outs = jax.jit(jax.vmap(train))(keys)     # many seeds at once
+
+Building blocks for papers that need more control (fine-tuning from given params, a reward hook, chunked
+training with host-side evaluation in between):
+
+  agent = PPO(config, env=None, init_params=None, init_obs_stats=None, reward_fn=None, mesh=None)
+  runner = agent.init(key)                  # RunnerState
+  runner, metrics = agent.update(runner)    # one rollout + `update_epochs` epochs of minibatch SGD
+  runner, metrics = agent.train_chunk(runner, n)   # n updates in a lax.scan
+
+One update: roll out `num_envs` x `rollout_steps` steps with the current policy (observations normalised
+with the current running statistics), pass rewards through `reward_fn` (a hook, e.g. an intrinsic reward),
+update the observation statistics, recompute V(s) and V(s') under them, GAE (exact at time limits, see
+losses.gae), then `update_epochs` x `num_minibatches` Adam steps on the clipped PPO loss.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from iclr24_jax.common import optim
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.rl import envs as envs_lib
+from iclr24_jax.rl import losses, networks, normalization
+from iclr24_jax.rl import rollout as rollout_lib
+from iclr24_jax.rl.envs import Env, EnvState
+
+RewardFn = Callable[[rollout_lib.Transition], jax.Array]
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """PPO defaults (PureJaxRL's CartPole settings); configs/ppo.py builds on these."""
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.env = ml_collections.ConfigDict(dict(name="gymnax/CartPole-v1", kwargs=ml_collections.ConfigDict()))
+  c.model = ml_collections.ConfigDict(dict(policy_hidden=(64, 64), value_hidden=(64, 64), activation="tanh",
+                                           squash="tanh", state_dependent_std=False, init_log_std=0.0))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=2.5e-4, schedule="linear", end_factor=0.0,
+                                               warmup_steps=0, eps=1e-5, grad_clip=0.5))
+  c.num_steps = 244  # PPO updates (iterations); env steps = num_steps * num_envs * rollout_steps
+  c.ppo = ml_collections.ConfigDict(dict(
+      num_envs=4, rollout_steps=128, update_epochs=4, num_minibatches=4, gamma=0.99, gae_lambda=0.95,
+      clip_eps=0.2, value_clip_eps=0.0, ent_coef=0.01, vf_coef=0.5, normalize_advantages=True,
+      normalize_obs=False, obs_clip=10.0, reward_scale=1.0))
+  return c
+
+
+def preset_config(name: str) -> ml_collections.ConfigDict:
+  """Tested PPO settings per environment (used by configs/ppo.py and the offline data generator).
+
+  Args:
+    name: 'cartpole' (PureJaxRL's CartPole-v1 settings, 5e5 env steps), 'inverted_pendulum' (brax, spring
+      backend, ~3e5 env steps), 'hopper' (brax, spring backend; a CPU-sized budget), 'maze' (point maze, umaze).
+
+  Returns:
+    A full PPO config (see `default_config`).
+  """
+  c = default_config()
+  if name == "cartpole":
+    return c
+  if name == "inverted_pendulum":
+    c.env.name = "brax/inverted_pendulum"
+    c.num_steps = 150
+    c.ppo.update(dict(num_envs=64, rollout_steps=32, num_minibatches=8, update_epochs=4, gamma=0.97,
+                      ent_coef=0.0, normalize_obs=True, reward_scale=0.1))
+    c.optimizer.learning_rate = 1e-3
+    return c
+  if name == "hopper":
+    c.env.name = "brax/hopper"
+    c.num_steps = 300
+    c.model.policy_hidden = (128, 128)
+    c.model.value_hidden = (128, 128)
+    c.model.activation = "swish"
+    c.ppo.update(dict(num_envs=128, rollout_steps=32, num_minibatches=8, update_epochs=4, gamma=0.97,
+                      ent_coef=1e-3, normalize_obs=True, reward_scale=0.1))
+    c.optimizer.learning_rate = 3e-4
+    return c
+  if name == "maze":
+    c.env.name = "maze/umaze"
+    c.env.kwargs = ml_collections.ConfigDict(dict(reward="dense"))
+    c.num_steps = 100
+    c.ppo.update(dict(num_envs=32, rollout_steps=64, num_minibatches=8, update_epochs=4, gamma=0.99,
+                      ent_coef=0.0, normalize_obs=True, reward_scale=1.0))
+    c.optimizer.learning_rate = 1e-3
+    return c
+  raise ValueError(f"unknown PPO preset '{name}'; choose 'cartpole', 'inverted_pendulum', 'hopper' or 'maze'.")
+
+
+@flax.struct.dataclass
+class RunnerState:
+  """Everything a PPO run carries between updates.
+
+  Attributes:
+    train_state: TrainState (params {'policy', 'value'}, opt_state, step = gradient steps, extra = RunningStats).
+    env_state: batched EnvState [num_envs].
+    key: the run's key (update u uses fold_in(key, u)).
+    update: number of updates done.
+  """
+
+  train_state: TrainState
+  env_state: EnvState
+  key: jax.Array
+  update: jax.Array
+
+
+def _get(cfg: Any, name: str, default: Any) -> Any:
+  return cfg.get(name, default) if hasattr(cfg, "get") else getattr(cfg, name, default)
+
+
+class PPO:
+  """A PPO agent for a JAX `Env` (all methods pure; compile them yourself or use `make_train`).
+
+  Args:
+    config: see `default_config()`.
+    env: an Env (default: `envs.make_env(config.env.name, **config.env.kwargs)`).
+    init_params: optional params {'policy': ..., 'value': ...} to start from (fine-tuning); either half may be
+      None to keep its fresh initialisation.
+    init_obs_stats: optional RunningStats to start from (with init_params trained on normalised inputs).
+    reward_fn: optional hook Transition [T, B] -> rewards [T, B] applied before GAE (e.g. an intrinsic reward).
+    mesh: optional mesh; environments (and the rollout batch) are sharded over its 'data' axis.
+  """
+
+  def __init__(self, config: Any, env: Env | None = None, init_params: Any = None,
+               init_obs_stats: normalization.RunningStats | None = None, reward_fn: RewardFn | None = None,
+               mesh: Mesh | None = None):
+    self.config = config
+    p = config.ppo
+    if env is None:
+      kwargs = dict(_get(config.env, "kwargs", {}) or {})
+      env = envs_lib.make_env(config.env.name, **kwargs)
+    self.env = env
+    self.num_envs = int(p.num_envs)
+    self.rollout_steps = int(p.rollout_steps)
+    self.num_minibatches = int(p.num_minibatches)
+    self.update_epochs = int(p.update_epochs)
+    self.num_updates = int(config.num_steps)
+    batch = self.num_envs * self.rollout_steps
+    if batch % self.num_minibatches:
+      raise ValueError(f"ppo: num_envs * rollout_steps = {batch} is not divisible by num_minibatches = "
+                       f"{self.num_minibatches}; change one of them.")
+    if mesh is not None and self.num_envs % mesh.shape["data"]:
+      raise ValueError(f"ppo: num_envs = {self.num_envs} is not divisible by the mesh's data axis "
+                       f"({mesh.shape['data']} devices).")
+    self.minibatch_size = batch // self.num_minibatches
+    self.model = networks.make_actor_critic(env.spec.discrete, env.spec.action_dim, config.model)
+    self.tx = optim.make_optimizer(config.optimizer, self.num_updates * self.update_epochs * self.num_minibatches)
+    self.init_params, self.init_obs_stats = init_params, init_obs_stats
+    self.reward_fn, self.mesh = reward_fn, mesh
+    self.p = p
+
+  # --- pieces -------------------------------------------------------------------------------------------
+  def _constrain(self, tree: Any, axis: int = 0) -> Any:
+    if self.mesh is None:
+      return tree
+    spec = P(*([None] * axis + ["data"]))
+    return jax.lax.with_sharding_constraint(tree, NamedSharding(self.mesh, spec))
+
+  def init_params_fn(self, key: jax.Array) -> Any:
+    """Fresh params {'policy', 'value'}, with `init_params` halves substituted where given."""
+    params = self.model.init(key, jnp.zeros((1,) + self.env.spec.obs_shape, jnp.float32))["params"]
+    if self.init_params is not None:
+      params = dict(params)
+      for half in ("policy", "value"):
+        if self.init_params.get(half) is not None:
+          given, fresh = self.init_params[half], params[half]
+          if jax.tree.structure(given) != jax.tree.structure(fresh):
+            raise ValueError(f"ppo: init_params['{half}'] does not match the network built from config.model; "
+                             f"expected structure {jax.tree.structure(fresh)}.")
+          params[half] = given
+    return params
+
+  def init(self, key: jax.Array) -> RunnerState:
+    """A fresh RunnerState from a key (split into params / environment / training keys)."""
+    key_params, key_env, key_train = jax.random.split(key, 3)
+    params = self.init_params_fn(key_params)
+    stats = self.init_obs_stats if self.init_obs_stats is not None else normalization.init(self.env.spec.obs_shape)
+    ts = TrainState.create(params, self.tx, extra=stats)
+    env_state = self._constrain(self.env.reset_batch(key_env, self.num_envs))
+    return RunnerState(ts, env_state, key_train, jnp.zeros((), jnp.int32))
+
+  def normalize(self, stats: normalization.RunningStats, obs: jax.Array) -> jax.Array:
+    return normalization.normalize(stats, obs, self.p.obs_clip) if self.p.normalize_obs else obs
+
+  def policy_fn(self, params: Any, stats: normalization.RunningStats, deterministic: bool = False):
+    """A rollout PolicyFn acting with these params and observation statistics."""
+    return rollout_lib.actor_critic_policy(self.model, params, stats if self.p.normalize_obs else None,
+                                           deterministic, self.p.obs_clip)
+
+  def loss_fn(self, params: Any, stats: normalization.RunningStats, batch: dict, key: jax.Array):
+    """PPO loss on a flat minibatch dict (obs raw, action, log_prob, value, advantage, return)."""
+    dist, values = self.model.apply({"params": params}, self.normalize(stats, batch["obs"]))
+    p = self.p
+    return losses.ppo_loss(dist, values, batch, clip_eps=p.clip_eps, vf_coef=p.vf_coef, ent_coef=p.ent_coef,
+                           value_clip_eps=p.value_clip_eps or None, normalize_adv=p.normalize_advantages,
+                           weights=batch.get("weight"), key=key)
+
+  def advantages(self, params: Any, stats: normalization.RunningStats,
+                 tr: rollout_lib.Transition) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """(rewards, values, advantages, returns) [T, B] for a trajectory under the given params and statistics."""
+    rewards = tr.reward if self.reward_fn is None else self.reward_fn(tr)
+    rewards = rewards * self.p.reward_scale
+    v_apply = lambda o: self.model.apply({"params": params}, self.normalize(stats, o), method="v")
+    values = v_apply(tr.obs)
+    next_values = v_apply(tr.next_obs)
+    adv, ret = losses.gae(rewards, values, next_values, tr.terminated, tr.done, self.p.gamma, self.p.gae_lambda)
+    return rewards, values, adv, ret
+
+  # --- one update ----------------------------------------------------------------------------------------
+  def update(self, runner: RunnerState) -> tuple[RunnerState, dict]:
+    """One PPO iteration: rollout, GAE, `update_epochs` epochs of minibatch SGD.
+
+    Returns:
+      (new RunnerState, metrics dict of scalars).
+    """
+    runner, metrics, _ = self._update(runner)
+    return runner, metrics
+
+  def update_with_trajectory(self, runner: RunnerState) -> tuple[RunnerState, dict, rollout_lib.Transition]:
+    """Like `update`, also returning the rollout (Transition [T, B]) it trained on."""
+    return self._update(runner)
+
+  def _update(self, runner: RunnerState):
+    ts = runner.train_state
+    key = jax.random.fold_in(runner.key, runner.update)
+    k_roll, k_perm, k_loss = jax.random.split(key, 3)
+    env_state, tr = rollout_lib.rollout(self.env, self.policy_fn(ts.params, ts.extra), runner.env_state, k_roll,
+                                        self.rollout_steps)
+    env_state = self._constrain(env_state)
+    tr = self._constrain(tr, axis=1)
+    stats = normalization.update(ts.extra, tr.obs) if self.p.normalize_obs else ts.extra
+    rewards, values, adv, ret = self.advantages(ts.params, stats, tr)
+    n = self.num_envs * self.rollout_steps
+    flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]),
+                        {"obs": tr.obs, "action": tr.action, "log_prob": tr.extras["log_prob"], "value": values,
+                         "advantage": adv, "return": ret})
+
+    def epoch(ts, e):
+      perm = jax.random.permutation(jax.random.fold_in(k_perm, e), n)
+      mbs = jax.tree.map(lambda x: x[perm].reshape((self.num_minibatches, self.minibatch_size) + x.shape[1:]), flat)
+
+      def minibatch(ts, mb):
+        k = jax.random.fold_in(k_loss, ts.step)
+        grads, m = jax.grad(self.loss_fn, has_aux=True)(ts.params, stats, mb, k)
+        return ts.apply_gradients(grads), m
+
+      return jax.lax.scan(minibatch, ts, mbs)
+
+    ts, m = jax.lax.scan(epoch, ts, jnp.arange(self.update_epochs))
+    ts = ts.replace(extra=stats)
+    m = jax.tree.map(jnp.mean, m)
+    done = tr.done.astype(jnp.float32)
+    n_done = jnp.sum(done)
+    started = env_state.episodes > 0
+    m.update({
+        "episode_return": jnp.sum(tr.episode_return * done) / jnp.maximum(n_done, 1.0),  # finished in this rollout
+        "last_episode_return": jnp.sum(env_state.last_return * started) / jnp.maximum(jnp.sum(started), 1.0),
+        "episodes": n_done,
+        "reward": jnp.mean(rewards),
+        "env_steps": (runner.update + 1).astype(jnp.float32) * n,
+    })
+    return RunnerState(ts, env_state, runner.key, runner.update + 1), m, tr
+
+  def train_chunk(self, runner: RunnerState, num_updates: int) -> tuple[RunnerState, dict]:
+    """`num_updates` updates in one lax.scan -> (RunnerState, metrics of [num_updates])."""
+    return jax.lax.scan(lambda r, _: self.update(r), runner, None, length=num_updates)
+
+  def train(self, key: jax.Array) -> dict:
+    """The whole run: init + `config.num_steps` updates -> {'runner_state', 'metrics' ([num_updates] each)}."""
+    runner = self.init(key)
+    runner, metrics = self.train_chunk(runner, self.num_updates)
+    return {"runner_state": runner, "metrics": metrics}
+
+  def evaluate(self, params: Any, stats: normalization.RunningStats, key: jax.Array, num_envs: int = 16,
+               deterministic: bool = True) -> dict:
+    """Mean return of `num_envs` episodes with the (deterministic by default) policy."""
+    return rollout_lib.evaluate(self.env, self.policy_fn(params, stats, deterministic), key, num_envs)
+
+
+def make_train(config: Any, env: Env | None = None, init_params: Any = None,
+               init_obs_stats: normalization.RunningStats | None = None, reward_fn: RewardFn | None = None,
+               mesh: Mesh | None = None) -> Callable[[jax.Array], dict]:
+  """PureJaxRL-style entry point: returns a pure `train(key) -> {'runner_state', 'metrics'}`.
+
+  Args:
+    config: see `default_config()`; num_steps = PPO updates.
+    env, init_params, init_obs_stats, reward_fn, mesh: see `PPO`.
+
+  Returns:
+    train(key): pure; jit it, vmap it over keys for many seeds.
+  """
+  return PPO(config, env, init_params, init_obs_stats, reward_fn, mesh).train
