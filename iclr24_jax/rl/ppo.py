@@ -76,7 +76,7 @@ def preset_config(name: str) -> ml_collections.ConfigDict:
     return c
   if name == "hopper":
     c.env.name = "brax/hopper"
-    c.num_steps = 300
+    c.num_steps = 600
     c.model.policy_hidden = (128, 128)
     c.model.value_hidden = (128, 128)
     c.model.activation = "swish"

@@ -148,10 +148,10 @@ class HostPPO:
     last_v = np.asarray(jax.device_get(self._value(state.params, self._obs)))
     next_v = np.concatenate([batch["value"][1:], last_v[None]], axis=0)
     done = batch["terminated"] | batch["truncated"]
-    if done.any():
-      tt, ii = np.nonzero(done)
-      final = jax.tree.map(lambda x: x[tt, ii], batch["next_obs"])
-      next_v[tt, ii] = np.asarray(jax.device_get(self._value(state.params, final)))
+    for t in np.flatnonzero(done.any(axis=1)):  # whole [N] rows, so the value function compiles once
+      final = jax.tree.map(lambda x: x[t], batch["next_obs"])
+      v_final = np.asarray(jax.device_get(self._value(state.params, final)))
+      next_v[t] = np.where(done[t], v_final, next_v[t])
     batch["next_value"] = next_v.astype(np.float32)
     return batch
 
