@@ -152,6 +152,23 @@ def split_metrics(probs: np.ndarray, labels: np.ndarray, idx: np.ndarray, num_cl
           "gmean": metrics_lib.multiclass_gmean(p, y), "accuracy": metrics_lib.accuracy(p, y)}
 
 
+def local_rows(host_batch: dict) -> dict:
+  """This process's contiguous slice of every leaf (all hosts hold the whole graph; `shard_batch` reassembles
+  the global arrays from the slices). The identity on one host."""
+  pc, pi = jax.process_count(), jax.process_index()
+  if pc == 1:
+    return host_batch
+
+  def take(x):
+    if x.shape[0] % pc:
+      raise ValueError(f"a batch leaf of {x.shape[0]} rows does not split over {pc} processes; use budgets that "
+                       "are multiples of the global device count.")
+    k = x.shape[0] // pc
+    return x[pi * k:(pi + 1) * k]
+
+  return jax.tree.map(take, host_batch)
+
+
 def fit(config: Any, data: data_lib.GraphData, workdir: str | None = None, mesh=None, model_name: str | None = None,
         progress: bool = False, stop_at: int | None = None) -> dict:
   """Trains one model (config.model.name or `model_name`) on the full graph and evaluates it.
@@ -181,7 +198,7 @@ def fit(config: Any, data: data_lib.GraphData, workdir: str | None = None, mesh=
   n_data = mesh.shape[sharding.DATA_AXIS]
   multiple = 64 * n_data // math.gcd(64, n_data)
   host_batch, _ = data_lib.make_batch(data, node_multiple=multiple, edge_multiple=multiple)
-  batch = sharding.shard_batch(host_batch, mesh)
+  batch = sharding.shard_batch(local_rows(host_batch), mesh)
   num_steps = int(config.num_steps)
   tx = cached_optimizer(config.optimizer, num_steps)
   score_fn = config.get("score_fn", "softmax")
