@@ -12,9 +12,9 @@ compose with jit, grad, vmap, optax, orbax and mesh sharding without wrappers. S
   lp = lm.token_logprobs(params, config, ids, mask)            # [B, T]
   emb = lm.embed_sentences(*lm.load_minilm(), ["a sentence"])  # [N, 384], unit norm
 """
-from iclr24_jax.lm import bert, generate as generation, layers, llama, lora, scoring, t5, tokenizer, train, weights
+from iclr24_jax.lm import bert, generation, layers, llama, lora, scoring, t5, tokenizer, train, weights
 from iclr24_jax.lm.bert import BertConfig, embed_sentences, find_minilm, load_minilm, sentence_embedding
-from iclr24_jax.lm.generate import GenerationOutput, Generator, bias_vector, generate, sample_token
+from iclr24_jax.lm.generation import GenerationOutput, Generator, bias_vector, generate, sample_token
 from iclr24_jax.lm.llama import (KVCache, LlamaConfig, forward, fuse_params, gpt2_config, hidden_states,
                                  init_cache, init_params, smollm2_135m_config, tiny_config)
 from iclr24_jax.lm.lora import LoraConfig

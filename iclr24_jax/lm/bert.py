@@ -224,7 +224,7 @@ def embed_sentences(params: dict, config: BertConfig, tokenizer: tok_lib.Tokeniz
   Returns:
     numpy [N, D] float32 (D = 384 for MiniLM).
   """
-  from iclr24_jax.lm.generate import bucket
+  from iclr24_jax.lm.generation import bucket
   texts = list(texts)
   if not texts:
     return np.zeros((0, config.hidden_size), np.float32)

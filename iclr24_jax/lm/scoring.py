@@ -149,7 +149,7 @@ def score_continuations(params: llama.Params, config: llama.LlamaConfig, tokeniz
   Returns:
     {'sum_logprob': [N] float, 'num_tokens': [N] int, 'mean_logprob': [N] float}.
   """
-  from iclr24_jax.lm.generate import bucket
+  from iclr24_jax.lm.generation import bucket
   fn = _jitted_sequence_logprob(config)
   sums, counts = [], []
   n = len(prompts)

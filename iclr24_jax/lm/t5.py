@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.lm import layers
-from iclr24_jax.lm.generate import GenerationOutput, sample_token
+from iclr24_jax.lm.generation import GenerationOutput, sample_token
 
 _NEG = -1e30
 
