@@ -28,6 +28,7 @@ measured here by `measure_reference_returns` and recorded in `reference_returns.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -366,14 +367,43 @@ def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike 
 
 
 def _chunk_with_last(agent, runner, n: int):
-  if n > 1:
-    runner, _ = agent.train_chunk(runner, n - 1)
-  runner, _, tr = agent.update_with_trajectory(runner)
+  """n updates in one scan, carrying the last update's trajectory (one copy of the update in the program)."""
+  tr_shape = jax.eval_shape(lambda r: agent.update_with_trajectory(r)[2], runner)
+  tr0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tr_shape)
+
+  def body(carry, _):
+    r, _ = carry
+    r, _, tr = agent.update_with_trajectory(r)
+    return (r, tr), None
+
+  (runner, tr), _ = jax.lax.scan(body, (runner, tr0), None, length=n)
   return runner, tr
 
 
 def _policy(agent, params, stats, deterministic=False):
   return agent.policy_fn(jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, stats), deterministic)
+
+
+@functools.lru_cache(maxsize=16)
+def _agent_collector(agent, steps: int, num_envs: int, deterministic: bool):
+  """A jitted rollout of an agent's policy with params/statistics as arguments (compiled once per agent)."""
+
+  @jax.jit
+  def go(params, stats, key):
+    k_reset, k_roll = jax.random.split(key)
+    state = agent.env.reset_batch(k_reset, num_envs)
+    return rollout_lib.rollout(agent.env, agent.policy_fn(params, stats, deterministic), state, k_roll, steps)[1]
+
+  return go
+
+
+def collect_agent(agent, params: Any, stats: Any, num_transitions: int, key: jax.Array, num_envs: int = 16,
+                  deterministic: bool = False) -> dict[str, np.ndarray]:
+  """`collect` for a PPO agent's policy at given params / observation statistics (one compile per agent)."""
+  steps = math.ceil(num_transitions / num_envs)
+  go = _agent_collector(agent, steps, num_envs, deterministic)
+  tr = go(jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, stats), key)
+  return _to_dataset(tr, num_transitions)
 
 
 def _medium_index(eval_returns: np.ndarray, r_random: float, r_expert: float) -> int:
@@ -463,13 +493,13 @@ def get_dataset(env_name: str, kind: str, num_transitions: int = 100_000, seed: 
         jax.random.key(seed + 7))["return"])
     mid = _medium_index(run["eval_returns"], r_rand, float(np.max(run["eval_returns"])))
     if kind == "medium":
-      ds = collect(env, _policy(agent, run["params"][mid], run["obs_stats"][mid]), num_transitions, key)
+      ds = collect_agent(agent, run["params"][mid], run["obs_stats"][mid], num_transitions, key)
     elif kind == "expert":
-      ds = collect(env, _policy(agent, run["params"][-1], run["obs_stats"][-1]), num_transitions, key)
+      ds = collect_agent(agent, run["params"][-1], run["obs_stats"][-1], num_transitions, key)
     elif kind == "medium-expert":
       k1, k2 = jax.random.split(key)
-      a = collect(env, _policy(agent, run["params"][mid], run["obs_stats"][mid]), num_transitions, k1)
-      b = collect(env, _policy(agent, run["params"][-1], run["obs_stats"][-1]), num_transitions, k2)
+      a = collect_agent(agent, run["params"][mid], run["obs_stats"][mid], num_transitions, k1)
+      b = collect_agent(agent, run["params"][-1], run["obs_stats"][-1], num_transitions, k2)
       ds = {k: np.concatenate([a[k], b[k]]) for k in a}
     else:  # medium-replay
       rep = run["replay"]
