@@ -68,6 +68,31 @@ class CNN(nn.Module):
     return (logits, h) if return_features else logits
 
 
+class MNISTCNN(nn.Module):
+  """DomainBed's small-image featurizer (MNIST_CNN) + a linear classifier.
+
+  conv3x3(w0) -> relu -> GroupNorm(8) -> conv3x3(w1, stride 2) -> relu -> GN -> conv3x3(w1) -> relu -> GN
+  -> conv3x3(w1) -> relu -> GN -> global average pool (the features) -> Dense(num_classes).
+  DomainBed uses widths (64, 128); GroupNorm keeps feature scales bounded, which adversarial
+  domain-alignment methods rely on.
+  """
+
+  num_classes: int = 10
+  widths: Sequence[int] = (64, 128)
+  groups: int = 8
+
+  @nn.compact
+  def __call__(self, x, train: bool = False, return_features: bool = False):
+    w0, w1 = self.widths
+    h = x
+    for i, (w, s) in enumerate(((w0, 1), (w1, 2), (w1, 1), (w1, 1))):
+      h = nn.Conv(w, (3, 3), strides=(s, s), padding="SAME")(h)
+      h = nn.GroupNorm(num_groups=self.groups)(nn.relu(h))
+    feats = jnp.mean(h, axis=(1, 2))
+    logits = nn.Dense(self.num_classes)(feats)
+    return (logits, feats) if return_features else logits
+
+
 def _norm(kind: str, train: bool, name: str | None = None):
   if kind == "batch":
     return nn.BatchNorm(use_running_average=not train, momentum=0.9, epsilon=1e-5, name=name)
@@ -136,7 +161,9 @@ def create_model(model_config: Any, num_classes: int) -> nn.Module:
   if name == "cnn":
     return CNN(num_classes, features=tuple(model_config.get("features", (32, 64))),
                dense=int(model_config.get("dense", 128)), dropout=float(model_config.get("dropout", 0.0)))
+  if name == "mnist_cnn":
+    return MNISTCNN(num_classes, widths=tuple(model_config.get("widths", (64, 128))))
   if name in ("resnet18", "resnet"):
     return ResNet(num_classes, stage_sizes=tuple(model_config.get("stage_sizes", (2, 2, 2, 2))),
                   width=int(model_config.get("width", 64)), norm=model_config.get("norm", "group"))
-  raise ValueError(f"unknown model.name '{name}'; choose 'mlp', 'cnn' or 'resnet18'.")
+  raise ValueError(f"unknown model.name '{name}'; choose 'mlp', 'cnn', 'mnist_cnn' or 'resnet18'.")

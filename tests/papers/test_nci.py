@@ -1,0 +1,141 @@
+"""nci: losses against hand-computed values, the non-commutative gradient, the shared step, a smoke run."""
+import json
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from iclr24_jax.papers import nci
+from iclr24_jax.papers.nci import losses, model as model_lib, train as train_lib
+
+K, B, S = 2, 4, 8
+
+
+@pytest.fixture(scope="module")
+def setup():
+  import ml_collections
+  cfg = ml_collections.ConfigDict(dict(name="mnist_cnn", widths=(8, 8), discriminator="linear"))
+  nets = model_lib.make_networks(cfg, 10, K)
+  tx = optax.adam(1e-2)
+  state = nci.init(jax.random.key(0), nets, (S, S, 1), tx, tx)
+  rng = np.random.default_rng(0)
+  src = {"x": jnp.asarray(rng.random((K, B, S, S, 1), np.float32)),
+         "y": jnp.asarray(rng.integers(0, 10, (K, B)), jnp.int32)}
+  tgt = jnp.asarray(rng.random((B, S, S, 1), np.float32))
+  return nets, state, src, tgt
+
+
+def _biased_disc(state, bias):
+  disc = jax.tree.map(jnp.zeros_like, state.params["disc"])
+  disc["Dense_0"]["bias"] = jnp.asarray(bias, jnp.float32)
+  return disc
+
+
+def test_discriminator_loss_labels_and_value(setup):
+  nets, state, src, tgt = setup
+  # Zero weights and bias b = [0, 1, 2]: CE(label c) = lse(b) - b_c, lse = log(1 + e + e^2) = 2.40760596.
+  # Sources are domains 1 and 2, the target is 0:
+  # loss = (2.40760596 - 1) + (2.40760596 - 2) + (2.40760596 - 0) = 4.22281788.
+  disc = _biased_disc(state, [0.0, 1.0, 2.0])
+  fs = jnp.ones((K, B, 8))
+  ft = jnp.ones((B, 8))
+  loss, m = nci.discriminator_loss(disc, nets, fs, ft)
+  np.testing.assert_allclose(float(loss), 4.22281788, atol=1e-4)
+  # argmax is always domain 2, so only source domain 2's B examples are right: 4 / 12.
+  np.testing.assert_allclose(float(m["d_acc"]), 4 / 12, rtol=1e-6)
+
+
+def test_model_loss_adds_lambda_times_target_ce(setup):
+  nets, state, src, tgt = setup
+  disc = _biased_disc(state, [0.0, 1.0, 2.0])
+  erm, _ = nci.erm_model_loss(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
+  nci_loss, m = nci.model_loss(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
+  # adversarial CE towards label 0 with logits b: lse(b) - 0 = 2.40760596; lambda = 0.5.
+  np.testing.assert_allclose(float(m["adv"]), 2.40760596, atol=1e-4)
+  np.testing.assert_allclose(float(nci_loss - erm), 0.5 * 2.40760596, atol=1e-4)
+
+
+def test_target_gets_no_adversarial_gradient_only_in_nci(setup):
+  nets, state, src, tgt = setup
+  disc = state.params["disc"]
+
+  def grad_wrt_target(fn):
+    return jax.grad(lambda t: fn(state.params["model"], disc, nets, src["x"], src["y"], t, 1.0)[0])(tgt)
+
+  g_nci = grad_wrt_target(nci.model_loss)
+  g_dann = grad_wrt_target(nci.dann_model_loss)
+  assert float(jnp.max(jnp.abs(g_nci))) == 0.0        # exactly zero: non-commutative
+  assert float(jnp.max(jnp.abs(g_dann))) > 0.0        # DANN moves the target too: commutative
+  # and the sources do receive the adversarial gradient in NCI
+  g_src = jax.grad(lambda x: nci.model_loss(state.params["model"], disc, nets, x, src["y"], tgt, 1.0)[0]
+                   - nci.erm_model_loss(state.params["model"], disc, nets, x, src["y"], tgt, 1.0)[0])(src["x"])
+  assert float(jnp.max(jnp.abs(g_src))) > 0.0
+
+
+def test_methods_share_everything_but_the_model_loss(setup):
+  nets, state, src, tgt = setup
+  out = {m: jax.jit(train_lib.make_step(nets, m, 0.5))(state, src, tgt, jax.random.key(0))[0]
+         for m in ("erm", "nci", "dann")}
+  # the discriminator update comes first and sees the same frozen features in every method
+  chex.assert_trees_all_close(out["erm"].params["disc"], out["nci"].params["disc"], out["dann"].params["disc"])
+  diff = jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), out["erm"].params["model"],
+                      out["nci"].params["model"])
+  assert max(jax.tree.leaves(diff)) > 0.0
+
+
+def test_list_of_domain_batches_equals_stacked(setup):
+  nets, state, src, tgt = setup
+  as_list = [(src["x"][k], src["y"][k]) for k in range(K)]
+  a, _ = nci.train_step(state, src, tgt, jax.random.key(0), nets=nets)
+  b, _ = nci.train_step(state, as_list, tgt, jax.random.key(0), nets=nets)
+  chex.assert_trees_all_close(a.params, b.params)
+
+
+def test_train_step_lowers_loss_and_compiles_once(setup):
+  nets, state, src, tgt = setup
+  step = jax.jit(chex.assert_max_traces(train_lib.make_step(nets, "nci", 0.5), n=1))
+  first = None
+  for _ in range(15):
+    state, m = step(state, src, tgt, jax.random.key(0))
+    first = float(m["nll"]) if first is None else first
+  assert float(m["nll"]) < first
+  assert int(state.step) == 15
+
+
+def test_dann_ramp():
+  # 2 / (1 + exp(-10 p)) - 1: 0 at p = 0, tanh(2.5) = 0.98661 at p = 0.5.
+  np.testing.assert_allclose(float(train_lib.dann_lambda(jnp.asarray(0), 100)), 0.0, atol=1e-7)
+  np.testing.assert_allclose(float(train_lib.dann_lambda(jnp.asarray(50), 100)), np.tanh(2.5), rtol=1e-6)
+
+
+def test_bad_shapes_are_named(setup):
+  nets, state, src, tgt = setup
+  with pytest.raises(ValueError, match=r"source_x must be \[K, B, H, W, C\]"):
+    nci.train_step(state, {"x": src["x"][0], "y": src["y"][0]}, tgt, jax.random.key(0), nets=nets)
+  with pytest.raises(ValueError, match="target_x must be"):
+    nci.train_step(state, src, tgt[:, :4], jax.random.key(0), nets=nets)
+  with pytest.raises(ValueError, match="unknown method"):
+    train_lib.make_step(nets, "coral")
+
+
+def test_domains_are_disjoint_and_styled():
+  doms = nci.make_domains(("mnist", "mnist_rot60", "mnist_inv", "digits"), image_size=12, max_per_domain=50)
+  assert [d.x.shape for d in doms] == [(50, 12, 12, 1)] * 4
+  assert doms[2].x.mean() > 0.6 > doms[0].x.mean()  # inverted: white background
+  with pytest.raises(ValueError, match="unknown domains"):
+    nci.make_domains(("svhn",))
+
+
+def test_tiny_run(tmp_path):
+  from configs import nci as cfg
+  from iclr24_jax.papers.nci import experiment
+  res = experiment.run(cfg.get_config("tiny"), str(tmp_path))
+  assert 0.0 <= res["target_acc"] <= 1.0
+  assert os.path.exists(tmp_path / "curves.png")
+  assert json.load(open(tmp_path / "results.json"))["method"] == "nci"
+  with pytest.raises(ValueError, match="unknown variant"):
+    cfg.get_config("huge")
