@@ -218,11 +218,14 @@ def compare_versions(config: Any, table: data_lib.Table, tf: tfm.TableTransform,
   rows_u = sample_rows(unc, res_u.state, data, key_s, num_samples, apply_layer=False)
   constraints = _ordered(table.constraints, config.constraints.ordering, seed, table.train, rows_u)
   layer = ConstraintLayer(constraints, table.num_features, epsilon=float(config.constraints.epsilon))
-  rows_p = np.asarray(jax.jit(layer)(jnp.asarray(rows_u, jnp.float32)), np.float64)
+  correct = jax.jit(layer)
+  rows_p = np.asarray(correct(jnp.asarray(rows_u, jnp.float32)), np.float64)
   con = build_model(config, tf, layer, "constrained")
   res_c = train_lib.fit(con, data, int(config.num_steps), key_c, int(config.log_every))
-  rows_c = sample_rows(con, res_c.state, data, key_s, num_samples, apply_layer=True)
+  # model.sample(apply_layer=True) is layer(model.sample(apply_layer=False)) for the same key; sampling once and
+  # applying the (already compiled) layer gives both without a second compile.
   rows_c_raw = sample_rows(con, res_c.state, data, key_s, num_samples, apply_layer=False)
+  rows_c = np.asarray(correct(jnp.asarray(rows_c_raw, jnp.float32)), np.float64)
   out = {"unconstrained": evaluate_rows(table, rows_u, seed), "postprocessing": evaluate_rows(table, rows_p, seed),
          "constrained": evaluate_rows(table, rows_c, seed),
          "constrained_violation_before_layer": float(violation_rate(rows_c_raw, table.constraints)),
@@ -235,6 +238,7 @@ def _reproduce_config(name: str, model: str, fast: bool):
   c = cfg_mod.get_config(f"{name}_{model}")
   c.num_steps = int(c.reproduce_steps_fast if fast else c.reproduce_steps)
   c.log_every = c.num_steps
+  c.constraints.ordering = "corr"  # the paper's heuristic, from the unconstrained model's samples
   if fast:
     c.data.gmm_fit_rows = 500
     c.data.gmm_max_iter = 30
@@ -250,7 +254,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     names += ["heloc", "faults"]
   if fast:
     names = names[:1]
-  models = ["tvae", "ctgan"]
+  models = ["tvae"] if fast else ["tvae", "ctgan"]
   rows, table_cache = [], {}
   for name in names:
     for model in models:
@@ -262,6 +266,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
       t0 = time.perf_counter()
       r = compare_versions(c, table, tf, enc, n)
       secs = time.perf_counter() - t0
+      print(f"[cdgm reproduce] {name} {model}: {secs:.1f}s wall, {time.process_time():.1f}s process cpu so far",
+            flush=True)
       u, p, k = r["unconstrained"], r["postprocessing"], r["constrained"]
       plot = _plot_pair(table, {f"{model}": r["samples"]["unconstrained"], f"C-{model}": r["samples"]["C-"]},
                         os.path.join(workdir, f"{name}_{model}_pair.png"))
@@ -309,15 +315,22 @@ def _bench_constraint_sets(quick: bool) -> list[tuple[str, Constraints]]:
 
 
 def benchmark(quick: bool = True) -> list[dict]:
-  """Layer throughput vs constraints/features (schedules, batch sizes, 1 vs all devices) and sampling time with
-  vs without the layer."""
+  """Layer throughput vs constraints/features (schedules, batch sizes, 1 vs all devices), reduction cost, and
+  sampling time with vs without the layer."""
+  from iclr24_jax.papers.cdgm.constraints import reduce_constraints
   rows = []
-  repeats = 5 if quick else 20
+  repeats, min_time = (5, 0.3) if quick else (20, 1.0)
   for name, cons in _bench_constraint_sets(quick):
     d = cons.num_variables
-    for schedule in (("levels", "scan") if quick else ("levels", "scan", "sequential")):
-      if schedule == "sequential" and name == "botnet":
-        continue  # 252 unrolled steps: minutes of compile on CPU (measured 21 s under load for 'levels'-free code)
+    r = bench.time_host(lambda c=cons: reduce_constraints(c), repeats=2, name=f"cdgm/reduce/{name}",
+                        size=f"C={cons.num_constraints},D={d}", batch=0, mesh_devices=1)
+    st = reduce_constraints(cons).stats
+    r.update(active_rows=st["active_rows"], combinations=st["combinations"], pruned=st["pruned_duplicates"] +
+             st["pruned_chernikov"], num_constraints=cons.num_constraints, num_features=d)
+    rows.append(r)
+    for schedule in ("levels", "scan", "sequential"):
+      if schedule == "sequential" and name == "botnet" and quick:
+        continue  # 252 unrolled steps: long compile on CPU; measured in quick=False
       layer = ConstraintLayer(cons, d, schedule=schedule)
       st = layer.stats
       for n_dev in sorted({1, jax.device_count()}):
@@ -328,21 +341,20 @@ def benchmark(quick: bool = True) -> list[dict]:
           x = np.random.default_rng(0).normal(0, 10, (batch, d)).astype(np.float32)
           xs = jax.device_put(x, sharding.data_sharding(mesh))
           fn = jax.jit(layer, in_shardings=sharding.data_sharding(mesh), out_shardings=sharding.data_sharding(mesh))
-          rows.append(bench.time_fn(fn, xs, repeats=repeats, items=batch, name=f"cdgm/layer/{name}/{schedule}",
-                                    size=f"C={cons.num_constraints},D={d}", batch=batch, mesh_devices=n_dev,
-                                    num_constraints=cons.num_constraints, num_features=d,
-                                    active_rows=st["active_rows"], levels=st["num_levels"],
-                                    reduction_s=st["seconds"]))
+          rows.append(bench.time_fn(fn, xs, repeats=repeats, min_time_s=min_time, items=batch,
+                                    name=f"cdgm/layer/{name}/{schedule}", size=f"C={cons.num_constraints},D={d}",
+                                    batch=batch, mesh_devices=n_dev, num_constraints=cons.num_constraints,
+                                    num_features=d, active_rows=st["active_rows"], levels=st["num_levels"],
+                                    steps=st["num_steps"]))
   # Sampling with and without the layer (untrained weights: the cost does not depend on their values).
+  from configs import cdgm as cfg_mod
   table = data_lib.load_generated()
   tf = tfm.fit_transform(table.train, table.discrete, max_fit_rows=500, max_iter=20)
   layer = ConstraintLayer(table.constraints, table.num_features)
-  from configs import cdgm as cfg_mod
+  enc = tfm.encode(tf, table.train)
   for mname in ("tvae", "ctgan"):
-    c = cfg_mod.get_config(f"generated_{mname}")
-    model = build_model(c, tf, layer, "postprocessing")
+    model = build_model(cfg_mod.get_config(f"generated_{mname}"), tf, layer, "postprocessing")
     state = jax.jit(model.init)(jax.random.key(0))
-    enc = tfm.encode(tf, table.train)
     data = model_data(model, tf, enc)
     for num in (1000, 10000):
       for use in (False, True):
@@ -352,7 +364,7 @@ def benchmark(quick: bool = True) -> list[dict]:
         else:
           fn = jax.jit(lambda p, k, u=use, n=num: model.sample(p, k, n, apply_layer=u))
           arg = state.params
-        rows.append(bench.time_fn(fn, arg, jax.random.key(1), repeats=repeats, items=num,
+        rows.append(bench.time_fn(fn, arg, jax.random.key(1), repeats=repeats, min_time_s=min_time, items=num,
                                   name=f"cdgm/sample/{mname}/{'with' if use else 'without'}_layer", size=num,
                                   batch=num, mesh_devices=1))
   return rows

@@ -13,6 +13,8 @@ Schedules (identical outputs, different compiled programs):
                independent pairs) this is one step instead of 31.
   'sequential' one unrolled step per constrained variable, in ordering order (the paper's loop).
   'scan'       one `lax.scan` over the constrained variables with padded per-position bound tensors.
+Bounds are stored sparsely: per row, the indices and coefficients of the variables it reads (gathered from x),
+with variables bucketed by (rows, references) rounded up to powers of two.
 """
 from __future__ import annotations
 
@@ -33,11 +35,11 @@ Schedule = Literal["levels", "sequential", "scan"]
 
 @dataclasses.dataclass(frozen=True)
 class _Group:
-  """Variables corrected together: vars [M], referenced columns ref [S], bounds c - G @ x[ref]."""
+  """Variables corrected together from gathered values: bound[m, r] = const[m, r] - sum_k coef[m, r, k] x[idx[m, r, k]]."""
 
   vars: np.ndarray      # [M] int32 feature indices
-  ref: np.ndarray       # [S] int32 feature indices read by the bounds
-  coef: np.ndarray      # [M, R, S] float
+  idx: np.ndarray       # [M, R, K] int32 feature indices read by the bounds (padding: index 0, coefficient 0)
+  coef: np.ndarray      # [M, R, K] float
   const: np.ndarray     # [M, R] float
   lower: np.ndarray     # [M, R] bool
   upper: np.ndarray     # [M, R] bool
@@ -73,23 +75,37 @@ def tighten_strict(constraints: Constraints, epsilon: float) -> Constraints:
   return _build(rows, texts, constraints.ordering, constraints.num_variables)
 
 
-def _make_group(items, dtype) -> _Group:
-  """items: list of (var, rows) with rows = [(g dict, c, lower)]."""
-  ref = sorted({u for _, rows in items for g, _, _ in rows for u in g})
-  col = {u: i for i, u in enumerate(ref)}
-  m, r_max, s = len(items), max(len(rows) for _, rows in items), len(ref)
-  coef = np.zeros((m, r_max, s), np.float64)
+def _pow2(n: int) -> int:
+  return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def _make_group(items, dtype, r_pad: int | None = None, k_pad: int | None = None) -> _Group:
+  """items: list of (var, rows) with rows = [(g dict, c, lower)]; pads rows to R and references to K."""
+  r_max = r_pad or max(len(rows) for _, rows in items)
+  k_max = k_pad if k_pad is not None else max(len(g) for _, rows in items for g, _, _ in rows)
+  m = len(items)
+  idx = np.zeros((m, r_max, k_max), np.int32)
+  coef = np.zeros((m, r_max, k_max), np.float64)
   const = np.zeros((m, r_max), np.float64)
   lower = np.zeros((m, r_max), bool)
   upper = np.zeros((m, r_max), bool)
   for i, (_, rows) in enumerate(items):
     for j, (g, c, lo) in enumerate(rows):
-      for u, val in g.items():
-        coef[i, j, col[u]] = float(val)
+      for k, (u, val) in enumerate(sorted(g.items())):
+        idx[i, j, k], coef[i, j, k] = u, float(val)
       const[i, j] = c
       lower[i, j], upper[i, j] = lo, not lo
-  return _Group(vars=np.array([v for v, _ in items], np.int32), ref=np.array(ref, np.int32),
-                coef=coef.astype(dtype), const=const.astype(dtype), lower=lower, upper=upper)
+  return _Group(vars=np.array([v for v, _ in items], np.int32), idx=idx, coef=coef.astype(dtype),
+                const=const.astype(dtype), lower=lower, upper=upper)
+
+
+def _bucketed(items, dtype) -> list[_Group]:
+  """Splits one level's variables by (rows, references) rounded up to powers of two, so padding wastes < 2x."""
+  buckets: dict[tuple[int, int], list] = {}
+  for v, rows in items:
+    key = (_pow2(len(rows)), _pow2(max(len(g) for g, _, _ in rows)) if any(g for g, _, _ in rows) else 0)
+    buckets.setdefault(key, []).append((v, rows))
+  return [_make_group(its, dtype, r, k) for (r, k), its in sorted(buckets.items())]
 
 
 class ConstraintLayer:
@@ -146,43 +162,20 @@ class ConstraintLayer:
       level[v] = 1 + max([level.get(u, 0) for g, _, _ in rows for u in g], default=0)
     self.num_levels = max(level.values(), default=0)
     if schedule == "levels":
-      groups = [[(v, rows) for v, rows in positions if level[v] == lv] for lv in range(1, self.num_levels + 1)]
+      steps = [[(v, rows) for v, rows in positions if level[v] == lv] for lv in range(1, self.num_levels + 1)]
     else:
-      groups = [[p] for p in positions]
-    self._groups = [_make_group(g, self.dtype) for g in groups if g]
+      steps = [[p] for p in positions]
+    self._steps = [_bucketed(st, self.dtype) for st in steps if st]   # per step: buckets computed from the same x
     if schedule == "scan" and positions:
-      self._scan = self._build_scan(positions)
-
-  # ------------------------------------------------------------------------------------------------------------
-  def _build_scan(self, positions):
-    p = len(positions)
-    r_max = max(len(rows) for _, rows in positions)
-    s_max = max(max(len({u for g, _, _ in rows for u in g}), 1) for _, rows in positions)
-    var = np.zeros((p,), np.int32)
-    ref = np.zeros((p, s_max), np.int32)
-    coef = np.zeros((p, r_max, s_max), np.float64)
-    const = np.zeros((p, r_max), np.float64)
-    lower = np.zeros((p, r_max), bool)
-    upper = np.zeros((p, r_max), bool)
-    for i, (v, rows) in enumerate(positions):
-      var[i] = v
-      cols = sorted({u for g, _, _ in rows for u in g})
-      col = {u: j for j, u in enumerate(cols)}
-      ref[i, :len(cols)] = cols
-      for j, (g, c, lo) in enumerate(rows):
-        for u, val in g.items():
-          coef[i, j, col[u]] = float(val)
-        const[i, j], lower[i, j], upper[i, j] = c, lo, not lo
-    return dict(var=var, ref=ref, coef=coef.astype(self.dtype), const=const.astype(self.dtype), lower=lower,
-                upper=upper)
+      self._scan = _make_group(positions, self.dtype)
 
   @property
   def stats(self) -> dict:
     """Reduction sizes and the compiled structure (positions, levels, groups)."""
     s = dict(self.reduction.stats)
     s.pop("rows_per_level", None)
-    s.update(active_positions=len(self._positions), num_levels=self.num_levels, num_groups=len(self._groups),
-             schedule=self.schedule)
+    s.update(active_positions=len(self._positions), num_levels=self.num_levels, num_steps=len(self._steps),
+             num_buckets=sum(len(st) for st in self._steps), schedule=self.schedule)
     return s
 
   def __repr__(self) -> str:
@@ -212,36 +205,42 @@ class ConstraintLayer:
     if self.schedule == "scan" and self._positions:
       x = self._call_scan(x)
     else:
-      for g in self._groups:
-        x = _correct_group(x, g)
+      for buckets in self._steps:
+        # Every bucket of a step reads only variables finished in earlier steps, so all new values come from the
+        # same x and are written with one scatter.
+        new = [_clipped(x, g) for g in buckets]
+        cols = np.concatenate([g.vars for g in buckets])
+        x = x.at[:, cols].set(jnp.concatenate(new, axis=1) if len(new) > 1 else new[0])
     return x[0] if squeeze else x
 
   def _call_scan(self, x):
-    s = self._scan
+    g = self._scan
 
     def step(x, p):
-      var, ref, coef, const, lower, upper = p
-      xs = jnp.take(x, ref, axis=1)                                   # [B, S]
-      bounds = const[None] - jnp.einsum("bs,rs->br", xs, coef)        # [B, R]
+      var, idx, coef, const, lower, upper = p                        # [], [R, K], [R, K], [R], [R], [R]
+      xs = jnp.take(x, idx.reshape(-1), axis=1).reshape(x.shape[0], *idx.shape)
+      bounds = const[None] - jnp.sum(xs * coef[None], -1)              # [B, R]
       lo = jnp.max(jnp.where(lower[None], bounds, -jnp.inf), axis=1)
       hi = jnp.min(jnp.where(upper[None], bounds, jnp.inf), axis=1)
       cur = jax.lax.dynamic_index_in_dim(x, var, axis=1, keepdims=False)
       new = jnp.minimum(jnp.maximum(cur, lo), hi)
       return jax.lax.dynamic_update_index_in_dim(x, new, var, axis=1), None
 
-    x, _ = jax.lax.scan(step, x, (s["var"], s["ref"], s["coef"], s["const"], s["lower"], s["upper"]))
+    x, _ = jax.lax.scan(step, x, (g.vars, g.idx, g.coef, g.const, g.lower, g.upper))
     return x
 
 
-def _correct_group(x: jax.Array, g: _Group) -> jax.Array:
-  """One group: bounds from x[:, ref] (already final), clip x[:, vars] into [max lower, min upper]."""
-  xs = x[:, g.ref]                                                    # [B, S]
-  bounds = g.const[None] - jnp.einsum("bs,mrs->bmr", xs, g.coef)      # [B, M, R]   Eq. (4)
-  lo = jnp.max(jnp.where(g.lower[None], bounds, -jnp.inf), axis=-1)   # [B, M]
+def _clipped(x: jax.Array, g: _Group) -> jax.Array:
+  """New values [B, M] of a bucket: x[:, vars] clipped into [max lower, min upper] (Eq. (4)-(5))."""
+  m, r, k = g.idx.shape
+  if k == 0:   # constant bounds (e.g. y_1 >= 36): no gather, and no [B, ...] constant for XLA to fold
+    bounds = g.const[None]                                                       # [1, M, R]
+  else:
+    xs = jnp.take(x, g.idx.reshape(-1), axis=1).reshape(x.shape[0], m, r, k)   # [B, M, R, K]
+    bounds = g.const[None] - jnp.sum(xs * g.coef[None], -1)                     # [B, M, R]
+  lo = jnp.max(jnp.where(g.lower[None], bounds, -jnp.inf), axis=-1)             # [B or 1, M]
   hi = jnp.min(jnp.where(g.upper[None], bounds, jnp.inf), axis=-1)
-  cur = x[:, g.vars]
-  new = jnp.minimum(jnp.maximum(cur, lo), hi)                          # Eq. (5): max with lower, then min with upper
-  return x.at[:, g.vars].set(new)
+  return jnp.minimum(jnp.maximum(x[:, g.vars], lo), hi)                         # max with lower, then min with upper
 
 
 # --------------------------------------------------------------------------------------------------------------
