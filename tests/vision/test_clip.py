@@ -1,0 +1,170 @@
+"""Tests for the CLIP-style dual encoder (iclr24_jax.vision.clip): tokenizer, towers, loss, zero-shot, training."""
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from iclr24_jax.common import loop as loop_lib
+from iclr24_jax.common import sharding
+from iclr24_jax.vision import clip
+
+TINY = ml_collections.ConfigDict(dict(
+    embed_dim=8, image=dict(name="cnn", features=(4, 8), dense=16),
+    text=dict(name="transformer", max_len=6, width=16, depth=1, heads=2)))
+OPT = ml_collections.ConfigDict(dict(learning_rate=1e-2, schedule="constant", weight_decay=0.0))
+VOCAB = 12
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """A tiny CLIP, its state and a fixed batch of 16 image-caption pairs (shared by the tests below)."""
+  model = clip.create_clip(TINY, VOCAB)
+  tx = clip.make_optimizer(OPT, 100)
+  state = clip.init_state(jax.random.key(0), model, (8, 8, 1), (6,), jnp.int32, tx)
+  rng = np.random.default_rng(0)
+  ids = np.zeros((16, 6), np.int32)
+  ids[:, 0] = clip.WordTokenizer.SOT
+  ids[:, 1:4] = rng.integers(4, VOCAB, (16, 3))
+  ids[:, 4] = clip.WordTokenizer.EOT
+  batch = {"image": rng.random((16, 8, 8, 1)).astype(np.float32), "text": ids}
+  return model, state, batch
+
+
+def test_word_tokenizer_encodes_with_markers_and_unknowns():
+  tok = clip.WordTokenizer.build(["a photo of the digit seven", "a rotated 7", "a photo"])
+  # 'a' (3x) and 'photo' (2x) come first, then the rest alphabetically.
+  assert tok.words[:2] == ("a", "photo")
+  assert tok.vocab_size == 4 + len(tok.words)
+  ids = tok.encode(["A photo of zebras", "seven " * 10], max_len=6)
+  chex.assert_shape(ids, (2, 6))
+  assert ids.dtype == np.int32
+  a, photo, of = (tok.words.index(w) + 4 for w in ("a", "photo", "of"))
+  assert ids[0].tolist() == [tok.SOT, a, photo, of, tok.UNK, tok.EOT]
+  assert ids[1, 0] == tok.SOT and ids[1, -1] == tok.EOT            # long text cut, <eot> kept
+  assert tok.decode(ids[0]) == "a photo of <unk>"
+  with pytest.raises(ValueError, match="max_len"):
+    tok.encode(["a"], max_len=2)
+  with pytest.raises(TypeError, match="list of strings"):
+    tok.encode("a photo", max_len=6)
+
+
+def test_clip_loss_by_hand():
+  eye = jnp.eye(2)
+  # scale 1, I = T = identity: logits = I; each row's CE = -log(e / (e + 1)) = log(1 + e^-1) = 0.3132617,
+  # for both directions, so the loss is 0.3132617.
+  np.testing.assert_allclose(float(clip.clip_loss(eye, eye, 1.0)), math.log1p(math.exp(-1.0)), atol=1e-4)
+  # T = [[1, 0], [1, 0]]: logits_per_image = [[1, 1], [0, 0]]
+  #   image->text: row 0 -log(e / 2e) = log 2, row 1 -log(1 / 2) = log 2            -> mean 0.6931472
+  #   text->image (transpose [[1, 0], [1, 0]]): row 0 log(1 + e^-1) = 0.3132617, row 1 log(1 + e) = 1.3132617
+  #                                                                                   -> mean 0.8132617
+  #   loss = (0.6931472 + 0.8132617) / 2 = 0.7532044
+  txt = jnp.asarray([[1.0, 0.0], [1.0, 0.0]])
+  np.testing.assert_allclose(float(clip.clip_loss(eye, txt, 1.0)), 0.7532044, atol=1e-4)
+  # scale 2 on the identity: CE = log(1 + e^-2) = 0.1269280
+  np.testing.assert_allclose(float(clip.clip_loss(eye, eye, 2.0)), 0.1269280, atol=1e-4)
+  with pytest.raises(ValueError, match="paired"):
+    clip.clip_loss(eye, jnp.ones((3, 2)), 1.0)
+
+
+def test_logit_scale_init_and_clamp(tiny):
+  _, state, _ = tiny
+  np.testing.assert_allclose(float(state.params["logit_scale"]), math.log(1 / 0.07), rtol=1e-6)
+  big = clip.clamp_logit_scale({**state.params, "logit_scale": jnp.asarray(10.0)})
+  np.testing.assert_allclose(float(jnp.exp(big["logit_scale"])), 100.0, rtol=1e-5)
+  neg = clip.clamp_logit_scale({**state.params, "logit_scale": jnp.asarray(-1.0)})
+  assert float(neg["logit_scale"]) == 0.0
+
+
+def test_zero_shot_by_hand():
+  # class 0 templates [1, 0] and [0.6, 0.8] -> mean [0.8, 0.4] -> unit [0.8944, 0.4472]
+  # class 1 templates [0, 1] and [0, 2] (normalised to [0, 1] first) -> [0, 1]
+  cls = jnp.asarray([[[1.0, 0.0], [0.6, 0.8]], [[0.0, 1.0], [0.0, 2.0]]])
+  w = clip.zero_shot_classifier(cls)
+  np.testing.assert_allclose(np.asarray(w), [[2 / math.sqrt(5), 1 / math.sqrt(5)], [0.0, 1.0]], rtol=1e-6)
+  # image [1, 0]: sims (0.894, 0) -> 0; [0.6, 0.8]: (0.894, 0.8) -> 0; [0, 1]: (0.447, 1) -> 1
+  img = jnp.asarray([[1.0, 0.0], [0.6, 0.8], [0.0, 1.0]])
+  labels = jnp.asarray([0, 1, 1])
+  np.testing.assert_allclose(float(clip.zero_shot_accuracy(img, cls, labels)), 2 / 3, rtol=1e-6)
+  np.testing.assert_allclose(float(clip.zero_shot_accuracy(img, cls, labels, mask=jnp.asarray([1, 0, 1]))), 1.0)
+  np.testing.assert_allclose(float(clip.zero_shot_accuracy(img, w, labels)), 2 / 3, rtol=1e-6)   # [C, D] too
+  with pytest.raises(ValueError, match="labels"):
+    clip.zero_shot_accuracy(img, cls, labels[:2])
+
+
+def test_towers_shapes_and_errors(tiny):
+  model, state, batch = tiny
+  img, txt, scale = model.apply({"params": state.params}, batch["image"], batch["text"])
+  chex.assert_shape([img, txt], (16, 8))
+  chex.assert_type([img, txt], jnp.float32)
+  np.testing.assert_allclose(np.linalg.norm(np.asarray(img), axis=1), 1.0, rtol=1e-5)
+  vit = clip.ViT(num_classes=8, patch_size=4, width=16, depth=1, heads=2)
+  v_params = vit.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1)))
+  out, feats = vit.apply(v_params, jnp.zeros((3, 8, 8, 1)), return_features=True)
+  chex.assert_shape(out, (3, 8))
+  chex.assert_shape(feats, (3, 16))
+  with pytest.raises(ValueError, match="patch_size"):
+    vit.apply(v_params, jnp.zeros((1, 10, 10, 1)))
+  feat_tower = clip.FeatureTextTower(embed_dim=8)
+  f_params = feat_tower.init(jax.random.key(0), jnp.zeros((2, 5)))
+  chex.assert_shape(feat_tower.apply(f_params, jnp.ones((4, 5))), (4, 8))
+  with pytest.raises(ValueError, match="float features"):
+    feat_tower.apply(f_params, jnp.ones((4, 5), jnp.int32))
+  with pytest.raises(ValueError, match="integer token ids"):
+    model.apply({"params": state.params}, batch["text"].astype(np.float32), method=clip.CLIP.encode_text)
+  with pytest.raises(ValueError, match="unknown image tower"):
+    clip.create_image_encoder(ml_collections.ConfigDict(dict(name="swin")), 8)
+
+
+def test_text_tower_pools_at_last_token_and_ignores_trailing_pads(tiny):
+  model, state, batch = tiny
+  ids = batch["text"][:4]                                 # [4, 6], the last column is padding
+  shorter = ids[:, :5]                                    # drops the trailing pad column
+  a = model.apply({"params": state.params}, ids, method=clip.CLIP.encode_text)
+  b = model.apply({"params": state.params}, shorter, method=clip.CLIP.encode_text)
+  np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_train_step_lowers_loss_once_compiled(tiny):
+  model, state, batch = tiny
+  step = jax.jit(chex.assert_max_traces(clip.make_train_step(model), n=1))
+  key = jax.random.key(1)
+  losses = []
+  for _ in range(8):
+    state, metrics = step(state, batch, key)
+    losses.append(float(metrics["loss"]))
+  assert losses[-1] < losses[0]
+  assert float(jnp.exp(state.params["logit_scale"])) <= 100.0 + 1e-4
+
+
+def test_train_step_same_on_1_and_8_devices(tiny):
+  model, state, batch = tiny
+  step = clip.make_train_step(model)
+  outs = []
+  for devs in (jax.devices()[:1], jax.devices()):
+    mesh = sharding.make_mesh(devices=devs)
+    s = sharding.replicate(state, mesh)
+    fn = loop_lib.compile_step(step, mesh, donate=False)
+    new, metrics = fn(s, sharding.shard_batch(batch, mesh), jax.random.key(2))
+    outs.append((float(metrics["loss"]), np.asarray(new.params["logit_scale"])))
+  np.testing.assert_allclose(outs[0][0], outs[1][0], rtol=1e-5)
+  np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5)
+
+
+def test_encode_helpers_pad_and_normalise(tiny):
+  model, state, batch = tiny
+  emb = clip.encode_images(model, state.params, batch["image"][:11], batch_size=4)
+  chex.assert_shape(emb, (11, 8))
+  np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
+  direct = model.apply({"params": state.params}, batch["image"][:11], method=clip.CLIP.encode_image)
+  np.testing.assert_allclose(emb, np.asarray(direct), rtol=1e-5, atol=1e-6)
+  txt = clip.encode_texts(model, state.params, batch["text"][:5])
+  chex.assert_shape(txt, (5, 8))
+
+
+def test_l2_normalize_has_finite_gradient_at_zero():
+  g = jax.grad(lambda x: jnp.sum(clip.l2_normalize(x)))(jnp.zeros((2, 3)))
+  assert np.isfinite(np.asarray(g)).all()
