@@ -66,7 +66,14 @@ def run(config: Any, workdir: str) -> dict:
     start = int(restored["update"])
   writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None)
   chunk_fns: dict[int, Any] = {}
-  eval_fn = jax.jit(lambda p, s, k: agent.evaluate(p, s, k, num_envs=n_eval, deterministic=True))
+  random_policy = rollout_lib.random_policy(agent.env)
+
+  @jax.jit
+  def eval_fn(p, s, k):  # the policy and, as a baseline, uniform random actions (one compiled program)
+    k_pol, k_rand = jax.random.split(k)
+    ev = agent.evaluate(p, s, k_pol, num_envs=n_eval, deterministic=True)
+    ev["random_return"] = rollout_lib.evaluate(agent.env, random_policy, k_rand, n_eval)["return"]
+    return ev
   prog = metrics_lib.Progress(agent.num_updates, start=start, name=f"ppo {agent.env.spec.name}")
   compile_s, run_s, steps_done = None, 0.0, 0
   u = start
@@ -101,12 +108,10 @@ def run(config: Any, workdir: str) -> dict:
   if final_eval is None:
     ts = runner.train_state
     final_eval = jax.device_get(eval_fn(ts.params, ts.extra, jax.random.fold_in(key_eval, u)))
-  rand = jax.device_get(jax.jit(lambda k: rollout_lib.evaluate(agent.env, rollout_lib.random_policy(agent.env), k,
-                                                               n_eval))(jax.random.fold_in(key_eval, 2**31 - 1)))
   env_steps = agent.num_updates * agent.num_envs * agent.rollout_steps
   rows = metrics_lib.read_jsonl(writer.path)
   results = {"env": agent.env.spec.name, "eval_return": float(final_eval["return"]),
-             "eval_return_std": float(final_eval["return_std"]), "random_return": float(rand["return"]),
+             "eval_return_std": float(final_eval["return_std"]), "random_return": float(final_eval["random_return"]),
              "train_last_episode_return": rows[-1].get("train/last_episode_return") if rows else None,
              "env_steps": env_steps, "updates": agent.num_updates, "resumed_from_update": start,
              "compile_s": compile_s, "train_s": run_s, "total_s": time.perf_counter() - t0,

@@ -246,8 +246,15 @@ def collect_maze(env: maze_lib.PointMaze, num_transitions: int, key: jax.Array, 
   Rewards are the sparse reward w.r.t. the goal being pursued at that step (stored as 'goals').
   """
   steps = math.ceil(num_transitions / num_envs)
+  go = _maze_collector(env, steps, num_envs, bool(random_actions), bool(resample_goal))
+  return _to_dataset(go(key, jnp.float32(noise_std)), num_transitions)
 
-  def one_step(state, k):
+
+@functools.lru_cache(maxsize=16)
+def _maze_collector(env: maze_lib.PointMaze, steps: int, num_envs: int, random_actions: bool, resample_goal: bool):
+  """The jitted maze data rollout (compiled once per env object and shape; the noise level is an argument)."""
+
+  def one_step(state, k, noise_std):
     k_goal, k_noise, k_env = jax.random.split(k, 3)
     core = state.core
     reached = jnp.linalg.norm(core.pos - core.goal) <= env.goal_radius
@@ -266,13 +273,13 @@ def collect_maze(env: maze_lib.PointMaze, num_transitions: int, key: jax.Array, 
     return new_state, tr
 
   @jax.jit
-  def go(key):
+  def go(key, noise_std):
     k_reset, k_roll = jax.random.split(key)
     state = env.reset_batch(k_reset, num_envs)
     keys = jax.random.split(k_roll, steps * num_envs).reshape(steps, num_envs)
-    return jax.lax.scan(lambda s, k: jax.vmap(one_step)(s, k), state, keys)[1]
+    return jax.lax.scan(lambda s, k: jax.vmap(lambda st, kk: one_step(st, kk, noise_std))(s, k), state, keys)[1]
 
-  return _to_dataset(go(key), num_transitions)
+  return go
 
 
 # --- data agents (PPO with snapshots) -------------------------------------------------------------------------
@@ -437,8 +444,10 @@ def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 
           "expert_std": float(exp["return_std"]), "episodes": num_episodes, "seed": seed, "how": how}
 
 
+@functools.lru_cache(maxsize=None)
 def make_data_env(env_name: str) -> envs_lib.Env:
-  """The evaluation environment of a data set (mazes: fixed goal 'G', random start, sparse reward)."""
+  """The evaluation environment of a data set (mazes: fixed goal 'G', random start, sparse reward); one shared
+  object per name, so jitted collectors are reused."""
   return envs_lib.make_env(env_name, **ENV_KWARGS.get(env_name, {}))
 
 

@@ -1,13 +1,15 @@
 """NetHack adapter (nle 1.3.0 + gymnasium 1.2.0): reset/step, message decoding, a 1,000-step random agent,
 seeded replay, the policy net, and host-loop PPO with a reward hook."""
 import chex
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 pytest.importorskip("nle")
 
-from iclr24_jax.rl import nethack, ppo, ppo_host  # noqa: E402
+from iclr24_jax.rl import distributions, nethack, ppo, ppo_host  # noqa: E402
 
 
 def test_decode_message_hand_built():
@@ -80,6 +82,26 @@ def test_unknown_task():
     nethack.NetHackVecEnv(num_envs=1, task="NetHackPacifist-v9")
 
 
+class _BlstatsPolicy(nn.Module):
+  num_actions: int
+
+  @nn.compact
+  def __call__(self, obs):
+    x = jnp.log1p(jnp.abs(jnp.asarray(obs["blstats"], jnp.float32)))
+    h = nn.tanh(nn.Dense(32)(x))
+    return distributions.Categorical(nn.Dense(self.num_actions)(h)), nn.Dense(1)(h)[..., 0]
+
+
+def test_nethack_net_shapes(env):
+  obs = env.reset(seed=2)
+  model = nethack.NetHackNet(env.num_actions, hidden=32, glyph_dim=4, msg_dim=4)
+  params = jax.jit(model.init)(jax.random.key(0), obs)
+  dist, value = jax.jit(model.apply)(params, obs)
+  chex.assert_shape(dist.logits, (2, env.num_actions))
+  chex.assert_shape(value, (2,))
+  assert np.all(np.isfinite(dist.logits)) and np.all(np.isfinite(value))
+
+
 def test_host_ppo_with_reward_hook(env):
   c = ppo.default_config()
   c.num_steps = 2
@@ -92,7 +114,7 @@ def test_host_ppo_with_reward_hook(env):
     msgs = batch["next_obs"]["message"]
     return batch["reward"] + (msgs[..., 0] > 0).astype(np.float32)
 
-  model = nethack.NetHackNet(env.num_actions, hidden=64, use_map=False, glyph_dim=8, msg_dim=8)
+  model = _BlstatsPolicy(env.num_actions)  # small, to keep compile time low; NetHackNet is tested below
   agent = ppo_host.HostPPO(c, env, model, reward_hook=hook)
   state = agent.init(jax.random.key(0))
   state, hist = agent.train(state, 2, jax.random.key(1))

@@ -9,80 +9,60 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 from configs import ppo as ppo_config
 from iclr24_jax.common import sharding
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.rl import envs, experiment, networks, ppo, rollout
+from iclr24_jax.rl import experiment, ppo, rollout
 
 
 def _tiny(**ppo_overrides):
   c = ppo_config.get_config("tiny")
   c.num_steps = 3
+  c.ppo.num_envs = 8  # divisible by the 8 simulated devices
   c.ppo.update(ppo_overrides)
   return c
 
 
 @pytest.fixture(scope="module")
 def tiny_run():
+  """The tiny CartPole config trained for seeds 0 and 1 in one vmapped, jitted call."""
   c = _tiny()
-  train = jax.jit(ppo.make_train(c))
-  return c, train, train(jax.random.key(0))
+  train = jax.jit(jax.vmap(ppo.make_train(c)))
+  keys = jnp.stack([jax.random.key(0), jax.random.key(1)])
+  return c, train, keys, train(keys)
 
 
-def test_same_seed_same_curve(tiny_run):
-  c, train, out = tiny_run
-  again = train(jax.random.key(0))
-  other = train(jax.random.key(1))
+def _row(tree, i):
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+def test_same_seed_same_curve_and_vmap_over_seeds(tiny_run):
+  c, train, keys, out = tiny_run
+  again = train(keys)
   for k in ("loss", "last_episode_return", "entropy"):
-    chex.assert_shape(out["metrics"][k], (c.num_steps,))
+    chex.assert_shape(out["metrics"][k], (2, c.num_steps))
     np.testing.assert_array_equal(out["metrics"][k], again["metrics"][k])
-  assert not np.array_equal(out["metrics"]["loss"], other["metrics"]["loss"])
+  assert not np.array_equal(out["metrics"]["loss"][0], out["metrics"]["loss"][1])  # seeds differ
   chex.assert_trees_all_equal(out["runner_state"].train_state.params, again["runner_state"].train_state.params)
 
 
-def test_vmap_over_seeds(tiny_run):
-  c, _, out = tiny_run
-  outs = jax.jit(jax.vmap(ppo.make_train(c)))(jnp.stack([jax.random.key(0), jax.random.key(1)]))
-  chex.assert_shape(outs["metrics"]["loss"], (2, c.num_steps))
-  # seed 0 of the vmapped run is the single run (same arithmetic up to batching of the matmuls)
-  np.testing.assert_allclose(outs["metrics"]["last_episode_return"][0], out["metrics"]["last_episode_return"],
+def test_sharded_8_devices_matches_unsharded(tiny_run):
+  # make_train with the environments sharded over 8 devices vs seed 0 of the (unsharded) vmapped run.
+  c, _, _, out = tiny_run
+  mesh8 = sharding.make_mesh(devices=jax.devices()[:8])
+  out8 = jax.jit(ppo.make_train(c, mesh=mesh8))(jax.random.key(0))
+  np.testing.assert_allclose(out8["metrics"]["last_episode_return"], out["metrics"]["last_episode_return"][0],
                              rtol=1e-5)
-  np.testing.assert_allclose(outs["metrics"]["loss"][0], out["metrics"]["loss"], rtol=1e-3, atol=1e-4)
+  np.testing.assert_allclose(out8["metrics"]["loss"], out["metrics"]["loss"][0], rtol=1e-3, atol=1e-4)
+  assert len(out8["runner_state"].env_state.obs.sharding.device_set) == 8
 
 
-def test_ppo_step_lowers_loss_on_fixed_batch(tiny_run):
-  c, _, _ = tiny_run
-  agent = ppo.PPO(c)
-  runner = agent.init(jax.random.key(3))
-  _, _, tr = jax.jit(agent.update_with_trajectory)(runner)
-  ts = runner.train_state
-  _, values, adv, ret = agent.advantages(ts.params, ts.extra, tr)
-  n = agent.num_envs * agent.rollout_steps
-  batch = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]),
-                       {"obs": tr.obs, "action": tr.action, "log_prob": tr.extras["log_prob"], "value": values,
-                        "advantage": adv, "return": ret})
-  tx = optax.adam(3e-3)  # constant rate (the tiny config's schedule reaches 0 after 12 steps)
-
-  @jax.jit
-  @chex.assert_max_traces(n=1)
-  def step(state, batch):
-    (loss, _), grads = jax.value_and_grad(agent.loss_fn, has_aux=True)(state.params, state.extra, batch,
-                                                                         jax.random.key(0))
-    return state.apply_gradients(grads), loss
-
-  state = TrainState.create(ts.params, tx, extra=ts.extra)
-  losses_ = []
-  for _ in range(25):
-    state, loss = step(state, batch)
-    losses_.append(float(loss))
-  assert losses_[-1] < losses_[0], losses_[::6]
-
-
-def test_finetune_from_params_and_reward_hook(tiny_run):
-  c, _, out = tiny_run
-  given = out["runner_state"].train_state.params
+@pytest.fixture(scope="module")
+def hooked_update(tiny_run):
+  """One jitted update of an agent fine-tuned from seed 0's params, with a reward hook returning 2 everywhere."""
+  c, _, _, out = tiny_run
+  given = _row(out["runner_state"].train_state.params, 0)
   calls = []
 
   def reward_fn(tr):
@@ -91,8 +71,13 @@ def test_finetune_from_params_and_reward_hook(tiny_run):
 
   agent = ppo.PPO(c, init_params=given, reward_fn=reward_fn)
   runner = agent.init(jax.random.key(5))
+  _, m, tr = jax.jit(agent.update_with_trajectory)(runner)
+  return c, given, agent, runner, m, tr, calls
+
+
+def test_finetune_from_params_and_reward_hook(hooked_update):
+  c, given, agent, runner, m, _, calls = hooked_update
   chex.assert_trees_all_equal(runner.train_state.params, given)
-  _, m = jax.jit(agent.update)(runner)
   assert calls == [(c.ppo.rollout_steps, c.ppo.num_envs)]
   np.testing.assert_allclose(m["reward"], 2.0 * c.ppo.reward_scale)
   # only the value half given: the policy keeps its fresh initialisation
@@ -104,18 +89,29 @@ def test_finetune_from_params_and_reward_hook(tiny_run):
     bad.init_params_fn(jax.random.key(0))
 
 
-def test_sharded_rollout_and_update_match_one_device():
-  # 8 environments over 8 devices vs 1 device: the same numbers.
-  c = _tiny(num_envs=8)
-  c.num_steps = 2
-  mesh8 = sharding.make_mesh(devices=jax.devices()[:8])
-  out1 = jax.jit(ppo.make_train(c))(jax.random.key(0))
-  out8 = jax.jit(ppo.make_train(c, mesh=mesh8))(jax.random.key(0))
-  np.testing.assert_allclose(out8["metrics"]["last_episode_return"], out1["metrics"]["last_episode_return"],
-                             rtol=1e-5)
-  np.testing.assert_allclose(out8["metrics"]["loss"], out1["metrics"]["loss"], rtol=1e-4, atol=1e-5)
-  env_state = out8["runner_state"].env_state
-  assert env_state.obs.sharding.spec[0] == "data" or len(env_state.obs.sharding.device_set) == 8
+def test_ppo_step_lowers_loss_on_fixed_batch(hooked_update):
+  _, _, agent, runner, _, tr, _ = hooked_update
+  ts = runner.train_state
+  n = agent.num_envs * agent.rollout_steps
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def step(state, tr):
+    _, values, adv, ret = agent.advantages(ts.params, state.extra, tr)  # targets from the behaviour params
+    batch = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]),
+                         {"obs": tr.obs, "action": tr.action, "log_prob": tr.extras["log_prob"], "value": values,
+                          "advantage": adv, "return": ret})
+    (loss, _), grads = jax.value_and_grad(agent.loss_fn, has_aux=True)(state.params, state.extra, batch,
+                                                                         jax.random.key(0))
+    return state.apply_gradients(grads), loss
+
+  # a constant rate (the tiny config's schedule reaches 0 after 12 steps)
+  state = TrainState.create(ts.params, optax.adam(3e-3), extra=ts.extra)
+  losses_ = []
+  for _ in range(25):
+    state, loss = step(state, tr)
+    losses_.append(float(loss))
+  assert losses_[-1] < losses_[0], losses_[::6]
 
 
 def test_ppo_config_errors():
