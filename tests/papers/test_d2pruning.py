@@ -4,13 +4,12 @@ import os
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
 from iclr24_jax.common import graph as graph_lib
 from iclr24_jax.papers import d2pruning
-from iclr24_jax.papers.d2pruning import dataset_graph, message_passing, scores as scores_lib, selection
+from iclr24_jax.papers.d2pruning import scores as scores_lib, selection
 
 LN2 = float(np.log(2.0))
 
@@ -85,14 +84,15 @@ def _official_dense_select(x, s, budget, k, gamma_r):
   return np.asarray(chosen)
 
 
-@pytest.mark.parametrize("block_size", [0, 8])
-def test_d2_matches_official_dense_algorithm(block_size):
+@pytest.mark.parametrize("block_size,chunk", [(0, 16), (8, 16), (8, 3)])
+def test_d2_matches_official_dense_algorithm(block_size, chunk):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(80, 4)).astype(np.float32)
   s = (rng.random(80) * 3).astype(np.float32)
   g = d2pruning.knn_graph(x, 6)
   rho = d2pruning.forward_message_passing(g, jnp.asarray(s), gamma=1.0)
-  ours = d2pruning.reverse_message_passing_select(g, rho, 40, gamma=0.3, block_size=block_size)
+  assert d2pruning.max_degree(g) > chunk or chunk == 16  # chunk=3: several inner update steps per pick
+  ours = d2pruning.reverse_message_passing_select(g, rho, 40, gamma=0.3, block_size=block_size, chunk=chunk)
   ref = _official_dense_select(x.astype(np.float64), s.astype(np.float64), 40, 6, 0.3)
   np.testing.assert_array_equal(np.asarray(ours), ref)
 
@@ -101,13 +101,12 @@ def test_reverse_select_is_jittable_never_repeats_and_respects_budget():
   rng = np.random.default_rng(1)
   x = rng.normal(size=(120, 5)).astype(np.float32)
   g = d2pruning.knn_graph(x, 5)
-  k_max = d2pruning.max_degree(g)
 
   @jax.jit
   @chex.assert_max_traces(n=1)
   def select(senders, receivers, edges, s):
     graph = g._replace(senders=senders, receivers=receivers, edges=edges)
-    return d2pruning.reverse_message_passing_select(graph, s, 100, gamma=0.1, k_max=k_max)
+    return d2pruning.reverse_message_passing_select(graph, s, 100, gamma=0.1)
 
   for seed in range(3):
     s = jnp.asarray(np.random.default_rng(seed).random(120), jnp.float32)
@@ -188,9 +187,10 @@ def test_padding_does_not_change_results():
   rho_pad = d2pruning.forward_message_passing(padded, s_pad)
   np.testing.assert_allclose(np.asarray(rho_pad[:50]), np.asarray(rho), rtol=1e-6)
   sel = d2pruning.reverse_message_passing_select(g, rho, 30)
-  sel_pad = d2pruning.reverse_message_passing_select(padded, rho_pad, 30, node_mask=mask,
-                                                     k_max=d2pruning.max_degree(g))
+  sel_pad = d2pruning.reverse_message_passing_select(padded, rho_pad, 30, node_mask=mask)
   np.testing.assert_array_equal(np.asarray(sel_pad), np.asarray(sel))
+  nbr, dist = d2pruning.neighbour_table(g, d2pruning.max_degree(g))  # the padded-table form: same picks
+  np.testing.assert_array_equal(np.asarray(d2pruning.select_from_table(nbr, dist, rho, 30, 0.1)), np.asarray(sel))
 
 
 def _numpy_kcenter(x, first, budget):

@@ -15,7 +15,8 @@ its neighbours' scores (reverse message passing), so the coreset is both difficu
                                    cutoff_scores=max_aum - aum)         # also 'random', 'difficulty', 'ccs', 'kcenter'
 """
 from iclr24_jax.papers.d2pruning.dataset_graph import knn_graph, max_degree, neighbour_table
-from iclr24_jax.papers.d2pruning.message_passing import (forward_message_passing, reverse_message_passing_select,
+from iclr24_jax.papers.d2pruning.message_passing import (forward_message_passing, neighbour_lists,
+                                                         reverse_message_passing_select, select_from_lists,
                                                          select_from_table)
 from iclr24_jax.papers.d2pruning.scores import (as_difficulty, example_stats, make_dynamics_trainer,
                                                 scores_from_dynamics)
@@ -35,6 +36,6 @@ BIBTEX = """@inproceedings{maharana2024d2pruning,
 }"""
 
 __all__ = ["knn_graph", "forward_message_passing", "reverse_message_passing_select", "select_coreset",
-           "select_from_table", "neighbour_table", "max_degree", "kcenter_greedy", "bin_allocate",
+           "select_from_table", "select_from_lists", "neighbour_lists", "neighbour_table", "max_degree", "kcenter_greedy", "bin_allocate",
            "hard_cutoff_mask", "score_strata", "METHODS", "example_stats", "make_dynamics_trainer",
            "scores_from_dynamics", "as_difficulty", "TITLE", "URL", "BIBTEX"]

@@ -28,9 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common.graph import GraphsTuple
-from iclr24_jax.papers.d2pruning.dataset_graph import _edge_distances, max_degree, neighbour_table, num_graph_nodes
+from iclr24_jax.papers.d2pruning.dataset_graph import _edge_distances, num_graph_nodes
 
-__all__ = ["forward_message_passing", "reverse_message_passing_select", "select_from_table", "auto_block_size"]
+__all__ = ["forward_message_passing", "reverse_message_passing_select", "select_from_table", "select_from_lists",
+           "neighbour_lists", "auto_block_size"]
 
 
 def _is_concrete(x) -> bool:
@@ -79,51 +80,77 @@ def forward_message_passing(graph: GraphsTuple, scores: jax.Array, gamma: float 
   return s + agg if mode == "sum" else s * agg  # Eq. (2)
 
 
-def auto_block_size(n: int) -> int:
-  """Block size of the two-level argmax: a power of two near sqrt(n) (flat argmax below 1,024 nodes)."""
-  if n < 1024:
-    return 0
-  return int(2 ** round(math.log2(math.sqrt(n))))
+def auto_block_size(n: int, degree: float = 16.0, chunk: int = 16) -> int:
+  """Block size B of the two-level argmax (0 = flat argmax, used below 1,024 nodes).
 
-
-def select_from_table(neighbours: jax.Array, distances: jax.Array, scores: jax.Array, budget: int,
-                      gamma: float = 0.1, eligible: jax.Array | None = None, groups: jax.Array | None = None,
-                      quotas: jax.Array | None = None, block_size: int | None = None,
-                      out_size: int | None = None) -> jax.Array:
-  """Reverse message passing selection on a padded neighbour table (jittable; budget static).
-
-  Each iteration costs O(k_max * block_size) for the neighbour updates plus the argmax: with
-  `block_size` B > 0 a two-level argmax over N / B block maxima and one block (O(N / B + B)); with
-  B = 0 a flat O(N) argmax. Both give the same picks (the first index among ties).
+  A pick costs about c_a * (N / B + B) for the two argmaxes plus c_g * B * (chunk + 1) * ceil(deg / chunk)
+  to refresh the maxima of the blocks it touched. XLA's CPU argmax (a tuple reduction) is ~2-4x slower
+  per element than the gather + max, so B ~ sqrt(2 N / touched), rounded to a power of two.
 
   Args:
-    neighbours: [N, k_max] int32 neighbour table, padded with N (`neighbour_table`).
-    distances: [N, k_max] edge distances (padding ignored).
+    n: number of nodes.
+    degree: typical number of neighbours updated per pick (the mean degree).
+    chunk: neighbour chunk of the selection loop.
+  """
+  if n < 1024:
+    return 0
+  touched = max(chunk * max(1, math.ceil(degree / chunk)) + 1, 1)
+  return max(8, int(2 ** round(math.log2(math.sqrt(2.0 * n / touched)))))
+
+
+def select_from_lists(neighbours: jax.Array, distances: jax.Array, starts: jax.Array, degrees: jax.Array,
+                      scores: jax.Array, budget, gamma: float = 0.1, eligible: jax.Array | None = None,
+                      groups: jax.Array | None = None, quotas: jax.Array | None = None,
+                      block_size: int | None = None, out_size: int | None = None, chunk: int = 16) -> jax.Array:
+  """Reverse message passing selection over neighbour lists (the core loop; jittable).
+
+  Node i's neighbours are neighbours[starts[i] : starts[i] + degrees[i]] (a CSR layout; a padded
+  [N, k_max] table is the special case starts = i * k_max). Each pick updates its neighbours in chunks
+  of `chunk` (an inner while_loop), so a step costs O(deg(u) + chunk) for the updates, not O(max degree):
+  symmetric kNN graphs of high-dimensional data have hubs with hundreds of times k neighbours.
+
+  With `block_size` B > 0 the argmax is two-level: over N / B block maxima, then inside one block; the
+  maxima of blocks touched by an update are refreshed. B = 0 is a flat O(N) argmax. Both pick the first
+  index among ties, like np.argmax in the official loop.
+
+  Args:
+    neighbours: [M] int32 neighbour indices; entries >= N are ignored.
+    distances: [M] edge distances.
+    starts, degrees: [N] int32 row offsets and lengths into `neighbours`.
     scores: [N] starting scores rho (usually forward message passing output).
-    budget: number of examples to select (static).
+    budget: number of picks: a static int, or a traced int when `out_size` is given.
     gamma: gamma_r of the reverse kernel exp(-gamma_r * d).
-    eligible: optional [N] bool; ineligible examples are never selected (padding, hard cutoff).
-    groups: optional [N] int32 group ids in [0, G) (strata); with `quotas`, at most quotas[g] examples
-      are taken from group g. Groups should be disconnected in the graph (per-stratum graphs).
+    eligible: optional [N] bool; ineligible examples are never picked (padding, hard cutoff).
+    groups: optional [N] int32 group ids in [0, G) (strata); with `quotas` [G], at most quotas[g] picks
+      come from group g. Groups should be disconnected in the graph (per-stratum graphs).
     quotas: optional [G] int32 per-group budgets.
-    block_size: two-level argmax block size; None = `auto_block_size(N)`, 0 = flat argmax.
-    out_size: optional static output length >= budget; then `budget` may be a traced int (one
-      compiled loop serves every budget; entries after the budget are -1).
+    block_size: argmax block size; None = `auto_block_size`, 0 = flat.
+    out_size: static output length >= budget (then `budget` may be traced: one compiled loop for every
+      budget); default = budget.
+    chunk: neighbours updated per inner step (static).
 
   Returns:
-    [budget] (or [out_size]) int32 selected indices in selection order; -1 where nothing eligible
-    was left.
+    [out_size or budget] int32 picks in selection order; -1 where nothing eligible was left (and after
+    the budget).
   """
-  n, k_max = neighbours.shape
+  n = scores.shape[0]
   if (groups is None) != (quotas is None):
     raise ValueError("pass both groups and quotas (per-group budgets), or neither.")
-  bsz = auto_block_size(n) if block_size is None else int(block_size)
+  if block_size is None:
+    bsz = auto_block_size(n, float(neighbours.shape[0]) / max(n, 1), chunk)
+  else:
+    bsz = int(block_size)
   blocked = bsz > 0
   num_blocks = -(-n // bsz) if blocked else 1
   size = num_blocks * bsz if blocked else n
   pad_index = size  # out of range of the (padded) score array: scatters drop it
-  nbr = jnp.where(neighbours >= n, pad_index, neighbours).astype(jnp.int32)
-  w = jnp.where(neighbours >= n, 0.0, jnp.exp(-gamma * jnp.where(jnp.isfinite(distances), distances, 0.0)))
+  # pad the lists by one chunk so a dynamic_slice never runs past the end (it would be shifted back)
+  nbr = jnp.pad(jnp.where(neighbours >= n, pad_index, neighbours).astype(jnp.int32), (0, chunk),
+                constant_values=pad_index)
+  w = jnp.pad(jnp.where(neighbours >= n, 0.0, jnp.exp(-gamma * jnp.where(jnp.isfinite(distances), distances, 0.0))),
+              (0, chunk))
+  starts = jnp.asarray(starts, jnp.int32)
+  degrees = jnp.asarray(degrees, jnp.int32)
   rho = jnp.asarray(scores, jnp.float32)
   if eligible is not None:
     rho = jnp.where(eligible, rho, -jnp.inf)
@@ -136,36 +163,48 @@ def select_from_table(neighbours: jax.Array, distances: jax.Array, scores: jax.A
   block_max = rho.reshape(num_blocks, -1).max(-1) if blocked else jnp.zeros((1,))
   remaining = quotas if groups is not None else jnp.zeros((1,), jnp.int32)
   out = jnp.full((budget if out_size is None else out_size,), -1, jnp.int32)
+  lane = jnp.arange(chunk, dtype=jnp.int32)
 
-  def recompute_all(r):
-    return r.reshape(num_blocks, -1).max(-1)
+  def refresh(block_max, rho, idx):
+    blocks = idx // bsz  # pad_index -> num_blocks: dropped
+    vals = rho.reshape(num_blocks, bsz)[jnp.clip(blocks, 0, num_blocks - 1)].max(-1)
+    return block_max.at[blocks].set(vals, mode="drop")
 
   def body(t, carry):
     rho, block_max, remaining, out = carry
     if blocked:
       b = jnp.argmax(block_max)
-      j = jnp.argmax(jax.lax.dynamic_slice(rho, (b * bsz,), (bsz,)))
-      u = (b * bsz + j).astype(jnp.int32)
+      u = (b * bsz + jnp.argmax(jax.lax.dynamic_slice(rho, (b * bsz,), (bsz,)))).astype(jnp.int32)
     else:
       u = jnp.argmax(rho).astype(jnp.int32)
     rho_u = rho[u]
     ok = rho_u > -jnp.inf
-    nb = nbr[jnp.minimum(u, n - 1)]
-    delta = jnp.where(ok, w[jnp.minimum(u, n - 1)] * rho_u, 0.0)
-    rho = rho.at[nb].add(-delta, mode="drop")  # Eq. (3): rho_v -= exp(-gamma_r d_uv) rho_u
+    uc = jnp.minimum(u, n - 1)
+    start, deg = starts[uc], jnp.where(ok, degrees[uc], 0)
+
+    def update(c_carry):  # Eq. (3) on one chunk of u's neighbours: rho_v -= exp(-gamma_r d_uv) rho_u
+      c, rho, block_max = c_carry
+      idx = jax.lax.dynamic_slice(nbr, (start + c * chunk,), (chunk,))
+      wc = jax.lax.dynamic_slice(w, (start + c * chunk,), (chunk,))
+      live = c * chunk + lane < deg
+      idx = jnp.where(live, idx, pad_index)
+      rho = rho.at[idx].add(-wc * rho_u, mode="drop")
+      if blocked:
+        block_max = refresh(block_max, rho, idx)
+      return c + 1, rho, block_max
+
+    _, rho, block_max = jax.lax.while_loop(lambda c_carry: c_carry[0] * chunk < deg, update,
+                                           (jnp.int32(0), rho, block_max))
     rho = rho.at[u].set(-jnp.inf)  # never chosen again
     exhausted = jnp.asarray(False)
     if groups is not None:
-      g = groups[jnp.minimum(u, n - 1)]
+      g = groups[uc]
       remaining = remaining.at[g].add(jnp.where(ok, -1, 0))
       exhausted = ok & (remaining[g] <= 0)
       rho = jax.lax.cond(exhausted, lambda r: jnp.where(groups_p == g, -jnp.inf, r), lambda r: r, rho)
     if blocked:
-      def partial(r):
-        blocks = jnp.concatenate([u[None] // bsz, nb // bsz])
-        vals = r.reshape(num_blocks, bsz)[jnp.clip(blocks, 0, num_blocks - 1)].max(-1)
-        return block_max.at[blocks].set(vals, mode="drop")
-      block_max = jax.lax.cond(exhausted, recompute_all, partial, rho)
+      block_max = jax.lax.cond(exhausted, lambda r: r.reshape(num_blocks, -1).max(-1),
+                               lambda r: refresh(block_max, r, u[None]), rho)
     out = out.at[t].set(jnp.where(ok, u, -1))
     return rho, block_max, remaining, out
 
@@ -173,25 +212,73 @@ def select_from_table(neighbours: jax.Array, distances: jax.Array, scores: jax.A
   return out
 
 
+def select_from_table(neighbours: jax.Array, distances: jax.Array, scores: jax.Array, budget, gamma: float = 0.1,
+                      eligible: jax.Array | None = None, groups: jax.Array | None = None,
+                      quotas: jax.Array | None = None, block_size: int | None = None,
+                      out_size: int | None = None, chunk: int = 16) -> jax.Array:
+  """Reverse message passing selection on a padded [N, k_max] neighbour table (`neighbour_table`).
+
+  Same loop as `select_from_lists` with row i at offset i * k_max (valid entries first, padding = N).
+
+  Args:
+    neighbours: [N, k_max] int32, padded with N; distances: [N, k_max].
+    scores, budget, gamma, eligible, groups, quotas, block_size, out_size, chunk: see `select_from_lists`.
+
+  Returns:
+    [budget] (or [out_size]) int32 picks in selection order (-1: nothing eligible left).
+  """
+  n, k_max = neighbours.shape
+  degrees = jnp.sum(neighbours < n, axis=1).astype(jnp.int32)
+  starts = jnp.arange(n, dtype=jnp.int32) * k_max
+  return select_from_lists(neighbours.reshape(-1), distances.reshape(-1), starts, degrees, scores, budget, gamma,
+                           eligible, groups, quotas, block_size, out_size, chunk)
+
+
+def neighbour_lists(graph: GraphsTuple, num_nodes: int | None = None, node_mask=None
+                    ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """CSR neighbour lists of a graph (jittable): node i's neighbours are the senders of its incoming edges.
+
+  Args:
+    graph: GraphsTuple with distances as edges (any edge order).
+    num_nodes: N (default: the graph's node count).
+    node_mask: optional [N] bool; edges into padding nodes are dropped (degree 0).
+
+  Returns:
+    (neighbours [E] int32, distances [E] float32, starts [N] int32, degrees [N] int32).
+  """
+  n = num_graph_nodes(graph) if num_nodes is None else int(num_nodes)
+  receivers = jnp.asarray(graph.receivers, jnp.int32)
+  senders = jnp.asarray(graph.senders, jnp.int32)
+  d = _edge_distances(graph)
+  order = jnp.argsort(receivers, stable=True)
+  r, s, d = receivers[order], senders[order], d[order]
+  degrees = jax.ops.segment_sum(jnp.ones_like(r), r, n)
+  if node_mask is not None:
+    degrees = jnp.where(jnp.asarray(node_mask), degrees, 0)
+  starts = jnp.searchsorted(r, jnp.arange(n, dtype=jnp.int32), side="left").astype(jnp.int32)
+  return s, d, starts, degrees.astype(jnp.int32)
+
+
 def reverse_message_passing_select(graph: GraphsTuple, scores: jax.Array, budget: int, gamma: float = 0.1, *,
-                                   k_max: int | None = None, node_mask: jax.Array | None = None,
-                                   eligible: jax.Array | None = None, groups: jax.Array | None = None,
-                                   quotas: jax.Array | None = None, block_size: int | None = None) -> jax.Array:
+                                   node_mask: jax.Array | None = None, eligible: jax.Array | None = None,
+                                   groups: jax.Array | None = None, quotas: jax.Array | None = None,
+                                   block_size: int | None = None, chunk: int = 16) -> jax.Array:
   """Selects `budget` examples by reverse message passing (D2 Pruning's sampling step).
 
-  Jittable with static `budget` and `k_max` (e.g. `jax.jit(f, static_argnames=('budget', 'k_max'))`);
-  the graph is turned into a padded [N, k_max] neighbour table so each step updates O(k_max) scores.
+  Jittable with a static `budget` (`jax.jit(f, static_argnames='budget')`); the graph becomes CSR
+  neighbour lists and each pick updates only its own neighbours (O(deg + chunk)), plus a two-level
+  argmax (O(N / B + B)).
 
   Args:
     graph: dataset graph with distances as edges (`knn_graph`), possibly padded (`pad_to_budget`).
     scores: [N] scores to select by (usually `forward_message_passing` output), padding included.
     budget: number of examples to select (static int).
     gamma: gamma_r of the reverse kernel exp(-gamma_r * d) (paper default 0.1, tuned per data set).
-    k_max: neighbour table width (static); default: the graph's largest degree (needs a concrete graph).
     node_mask: [N] bool of real nodes for a padded graph (`common.graph.node_mask(padded)`).
     eligible: [N] bool of selectable examples (e.g. after the hard-example cutoff).
-    groups, quotas: per-stratum budgets (see `select_from_table`).
-    block_size: two-level argmax block size (None = auto, 0 = flat).
+    groups, quotas: per-stratum budgets (see `select_from_lists`).
+    block_size: argmax block size (None = auto, 0 = flat).
+    chunk: neighbours updated per inner step.
 
   Returns:
     [budget] int32 indices in selection order, no repeats; -1 entries only if fewer than `budget`
@@ -201,11 +288,6 @@ def reverse_message_passing_select(graph: GraphsTuple, scores: jax.Array, budget
   _check_scores(scores, n)
   if not isinstance(budget, (int, np.integer)) or budget < 0:
     raise ValueError(f"budget must be a non-negative int (static); got {budget!r}.")
-  if k_max is None:
-    if not _is_concrete(graph.receivers):
-      raise ValueError("k_max must be given (static) when the graph is traced under jit; "
-                       "use d2pruning.max_degree(graph) on the concrete graph.")
-    k_max = max_degree(graph, node_mask)
   mask = None
   if node_mask is not None:
     mask = jnp.asarray(node_mask, bool)
@@ -220,6 +302,6 @@ def reverse_message_passing_select(graph: GraphsTuple, scores: jax.Array, budget
                        "quotas); lower the budget or the hard-example cutoff.")
   elif budget > n:
     raise ValueError(f"budget {budget} exceeds the number of examples {n}.")
-  nbr, dist = neighbour_table(graph, int(k_max), n, node_mask)
-  return select_from_table(nbr, dist, scores, budget, gamma, eligible=mask, groups=groups, quotas=quotas,
-                           block_size=block_size)
+  nbr, dist, starts, degrees = neighbour_lists(graph, n, node_mask)
+  return select_from_lists(nbr, dist, starts, degrees, scores, budget, gamma, eligible=mask, groups=groups,
+                           quotas=quotas, block_size=block_size, chunk=chunk)

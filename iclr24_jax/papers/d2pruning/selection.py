@@ -152,10 +152,10 @@ def _strata_groups(scores, labels, eligible, budget: int, num_strata: int) -> tu
 
 
 @functools.partial(jax.jit, static_argnames=("block_size",))
-def _select_jit(nbr, dist, scores, budget, gamma, eligible, groups, quotas, block_size):
-  # budget is traced and the output padded to N: one compiled loop per (N, k_max), whatever the budget.
-  return mp.select_from_table(nbr, dist, scores, budget, gamma, eligible=eligible, groups=groups, quotas=quotas,
-                              block_size=block_size, out_size=nbr.shape[0])
+def _select_jit(nbr, dist, starts, degrees, scores, budget, gamma, eligible, groups, quotas, block_size):
+  # budget is traced and the output padded to N: one compiled loop per (N, padded E), whatever the budget.
+  return mp.select_from_lists(nbr, dist, starts, degrees, scores, budget, gamma, eligible=eligible, groups=groups,
+                              quotas=quotas, block_size=block_size, out_size=scores.shape[0])
 
 
 def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: float = 1.0,
@@ -188,12 +188,16 @@ def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: fl
   graph = dataset_graph.knn_graph(embeddings, k_eff, groups=groups, squared=squared)
   s = jnp.asarray(scores, jnp.float32)
   rho = mp.forward_message_passing(graph, s, gamma_forward, graph_mode, message_floor) if forward else s
-  k_max = -(-dataset_graph.max_degree(graph) // 8) * 8  # rounded up: fewer distinct compiled shapes
-  nbr, dist = dataset_graph.neighbour_table(graph, k_max)
+  nbr, dist, starts, degrees = mp.neighbour_lists(graph)
+  n, e = rho.shape[0], nbr.shape[0]
+  e_pad = -(-e // 4096) * 4096  # padded edge count: fewer distinct compiled shapes
+  nbr = jnp.pad(nbr, (0, e_pad - e), constant_values=n)
+  dist = jnp.pad(dist, (0, e_pad - e))
   budget = int(quotas.sum())
-  sel = _select_jit(nbr, dist, rho, jnp.int32(budget), jnp.float32(gamma_reverse), jnp.asarray(groups >= 0),
-                    jnp.asarray(np.maximum(groups, 0), jnp.int32), jnp.asarray(quotas, jnp.int32),
-                    mp.auto_block_size(nbr.shape[0]) if block_size is None else block_size)
+  sel = _select_jit(nbr, dist, starts, degrees, rho, jnp.int32(budget), jnp.float32(gamma_reverse),
+                    jnp.asarray(groups >= 0), jnp.asarray(np.maximum(groups, 0), jnp.int32),
+                    jnp.asarray(quotas, jnp.int32),
+                    mp.auto_block_size(n, e / max(n, 1)) if block_size is None else block_size)
   sel = np.asarray(sel)[:budget]
   return sel[sel >= 0], np.asarray(rho)
 
