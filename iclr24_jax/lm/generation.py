@@ -166,7 +166,7 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
     return sample_token(jax.random.fold_in(key, step), logits, temperature, top_k, top_p)
 
   if use_cache:
-    cache = llama.init_cache(config, b, total, cache_dtype or params["embed"].dtype)
+    cache = llama.init_cache(config, b, total, cache_dtype or llama.param_dtype(params))
     logits, cache = llama.forward(params, config, prompt_ids, prompt_mask, cache=cache, last_only=True)
     carry0 = cache
   else:
@@ -237,12 +237,16 @@ class Generator:
     batch_size: rows per compiled call.
     max_prompt_len: prompts longer than this keep their last tokens (truncation from the left).
     stop_ids: stop tokens (default: the tokenizer's EOS).
+    quantize: run with int8 weights and activations (`llama.quantize_params`): fewer bytes per decoding
+      step, slightly different outputs. Off by default.
   """
 
   def __init__(self, params: llama.Params, config: llama.LlamaConfig, tokenizer: tok_lib.Tokenizer,
                chat: bool = True, system: str | None = None, batch_size: int = 8, max_prompt_len: int = 1024,
-               stop_ids: Sequence[int] | None = None):
+               stop_ids: Sequence[int] | None = None, quantize: bool = False):
     self.params = llama.fuse_params(params)
+    if quantize:
+      self.params = llama.quantize_params(self.params)
     self.config = config
     self.tokenizer = tokenizer
     self.chat = chat

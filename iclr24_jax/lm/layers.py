@@ -20,12 +20,45 @@ def dense(p: dict, x: jax.Array) -> jax.Array:
   Returns:
     [..., out].
   """
-  y = x @ p["kernel"]
+  if "qkernel" in p:
+    y = int8_matmul(x, p["qkernel"], p["qscale"])
+  else:
+    y = x @ p["kernel"]
   if "lora_a" in p:
     y = y + ((x @ p["lora_a"]) @ p["lora_b"]) * p["lora_scale"]
   if "bias" in p:
     y = y + p["bias"]
   return y
+
+
+def quantize_rows(w: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Symmetric per-row int8 quantisation: w [R, C] -> (q int8 [R, C], scale float32 [R]), w ~ q * scale."""
+  w = w.astype(jnp.float32)
+  scale = jnp.max(jnp.abs(w), axis=1) / 127.0
+  scale = jnp.where(scale > 0, scale, 1.0)
+  return jnp.clip(jnp.round(w / scale[:, None]), -127, 127).astype(jnp.int8), scale
+
+
+def int8_matmul(x: jax.Array, qkernel: jax.Array, qscale: jax.Array) -> jax.Array:
+  """x @ W with W stored as int8 rows of W^T (`qkernel [out, in]`, `qscale [out]`), activations quantised
+  to int8 per row on the fly (dynamic W8A8, as llama.cpp pairs Q8 activations with quantised weights).
+
+  Args:
+    x: [..., in] float.
+    qkernel: [out, in] int8.
+    qscale: [out] float32.
+
+  Returns:
+    [..., out] in x's dtype. The int8 x int8 -> int32 product reads 4x fewer weight bytes than float32.
+  """
+  lead = x.shape[:-1]
+  xf = x.reshape(-1, x.shape[-1]).astype(jnp.float32)
+  xs = jnp.max(jnp.abs(xf), axis=1, keepdims=True) / 127.0
+  xs = jnp.where(xs > 0, xs, 1.0)
+  xq = jnp.clip(jnp.round(xf / xs), -127, 127).astype(jnp.int8)
+  acc = jax.lax.dot_general(xq, qkernel, (((1,), (1,)), ((), ())), preferred_element_type=jnp.int32)
+  y = acc.astype(jnp.float32) * xs * qscale
+  return y.reshape(*lead, -1).astype(x.dtype)
 
 
 def rms_norm(p: dict, x: jax.Array, eps: float) -> jax.Array:

@@ -312,3 +312,26 @@ def test_clear_errors(params):
     gen_lib.bias_vector({1000: 1.0}, CFG.vocab_size)
   with pytest.raises(FileNotFoundError, match="GGUF"):
     weights.find_smollm2_gguf("/nonexistent/model.gguf")
+
+
+def test_int8_quantization_error_bounds(params):
+  """Per-row int8: |w - q s| <= s / 2 elementwise; the W8A8 matmul error obeys the triangle bound
+  sum_i |x_i| s_w / 2 + |w_i| s_x / 2 + s_x s_w / 4 per output."""
+  from iclr24_jax.lm import layers
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(16, 40)), jnp.float32)
+  q, s = layers.quantize_rows(w)
+  assert q.dtype == jnp.int8 and s.shape == (16,)
+  assert np.all(np.abs(np.asarray(w) - np.asarray(q, np.float32) * np.asarray(s)[:, None]) <= np.asarray(s)[:, None] / 2 + 1e-7)
+  x = jnp.asarray(rng.normal(size=(3, 40)), jnp.float32)
+  y = np.asarray(layers.int8_matmul(x, q, s))
+  exact = np.asarray(x) @ np.asarray(w).T
+  sx = np.abs(np.asarray(x)).max(1, keepdims=True) / 127
+  bound = (np.abs(np.asarray(x)) @ np.ones((40, 16)) * np.asarray(s) / 2 + sx * (np.abs(np.asarray(w)).sum(1)) / 2
+           + 40 * sx * np.asarray(s) / 4)
+  assert np.all(np.abs(y - exact) <= bound + 1e-5)
+  qp = llama.quantize_params(llama.fuse_params(params))
+  assert qp["layers"][0]["qkv_proj"]["qkernel"].dtype == jnp.int8 and "embed" not in qp
+  out = jax.jit(lambda p, i: llama.forward(p, CFG, i))(qp, _ids(2, 8))
+  chex.assert_shape(out, (2, 8, CFG.vocab_size))
+  chex.assert_tree_all_finite(out)
