@@ -1,0 +1,276 @@
+"""DDPM ancestral and DDIM(eta) samplers as pure functions over `lax.scan`, each with its single step exposed.
+
+A denoiser is any closure `denoiser(x_t, t) -> prediction` with x_t [B, ...] and t [B] in the schedule's own time
+units (int32 index for a DiscreteSchedule, float in [0, 1] for a ContinuousSchedule); its output is an 'eps',
+'x0' or 'v' prediction of x_t's shape. Nothing here depends on the data's shape beyond the batch axis, so the
+same samplers serve images [B, H, W, C] and latent vectors [B, D].
+
+Layers, from the maths up (SMC and other wrappers pick the layer they need):
+  ddpm_transition / ddim_transition: (x_t, network output, abar_t, abar_s) -> Transition(mean, var, x0, eps),
+    the Gaussian reverse kernel p(x_s | x_t) = N(mean, var I) between any two noise levels abar_t < abar_s.
+  sampler_step: calls the denoiser and draws x_s ~ p(x_s | x_t) -> (x_s, Transition).
+  sample: x_T ~ N(0, I), then `sampler_step` over the grid of `sampling_grid` inside `lax.scan`.
+The last step always goes to clean data (abar_s = 1), where both kernels return their x_0 estimate with var 0
+(DDPM Algorithm 2 adds no noise at t = 1; DDIM's deterministic last step).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.diffusion import process
+from iclr24_jax.diffusion.schedules import Schedule
+
+Denoiser = Callable[[jax.Array, jax.Array], jax.Array]
+METHODS = ("ddpm", "ddim")
+
+
+@flax.struct.dataclass
+class Transition:
+  """The Gaussian reverse kernel of one sampler step, p(x_s | x_t) = N(mean, var I).
+
+  Attributes:
+    mean: [B, ...] the kernel's mean.
+    var: its variance, broadcastable to mean (a scalar, or [B, 1, ..., 1] with per-example times).
+    x0: [B, ...] the x_0 estimate the step used (after clipping, if any).
+    eps: [B, ...] the eps estimate the step used (consistent with x0 at x_t).
+  """
+
+  mean: jax.Array
+  var: jax.Array
+  x0: jax.Array
+  eps: jax.Array
+
+  def sample(self, key: jax.Array) -> jax.Array:
+    """x_s = mean + sqrt(var) z, z ~ N(0, I)."""
+    return self.mean + jnp.sqrt(self.var) * jax.random.normal(key, self.mean.shape, self.mean.dtype)
+
+  def log_prob(self, x_s: jax.Array) -> jax.Array:
+    """log N(x_s; mean, var I) [B], summed over non-batch axes (only where var > 0)."""
+    return process.Gaussian(self.mean, self.var).log_prob(x_s)
+
+
+def _estimates(x_t, model_out, alpha_bar_t, prediction, clip_x0):
+  """(x0, eps) estimates from a network output; clipping x0 re-derives eps so that the two stay consistent."""
+  x0 = process.predict_x0(x_t, model_out, alpha_bar_t, prediction)
+  if clip_x0 is None:
+    return x0, process.predict_eps(x_t, model_out, alpha_bar_t, prediction)
+  lo, hi = (-clip_x0, clip_x0) if np.isscalar(clip_x0) else clip_x0
+  x0 = jnp.clip(x0, lo, hi)
+  return x0, process.x0_to_eps(x_t, x0, alpha_bar_t)
+
+
+def ddpm_transition(x_t: jax.Array, model_out: jax.Array, alpha_bar_t: jax.Array, alpha_bar_s: jax.Array, *,
+                    prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None) -> Transition:
+  """DDPM's ancestral kernel p(x_s | x_t) = q(x_s | x_t, x0_hat).   # DDPM Eqs. (7), (11)
+
+  The mean is the posterior mean with x_0 replaced by the network's estimate, which for an eps network equals
+  DDPM Eq. (11): mu = (x_t - beta_t / sqrt(1 - abar_t) eps) / sqrt(alpha_t). For s < t - 1 (a strided chain)
+  alpha_t, beta_t become alpha_{t|s} = abar_t / abar_s and 1 - alpha_{t|s} (Nichol & Dhariwal 2021, Sec. 4).
+
+  Args:
+    x_t: [B, ...] current state.
+    model_out: [B, ...] network output of type `prediction`.
+    alpha_bar_t, alpha_bar_s: noise levels (scalar or [B]) of the current and next time, abar_t < abar_s.
+    prediction: 'eps' | 'x0' | 'v'.
+    variance: 'posterior' (sigma_t^2 = beta-tilde_t, DDPM Eq. 7) or 'beta' (sigma_t^2 = beta_t; DDPM Sec. 3.2
+      names both choices). Either is 0 on the last step (abar_s = 1).
+    clip_x0: None, a float c (clip x0_hat to [-c, c]) or a (lo, hi) pair.
+
+  Returns:
+    Transition(mean, var, x0, eps).
+  """
+  x0, eps = _estimates(x_t, model_out, alpha_bar_t, prediction, clip_x0)
+  mean, var = process.posterior_mean_var(x_t, x0, alpha_bar_t, alpha_bar_s)
+  if variance == "beta":
+    a_t, a_s = process.expand(alpha_bar_t, x_t), process.expand(alpha_bar_s, x_t)
+    var = jnp.where(a_s >= 1.0, 0.0, 1.0 - a_t / a_s)
+  elif variance != "posterior":
+    raise ValueError(f"unknown DDPM variance '{variance}'; choose 'posterior' or 'beta'.")
+  return Transition(mean=mean, var=var, x0=x0, eps=eps)
+
+
+def ddim_sigma2(alpha_bar_t: jax.Array, alpha_bar_s: jax.Array, eta: float) -> jax.Array:
+  """sigma_t(eta)^2 = eta^2 (1 - abar_s) / (1 - abar_t) (1 - abar_t / abar_s).   # DDIM Eq. (16)
+
+  eta = 1 is DDPM's posterior variance beta-tilde; eta = 0 is the deterministic DDIM.
+  """
+  return eta ** 2 * (1.0 - alpha_bar_s) / (1.0 - alpha_bar_t) * (1.0 - alpha_bar_t / alpha_bar_s)
+
+
+def ddim_transition(x_t: jax.Array, model_out: jax.Array, alpha_bar_t: jax.Array, alpha_bar_s: jax.Array, *,
+                    eta: float = 0.0, prediction: str = "eps", clip_x0: Any = None) -> Transition:
+  """DDIM's kernel (Song et al. 2021, Eq. 12):
+
+    x_s = sqrt(abar_s) x0_hat + sqrt(1 - abar_s - sigma^2) eps_hat + sigma z,   sigma = sigma_t(eta) (Eq. 16).
+
+  Args:
+    x_t: [B, ...] current state.
+    model_out: [B, ...] network output of type `prediction`.
+    alpha_bar_t, alpha_bar_s: noise levels (scalar or [B]), abar_t < abar_s.
+    eta: 0 (deterministic DDIM) .. 1 (DDPM-like variance).
+    prediction: 'eps' | 'x0' | 'v'.
+    clip_x0: None, a float c or a (lo, hi) pair.
+
+  Returns:
+    Transition(mean, var, x0, eps).
+  """
+  x0, eps = _estimates(x_t, model_out, alpha_bar_t, prediction, clip_x0)
+  a_t, a_s = process.expand(alpha_bar_t, x_t), process.expand(alpha_bar_s, x_t)
+  sigma2 = ddim_sigma2(a_t, a_s, eta)                                         # Eq. (16)
+  mean = jnp.sqrt(a_s) * x0 + jnp.sqrt(jnp.maximum(1.0 - a_s - sigma2, 0.0)) * eps   # Eq. (12)
+  return Transition(mean=mean, var=sigma2, x0=x0, eps=eps)
+
+
+def transition(method: str, x_t, model_out, alpha_bar_t, alpha_bar_s, *, eta: float = 0.0,
+               prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None) -> Transition:
+  """Dispatches to `ddpm_transition` or `ddim_transition` by name."""
+  if method == "ddpm":
+    return ddpm_transition(x_t, model_out, alpha_bar_t, alpha_bar_s, prediction=prediction, variance=variance,
+                           clip_x0=clip_x0)
+  if method == "ddim":
+    return ddim_transition(x_t, model_out, alpha_bar_t, alpha_bar_s, eta=eta, prediction=prediction,
+                           clip_x0=clip_x0)
+  raise ValueError(f"unknown sampler '{method}'; choose one of {METHODS}.")
+
+
+def sampler_step(denoiser: Denoiser, x_t: jax.Array, t: jax.Array, alpha_bar_t: jax.Array,
+                 alpha_bar_s: jax.Array, key: jax.Array, *, method: str = "ddpm", eta: float = 0.0,
+                 prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None
+                 ) -> tuple[jax.Array, Transition]:
+  """One reverse step: evaluates the denoiser at (x_t, t) and draws x_s from the method's kernel.
+
+  Args:
+    denoiser: (x_t [B, ...], t [B]) -> prediction [B, ...].
+    x_t: [B, ...] current state.
+    t: the current time (scalar, broadcast to [B], or [B]) in the schedule's units.
+    alpha_bar_t, alpha_bar_s: the current and next noise levels (scalars or [B]).
+    key: randomness of this step (unused when the kernel's variance is 0).
+    method, eta, prediction, variance, clip_x0: see `ddpm_transition` / `ddim_transition`.
+
+  Returns:
+    (x_s [B, ...], Transition).
+  """
+  t_b = jnp.broadcast_to(jnp.asarray(t), (x_t.shape[0],))
+  out = denoiser(x_t, t_b)
+  if out.shape != x_t.shape:
+    raise ValueError(f"the denoiser returned shape {out.shape} for an input of shape {x_t.shape}; "
+                     "it must predict eps / x0 / v of the input's shape.")
+  tr = transition(method, x_t, out, alpha_bar_t, alpha_bar_s, eta=eta, prediction=prediction,
+                  variance=variance, clip_x0=clip_x0)
+  return tr.sample(key), tr
+
+
+def sampling_grid(schedule: Schedule, num_steps: int | None = None, spacing: str | None = None
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The times a sampler visits and the noise levels between which each step moves.
+
+  Args:
+    schedule: a DiscreteSchedule or ContinuousSchedule.
+    num_steps: N (None: every step of a discrete schedule; 100 for a continuous one).
+    spacing: see `DiscreteSchedule.sampling_times` (default 'leading' / 'linspace').
+
+  Returns:
+    times [N] (decreasing, schedule units), alpha_bar_t [N] at those times, alpha_bar_s [N] the next level
+    (alpha_bar_t shifted by one, ending in 1.0 = clean data).
+  """
+  if schedule.is_discrete:
+    times = schedule.sampling_times(num_steps, spacing or "leading")
+  else:
+    times = schedule.sampling_times(100 if num_steps is None else num_steps, spacing or "linspace")
+  times = jnp.asarray(times)
+  a_t = schedule.alpha_bar(times).astype(jnp.float32)
+  a_s = jnp.concatenate([a_t[1:], jnp.ones((1,), jnp.float32)])
+  return times, a_t, a_s
+
+
+def split_sampler_keys(key: jax.Array, num_steps: int) -> tuple[jax.Array, jax.Array]:
+  """(key_init for x_T, step_keys [N]) exactly as `sample` splits its key (so steps can be replayed)."""
+  key_init, key_steps = jax.random.split(key)
+  return key_init, jax.random.split(key_steps, num_steps)
+
+
+def classifier_free_guidance(denoiser: Callable[[jax.Array, jax.Array, Any], jax.Array], cond: Any,
+                             null_cond: Any, guidance_scale: float) -> Denoiser:
+  """Classifier-free guidance (Ho & Salimans 2022, Eq. 6): out = out(x, null) + w (out(x, c) - out(x, null)).
+
+  w = guidance_scale; w = 1 is the plain conditional model, w = 0 the unconditional one (the paper's
+  (1 + w) is our w). The conversions between eps, x0 and v are affine in the output at fixed (x_t, t), so
+  guiding in any of the three parameterisations gives the same sampler. Both branches run as one batched call.
+
+  Args:
+    denoiser: (x_t [B, ...], t [B], c) -> prediction; c is a pytree with leading axis B.
+    cond: the condition (pytree, leading axis B).
+    null_cond: the "no condition" value (same structure; leading axis B or 1, broadcast).
+    guidance_scale: w.
+
+  Returns:
+    denoiser(x_t, t) -> guided prediction.
+  """
+  def guided(x_t, t):
+    b = x_t.shape[0]
+    both = jax.tree.map(lambda c, n: jnp.concatenate([c, jnp.broadcast_to(n, c.shape).astype(c.dtype)]),
+                        cond, null_cond)
+    out = denoiser(jnp.concatenate([x_t, x_t]), jnp.concatenate([t, t]), both)
+    out_c, out_u = out[:b], out[b:]
+    return out_u + guidance_scale * (out_c - out_u)
+
+  return guided
+
+
+def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: jax.Array, *,
+           method: str = "ddpm", num_steps: int | None = None, spacing: str | None = None, eta: float = 0.0,
+           prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None, x_T: jax.Array | None = None,
+           cond: Any = None, null_cond: Any = None, guidance_scale: float | None = None,
+           return_trajectory: bool = False):
+  """Draws samples by running the reverse chain in one `lax.scan`.
+
+  Args:
+    denoiser: (x_t, t) -> prediction; or (x_t, t, c) -> prediction when `cond` is given.
+    schedule: the schedule the denoiser was trained with.
+    shape: [B, ...] of the samples.
+    key: split as `split_sampler_keys(key, N)`: x_T from key_init, step i from step_keys[i].
+    method: 'ddpm' (ancestral, DDPM Algorithm 2) or 'ddim' (DDIM Eq. 12 with `eta`).
+    num_steps, spacing: the time grid (see `sampling_grid`); fewer steps than T stride the chain.
+    eta: DDIM's eta (0 = deterministic).
+    prediction: what the denoiser predicts: 'eps' | 'x0' | 'v'.
+    variance: DDPM's reverse variance, 'posterior' or 'beta'.
+    clip_x0: None, c or (lo, hi): clip the x_0 estimate at every step.
+    x_T: optional starting noise [B, ...] (default drawn from key_init).
+    cond: condition passed as the denoiser's third argument (pytree, leading axis B).
+    null_cond: the unconditional value for classifier-free guidance.
+    guidance_scale: w of `classifier_free_guidance` (None: no guidance).
+    return_trajectory: also return the states after every step.
+
+  Returns:
+    x_0 samples [B, ...]; with return_trajectory, (x_0, trajectory [N, B, ...]).
+  """
+  if method not in METHODS:
+    raise ValueError(f"unknown sampler '{method}'; choose one of {METHODS}.")
+  if guidance_scale is not None:
+    if cond is None or null_cond is None:
+      raise ValueError("guidance_scale needs both cond and null_cond (the unconditional value).")
+    fn = classifier_free_guidance(denoiser, cond, null_cond, guidance_scale)
+  elif cond is not None:
+    fn = lambda x, t: denoiser(x, t, cond)  # noqa: E731
+  else:
+    fn = denoiser
+  times, a_t, a_s = sampling_grid(schedule, num_steps, spacing)
+  key_init, step_keys = split_sampler_keys(key, times.shape[0])
+  if x_T is None:
+    x_T = jax.random.normal(key_init, tuple(shape), jnp.float32)
+  elif tuple(x_T.shape) != tuple(shape):
+    raise ValueError(f"x_T has shape {x_T.shape}, expected {tuple(shape)}.")
+
+  def body(x, xs):
+    t, abar_t, abar_s, k = xs
+    x_next, _ = sampler_step(fn, x, t, abar_t, abar_s, k, method=method, eta=eta, prediction=prediction,
+                             variance=variance, clip_x0=clip_x0)
+    return x_next, (x_next if return_trajectory else None)
+
+  x0, traj = jax.lax.scan(body, x_T, (times, a_t, a_s, step_keys))
+  return (x0, traj) if return_trajectory else x0

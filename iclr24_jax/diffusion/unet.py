@@ -1,0 +1,318 @@
+"""A configurable UNet (DDPM / ADM style) and an MLP denoiser for vectors, in Flax Linen.
+
+Both share one call signature, so the loss, train step and samplers take either:
+  model(x_t, t, *, cond=None, class_labels=None, context=None, context_mask=None, train=False) -> [x_t.shape]
+    x_t: [B, H, W, C] (UNet) or [B, ...] flattened to [B, D] (MLPDenoiser); t: [B] float or int time.
+    cond: [B, C_cond] vector condition, added to the time embedding (e.g. a state, a degradation embedding).
+    class_labels: [B] int in [0, num_classes]; the value num_classes is the "null" label for classifier-free
+      guidance.
+    context: [B, L, D_ctx] tokens for cross-attention (UNet, at the attention levels), with an optional
+      context_mask [B, L] (True = attend).
+
+UNet layout (Ho et al. 2020, App. B; Dhariwal & Nichol 2021): a 3x3 stem conv, then per level
+`num_res_blocks` ResBlocks (with self/cross-attention where `level in attention_levels`) and a strided-conv
+downsample; a middle ResBlock-Attention-ResBlock; the mirrored up path with skip connections; GroupNorm-SiLU-conv
+out (zero-initialised). Nesting (Matryoshka Diffusion): `inner` is called at the bottleneck as
+`inner(h, temb, context=..., context_mask=..., train=...) -> h`, and `inject` adds features to the stem
+output, so a UNet at a lower resolution can live inside another's middle; `return_features` hands out the
+top-level decoder features.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+def timestep_embedding(t: jax.Array, dim: int, max_period: float = 10000.0) -> jax.Array:
+  """Sinusoidal embedding of (float) times t [B] -> [B, dim] (Vaswani et al. 2017; DDPM App. B; ADM ordering).
+
+  emb = [cos(t f_0), ..., cos(t f_{h-1}), sin(t f_0), ..., sin(t f_{h-1})], f_i = max_period^(-i / h), h = dim / 2.
+  """
+  if dim % 2:
+    raise ValueError(f"timestep embedding dim must be even, got {dim}.")
+  half = dim // 2
+  freqs = jnp.exp(-math.log(max_period) * jnp.arange(half, dtype=jnp.float32) / half)
+  args = jnp.asarray(t, jnp.float32).reshape(-1)[:, None] * freqs[None]
+  return jnp.concatenate([jnp.cos(args), jnp.sin(args)], axis=-1)
+
+
+def _groups(channels: int, num_groups: int) -> int:
+  return math.gcd(channels, num_groups)
+
+
+class TimeEmbedding(nn.Module):
+  """t [B] -> sinusoidal(t * time_scale) -> Dense(dim) -> SiLU -> Dense(dim)."""
+
+  dim: int
+  time_scale: float = 1.0
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, t):
+    h = timestep_embedding(jnp.asarray(t, jnp.float32) * self.time_scale, max(self.dim // 4, 16) * 2)
+    h = nn.Dense(self.dim, dtype=self.dtype)(h)
+    return nn.Dense(self.dim, dtype=self.dtype)(nn.silu(h))
+
+
+class ResBlock(nn.Module):
+  """GN-SiLU-conv, + Dense(temb) (or scale/shift), GN-SiLU-dropout-conv(zero init), + skip (1x1 if needed)."""
+
+  out_channels: int
+  num_groups: int = 32
+  dropout: float = 0.0
+  scale_shift: bool = False
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, temb, train: bool = False):
+    c = self.out_channels
+    h = nn.silu(nn.GroupNorm(_groups(x.shape[-1], self.num_groups), dtype=self.dtype)(x))
+    h = nn.Conv(c, (3, 3), padding="SAME", dtype=self.dtype)(h)
+    t = nn.Dense(2 * c if self.scale_shift else c, dtype=self.dtype)(nn.silu(temb))[:, None, None, :]
+    h = nn.GroupNorm(_groups(c, self.num_groups), dtype=self.dtype)(h)
+    if self.scale_shift:  # ADM's "use_scale_shift_norm": GN(h) * (1 + scale) + shift
+      scale, shift = jnp.split(t, 2, axis=-1)
+      h = h * (1.0 + scale) + shift
+    else:  # DDPM: add the projected time embedding
+      h = h + t
+    h = nn.silu(h)
+    h = nn.Dropout(self.dropout, deterministic=not train)(h)
+    h = nn.Conv(c, (3, 3), padding="SAME", kernel_init=nn.initializers.zeros, dtype=self.dtype)(h)
+    if x.shape[-1] != c:
+      x = nn.Conv(c, (1, 1), dtype=self.dtype)(x)
+    return x + h
+
+
+class AttentionBlock(nn.Module):
+  """Self-attention over the H*W positions, then (if context is given) cross-attention to context tokens.
+
+  Each is pre-normed (GroupNorm / LayerNorm) and residual with a zero-initialised output projection.
+  """
+
+  num_heads: int = 4
+  num_groups: int = 32
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, context=None, context_mask=None):
+    b, hh, ww, c = x.shape
+    if c % self.num_heads:
+      raise ValueError(f"attention channels {c} are not divisible by num_heads={self.num_heads}.")
+    h = nn.GroupNorm(_groups(c, self.num_groups), dtype=self.dtype)(x).reshape(b, hh * ww, c)
+    h = nn.MultiHeadDotProductAttention(self.num_heads, dtype=self.dtype, out_kernel_init=nn.initializers.zeros,
+                                        name="self_attn")(h, h)
+    x = x + h.reshape(b, hh, ww, c)
+    if context is not None:
+      q = nn.LayerNorm(dtype=self.dtype)(x.reshape(b, hh * ww, c))
+      mask = None
+      if context_mask is not None:
+        mask = nn.make_attention_mask(jnp.ones((b, hh * ww), bool), context_mask.astype(bool))
+      h = nn.MultiHeadDotProductAttention(self.num_heads, dtype=self.dtype, out_kernel_init=nn.initializers.zeros,
+                                          name="cross_attn")(q, context, mask=mask)
+      x = x + h.reshape(b, hh, ww, c)
+    return x
+
+
+class Downsample(nn.Module):
+  channels: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    return nn.Conv(self.channels, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), dtype=self.dtype)(x)
+
+
+class Upsample(nn.Module):
+  channels: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    b, h, w, c = x.shape
+    x = jax.image.resize(x, (b, 2 * h, 2 * w, c), method="nearest")
+    return nn.Conv(self.channels, (3, 3), padding="SAME", dtype=self.dtype)(x)
+
+
+def _condition_embedding(temb, dim, num_classes, class_labels, cond, dtype):
+  """Adds class-label and vector-condition embeddings to the time embedding."""
+  if num_classes:
+    if class_labels is None:
+      raise ValueError(f"this model was built with num_classes={num_classes}: pass class_labels [B] "
+                       f"(use {num_classes} for the null label).")
+    temb = temb + nn.Embed(num_classes + 1, dim, name="class_embed")(class_labels)
+  elif class_labels is not None:
+    raise ValueError("class_labels were given but the model has num_classes=0; set model.num_classes.")
+  if cond is not None:
+    c = nn.Dense(dim, dtype=dtype, name="cond_embed_0")(cond.reshape(cond.shape[0], -1))
+    temb = temb + nn.Dense(dim, dtype=dtype, name="cond_embed_1")(nn.silu(c))
+  return temb
+
+
+class UNet(nn.Module):
+  """A configurable denoising UNet.
+
+  Attributes:
+    base_channels: C, channels of level 0.
+    channel_mults: channels of level i are C * channel_mults[i]; len = number of levels (each but the last
+      halves the resolution, so H and W must be divisible by 2 ** (levels - 1)).
+    num_res_blocks: ResBlocks per level on the way down (one more on the way up, as in DDPM).
+    attention_levels: level indices with attention after each ResBlock (DDPM: the 16x16 level).
+    mid_attention: attention in the middle block.
+    num_heads: attention heads.
+    out_channels: output channels (default: the input's).
+    time_embed_dim: width of the time embedding (default 4 C).
+    time_scale: multiplies t before the sinusoidal embedding (1000 for continuous t in [0, 1]).
+    num_classes: > 0 adds a class embedding (labels in [0, num_classes], num_classes = null).
+    dropout: in ResBlocks (needs a 'dropout' rng when train=True).
+    num_groups: GroupNorm groups (the gcd with the channel count is used).
+    scale_shift: ADM's scale/shift time conditioning instead of DDPM's addition.
+    inner: optional module called at the bottleneck (nesting; see module docstring).
+    dtype: computation dtype (params stay float32).
+  """
+
+  base_channels: int = 64
+  channel_mults: Sequence[int] = (1, 2, 2)
+  num_res_blocks: int = 2
+  attention_levels: Sequence[int] = (1,)
+  mid_attention: bool = True
+  num_heads: int = 4
+  out_channels: int | None = None
+  time_embed_dim: int | None = None
+  time_scale: float = 1.0
+  num_classes: int = 0
+  dropout: float = 0.0
+  num_groups: int = 32
+  scale_shift: bool = False
+  inner: nn.Module | None = None
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, t, *, cond=None, class_labels=None, context=None, context_mask=None, inject=None,
+               train: bool = False, return_features: bool = False):
+    """Predicts eps / x0 / v [B, H, W, out_channels] from x_t [B, H, W, C_in] and t [B] (see module docstring).
+
+    Args:
+      inject: optional features [B, H, W, C * channel_mults[0]] added to the stem output (nesting).
+      return_features: also return the last decoder features [B, H, W, C * channel_mults[0]].
+    """
+    if x.ndim != 4:
+      raise ValueError(f"UNet input must be [B, H, W, C], got shape {x.shape}.")
+    levels = len(self.channel_mults)
+    factor = 2 ** (levels - 1)
+    if x.shape[1] % factor or x.shape[2] % factor:
+      raise ValueError(f"UNet with {levels} levels needs H and W divisible by {factor}, got {x.shape[1:3]}; "
+                       "use fewer channel_mults or pad the images.")
+    bad = [lvl for lvl in self.attention_levels if not 0 <= lvl < levels]
+    if bad:
+      raise ValueError(f"attention_levels {bad} are outside the {levels} levels (0..{levels - 1}).")
+    t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), (x.shape[0],))
+    c0 = self.base_channels
+    emb_dim = self.time_embed_dim or 4 * c0
+    temb = TimeEmbedding(emb_dim, self.time_scale, self.dtype, name="time_embed")(t)
+    temb = _condition_embedding(temb, emb_dim, self.num_classes, class_labels, cond, self.dtype)
+    block_kw = dict(num_groups=self.num_groups, dropout=self.dropout, scale_shift=self.scale_shift, dtype=self.dtype)
+    attn_kw = dict(num_heads=self.num_heads, num_groups=self.num_groups, dtype=self.dtype)
+
+    h = nn.Conv(c0 * self.channel_mults[0], (3, 3), padding="SAME", dtype=self.dtype, name="stem")(x)
+    if inject is not None:
+      h = h + inject
+    skips = [h]
+    for level, mult in enumerate(self.channel_mults):                       # down path
+      for i in range(self.num_res_blocks):
+        h = ResBlock(c0 * mult, name=f"down_{level}_res_{i}", **block_kw)(h, temb, train)
+        if level in self.attention_levels:
+          h = AttentionBlock(name=f"down_{level}_attn_{i}", **attn_kw)(h, context, context_mask)
+        skips.append(h)
+      if level != levels - 1:
+        h = Downsample(h.shape[-1], self.dtype, name=f"down_{level}_downsample")(h)
+        skips.append(h)
+
+    c_mid = h.shape[-1]                                                      # middle
+    h = ResBlock(c_mid, name="mid_res_0", **block_kw)(h, temb, train)
+    if self.mid_attention:
+      h = AttentionBlock(name="mid_attn", **attn_kw)(h, context, context_mask)
+    h = ResBlock(c_mid, name="mid_res_1", **block_kw)(h, temb, train)
+    if self.inner is not None:
+      h = self.inner(h, temb, context=context, context_mask=context_mask, train=train)
+
+    for level, mult in reversed(list(enumerate(self.channel_mults))):       # up path
+      for i in range(self.num_res_blocks + 1):
+        h = jnp.concatenate([h, skips.pop()], axis=-1)
+        h = ResBlock(c0 * mult, name=f"up_{level}_res_{i}", **block_kw)(h, temb, train)
+        if level in self.attention_levels:
+          h = AttentionBlock(name=f"up_{level}_attn_{i}", **attn_kw)(h, context, context_mask)
+      if level != 0:
+        h = Upsample(h.shape[-1], self.dtype, name=f"up_{level}_upsample")(h)
+    features = h
+    h = nn.silu(nn.GroupNorm(_groups(h.shape[-1], self.num_groups), dtype=self.dtype, name="out_norm")(h))
+    out = nn.Conv(self.out_channels or x.shape[-1], (3, 3), padding="SAME", kernel_init=nn.initializers.zeros,
+                  dtype=self.dtype, name="out_conv")(h).astype(jnp.float32)
+    return (out, features) if return_features else out
+
+
+class MLPDenoiser(nn.Module):
+  """A residual MLP denoiser for vectors (latents, actions, skills), conditioned on time and an optional state.
+
+  x [B, ...] is flattened to [B, D]; each block is h += Dense(SiLU(LN(h) W + emb_proj)) with emb = time
+  embedding (+ condition embedding). Output has x's shape.
+
+  Attributes:
+    hidden: width of the residual stream.
+    num_blocks: residual blocks.
+    time_embed_dim: width of the time (and condition) embedding.
+    time_scale: multiplies t before the sinusoidal embedding (1000 for continuous t).
+    num_classes: optional class embedding (labels in [0, num_classes], num_classes = null).
+    dropout: inside the blocks (needs a 'dropout' rng when train=True).
+  """
+
+  hidden: int = 256
+  num_blocks: int = 3
+  time_embed_dim: int = 128
+  time_scale: float = 1.0
+  num_classes: int = 0
+  dropout: float = 0.0
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, t, *, cond=None, class_labels=None, context=None, context_mask=None, train: bool = False):
+    if context is not None or context_mask is not None:
+      raise ValueError("MLPDenoiser takes no cross-attention context; pass a vector condition as cond=[B, C].")
+    shape = x.shape
+    h = x.reshape(shape[0], -1)
+    t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), (shape[0],))
+    emb = TimeEmbedding(self.time_embed_dim, self.time_scale, self.dtype, name="time_embed")(t)
+    emb = _condition_embedding(emb, self.time_embed_dim, self.num_classes, class_labels, cond, self.dtype)
+    h = nn.Dense(self.hidden, dtype=self.dtype, name="in_proj")(h)
+    for i in range(self.num_blocks):
+      r = nn.LayerNorm(dtype=self.dtype)(h)
+      r = nn.Dense(self.hidden, dtype=self.dtype)(r) + nn.Dense(self.hidden, dtype=self.dtype)(nn.silu(emb))
+      r = nn.Dropout(self.dropout, deterministic=not train)(nn.silu(r))
+      h = h + nn.Dense(self.hidden, dtype=self.dtype, name=f"block_{i}_out")(r)
+    h = nn.silu(nn.LayerNorm(dtype=self.dtype)(h))
+    out = nn.Dense(math.prod(shape[1:]), kernel_init=nn.initializers.zeros, dtype=self.dtype, name="out_proj")(h)
+    return out.reshape(shape).astype(jnp.float32)
+
+
+def create_model(model_config: Any) -> nn.Module:
+  """Builds a denoiser from `config.model` (name 'unet' or 'mlp'; the other fields are the module's attributes)."""
+  cfg = dict(model_config)
+  name = cfg.pop("name", "unet")
+  if name == "unet":
+    for k in ("channel_mults", "attention_levels"):
+      if k in cfg:
+        cfg[k] = tuple(cfg[k])
+    cls = UNet
+  elif name == "mlp":
+    cls = MLPDenoiser
+  else:
+    raise ValueError(f"unknown diffusion model '{name}'; choose 'unet' or 'mlp'.")
+  fields = {f.name for f in dataclasses.fields(cls)} - {"parent", "name"}
+  unknown = set(cfg) - fields
+  if unknown:
+    raise ValueError(f"unknown {name} model options {sorted(unknown)}; valid: {sorted(fields)}.")
+  return cls(**cfg)

@@ -1,0 +1,300 @@
+"""UNet / MLP denoisers, the training loss and step, the experiment's smoke run and (slow) digits check."""
+import json
+import os
+
+import chex
+import flax.linen as nn
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from iclr24_jax.common import loop as loop_lib
+from iclr24_jax.common import sharding
+from iclr24_jax.diffusion import process, schedules, training, unet
+
+# Two levels; attention (self + cross) only in the middle block keeps the CPU compile short.
+TINY_UNET = dict(base_channels=8, channel_mults=(1, 2), num_res_blocks=1, attention_levels=(), num_heads=2,
+                 num_groups=4)
+
+
+def _perturb(params, key, scale=0.1):
+  """Random non-zero params (the zero-initialised output layers would hide context and skip paths).
+
+  One normal draw for the whole flattened tree: a draw per leaf would cost a random-number kernel compile each.
+  """
+  flat, unravel = jax.flatten_util.ravel_pytree(params)
+  return unravel(flat + scale * jax.random.normal(key, flat.shape))
+
+
+def _fast_jit(fn, *args):
+  """Compiles fn(*args) once with XLA's backend optimisations off (init runs once; its compile dominates on CPU)."""
+  return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+
+
+def _cond_batch(b):
+  """Every kind of conditioning for a batch of b: class labels, a vector, context tokens with a mask."""
+  return dict(class_labels=jnp.arange(b) % 11, cond=jnp.ones((b, 5)), context=jnp.ones((b, 4, 6)),
+              context_mask=jnp.tile(jnp.array([[1, 1, 0, 0]], bool), (b, 1)))
+
+
+@pytest.fixture(scope="module")
+def cond_unet():
+  """A tiny fully-conditioned UNet (class labels, vector cond, cross-attention), its state and perturbed params."""
+  model = unet.UNet(num_classes=10, out_channels=1, **TINY_UNET)
+  init = _fast_jit(lambda k: training.init_state(k, model, (8, 8, 1), optax.adam(3e-3), ema=True,
+                                                 **_cond_batch(1)), jax.random.key(0))
+  state = init(jax.random.key(0))
+  kw = _cond_batch(2)
+  fwd = _fast_jit(lambda p, x, t, kw: model.apply({"params": p}, x, t, **kw), state.params, jnp.ones((2, 8, 8, 1)),
+                  jnp.zeros(2, jnp.int32), kw)
+  return model, state, _perturb(state.params, jax.random.key(1)), fwd
+
+
+def test_timestep_embedding_values():
+  # dim 4: half = 2, frequencies 10000^(-0/2) = 1 and 10000^(-1/2) = 0.01; emb = [cos t, cos 0.01t, sin t, sin 0.01t].
+  emb = unet.timestep_embedding(jnp.array([0.0, 1.0]), 4)
+  np.testing.assert_allclose(emb, [[1, 1, 0, 0], [np.cos(1), np.cos(0.01), np.sin(1), np.sin(0.01)]], rtol=1e-6,
+                             atol=1e-7)
+
+
+def test_unet_shapes_and_conditioning(cond_unet):
+  model, state, p, fwd = cond_unet
+  params = state.params
+  assert "class_embed" in params and "cond_embed_0" in params
+  assert "cross_attn" in params["mid_attn"]
+  x = jnp.ones((2, 8, 8, 1))
+  kw = _cond_batch(2)
+  t = jnp.array([0, 999])
+  out = fwd(params, x, t, kw)
+  chex.assert_shape(out, (2, 8, 8, 1))
+  chex.assert_type(out, jnp.float32)
+  # Zero-initialised output conv: a fresh UNet predicts 0.
+  np.testing.assert_allclose(out, 0.0, atol=0)
+  base = fwd(p, x, t, kw)
+  # Masked-out context tokens (2 and 3) do not matter; unmasked ones do.
+  ctx = kw["context"].at[0, 2:].set(-5.0)
+  np.testing.assert_allclose(fwd(p, x, t, {**kw, "context": ctx})[0], base[0], rtol=1e-5, atol=1e-5)
+  ctx = kw["context"].at[0, 0].set(-5.0)
+  assert float(jnp.max(jnp.abs(fwd(p, x, t, {**kw, "context": ctx})[0] - base[0]))) > 1e-3
+  # Class label, vector condition and time change the output.
+  for changed in ({**kw, "class_labels": jnp.array([4, 10])}, {**kw, "cond": -kw["cond"]}):
+    assert float(jnp.max(jnp.abs(fwd(p, x, t, changed)[0] - base[0]))) > 1e-3
+  assert float(jnp.max(jnp.abs(fwd(p, x, jnp.array([500, 999]), kw)[0] - base[0]))) > 1e-3
+  # The bigger layout (attention at a level, two res blocks, scale-shift) builds and keeps the shape.
+  big = unet.UNet(base_channels=8, channel_mults=(1, 2, 2), num_res_blocks=2, attention_levels=(1,), num_heads=2,
+                  num_groups=4, scale_shift=True, out_channels=3)
+  shapes = jax.eval_shape(lambda k: big.init_with_output(k, jnp.ones((2, 16, 16, 1)), jnp.zeros(2),
+                                                         context=jnp.ones((2, 3, 6)))[0], jax.random.key(0))
+  chex.assert_shape(shapes, (2, 16, 16, 3))
+
+
+class _Inner(nn.Module):
+  """A stand-in for a nested (inner, lower-resolution) UNet at the bottleneck."""
+
+  @nn.compact
+  def __call__(self, h, temb, context=None, context_mask=None, train=False):
+    return h + nn.Dense(h.shape[-1], name="inner_proj")(nn.silu(temb))[:, None, None, :]
+
+
+def test_unet_nesting_hooks():
+  m = unet.UNet(inner=_Inner(), **{**TINY_UNET, "attention_levels": (), "mid_attention": False})
+  x = jnp.ones((2, 8, 8, 1))
+  params = _fast_jit(lambda k: m.init(k, x, jnp.zeros(2)), jax.random.key(0))(jax.random.key(0))["params"]
+  assert "inner" in params and "inner_proj" in params["inner"]
+  p = _perturb(params, jax.random.key(1))
+  fwd = jax.jit(lambda p, inject: m.apply({"params": p}, x, jnp.zeros(2), inject=inject, return_features=True))
+  out, feats = fwd(p, jnp.zeros((2, 8, 8, 8)))
+  chex.assert_shape(feats, (2, 8, 8, 8))
+  out2, _ = fwd(p, jnp.ones((2, 8, 8, 8)))
+  assert float(jnp.max(jnp.abs(out2 - out))) > 1e-3
+
+
+def test_mlp_denoiser_shapes():
+  m = unet.MLPDenoiser(hidden=32, num_blocks=2, time_embed_dim=16)
+
+  @jax.jit
+  def init_and_apply(x):
+    params = m.init(jax.random.key(0), x, jnp.zeros(4), cond=jnp.ones((4, 3)))["params"]
+    return m.apply({"params": _perturb(params, jax.random.key(1))}, x, jnp.arange(4), cond=jnp.ones((4, 3)))
+
+  for shape in ((4, 6), (4, 2, 3)):
+    chex.assert_shape(init_and_apply(jnp.ones(shape)), shape)
+
+
+def test_model_errors():
+  m = unet.UNet(**TINY_UNET)
+  with pytest.raises(ValueError, match=r"\[B, H, W, C\]"):
+    m.init(jax.random.key(0), jnp.ones((2, 8, 8)), jnp.zeros(2))
+  with pytest.raises(ValueError, match="divisible by 2"):
+    m.init(jax.random.key(0), jnp.ones((2, 7, 7, 1)), jnp.zeros(2))
+  with pytest.raises(ValueError, match="class_labels"):
+    unet.UNet(num_classes=3, **TINY_UNET).init(jax.random.key(0), jnp.ones((2, 8, 8, 1)), jnp.zeros(2))
+  with pytest.raises(ValueError, match="attention_levels"):
+    unet.UNet(**{**TINY_UNET, "attention_levels": (5,)}).init(jax.random.key(0), jnp.ones((2, 8, 8, 1)), jnp.zeros(2))
+  with pytest.raises(ValueError, match="context"):
+    unet.MLPDenoiser().init(jax.random.key(0), jnp.ones((2, 3)), jnp.zeros(2), context=jnp.ones((2, 1, 3)))
+  with pytest.raises(ValueError, match="unknown unet model options"):
+    unet.create_model({"name": "unet", "channels": 3})
+  with pytest.raises(ValueError, match="unknown diffusion model"):
+    unet.create_model({"name": "dit"})
+
+
+def test_loss_hand_computed():
+  # A two-step schedule with alpha_bar = (0.75, 0.25); t = 1: alpha = 0.5, sigma = sqrt(0.75) = 0.8660254.
+  sched = schedules.from_alpha_bars([0.75, 0.25])
+  x0 = jnp.array([[1.0, -1.0]])
+  noise = jnp.array([[0.5, -0.5]])
+  t = jnp.array([1])
+  zero = lambda x_t, t: jnp.zeros_like(x_t)  # noqa: E731
+  loss = lambda **kw: training.diffusion_loss(zero, x0, jax.random.key(0), sched, t=t, noise=noise, **kw)[0]  # noqa
+  # eps target: mean(0.5^2, 0.5^2) = 0.25; x0 target: mean(1, 1) = 1.
+  np.testing.assert_allclose(loss(prediction="eps"), 0.25, atol=1e-6)
+  np.testing.assert_allclose(loss(prediction="x0"), 1.0, atol=1e-6)
+  # v = alpha eps - sigma x0 = 0.25 - 0.8660254 = -0.6160254 (and +0.6160254): loss = 0.3794873.
+  np.testing.assert_allclose(loss(prediction="v"), 0.3794873, atol=1e-6)
+  # min-SNR: SNR = 0.25 / 0.75 = 1/3; gamma = 5 -> eps weight min(1/3, 5) / (1/3) = 1 -> 0.25;
+  # gamma = 0.1 -> 0.1 / (1/3) = 0.3 -> 0.075; x0 weight min(1/3, 0.1) = 0.1 -> 0.1; v weight 0.1 / (4/3) = 0.075.
+  np.testing.assert_allclose(loss(prediction="eps", weighting="min_snr"), 0.25, atol=1e-6)
+  np.testing.assert_allclose(loss(prediction="eps", weighting="min_snr", min_snr_gamma=0.1), 0.075, atol=1e-6)
+  np.testing.assert_allclose(loss(prediction="x0", weighting="min_snr", min_snr_gamma=0.1), 0.1, atol=1e-6)
+  np.testing.assert_allclose(loss(prediction="v", weighting="min_snr", min_snr_gamma=0.1), 0.3794873 * 0.075,
+                             atol=1e-6)
+
+
+def test_min_snr_losses_agree_across_parameterisations():
+  # One x0 estimate expressed as eps, x0 and v gives the same min-SNR-weighted loss (Hang et al. 2023, Sec. 3.4).
+  sched = schedules.cosine_beta_schedule(1000)
+  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+  x0 = jax.random.normal(k1, (16, 4, 4, 1))
+  x0_hat = x0 + 0.3 * jax.random.normal(k2, x0.shape)
+  t = jax.random.randint(k3, (16,), 0, 1000)
+  noise = jax.random.normal(jax.random.key(4), x0.shape)
+  abar = sched.alpha_bar(t)
+  x_t = process.q_sample(x0, abar, noise)
+  per = {}
+  for pred in ("eps", "x0", "v"):
+    fn = lambda x, tt, pred=pred: process.convert(x, x0_hat, sched.alpha_bar(tt), "x0", pred)  # noqa: E731
+    per[pred] = training.diffusion_loss(fn, x0, jax.random.key(5), sched, prediction=pred, weighting="min_snr",
+                                        t=t, noise=noise)[1]["per_example"]
+  np.testing.assert_allclose(per["eps"], per["x0"], rtol=2e-3, atol=1e-6)
+  np.testing.assert_allclose(per["v"], per["x0"], rtol=2e-3, atol=1e-6)
+  del x_t
+
+
+def test_unet_train_step_lowers_fixed_batch_loss(cond_unet):
+  model, state, _, _ = cond_unet
+  rng = np.random.default_rng(0)
+  batch = {"x": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)), jnp.float32), **_cond_batch(16)}
+  batch["y"] = batch.pop("class_labels") % 10
+  sched = schedules.linear_beta_schedule(1000)
+  step = chex.assert_max_traces(training.make_train_step(model, sched, cond_drop_prob=0.1, ema_decay=0.9), n=1)
+  step = _fast_jit(step, state, batch, jax.random.key(1))
+  kw = training.model_kwargs(batch)
+
+  @jax.jit
+  def fixed_loss(params):  # the same t and eps every time
+    fn = lambda x, t: model.apply({"params": params}, x, t, **kw)  # noqa: E731
+    return training.diffusion_loss(fn, batch["x"], jax.random.key(42), sched)[0]
+
+  before = float(fixed_loss(state.params))
+  new = state
+  for _ in range(25):
+    new, metrics = step(new, batch, jax.random.key(1))
+  after = float(fixed_loss(new.params))
+  assert np.isfinite(float(metrics["loss"])) and int(new.step) == 25
+  assert after < 0.9 * before, (before, after)
+  # EMA: it moved off the init but lags the params.
+  d_ema = optax.global_norm(jax.tree.map(lambda a, b: a - b, new.extra["ema_params"], state.params))
+  d_par = optax.global_norm(jax.tree.map(lambda a, b: a - b, new.params, state.params))
+  assert 0 < float(d_ema) < float(d_par)
+
+
+def test_ema_and_condition_dropout_exact():
+  model = unet.MLPDenoiser(hidden=16, num_blocks=1, time_embed_dim=8, num_classes=3)
+  sched = schedules.linear_beta_schedule(100)
+  tx = optax.sgd(0.1)
+  st = jax.jit(lambda k: training.init_state(k, model, (4,), tx, ema=True, class_labels=jnp.zeros((1,), int)))(
+      jax.random.key(0))
+  batch = {"x": jnp.ones((6, 4)), "y": jnp.array([0, 1, 2, 0, 1, 2])}
+  new, _ = jax.jit(training.make_train_step(model, sched, ema_decay=0.75))(st, batch, jax.random.key(1))
+  # One step: ema = 0.75 * init + 0.25 * new params.
+  expect = jax.tree.map(lambda a, b: 0.75 * a + 0.25 * b, st.params, new.params)
+  chex.assert_trees_all_close(new.extra["ema_params"], expect, rtol=1e-6, atol=1e-7)
+  # cond_drop_prob = 1 trains exactly the unconditional (null label = num_classes = 3) model.
+  a, _ = jax.jit(training.make_train_step(model, sched, cond_drop_prob=1.0))(st, batch, jax.random.key(2))
+  b, _ = jax.jit(training.make_train_step(model, sched))(st, {**batch, "y": jnp.full((6,), 3)}, jax.random.key(2))
+  chex.assert_trees_all_close(a.params, b.params, rtol=1e-6, atol=1e-7)
+
+
+def test_train_step_same_on_1_and_8_devices():
+  model = unet.MLPDenoiser(hidden=32, num_blocks=2, time_embed_dim=16)
+  sched = schedules.ContinuousSchedule("cosine")
+  tx = optax.adam(1e-2)
+  step = training.make_train_step(model, sched, prediction="v", weighting="min_snr")
+  batch = {"x": np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32),
+           "cond": np.random.default_rng(1).standard_normal((16, 2)).astype(np.float32)}
+  outs = []
+  for n in (1, 8):
+    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+    with jax.set_mesh(mesh):
+      st = jax.jit(lambda k: training.init_state(k, model, (3,), tx, cond=jnp.zeros((1, 2))),
+                   out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
+      fn = loop_lib.compile_step(step, mesh)
+      for _ in range(3):
+        st, m = fn(st, sharding.shard_batch(batch, mesh), jax.random.key(3))
+      outs.append((jax.device_get(st.params), float(m["loss"])))
+  chex.assert_trees_all_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5)
+
+
+def test_training_errors():
+  sched = schedules.linear_beta_schedule(10)
+  with pytest.raises(ValueError, match="floating"):
+    training.diffusion_loss(lambda x, t: x, jnp.ones((2, 3), jnp.int32), jax.random.key(0), sched)
+  with pytest.raises(ValueError, match="returned shape"):
+    training.diffusion_loss(lambda x, t: x[:, :1], jnp.ones((2, 3)), jax.random.key(0), sched)
+  with pytest.raises(ValueError, match="weighting"):
+    training.loss_weight(jnp.ones(2), "eps", "p2")
+  with pytest.raises(ValueError, match="cond_name"):
+    training.make_denoiser(unet.MLPDenoiser(), {}, cond_name="label")
+
+
+def test_configs():
+  from configs import diffusion as cfg_mod
+  for v in ("", "tiny", "x16", "v_cosine", "continuous", "unconditional"):
+    c = cfg_mod.get_config(v)
+    assert c.paper == "diffusion"
+    unet.create_model(c.model)
+    schedules.from_config(c.schedule)
+  with pytest.raises(ValueError, match="unknown variant"):
+    cfg_mod.get_config("huge")
+
+
+def test_experiment_smoke_run(tmp_path):
+  from configs import diffusion as cfg_mod
+  from iclr24_jax.diffusion import experiment
+  res = experiment.run(cfg_mod.get_config("tiny"), str(tmp_path))
+  for f in ("metrics.jsonl", "results.json", "samples.png", "data.png", "loss.png"):
+    assert os.path.exists(tmp_path / f), f
+  with open(tmp_path / "results.json") as fh:
+    saved = json.load(fh)
+  assert saved["num_steps"] == 20 and np.isfinite(saved["final_loss"])
+  assert 0.0 <= res["samples_accuracy"] <= 1.0
+
+
+@pytest.mark.slow
+def test_digits_unet_learns_recognisable_samples(tmp_path):
+  """The default config: the loss falls and the digits CNN recognises the requested digit above chance.
+
+  With n = 200 samples, chance accuracy 0.1 has binomial SE sqrt(0.1 * 0.9 / 200) = 0.021; we require 3 SE above.
+  """
+  from configs import diffusion as cfg_mod
+  from iclr24_jax.diffusion import experiment
+  cfg = cfg_mod.get_config("")
+  res = experiment.run(cfg, str(tmp_path))
+  assert res["final_loss"] < 0.7 * res["first_loss"], res
+  n = cfg.sampler.num_samples
+  assert res["samples_accuracy"] > 0.1 + 3 * np.sqrt(0.09 / n), res

@@ -1,0 +1,299 @@
+"""Samplers with the analytic Gaussian-mixture denoiser: exactness, single steps, guidance, and the GMM maths."""
+import functools
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.stats import multivariate_normal
+
+from iclr24_jax.diffusion import gmm as gmm_lib
+from iclr24_jax.diffusion import metrics, process, samplers, schedules
+
+N = 4096              # samples per sampler run
+SW_BOUND = 2.5        # sliced-W2 bound, in units of the data-vs-data floor (see test_gmm_2d_sliced_wasserstein)
+SE = 5.0              # moment checks allow 5 standard errors
+
+
+@pytest.fixture(scope="module")
+def ring():
+  return gmm_lib.ring_gmm()
+
+
+@pytest.fixture(scope="module")
+def gmm8():
+  return gmm_lib.make_gmm(jax.random.key(8), 8, 4)
+
+
+@pytest.fixture(scope="module")
+def lin():
+  return schedules.linear_beta_schedule(1000)
+
+
+@pytest.fixture(scope="module")
+def cos():
+  return schedules.cosine_beta_schedule(1000)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "method", "num_steps", "prediction", "eta"))
+def _sample(g, den_schedule, samp_schedule, key, n, method, num_steps=None, prediction="eps", eta=0.0):
+  den = gmm_lib.gmm_denoiser(g, den_schedule, prediction)
+  return samplers.sample(den, samp_schedule, (n, g.dim), key, method=method, num_steps=num_steps,
+                         prediction=prediction, eta=eta)
+
+
+@pytest.fixture(scope="module")
+def ring_samples(ring, lin, cos):
+  key = jax.random.key(11)
+  return {
+      "ddpm": _sample(ring, lin, lin, key, N, "ddpm"),
+      "ddim": _sample(ring, lin, lin, key, N, "ddim", 100),
+      # Negative control: the denoiser is exact for the linear schedule, the sampler walks the cosine one.
+      "wrong": _sample(ring, lin, cos, key, N, "ddim", 100),
+  }
+
+
+@jax.jit
+def _moment_stats(g, x, ref):
+  """Sample mean, covariance, component frequencies of x [N, D]; exact moments; SE of covariance entries."""
+  mean, cov = g.mean(), g.covariance()
+  r = ref - mean
+  # SE of each covariance entry, from a large data draw: std((x_i - m_i)(x_j - m_j)) / sqrt(n).
+  se_cov = jnp.std(r[:, :, None] * r[:, None, :], axis=0) / jnp.sqrt(x.shape[0])
+  return (jnp.mean(x, 0), jnp.cov(x, rowvar=False), metrics.component_frequencies(g, x), mean, cov, se_cov)
+
+
+def _check_moments(g, x, ref):
+  """Mean, covariance and mixture weights of samples x [N, D] within SE standard errors of the exact values."""
+  n = x.shape[0]
+  mean_hat, cov_hat, freq, mean, cov, se_cov = (np.asarray(a, np.float64) for a in _moment_stats(g, x, ref))
+  np.testing.assert_array_less(np.abs(mean_hat - mean), SE * np.sqrt(np.diag(cov) / n))
+  np.testing.assert_array_less(np.abs(cov_hat - cov), SE * se_cov)
+  w = np.asarray(g.weights, np.float64)
+  np.testing.assert_array_less(np.abs(freq - w), SE * np.sqrt(w * (1 - w) / n))
+
+
+@pytest.fixture(scope="module")
+def ring_ref(ring):
+  return ring.sample(jax.random.key(3), 50_000)
+
+
+@pytest.fixture(scope="module")
+def sw_setup(ring):
+  """A data reference, the projection key and the floor: mean SW between the reference and 4 fresh data draws.
+
+  Independent data draws themselves land at 0.7-1.5x this floor (measured over 8 draws, the seed-to-seed spread
+  of a finite-sample distance); the bound SW_BOUND = 2.5x leaves room for the samplers' discretisation error,
+  and the wrong schedule below sits at ~8x.
+  """
+  ref = ring.sample(jax.random.key(1), N)
+  key_proj = jax.random.key(99)
+  floor = float(jnp.mean(jax.vmap(lambda k: _sw(ring.sample(k, N), ref, key_proj))(jax.random.split(jax.random.key(2), 4))))
+  return ref, key_proj, floor
+
+
+@jax.jit
+def _sw(x, y, key):
+  return metrics.sliced_wasserstein(x, y, key, num_projections=128)
+
+
+def test_gmm_2d_sliced_wasserstein(ring_samples, sw_setup):
+  ref, key_proj, floor = sw_setup
+  sw = {k: float(_sw(v, ref, key_proj)) for k, v in ring_samples.items()}
+  assert sw["ddpm"] < SW_BOUND * floor, (sw, floor)
+  assert sw["ddim"] < SW_BOUND * floor, (sw, floor)
+  # The check has power: a sampler on the wrong schedule fails it.
+  assert sw["wrong"] > SW_BOUND * floor, (sw, floor)
+
+
+@pytest.mark.parametrize("method", ["ddpm", "ddim"])
+def test_gmm_2d_moments_and_weights(ring, ring_samples, ring_ref, method):
+  _check_moments(ring, ring_samples[method], ring_ref)
+
+
+def test_gmm_2d_wrong_schedule_fails_moments(ring, ring_samples, ring_ref):
+  with pytest.raises(AssertionError):
+    _check_moments(ring, ring_samples["wrong"], ring_ref)
+
+
+@pytest.mark.parametrize("method,num_steps", [("ddpm", None), ("ddim", 100)])
+def test_gmm_8d_moments_and_weights(gmm8, lin, method, num_steps):
+  x = _sample(gmm8, lin, lin, jax.random.key(12), N, method, num_steps)
+  _check_moments(gmm8, x, gmm8.sample(jax.random.key(4), 50_000))
+
+
+def test_gmm_continuous_cosine_v_prediction(ring, ring_ref):
+  # Continuous time (MDM's cosine log-SNR), a v-predicting denoiser, DDIM with 100 steps.
+  c = schedules.ContinuousSchedule("cosine")
+  x = _sample(ring, c, c, jax.random.key(13), N, "ddim", 100, "v")
+  _check_moments(ring, x, ring_ref)
+
+
+def test_prediction_types_give_the_same_sampler(ring, lin):
+  # The exact denoiser expressed as eps, x0 or v drives the same chain (conversions are exact up to float32).
+  key = jax.random.key(5)
+  x_eps = _sample(ring, lin, lin, key, 256, "ddim", 20, "eps")
+  for pred in ("x0", "v"):
+    np.testing.assert_allclose(_sample(ring, lin, lin, key, 256, "ddim", 20, pred), x_eps, atol=2e-3)
+
+
+def test_single_steps_compose_to_the_sampler(ring, lin):
+  """`sample` equals a Python loop of `sampler_step` with the same keys (DDPM and DDIM(eta=0.5), v-prediction)."""
+  den = gmm_lib.gmm_denoiser(ring, lin, "v")
+  key = jax.random.key(6)
+  for method, kw in (("ddpm", {}), ("ddim", {"eta": 0.5})):
+    full, traj = samplers.sample(den, lin, (64, 2), key, method=method, num_steps=20, prediction="v",
+                                 return_trajectory=True, **kw)
+    times, a_t, a_s = samplers.sampling_grid(lin, 20)
+    key_init, step_keys = samplers.split_sampler_keys(key, 20)
+    x = jax.random.normal(key_init, (64, 2))
+    step = jax.jit(functools.partial(samplers.sampler_step, den, method=method, prediction="v", **kw))
+    for i in range(20):
+      x, tr = step(x, times[i], a_t[i], a_s[i], step_keys[i])
+      np.testing.assert_allclose(x, traj[i], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(x, full, rtol=1e-5, atol=1e-5)
+    # The last step lands on the x0 estimate with zero variance.
+    np.testing.assert_allclose(tr.var, 0.0, atol=0)
+    np.testing.assert_allclose(x, tr.x0, rtol=1e-6)
+
+
+def test_ddim_eta1_equals_ddpm_kernel_and_eta0_is_deterministic(lin):
+  k1, k2 = jax.random.split(jax.random.key(7))
+  xt = jax.random.normal(k1, (8, 3))
+  eps = jax.random.normal(k2, (8, 3))
+  a_t, a_s = lin.alpha_bar(500), lin.alpha_bar(450)
+  ddpm = samplers.ddpm_transition(xt, eps, a_t, a_s)
+  ddim1 = samplers.ddim_transition(xt, eps, a_t, a_s, eta=1.0)
+  # DDIM Eq. (16) with eta = 1 is beta-tilde, and Eq. (12)'s mean then equals the posterior mean (DDPM Eq. 7).
+  np.testing.assert_allclose(ddim1.var, ddpm.var, rtol=1e-5)
+  np.testing.assert_allclose(ddim1.mean, ddpm.mean, rtol=1e-4, atol=1e-5)
+  ddim0 = samplers.ddim_transition(xt, eps, a_t, a_s, eta=0.0)
+  assert float(ddim0.var) == 0.0
+  # Eq. (12) by hand: sqrt(abar_s) x0 + sqrt(1 - abar_s) eps with x0 = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t).
+  x0 = (xt - np.sqrt(1 - a_t) * eps) / np.sqrt(a_t)
+  np.testing.assert_allclose(ddim0.mean, np.sqrt(a_s) * x0 + np.sqrt(1 - a_s) * eps, rtol=1e-5, atol=1e-5)
+  # DDPM Eq. (11): mu = (x_t - beta / sqrt(1 - abar_t) eps) / sqrt(alpha) for consecutive steps.
+  one = samplers.ddpm_transition(xt, eps, lin.alpha_bar(500), lin.alpha_bar(499))
+  mu = (xt - lin.betas[500] / np.sqrt(1 - lin.alpha_bars[500]) * eps) / np.sqrt(lin.alphas[500])
+  np.testing.assert_allclose(one.mean, mu, rtol=1e-4, atol=1e-5)
+  beta = samplers.ddpm_transition(xt, eps, lin.alpha_bar(500), lin.alpha_bar(499), variance="beta")
+  np.testing.assert_allclose(beta.var, lin.betas[500], rtol=1e-3)
+  # Transition.log_prob is the Gaussian density.
+  x = ddpm.sample(jax.random.key(0))
+  np.testing.assert_allclose(ddpm.log_prob(x), multivariate_normal(np.zeros(3), float(ddpm.var) * np.eye(3))
+                             .logpdf(np.asarray(x - ddpm.mean)), rtol=1e-5)
+
+
+def test_clip_x0_keeps_estimates_consistent():
+  xt = jnp.array([[3.0, -0.2]])
+  tr = samplers.ddim_transition(xt, jnp.array([[-2.0, 0.1]]), 0.5, 0.9, clip_x0=1.0)
+  assert float(jnp.max(jnp.abs(tr.x0))) <= 1.0
+  np.testing.assert_allclose(process.eps_to_x0(xt, tr.eps, 0.5), tr.x0, rtol=1e-5)
+
+
+def test_classifier_free_guidance():
+  # den(x, t, c) = c * x: guided = u + w (c - u) with u = null.
+  den = lambda x, t, c: c[:, None] * x  # noqa: E731
+  x = jnp.ones((3, 2))
+  cond, null = jnp.array([1.0, 2.0, 3.0]), jnp.zeros((1,))
+  g = samplers.classifier_free_guidance(den, cond, null, 1.5)(x, jnp.zeros(3))
+  np.testing.assert_allclose(g, 1.5 * cond[:, None] * x, rtol=1e-6)
+  # guidance_scale = 1 reproduces the plain conditional sampler.
+  sched = schedules.linear_beta_schedule(50)
+  den2 = lambda x, t, c: 0.1 * x + c[:, None]  # noqa: E731
+  a = samplers.sample(den2, sched, (3, 2), jax.random.key(0), cond=cond)
+  b = samplers.sample(den2, sched, (3, 2), jax.random.key(0), cond=cond, null_cond=null, guidance_scale=1.0)
+  np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_samplers_are_shape_agnostic():
+  sched = schedules.linear_beta_schedule(20)
+  den = lambda x, t: 0.5 * x  # noqa: E731
+  for shape in ((4, 7), (2, 4, 4, 3)):
+    chex.assert_shape(samplers.sample(den, sched, shape, jax.random.key(0), method="ddim", num_steps=5), shape)
+
+
+def test_gmm_score_matches_autodiff_and_tweedie(ring, gmm8):
+  @jax.jit
+  def score_and_autodiff(g, x, abar):
+    return g.score(x, abar), jax.vmap(jax.grad(lambda xi, ai: g.log_prob(xi[None], ai)[0]))(x, abar)
+
+  for g in (ring, gmm8):
+    x = jax.random.normal(jax.random.key(0), (16, g.dim)) * 2
+    abar = jnp.linspace(0.05, 0.95, 16)  # a different noise level per example
+    score, auto = score_and_autodiff(g, x, abar)
+    np.testing.assert_allclose(score, auto, rtol=1e-4, atol=1e-4)
+    # Tweedie: E[x0 | x_t] = (x_t + (1 - abar) score) / sqrt(abar).
+    tweedie = (x + (1 - abar)[:, None] * score) / jnp.sqrt(abar)[:, None]
+    np.testing.assert_allclose(g.x0_mean(x, abar), tweedie, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g.eps(x, abar), -jnp.sqrt(1 - abar)[:, None] * score, rtol=1e-5, atol=1e-6)
+
+
+def test_gmm_posterior_single_component_is_gaussian_conditioning():
+  # K = 1: p(x0 | x_t) = N(m, S), S = (Sigma^-1 + abar / (1 - abar) I)^-1, m = S (Sigma^-1 mu + sqrt(abar) x_t / (1-abar)).
+  g = gmm_lib.make_gmm(jax.random.key(1), 3, 1, std=0.8)
+  x = jnp.array([[0.3, -1.0, 2.0]])
+  abar = 0.4
+  post = g.posterior_x0(x, abar)
+  sig_inv = np.linalg.inv(np.asarray(g.covs[0], np.float64))
+  s = np.linalg.inv(sig_inv + abar / (1 - abar) * np.eye(3))
+  m = s @ (sig_inv @ np.asarray(g.means[0]) + np.sqrt(abar) * np.asarray(x[0]) / (1 - abar))
+  np.testing.assert_allclose(post.covs[0, 0], s, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(post.means[0, 0], m, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(post.weights, [[1.0]], rtol=1e-6)
+
+
+def test_gmm_condition_linear_matches_bayes(gmm8):
+  a = jax.random.normal(jax.random.key(2), (3, 8))
+  y = jnp.array([0.5, -1.0, 2.0])
+  post = gmm8.condition_linear(a, y, 0.3)
+  a64, y64 = np.asarray(a, np.float64), np.asarray(y, np.float64)
+  logw = []
+  for k in range(gmm8.num_components):
+    cov, mu = np.asarray(gmm8.covs[k], np.float64), np.asarray(gmm8.means[k], np.float64)
+    logw.append(np.log(float(gmm8.weights[k])) + multivariate_normal(a64 @ mu, a64 @ cov @ a64.T + 0.09 * np.eye(3))
+                .logpdf(y64))
+    s = np.linalg.inv(np.linalg.inv(cov) + a64.T @ a64 / 0.09)
+    np.testing.assert_allclose(post.covs[k], s, rtol=1e-3, atol=1e-5)
+    np.testing.assert_allclose(post.means[k], s @ (np.linalg.solve(cov, mu) + a64.T @ y64 / 0.09), rtol=1e-3,
+                               atol=1e-4)
+  w = np.exp(np.array(logw) - np.max(logw))
+  np.testing.assert_allclose(post.weights, w / w.sum(), rtol=1e-3, atol=1e-6)
+
+
+def test_gmm_denoiser_predictions_agree(ring, lin):
+  x = jax.random.normal(jax.random.key(3), (10, 2)) * 2
+  t = jnp.arange(0, 1000, 100)
+  abar = lin.alpha_bar(t)
+  eps = gmm_lib.gmm_denoiser(ring, lin, "eps")(x, t)
+  x0 = gmm_lib.gmm_denoiser(ring, lin, "x0")(x, t)
+  np.testing.assert_allclose(x0, ring.x0_mean(x, abar), rtol=1e-3, atol=1e-4)
+  np.testing.assert_allclose(process.eps_to_x0(x, eps, abar), x0, rtol=1e-4, atol=1e-4)
+
+
+def test_sliced_wasserstein_of_a_shift():
+  # Shifting every point by c moves each 1-D projection by theta . c, so SW_2^2 = E (theta . c)^2 = |c|^2 / D.
+  x = jax.random.normal(jax.random.key(0), (512, 2))
+  c = jnp.array([0.3, -0.4])  # |c|^2 = 0.25, D = 2 -> SW_2 = sqrt(0.125) = 0.35355 (up to the P projections)
+  sw = metrics.sliced_wasserstein(x + c, x, jax.random.key(1), num_projections=4096)
+  np.testing.assert_allclose(sw, np.sqrt(0.125), rtol=3e-2)
+  assert float(metrics.sliced_wasserstein(x, x, jax.random.key(1))) == 0.0
+
+
+def test_sampler_errors(lin):
+  den = lambda x, t: x  # noqa: E731
+  with pytest.raises(ValueError, match="unknown sampler"):
+    samplers.sample(den, lin, (2, 2), jax.random.key(0), method="euler")
+  with pytest.raises(ValueError, match="null_cond"):
+    samplers.sample(lambda x, t, c: x, lin, (2, 2), jax.random.key(0), cond=jnp.zeros(2), guidance_scale=2.0)
+  with pytest.raises(ValueError, match="x_T has shape"):
+    samplers.sample(den, lin, (2, 2), jax.random.key(0), x_T=jnp.zeros((3, 2)))
+  with pytest.raises(ValueError, match="denoiser returned shape"):
+    samplers.sample(lambda x, t: x[:, :1], lin, (2, 2), jax.random.key(0), num_steps=2)
+  with pytest.raises(ValueError, match="variance"):
+    samplers.ddpm_transition(jnp.zeros((1, 2)), jnp.zeros((1, 2)), 0.5, 0.6, variance="learned")
+  with pytest.raises(ValueError, match=r"\[B, 2\]"):
+    gmm_lib.ring_gmm().score(jnp.zeros((3, 5)), 0.5)
+  with pytest.raises(ValueError, match="same shape"):
+    metrics.sliced_wasserstein(jnp.zeros((3, 2)), jnp.zeros((4, 2)), jax.random.key(0))
