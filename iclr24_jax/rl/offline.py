@@ -15,9 +15,9 @@ Kinds (brax / JAX envs with a continuous policy):
   random        uniform random actions.
   medium        a PPO policy stopped part-way (the training snapshot whose return is closest to
                 R_random + (R_expert - R_random) / 3, D4RL's "about a third of the expert").
-  medium-replay the training data up to that snapshot. Deviation: PPO keeps no replay buffer, so this is the
-                last rollout batch of every training chunk (a uniform subsample of everything the agent
-                collected) up to the medium snapshot.
+  medium-replay the training data up to that snapshot: PPO's rollouts of every update (every k-th update when
+                the whole run exceeds 200k env steps, a uniform subsample) up to the medium snapshot.
+                Deviation: D4RL's is a SAC replay buffer; PPO keeps none, so its on-policy rollouts are kept.
   expert        the final PPO policy (stochastic actions, as D4RL's expert data).
   medium-expert medium + expert concatenated (D4RL).
 Kinds (mazes): random, noisy (the waypoint controller with Gaussian action noise and a new random goal each
@@ -49,7 +49,7 @@ BRAX_KINDS = ("random", "medium", "medium-replay", "expert", "medium-expert")
 MAZE_KINDS = ("random", "noisy", "expert")
 REFERENCE_FILE = pathlib.Path(__file__).resolve().parent / "reference_returns.json"
 CACHE_ENV = "ICLR24_RL_CACHE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # Data-agent presets (iclr24_jax.rl.ppo.preset_config names) per environment.
 AGENT_PRESETS = {"brax/inverted_pendulum": "inverted_pendulum", "brax/hopper": "hopper"}
@@ -299,7 +299,8 @@ def _hash(obj: Any) -> str:
 
 
 def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike | None = None,
-                     num_chunks: int = 15, config: Any = None, progress: bool = True) -> dict[str, Any]:
+                     num_chunks: int = 15, config: Any = None, progress: bool = True,
+                     max_replay_rows: int = 200_000) -> dict[str, Any]:
   """Trains the PPO data agent of an environment in chunks, keeping a snapshot after each (cached).
 
   Args:
@@ -308,11 +309,12 @@ def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike 
     cache_dir: where `<env>-agent-<hash>.npz` is cached (default `default_cache_dir()`).
     num_chunks: snapshots (the run's updates are split evenly; the last chunk takes the remainder).
     config: a PPO config (default `ppo.preset_config(AGENT_PRESETS[env_name])`).
+    max_replay_rows: the replay keeps the rollout of every k-th update, k = ceil(all env steps / this).
 
   Returns:
     dict with 'agent' (ppo.PPO), 'params' (list of params per snapshot), 'obs_stats' (list), 'eval_returns'
-    [num_chunks] (deterministic-policy evaluation, 16 episodes), 'env_steps' [num_chunks], 'replay' (a data set
-    of the last rollout of each chunk, with a 'chunk' column), 'config' (dict).
+    [num_chunks] (deterministic-policy evaluation, 16 episodes), 'env_steps' [num_chunks], 'replay' (a data set of
+    the training rollouts, every k-th update's, with a 'chunk' column: the snapshot they precede), 'config' (dict).
   """
   from iclr24_jax.rl import ppo
   if config is None:
@@ -344,19 +346,25 @@ def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike 
   sizes[-1] += total - sum(sizes)
   if min(sizes) < 1:
     raise ValueError(f"train_data_agent: {total} updates cannot be split into {num_chunks} chunks.")
-  chunk_fns = {n: jax.jit(lambda r, n=n: _chunk_with_last(agent, r, n)) for n in set(sizes)}
+  batch = agent.num_envs * agent.rollout_steps
+  replay_every = max(1, math.ceil(total * batch / max_replay_rows))
+  chunk_fns = {n: jax.jit(lambda r, n=n: _chunk_with_trajectories(agent, r, n)) for n in set(sizes)}
   eval_fn = jax.jit(lambda p, s, k: agent.evaluate(p, s, k, num_envs=16, deterministic=True)["return"])
   runner = jax.jit(agent.init)(jax.random.key(seed))
   snaps, evals, steps, replays = [], [], [], []
   for c, n in enumerate(sizes):
-    runner, tr = chunk_fns[n](runner)
+    first_update = int(runner.update)
+    runner, trs = chunk_fns[n](runner)
+    trs = jax.device_get(trs)
     ts = runner.train_state
     evals.append(float(eval_fn(ts.params, ts.extra, jax.random.fold_in(jax.random.key(seed + 1), c))))
     steps.append(int(runner.update) * agent.num_envs * agent.rollout_steps)
     snaps.append(jax.device_get({"params": ts.params, "stats": ts.extra}))
-    part = _to_dataset(tr, agent.num_envs * agent.rollout_steps)
-    part["chunk"] = np.full(len(part["rewards"]), c, np.int32)
-    replays.append(part)
+    for i in range(n):  # every `replay_every`-th update's rollout joins the replay
+      if (first_update + i) % replay_every == 0:
+        part = _to_dataset(jax.tree.map(lambda x: x[i], trs), batch)
+        part["chunk"] = np.full(len(part["rewards"]), c, np.int32)
+        replays.append(part)
     if progress:
       print(f"[data agent {env_name}] chunk {c + 1}/{num_chunks}: {steps[-1]} env steps, eval return "
             f"{evals[-1]:.1f}", flush=True)
@@ -366,25 +374,21 @@ def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike 
     arrays.update({f"snap/{c}/{k}": v for k, v in _flatten(s).items()})
   arrays.update({f"replay/{k}": v for k, v in replay.items()})
   meta = {"env": env_name, "seed": seed, "num_chunks": num_chunks, "eval_returns": evals, "env_steps": steps,
-          "config": cfg_dict}
+          "config": cfg_dict, "replay_every": replay_every}
   save_npz(path, arrays, meta)
   return {"agent": agent, "params": [s["params"] for s in snaps], "obs_stats": [s["stats"] for s in snaps],
           "eval_returns": np.asarray(evals), "env_steps": np.asarray(steps), "replay": replay, "config": cfg_dict,
           "path": str(path)}
 
 
-def _chunk_with_last(agent, runner, n: int):
-  """n updates in one scan, carrying the last update's trajectory (one copy of the update in the program)."""
-  tr_shape = jax.eval_shape(lambda r: agent.update_with_trajectory(r)[2], runner)
-  tr0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tr_shape)
+def _chunk_with_trajectories(agent, runner, n: int):
+  """n updates in one scan, returning each update's rollout (Transition leaves [n, T, B, ...], no extras)."""
 
-  def body(carry, _):
-    r, _ = carry
+  def body(r, _):
     r, _, tr = agent.update_with_trajectory(r)
-    return (r, tr), None
+    return r, tr.replace(extras={})
 
-  (runner, tr), _ = jax.lax.scan(body, (runner, tr0), None, length=n)
-  return runner, tr
+  return jax.lax.scan(body, runner, None, length=n)
 
 
 def _policy(agent, params, stats, deterministic=False):
@@ -512,7 +516,7 @@ def get_dataset(env_name: str, kind: str, num_transitions: int = 100_000, seed: 
       ds = {k: np.concatenate([a[k], b[k]]) for k in a}
     else:  # medium-replay
       rep = run["replay"]
-      rows = np.nonzero(rep["chunk"] <= mid)[0][:num_transitions]
+      rows = np.nonzero(rep["chunk"] <= mid)[0][-num_transitions:]
       ds = {k: v[rows] for k, v in rep.items() if k != "chunk"}
       ds["timeouts"][-1] = not ds["terminals"][-1]
   validate_dataset(ds)

@@ -38,7 +38,8 @@ RewardFn = Callable[[rollout_lib.Transition], jax.Array]
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """PPO defaults (PureJaxRL's CartPole settings); configs/ppo.py builds on these."""
+  """PPO defaults (PureJaxRL's CartPole hyper-parameters, a quarter of its 5e5-step budget); configs/ppo.py
+  builds on these."""
   c = ml_collections.ConfigDict()
   c.seed = 0
   c.env = ml_collections.ConfigDict(dict(name="gymnax/CartPole-v1", kwargs=ml_collections.ConfigDict()))
@@ -58,7 +59,8 @@ def preset_config(name: str) -> ml_collections.ConfigDict:
   """Tested PPO settings per environment (used by configs/ppo.py and the offline data generator).
 
   Args:
-    name: 'cartpole' (PureJaxRL's CartPole-v1 settings, 5e5 env steps), 'inverted_pendulum' (brax, spring
+    name: 'cartpole' (PureJaxRL's CartPole-v1 hyper-parameters, 244 updates = 1.25e5 env steps; PureJaxRL
+      runs 5e5), 'inverted_pendulum' (brax, spring
       backend, ~3e5 env steps), 'hopper' (brax, spring backend; a CPU-sized budget), 'maze' (point maze, umaze).
 
   Returns:
