@@ -24,7 +24,7 @@ def tiny():
   """A tiny CLIP, its state and a fixed batch of 16 image-caption pairs (shared by the tests below)."""
   model = clip.create_clip(TINY, VOCAB)
   tx = clip.make_optimizer(OPT, 100)
-  state = clip.init_state(jax.random.key(0), model, (8, 8, 1), (6,), jnp.int32, tx)
+  state = jax.jit(lambda k: clip.init_state(k, model, (8, 8, 1), (6,), jnp.int32, tx))(jax.random.key(0))
   rng = np.random.default_rng(0)
   ids = np.zeros((16, 6), np.int32)
   ids[:, 0] = clip.WordTokenizer.SOT
@@ -97,13 +97,14 @@ def test_zero_shot_by_hand():
 
 def test_towers_shapes_and_errors(tiny):
   model, state, batch = tiny
-  img, txt, scale = model.apply({"params": state.params}, batch["image"], batch["text"])
+  img, txt, scale = jax.jit(model.apply)({"params": state.params}, batch["image"], batch["text"])
   chex.assert_shape([img, txt], (16, 8))
   chex.assert_type([img, txt], jnp.float32)
   np.testing.assert_allclose(np.linalg.norm(np.asarray(img), axis=1), 1.0, rtol=1e-5)
   vit = clip.ViT(num_classes=8, patch_size=4, width=16, depth=1, heads=2)
-  v_params = vit.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1)))
-  out, feats = vit.apply(v_params, jnp.zeros((3, 8, 8, 1)), return_features=True)
+  v_params = jax.jit(vit.init)(jax.random.key(0), jnp.zeros((2, 8, 8, 1)))
+  out, feats = jax.jit(vit.apply, static_argnames="return_features")(v_params, jnp.zeros((3, 8, 8, 1)),
+                                                                      return_features=True)
   chex.assert_shape(out, (3, 8))
   chex.assert_shape(feats, (3, 16))
   with pytest.raises(ValueError, match="patch_size"):
@@ -123,8 +124,8 @@ def test_text_tower_pools_at_last_token_and_ignores_trailing_pads(tiny):
   model, state, batch = tiny
   ids = batch["text"][:4]                                 # [4, 6], the last column is padding
   shorter = ids[:, :5]                                    # drops the trailing pad column
-  a = model.apply({"params": state.params}, ids, method=clip.CLIP.encode_text)
-  b = model.apply({"params": state.params}, shorter, method=clip.CLIP.encode_text)
+  enc = jax.jit(lambda p, t: model.apply({"params": p}, t, method=clip.CLIP.encode_text))
+  a, b = enc(state.params, ids), enc(state.params, shorter)
   np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
