@@ -130,7 +130,8 @@ class Env:
 
   `reset_mode`: 'fresh' draws a new initial state at every auto-reset (exact; the reset is computed every
   step and selected where done); 'cached' restarts each environment from its own first initial state, as
-  brax's AutoResetWrapper does (cheaper: brax's reset inside the step loop triples CPU compile time).
+  brax's AutoResetWrapper does (cheaper: no brax reset computed inside every step; measured on CPU for
+  inverted_pendulum ~1.2x the rollout speed and ~0.8x the compile time of 'fresh').
   """
 
   spec: EnvSpec
@@ -258,7 +259,7 @@ class BraxEnv(Env):
     backend: 'spring' | 'positional' | 'generalized' | 'mjx'; None picks BRAX_DEFAULT_BACKEND (fastest on CPU).
     max_episode_steps: time limit (brax's training default is 1000).
     reset_mode: 'cached' (default, brax's own auto-reset: each env restarts from its first initial state) or
-      'fresh' (a new random initial state per episode; ~3x the CPU compile time).
+      'fresh' (a new random initial state per episode; ~20% slower rollouts on CPU).
     **kwargs: passed to the brax environment constructor.
   """
 

@@ -134,6 +134,7 @@ def _plot_returns(rows: list[dict], path: str, title: str) -> str:
   if ev:
     ax.plot(*zip(*ev), "o-", label="eval (deterministic)")
   ax.set_xlabel("env steps")
+  ax.ticklabel_format(style="sci", axis="x", scilimits=(0, 0))
   ax.set_ylabel("episode return")
   ax.set_title(title)
   ax.legend(fontsize=7)
@@ -164,6 +165,7 @@ def _cartpole(workdir: str, fast: bool) -> dict:
     axes[0, 0].plot(steps[s], curves[s], label=f"seed {s}")
   axes[0, 0].axhline(CARTPOLE_THRESHOLD, color="k", ls="--", lw=0.8)
   axes[0, 0].set_xlabel("env steps")
+  axes[0, 0].ticklabel_format(style="sci", axis="x", scilimits=(0, 0))
   axes[0, 0].set_ylabel("train episode return")
   axes[0, 0].set_title("PPO on gymnax CartPole-v1")
   axes[0, 0].legend(fontsize=7)
@@ -196,6 +198,7 @@ def _brax_and_data(workdir: str, fast: bool) -> list[dict]:
   axes[0, 0].plot(run_["env_steps"], run_["eval_returns"], "o-", label="PPO (deterministic eval, 16 episodes)")
   axes[0, 0].axhline(rand, color="r", ls="--", lw=0.8, label="random policy")
   axes[0, 0].set_xlabel("env steps")
+  axes[0, 0].ticklabel_format(style="sci", axis="x", scilimits=(0, 0))
   axes[0, 0].set_ylabel("return")
   axes[0, 0].set_title("PPO on brax inverted_pendulum (spring)")
   axes[0, 0].legend(fontsize=7)
