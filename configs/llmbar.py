@@ -1,0 +1,61 @@
+"""LLMBar: meta-evaluating LLM evaluators on instruction following (Zeng et al., ICLR 2024).
+
+Paper: https://openreview.net/forum?id=tr0KidwPLc . Code/data: https://github.com/princeton-nlp/LLMBar
+Run:  python -m experiments.main --config=configs/llmbar.py:tiny --workdir=/tmp/llmbar_tiny
+      python -m experiments.main --config=configs/llmbar.py:rules_metrics_reference --workdir=runs/llmbar_rmr
+Variants (after the colon): '' (SmolLM2-135M-Instruct + Vanilla on all 419 instances, the official token
+budgets), 'tiny' (fake deterministic judge, 2 instances per subset), 'tiny_smollm2' (SmolLM2, 1 instance per
+subset, 5 new tokens), or any strategy name: 'vanilla', 'rules', 'rules_metrics', 'rules_reference',
+'rules_metrics_reference', 'cot', 'swap', 'swap_cot', 'rating', 'rating_norules', 'rating_metrics',
+'rating_reference', 'rating_metrics_reference'. Generations are cached in <workdir>/generations.jsonl, so a run
+resumes after an interruption.
+"""
+import ml_collections
+
+STRATEGIES = ("vanilla", "rules", "rules_metrics", "rules_reference", "rules_metrics_reference", "cot", "swap",
+              "swap_cot", "rating", "rating_norules", "rating_metrics", "rating_reference",
+              "rating_metrics_reference")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.paper = "llmbar"
+  c.seed = 0  # seeds the stratified subset (when data.per_subset > 0); decoding is greedy
+  c.strategy = "vanilla"
+  # The judge: 'smollm2' (SmolLM2-135M-Instruct via iclr24_jax.lm), 'fake' (hash-based), 'constant'.
+  c.model = ml_collections.ConfigDict(dict(
+      name="smollm2", batch_size=8, logit_bias=True, seed=0, answer="Output (a)",
+      widths=(128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)))
+  c.optimizer = None  # no training: an evaluator is a frozen LLM + a prompt
+  # Tokens per call kind; the official budgets (evaluators/config/*.json).
+  c.max_new_tokens = ml_collections.ConfigDict(dict(direct=50, cot=300, metrics=150, reference=384, rating=50))
+  c.num_steps = 0  # the budget is the data: every instance in both orders
+  c.data = ml_collections.ConfigDict(dict(name="llmbar", data_dir="", subsets=(), per_subset=0))
+  c.rating_ties = "zero"  # 'official' = the official script's half-credit quirk for ties/failures
+  c.rating_strict = True  # official int(text) parsing of scores
+  c.count_failures_as_agreement = False  # True = the official 'equal' (None == None counts)
+  c.use_cache = True
+  c.cache_dir = ""  # '' = the workdir
+  c.margins = False  # our a-vs-b log-odds diagnostic (SmolLM2, direct-answer strategies)
+  c.verbose = True
+  c.log_every = 64  # prompts per judge call = per cache write (a resumed run loses at most one chunk)
+  c.eval_every = 0
+  c.checkpoint_every = 64  # the cache is the checkpoint
+  c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
+  arg = arg or ""
+  if arg in STRATEGIES:
+    c.strategy = arg
+  elif arg == "tiny":
+    c.model.name = "fake"
+    c.data.per_subset = 2
+    c.max_new_tokens = ml_collections.ConfigDict(dict(direct=5, cot=16, metrics=8, reference=8, rating=3))
+    c.verbose = False
+    c.log_every = 8
+  elif arg == "tiny_smollm2":
+    c.data.per_subset = 1
+    c.max_new_tokens = ml_collections.ConfigDict(dict(direct=5, cot=16, metrics=8, reference=8, rating=3))
+    c.log_every = 16
+  elif arg:
+    raise ValueError(f"unknown variant '{arg}' for configs/llmbar.py; choose '', 'tiny', 'tiny_smollm2' or a "
+                     f"strategy: {', '.join(STRATEGIES)}.")
+  return c
