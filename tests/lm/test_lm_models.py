@@ -179,15 +179,19 @@ def test_generation_stop_and_logit_bias(params, greedy):
 
 def test_sampling_filters():
   logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
-  lp = gen_lib.process_logits(logits, 1.0, top_k=2)
+  filt = jax.jit(gen_lib.process_logits, static_argnames=("temperature", "top_k", "top_p"))
+  lp = filt(logits, 1.0, top_k=2)
   np.testing.assert_allclose(np.exp(np.asarray(lp))[0], [0.625, 0.375, 0, 0], rtol=1e-6, atol=1e-7)  # 0.5/0.8, 0.3/0.8
-  lp = gen_lib.process_logits(logits, 1.0, top_p=0.7)  # mass before each: 0, .5, .8 -> keep first two
+  lp = filt(logits, 1.0, top_p=0.7)  # mass before each: 0, .5, .8 -> keep first two
   np.testing.assert_allclose(np.exp(np.asarray(lp))[0], [0.625, 0.375, 0, 0], rtol=1e-6, atol=1e-7)
+  lp = filt(logits, 0.5)  # temperature 0.5 squares the probabilities: p^2 / sum p^2
+  p2 = np.asarray([0.25, 0.09, 0.0225, 0.0025])
+  np.testing.assert_allclose(np.exp(np.asarray(lp))[0], p2 / p2.sum(), rtol=1e-5)
   keys = jax.random.split(jax.random.key(0), 2000)
-  draws = jax.vmap(lambda k: gen_lib.sample_token(k, logits, 1.0)[0][0])(keys)
+  draws = jax.jit(jax.vmap(lambda k: gen_lib.sample_token(k, logits, 1.0)[0][0]))(keys)
   freq = np.bincount(np.asarray(draws), minlength=4) / 2000
   np.testing.assert_allclose(freq, [0.5, 0.3, 0.15, 0.05], atol=0.04)  # 4 sigma of a binomial at n=2000
-  tok, _ = gen_lib.sample_token(jax.random.key(1), logits, temperature=1.0, top_k=1)
+  tok, _ = jax.jit(lambda k: gen_lib.sample_token(k, logits, temperature=1.0, top_k=1))(jax.random.key(1))
   assert int(tok[0]) == 0
 
 

@@ -67,7 +67,7 @@ def test_lora_errors(params):
 def test_loss_of_uniform_model_is_log_vocab():
   """All-zero weights give zero logits, so every token costs log V: 64 tokens -> log 64 = 4.1589."""
   zero = jax.tree.map(jnp.zeros_like, llama.init_params(jax.random.key(0), CFG))
-  loss, metrics = train.causal_lm_loss(zero, CFG, _batch())
+  loss, metrics = jax.jit(train.causal_lm_loss, static_argnums=1)(zero, CFG, _batch())
   np.testing.assert_allclose(float(loss), math.log(64), atol=1e-4)
   # batch: 4 rows x 12 tokens, row 1 has 9 real tokens; the first token of each row is not predicted:
   # 11 + 8 + 11 + 11 = 41 target tokens
@@ -101,8 +101,9 @@ def test_loss_mask_selects_targets(params):
   batch["mask"][:] = True
   loss_mask = np.zeros((2, 8), bool)
   loss_mask[:, 5:] = True
-  loss, _ = train.causal_lm_loss(params, CFG, {**batch, "loss_mask": loss_mask})
-  logits = np.asarray(llama.forward(params, CFG, jnp.asarray(batch["ids"])), np.float64)
+  both = jax.jit(lambda p, b: (train.causal_lm_loss(p, CFG, b)[0], llama.forward(p, CFG, b["ids"])))
+  loss, logits = both(params, {**batch, "loss_mask": loss_mask})
+  logits = np.asarray(logits, np.float64)
   logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   want = -np.mean([logp[b, t - 1, batch["ids"][b, t]] for b in range(2) for t in range(5, 8)])
   np.testing.assert_allclose(float(loss), want, atol=1e-4)
