@@ -17,7 +17,6 @@ benchmark(quick)          top-k similarity throughput vs pool size on 1 and all 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import time
 from typing import Any
@@ -414,7 +413,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     rows.append({"paper": "clip_ood", "experiment": f"zero-shot {b} ({data_mod.PAPER_ANALOGUE.get(b, b)} analogue)",
                  "metric": "top-1 acc: " + " / ".join(conds),
                  "ours": " / ".join(f"{acc(c, b):.3f}" for c in conds),
-                 "paper_value": "pruning lowers some benchmarks (Sketch and R the most), overall stays high",
+                 "paper_value": "pruning lowers accuracy on some benchmarks; overall it stays high",
                  "holds": None, "notes": tag, "plots": plots[:1]})
   full, pruned, rand = acc("full"), acc("pruned"), acc("random")
   retention = _above_chance_retention(pruned, full)
