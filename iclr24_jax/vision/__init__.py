@@ -3,6 +3,7 @@
 The whole library uses Flax Linen: modules are stateless descriptions, parameters are plain pytrees,
 and `model.apply(params, x)` is a pure function that composes with jit, vmap, grad and sharding.
 """
+from iclr24_jax.vision import clip
 from iclr24_jax.vision.models import CNN, MLP, MNISTCNN, ResNet, create_model
 
-__all__ = ["MLP", "CNN", "MNISTCNN", "ResNet", "create_model"]
+__all__ = ["clip", "MLP", "CNN", "MNISTCNN", "ResNet", "create_model"]
