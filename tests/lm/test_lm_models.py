@@ -339,3 +339,29 @@ def test_int8_quantization_error_bounds(params):
   out = jax.jit(lambda p, i: llama.forward(p, CFG, i))(qp, _ids(2, 8))
   chex.assert_shape(out, (2, 8, CFG.vocab_size))
   chex.assert_tree_all_finite(out)
+
+
+def test_text_helpers_with_trained_tokenizer():
+  """score_continuations and Generator (batching, padding rows, bucketing) on a tiny model + trained BPE."""
+  from iclr24_jax.lm import corpus, tokenizer as tok_lib
+  tok = tok_lib.train_bpe(corpus.TRAIN_TEXTS, vocab_size=300)
+  cfg = llama.tiny_config(vocab_size=tok.vocab_size)
+  p = llama.init_params(jax.random.key(3), cfg)
+  prompts, conts = ["Bees visit", "The moon", "A river"], [" flowers", " orbits the earth", " begins"]
+  res = scoring.score_continuations(p, cfg, tok, prompts, conts, batch_size=2)
+  np.testing.assert_array_equal(res["num_tokens"], [len(tok.encode(c)) for c in conts])
+  np.testing.assert_allclose(res["mean_logprob"], res["sum_logprob"] / res["num_tokens"], rtol=1e-6)
+  assert np.all(res["sum_logprob"] < 0)
+  alone = scoring.score_continuations(p, cfg, tok, prompts[2:], conts[2:], batch_size=2)
+  np.testing.assert_allclose(alone["sum_logprob"], res["sum_logprob"][2:], rtol=1e-5, atol=1e-5)
+  ids, mask, tmask = scoring.encode_pairs(tok, prompts[:1], conts[:1])
+  assert tmask.sum() == len(tok.encode(conts[0])) and not tmask[0, :len(tok.encode(prompts[0]))].any()
+  gen = gen_lib.Generator(p, cfg, tok, chat=False, batch_size=2, stop_ids=())
+  texts = gen(prompts, max_new_tokens=5)
+  ids_out = gen.generate_ids(prompts, max_new_tokens=5)
+  assert len(texts) == 3 and all(len(x) == 5 for x in ids_out)
+  assert texts == [tok.decode(x) for x in ids_out]
+  assert gen(prompts[:1], max_new_tokens=5)[0] == texts[0]  # batch composition does not change a row
+  assert len(gen._compiled) == 1  # one program for all of these calls
+  with pytest.raises(TypeError, match="list of prompts"):
+    gen("one prompt")
