@@ -190,3 +190,21 @@ def test_running_stats_match_numpy_and_are_split_invariant():
   np.testing.assert_allclose(np.asarray(z).mean(0), 0.0, atol=1e-5)
   with pytest.raises(ValueError, match="trailing shape"):
     normalization.update(s_all, jnp.zeros((3, 4)))
+
+
+@pytest.mark.parametrize("squash,cls", [("tanh", distributions.TanhGaussian), ("clip", distributions.ClippedGaussian),
+                                        ("none", distributions.Gaussian)])
+def test_gaussian_actor_critic_shapes(squash, cls):
+  from iclr24_jax.rl import networks
+  model = networks.make_actor_critic(False, 3, {"squash": squash, "policy_hidden": (8,), "value_hidden": (8,)})
+  obs = jnp.ones((5, 4))
+  params = model.init(jax.random.key(0), obs)["params"]
+  assert set(params) == {"policy", "value"}
+  dist, value = model.apply({"params": params}, obs)
+  assert isinstance(dist, cls)
+  chex.assert_shape(dist.mean, (5, 3))
+  chex.assert_shape(value, (5,))
+  raw = dist.sample(jax.random.key(1))
+  act = dist.to_env(raw)
+  assert float(jnp.max(jnp.abs(act))) <= (1.0 if squash != "none" else float("inf"))
+  chex.assert_shape(dist.log_prob(raw), (5,))
