@@ -1,0 +1,91 @@
+"""GraphCare: personalised knowledge graphs + the BAT graph network (Jiang et al., ICLR 2024).
+
+Paper: https://openreview.net/forum?id=tVTN7Zs0ml   Code: https://github.com/pat-jj/GraphCare
+
+Run:  python -m experiments.main --config=configs/graphcare.py:tiny --workdir=runs/graphcare
+Variants (after the colon; combine with commas, e.g. 'mimic3_demo_los,gin'):
+  ''                      synthetic EHR over a random concept KG, the paper's model defaults (hidden 512, 3 layers)
+  'tiny'                  seconds-long smoke run
+  'repro'                 the settings of the small-scale reproduction (hidden 64, lr 3e-3, dropout 0.2)
+  'mimic3_demo'           MIMIC-III demo, mortality; 'mimic3_demo_<task>' with task in mortality, readmission,
+                          los, drugrec
+  'gin', 'gat', 'gru'     baselines: GIN / GAT on the same patient graphs, GRU over EHR codes only (no KG)
+  'no_alpha', 'no_beta', 'no_edge_attn'   the paper's ablations
+  'official_code'         the official code's attention (softmax over visits, its decay and padding)
+  'no_cluster'            no node/edge merging (delta = 0)
+"""
+import ml_collections
+
+MIMIC_TASKS = ("mortality", "readmission", "los", "drugrec")
+VARIANTS = ("", "tiny", "repro", "mimic3_demo", *(f"mimic3_demo_{t}" for t in MIMIC_TASKS), "gin", "gat", "gru",
+            "no_alpha", "no_beta", "no_edge_attn", "official_code", "no_cluster")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.paper = "graphcare"
+  c.seed = 0
+  c.data = ml_collections.ConfigDict(dict(
+      name="synthetic", data_dir="", task="mortality",
+      # synthetic generator (data.make_synthetic_ehr)
+      num_patients=2800, num_concepts=600, num_entities=100, num_relations=6, concept_degree=2, entity_degree=2,
+      num_risk=8, risk_edge_bias=0.5, protective_edge_bias=0.3, codes_per_visit=(1, 3),
+      max_visits=6,                           # synthetic: visits per patient; MIMIC: most recent visits kept
+      true_decay=0.3, embedding_dim=32,
+      split=(0.2857, 0.1429, 0.5714),        # synthetic: 800 train / 400 val / 1600 test patients
+      # KG construction
+      cluster_threshold=0.15,                 # delta of the official clustering
+      name_embedder="tfidf",                  # MIMIC: 'tfidf' or 'minilm' (iclr24_jax.lm) name embeddings
+      name_embedding_dim=64,                  # MIMIC: TF-IDF + SVD width of the name embeddings
+      min_drug_visits=5,                      # MIMIC drug recommendation: label drugs seen in >= this many samples
+      num_folds=0,                            # MIMIC: > 0 -> k-fold CV by patient (reproduction), 0 -> 0.8/0.1/0.1
+      split_seed=528,                         # the official split_by_patient seed
+  ))
+  c.model = ml_collections.ConfigDict(dict(
+      name="bat", hidden_dim=512, num_layers=3, dropout=0.5, gnn_dropout=0.5, decay_rate=0.01,
+      use_alpha=True, use_beta=True, use_edge_attn=True, eps=0.0, train_eps=False, patient_mode="joint",
+      ehr_readout="input", match_official_code=False))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3, schedule="constant",
+                                               weight_decay=1e-5, grad_clip=0.0))
+  c.batch_size = 64
+  c.num_shards = 8            # shards per batch (the mesh's data axis must divide it)
+  c.num_steps = 1000
+  c.log_every = 50
+  c.eval_every = 100
+  c.checkpoint_every = 500
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+
+  for v in [s.strip() for s in (arg or "").split(",") if s.strip()] or [""]:
+    if v not in VARIANTS:
+      raise ValueError(f"unknown variant '{v}' for configs/graphcare.py; choose from {list(VARIANTS)} "
+                       "(comma-separated to combine).")
+    if v == "tiny":
+      c.data.update(num_patients=240, num_concepts=60, num_entities=30, num_risk=4, split=(0.5, 0.25, 0.25))
+      c.model.update(hidden_dim=16, num_layers=2, dropout=0.1, gnn_dropout=0.1)
+      c.optimizer.learning_rate = 3e-3
+      c.batch_size, c.num_shards = 16, 8
+      c.num_steps, c.log_every, c.eval_every, c.checkpoint_every = 20, 5, 10, 10
+    elif v == "repro":
+      c.model.update(hidden_dim=64, dropout=0.2, gnn_dropout=0.2)
+      c.optimizer.learning_rate = 3e-3
+      c.batch_size, c.num_shards = 32, 1
+      c.num_steps, c.eval_every = 300, 50
+    elif v.startswith("mimic3_demo"):
+      c.data.name = "mimic3_demo"
+      c.data.task = v[len("mimic3_demo_"):] if v != "mimic3_demo" else "mortality"
+      c.data.max_visits = 5     # keep a patient's 5 most recent visits (one demo patient has 15 admissions)
+      c.batch_size, c.num_shards = 16, 8
+      c.num_steps, c.eval_every, c.log_every = 200, 50, 20
+    elif v in ("gin", "gat", "gru"):
+      c.model.name = v
+    elif v == "no_alpha":
+      c.model.use_alpha = False
+    elif v == "no_beta":
+      c.model.use_beta = False
+    elif v == "no_edge_attn":
+      c.model.use_edge_attn = False
+    elif v == "official_code":
+      c.model.match_official_code = True
+    elif v == "no_cluster":
+      c.data.cluster_threshold = 0.0
+  return c
