@@ -27,7 +27,7 @@ import dataclasses
 import re
 import time
 from fractions import Fraction
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 

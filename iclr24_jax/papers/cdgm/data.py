@@ -46,6 +46,8 @@ class Table:
     label: index of the label column.
     num_classes: classes of the label.
     constraints: the parsed constraints (variable y_i is column i).
+    integer_columns: columns stored as integers in the CSV files (the official evaluation casts synthetic rows to
+      the training dtypes, i.e. truncates these, before utility/detection).
   """
 
   name: str
@@ -57,6 +59,7 @@ class Table:
   label: int
   num_classes: int
   constraints: Constraints
+  integer_columns: tuple[int, ...] = ()
 
   @property
   def num_features(self) -> int:
@@ -98,26 +101,27 @@ def load_named_constraints(name: str, data_dir: str | os.PathLike | None = None)
   return load_constraints(constraints_path(name, data_dir))
 
 
-def _read_csv(path: pathlib.Path) -> tuple[list[str], np.ndarray]:
+def _read_csv(path: pathlib.Path) -> tuple[list[str], np.ndarray, tuple[int, ...]]:
   import pandas as pd
   df = pd.read_csv(path)
-  return list(df.columns), df.to_numpy(np.float64)
+  ints = tuple(i for i, dt in enumerate(df.dtypes) if dt.kind in "iu")
+  return list(df.columns), df.to_numpy(np.float64), ints
 
 
 def load_heloc(data_dir: str | os.PathLike | None = None) -> Table:
   """HELOC: 7,530 / 837 / 2,092 rows, 23 features + binary `is_at_risk` (column 23)."""
   d = cdgm_data_dir(data_dir) / "heloc"
-  cols, train = _read_csv(d / "train_data.csv")
-  _, val = _read_csv(d / "val_data.csv")
-  _, test = _read_csv(d / "test_data.csv")
+  cols, train, ints = _read_csv(d / "train_data.csv")
+  _, val, _ = _read_csv(d / "val_data.csv")
+  _, test, _ = _read_csv(d / "test_data.csv")
   return Table("heloc", tuple(cols), train, val, test, discrete=(23,), label=23, num_classes=2,
-               constraints=load_constraints(d / "heloc_constraints.txt"))
+               constraints=load_constraints(d / "heloc_constraints.txt"), integer_columns=ints)
 
 
 def load_faults(data_dir: str | os.PathLike | None = None, seed: int = 0) -> Table:
   """Steel-plate faults: 27 features + `faults` (7 classes, column 27), 70/15/15 split of the 1,941 rows."""
   d = cdgm_data_dir(data_dir) / "faults"
-  cols, raw = _read_csv(d / "test_data.csv")
+  cols, raw, ints = _read_csv(d / "test_data.csv")
   if raw.shape[1] != 34:
     raise ValueError(f"{d / 'test_data.csv'} should have 27 features + 7 one-hot fault columns, got {raw.shape[1]}.")
   onehot = raw[:, 27:]
@@ -128,7 +132,8 @@ def load_faults(data_dir: str | os.PathLike | None = None, seed: int = 0) -> Tab
   n_tr, n_va = int(0.7 * len(data)), int(0.15 * len(data))
   tr, va, te = perm[:n_tr], perm[n_tr:n_tr + n_va], perm[n_tr + n_va:]
   return Table("faults", tuple(cols[:27]) + ("faults",), data[tr], data[va], data[te], discrete=(27,), label=27,
-               num_classes=7, constraints=load_constraints(d / "faults_constraints.txt"))
+               num_classes=7, constraints=load_constraints(d / "faults_constraints.txt"),
+               integer_columns=tuple(i for i in ints if i < 27) + (27,))
 
 
 def generated_rows(n: int, seed: int = 0) -> np.ndarray:

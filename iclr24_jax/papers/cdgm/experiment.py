@@ -106,10 +106,28 @@ def _ordered(constraints: Constraints, how: str, seed: int, real=None, synthetic
   raise ValueError(f"unknown constraints.ordering '{how}'; choose 'given', 'random' or 'corr'.")
 
 
-def evaluate_rows(table: data_lib.Table, rows: np.ndarray, seed: int) -> dict:
-  """Violation rate, utility F1 and detection F1/accuracy of synthetic rows."""
-  util = evaluation.utility(rows, table.test, table.label, table.num_classes, seed)
-  det = evaluation.detection(table.train, rows, seed)
+def evaluate_rows(table: data_lib.Table, rows: np.ndarray, seed: int, integer_cast: str = "round") -> dict:
+  """Violation rate (on the raw rows), utility F1 and detection F1/accuracy (on rows cast to the training dtypes).
+
+  Args:
+    table: the table (test rows, label, integer columns, constraints).
+    rows: [N, D] synthetic rows.
+    seed: classifier seed.
+    integer_cast: how integer columns are cast before utility/detection: 'round' (default), 'trunc' (the official
+      `prepare_gen_data`, whose `astype(X_train.dtypes)` truncates toward zero, e.g. 0.99 -> 0 for a 0/1 column)
+      or 'none'.
+
+  Returns:
+    dict with violation_rate, utility_f1, detection_f1, detection_accuracy and the per-classifier details.
+  """
+  if integer_cast not in ("round", "trunc", "none"):
+    raise ValueError(f"integer_cast must be 'round', 'trunc' or 'none', got '{integer_cast}'.")
+  cast = np.array(rows, np.float64, copy=True)
+  if table.integer_columns and integer_cast != "none":
+    cols = list(table.integer_columns)
+    cast[:, cols] = (np.round if integer_cast == "round" else np.trunc)(cast[:, cols])
+  util = evaluation.utility(cast, table.test, table.label, table.num_classes, seed)
+  det = evaluation.detection(table.train, cast, seed)
   return {"violation_rate": float(violation_rate(rows, table.constraints)), "utility_f1": util["f1"],
           "detection_f1": det["f1"], "detection_accuracy": det["accuracy"], "utility": util, "detection": det}
 
@@ -179,7 +197,8 @@ def run(config: Any, workdir: str) -> dict:
   ckpt.close()
   n = int(config.num_samples)
   raw = sample_rows(model, res.state, data, key_sample, n, apply_layer=False)
-  final = sample_rows(model, res.state, data, key_sample, n, apply_layer=version != "unconstrained")
+  # model.sample(apply_layer=True) == layer(model.sample(apply_layer=False)) for the same key.
+  final = raw if version == "unconstrained" else np.asarray(jax.jit(layer)(jnp.asarray(raw, jnp.float32)), np.float64)
   ev = evaluate_rows(table, final, seed)
   results = {"data": table.name, "model": config.model.name, "version": version, "num_steps": int(config.num_steps),
              "ordering": config.constraints.ordering, "num_samples": n,
