@@ -259,17 +259,19 @@ def benchmark(quick: bool = True) -> list[dict]:
                                 notes=f"tokens/s; llama.cpp prompt ~{NOTES['llamacpp_prompt_tok_s']:.0f} (notes)"))
     del p, batch
   prompt = 32
-  settings = [(1, 32, True), (1, 128, True), (8, 32, True), (1, 16, False), (1, 32, False)]
+  quantized = llama.quantize_params(fused)
+  settings = [(1, 32, True, False), (1, 128, True, False), (8, 32, True, False), (1, 16, False, False),
+              (1, 32, False, False), (1, 128, True, True)]
   if not quick:
-    settings += [(1, 512, True), (8, 128, True), (1, 64, False)]
-  for b, n, cache in settings:
+    settings += [(1, 512, True, False), (8, 128, True, False), (1, 64, False, False), (8, 128, True, True)]
+  for b, n, cache, int8 in settings:
     ids = np.full((b, prompt), 100, np.int32)
     mask = np.ones((b, prompt), bool)
     fn = jax.jit(lambda p, i, m, k, n=n, cache=cache: generation.generate(p, cfg, i, m, k, max_new_tokens=n,
                                                                           use_cache=cache))
-    r = bench.time_fn(fn, fused, ids, mask, jax.random.key(0), repeats=repeats, warmup=0, items=b * n,
-                      name=f"lm/smollm2_greedy_{'cache' if cache else 'nocache'}", size=f"prompt {prompt} + {n} new",
-                      batch=b, mesh_devices=1,
+    name = f"lm/smollm2_greedy_{'cache' if cache else 'nocache'}{'_int8' if int8 else ''}"
+    r = bench.time_fn(fn, quantized if int8 else fused, ids, mask, jax.random.key(0), repeats=repeats, warmup=0,
+                      items=b * n, name=name, size=f"prompt {prompt} + {n} new", batch=b, mesh_devices=1,
                       notes=f"tokens/s incl. prefill; llama.cpp ~{NOTES['llamacpp_decode_tok_s']:.0f} tok/s at batch 1 "
                             "(notes)")
     rows.append(r)
