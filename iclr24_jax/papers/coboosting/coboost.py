@@ -1,0 +1,563 @@
+"""Co-Boosting as pure functions: hard-sample synthesis, ensemble re-weighting, adversarial distillation.
+
+One server epoch of the official `datafree_kd.py --method co_boosting` (checked line by line):
+  1. synthesis (`COBOOSTSynthesizer.synthesize`): re-initialise the generator, draw z ~ N(0, I) [B, nz] and
+     uniform targets y [B]; optimise (generator params, z) with Adam(lr_g, betas 0.5/0.999) for g_steps on
+     L = oh * L_H + adv * L_A (hardness-weighted ensemble CE + adversarial KL at T = 3); the generator's
+     gradient is clipped to norm 10 (z's is not); the batch with the lowest loss seen is kept.
+  2. ensemble re-weighting (epochs > 0, before the new batch joins the pool): one pass over the pool in
+     shuffled minibatches, w <- clip(w - mu * 0.99^epoch * sign(dCE(f_ens(x; w), y)/dw), 0, 1).
+  3. the batch joins the pool (which only grows).
+  4. distillation (`cb_kd_train`): one pass over the pool; each minibatch is moved one signed-gradient step
+     of size eps = 8/255 along a random direction of the ensemble's softmax(logits / 4) (output-diversified
+     sampling, ODS: the direction is random, not the one that increases the server/ensemble KL), then the
+     server follows SGD(momentum 0.9, weight decay 1e-4, gradient clipped to norm 10) on
+     KL(ensemble || server) at T = 4, with a per-epoch cosine learning rate.
+
+DENSE-like baseline (the official `--method dense`): the same loop with plain CE (h = 0), the adversarial KL
+masked to samples where server and ensemble disagree, fixed uniform weights and no ODS perturbation.
+
+The BN-statistics regulariser of the official code (`--bn`, DeepInversion hooks) defaults to 0 and its hooks
+are removed when it is 0; it is not implemented here (the foundation's client CNNs/MLPs have no BN layers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from iclr24_jax.common import sharding
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.papers.coboosting import losses
+from iclr24_jax.papers.coboosting.model import ClientSet, Generator, generate, init_generator
+from iclr24_jax.vision.classify import apply_model
+
+Teacher = dict  # {'clients': client params (stacked tree or tuple), 'weights': [C]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """Static description of a Co-Boosting (or DENSE-like) server training; hashable, used as a jit key.
+
+  Attributes (official defaults in brackets):
+    clients: the client models (never trained here).
+    server: the server classifier.
+    generator: the synthetic-data generator.
+    num_classes: K.
+    nz: latent size [256].
+    hardness: h of L_H [1]; 0 = plain CE (DENSE).
+    oh_weight: weight of L_H [1].
+    adv_weight: weight of L_A [1].
+    adv_temperature: T of L_A [3].
+    adv_mask: DENSE's disagreement mask on L_A [False for Co-Boosting, True for DENSE].
+    lr_g: generator/latent Adam learning rate [1e-3]; betas (0.5, 0.999).
+    gen_grad_clip: max norm of the generator gradient [10].
+    weighted: re-weight the ensemble [True; False = fixed uniform weights].
+    mu: ensemble-weight step size [0.01], decayed by mu_decay ** epoch [0.99].
+    ods: perturb pool samples before distillation [True].
+    ods_eps: the perturbation size [8/255].
+    ods_temperature: temperature of the ODS softmax [4].
+    kd_temperature: T of the distillation KL [4].
+    kd_momentum: server SGD momentum [0.9].
+    kd_weight_decay: server weight decay [1e-4].
+    kd_grad_clip: max norm of the server gradient [10].
+  """
+
+  clients: ClientSet
+  server: nn.Module
+  generator: Generator
+  num_classes: int = 10
+  nz: int = 256
+  hardness: float = 1.0
+  oh_weight: float = 1.0
+  adv_weight: float = 1.0
+  adv_temperature: float = 3.0
+  adv_mask: bool = False
+  lr_g: float = 1e-3
+  gen_grad_clip: float = 10.0
+  weighted: bool = True
+  mu: float = 0.01
+  mu_decay: float = 0.99
+  ods: bool = True
+  ods_eps: float = 8.0 / 255.0
+  ods_temperature: float = 4.0
+  kd_temperature: float = 4.0
+  kd_momentum: float = 0.9
+  kd_weight_decay: float = 1e-4
+  kd_grad_clip: float = 10.0
+
+  def gen_tx(self) -> optax.GradientTransformation:
+    return optax.adam(self.lr_g, b1=0.5, b2=0.999)
+
+  def server_tx(self) -> optax.GradientTransformation:
+    """torch SGD(momentum, weight_decay) after grad-norm clipping; the learning rate is applied in the step.
+
+    The same object is returned for equal settings (it is static data of the TrainState, so a fresh object
+    would force a recompilation of every step).
+    """
+    return _server_tx(self.kd_grad_clip, self.kd_weight_decay, self.kd_momentum)
+
+
+@functools.lru_cache(maxsize=None)
+def _server_tx(grad_clip: float, weight_decay: float, momentum: float) -> optax.GradientTransformation:
+  parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
+  if weight_decay:
+    parts.append(optax.add_decayed_weights(weight_decay))  # torch SGD adds wd * param to the gradient
+  parts.append(optax.trace(decay=momentum) if momentum else optax.identity())  # torch momentum buffer
+  return optax.chain(*parts)
+
+
+def dense_like(method: Method) -> Method:
+  """The DENSE-like baseline of the same run: plain CE, masked L_A, fixed uniform weights, no ODS."""
+  return dataclasses.replace(method, hardness=0.0, adv_mask=True, weighted=False, ods=False)
+
+
+# ----------------------------------------------------------------------------------------------- forward
+
+
+def teacher_logits(method: Method, teacher: Teacher, x: jax.Array) -> jax.Array:
+  """The weighted ensemble's logits [B, K] for inputs x [B, ...]."""
+  return losses.ensemble_logits(method.clients.logits(teacher["clients"], x), teacher["weights"])
+
+
+def server_logits(method: Method, params: Any, extra: Any, x: jax.Array) -> jax.Array:
+  """The server's logits [B, K] in eval mode."""
+  out, _ = apply_model(method.server, params, extra, x, train=False)
+  return out
+
+
+# ------------------------------------------------------------------------------------ ensemble weighting
+
+
+def update_weights(weights: jax.Array, client_logits: jax.Array, labels: jax.Array, step_size: jax.Array | float
+                   ) -> tuple[jax.Array, jax.Array]:
+  """One signed-gradient step on the ensemble weights, clipped to [0, 1] (official `wa_steps` loop).
+
+  w <- clip(w - step * sign(d CE(f_ens(x; w), y) / dw), 0, 1). The weights are not renormalised: the ensemble
+  divides by their sum. (The official code also clamps w - w_start to [-1, 1], which is a no-op for weights
+  in [0, 1] and step <= 1.)
+
+  Args:
+    weights: current weights [C].
+    client_logits: per-client logits [C, B, K] of a pool minibatch.
+    labels: the pool's synthesis targets [B].
+    step_size: mu * mu_decay ** epoch.
+
+  Returns:
+    (new weights [C], the ensemble CE before the step).
+  """
+  def ce(w):
+    return jnp.mean(losses.cross_entropy(losses.ensemble_logits(client_logits, w), labels))
+  loss, grad = jax.value_and_grad(ce)(weights)
+  return jnp.clip(weights - step_size * jnp.sign(grad), 0.0, 1.0), loss
+
+
+def weight_step(method: Method, teacher: Teacher, batch: dict, step_size: jax.Array) -> tuple[Teacher, dict]:
+  """`update_weights` on one pool minibatch {'x': [B, ...], 'y': [B]}; client params pass through unchanged."""
+  cl = method.clients.logits(teacher["clients"], batch["x"])
+  w, loss = update_weights(teacher["weights"], cl, batch["y"], step_size)
+  return {"clients": teacher["clients"], "weights": w}, {"ensemble_ce": loss}
+
+
+# ------------------------------------------------------------------------------------------ synthesis
+
+
+@flax.struct.dataclass
+class SynthState:
+  """One epoch's synthesis: generator, latents and targets, Adam state, and the best batch so far.
+
+  Attributes:
+    params, batch_stats: generator variables (batch_stats are unused: BN runs on batch statistics).
+    z: latents [B, nz] (optimised together with the generator).
+    targets: target classes [B].
+    opt_state: Adam state of (params, z).
+    step: iterations done.
+    best_loss: lowest loss seen.
+    best_x: the generated batch [B, S, S, C] at that loss.
+  """
+
+  params: Any
+  batch_stats: Any
+  z: jax.Array
+  targets: jax.Array
+  opt_state: Any
+  step: jax.Array
+  best_loss: jax.Array
+  best_x: jax.Array
+
+
+def init_synthesis(method: Method, key: jax.Array, batch_size: int, image_shape: tuple[int, ...]) -> SynthState:
+  """A freshly initialised generator (official `reset_model`), z ~ N(0, I) and uniform targets.
+
+  Args:
+    method: the run's Method.
+    key: this epoch's key.
+    batch_size: B (official synthesis_batch_size = 128).
+    image_shape: (S, S, C) of the real data.
+  """
+  k_gen, k_z, k_y = jax.random.split(key, 3)
+  variables = init_generator(method.generator, k_gen, method.nz)
+  z = jax.random.normal(k_z, (batch_size, method.nz), jnp.float32)
+  # The official Co-Boosting synthesizer leaves the random targets unsorted (DENSE sorts them; no effect).
+  targets = jax.random.randint(k_y, (batch_size,), 0, method.num_classes)
+  params = variables["params"]
+  return SynthState(params=params, batch_stats=variables.get("batch_stats", {}), z=z, targets=targets,
+                    opt_state=method.gen_tx().init((params, z)), step=jnp.zeros((), jnp.int32),
+                    best_loss=jnp.asarray(jnp.inf, jnp.float32),
+                    best_x=jnp.zeros((batch_size,) + tuple(image_shape), jnp.float32))
+
+
+def knobs(method: Method) -> dict:
+  """The method's numeric switches as arrays: {'hardness', 'adv_mask', 'ods_eps'}.
+
+  Passing them to the steps as arguments (instead of reading them from the static Method) lets Co-Boosting
+  and the DENSE-like baseline share one compiled program (`Compiled` does this).
+  """
+  return {"hardness": jnp.asarray(method.hardness, jnp.float32),
+          "adv_mask": jnp.asarray(1.0 if method.adv_mask else 0.0, jnp.float32),
+          "ods_eps": jnp.asarray(method.ods_eps if method.ods else 0.0, jnp.float32)}
+
+
+def generator_loss(method: Method, gen_params: Any, batch_stats: Any, z: jax.Array, targets: jax.Array,
+                   teacher: Teacher, server_params: Any, server_extra: Any = None, knob: dict | None = None):
+  """L = oh * L_H(f_ens(G(z)), y) + adv * L_A(f_S(G(z)), f_ens(G(z))) -> (loss, (images, metrics)).
+
+  Args:
+    method: the run's Method.
+    gen_params, batch_stats: generator variables.
+    z: latents [B, nz].
+    targets: [B].
+    teacher: {'clients', 'weights'} (held fixed: only the generator and z receive gradients).
+    server_params, server_extra: the server (fixed).
+    knob: optional runtime {'hardness', 'adv_mask'} overriding the Method's (see `knobs`).
+  """
+  x = generate(method.generator, {"params": gen_params, "batch_stats": batch_stats}, z)
+  t = teacher_logits(method, teacher, x)
+  s = server_logits(method, server_params, server_extra, x)
+  if knob is None:
+    l_h = losses.hard_sample_loss(t, targets, method.hardness)
+    mask = losses.disagreement_mask(s, t) if method.adv_mask else None
+  else:
+    l_h = losses.hard_sample_loss(t, targets, knob["hardness"])
+    mask = knob["adv_mask"] * losses.disagreement_mask(s, t) + (1.0 - knob["adv_mask"])
+  l_a = losses.adversarial_loss(s, t, method.adv_temperature, mask)
+  loss = method.oh_weight * l_h + method.adv_weight * l_a
+  metrics = {"gen_loss": loss, "hard_ce": l_h, "adv_kl": -l_a,
+             "ensemble_acc_on_targets": jnp.mean((jnp.argmax(t, -1) == targets).astype(jnp.float32))}
+  return loss, (x, metrics)
+
+
+def _clip_tree(tree: Any, max_norm: float) -> Any:
+  if not max_norm:
+    return tree
+  norm = optax.global_norm(tree)
+  scale = jnp.minimum(1.0, max_norm / (norm + 1e-6))  # torch clip_grad_norm_ uses max_norm / (norm + 1e-6)
+  return jax.tree.map(lambda g: g * scale, tree)
+
+
+def synthesis_step(method: Method, state: SynthState, teacher: Teacher, server_params: Any,
+                   server_extra: Any = None, knob: dict | None = None) -> tuple[SynthState, dict]:
+  """One Adam step of (generator, z) on `generator_loss`; keeps the lowest-loss batch (pre-step images).
+
+  Args:
+    method: the run's Method.
+    state: SynthState.
+    teacher: {'clients', 'weights'}.
+    server_params, server_extra: the server.
+    knob: optional runtime switches (see `knobs`).
+
+  Returns:
+    (new state, metrics {'gen_loss', 'hard_ce', 'adv_kl', 'ensemble_acc_on_targets'}).
+  """
+  grad_fn = jax.value_and_grad(generator_loss, argnums=(1, 3), has_aux=True)
+  (loss, (x, metrics)), (g_params, g_z) = grad_fn(method, state.params, state.batch_stats, state.z, state.targets,
+                                                  teacher, server_params, server_extra, knob)
+  g_params = _clip_tree(g_params, method.gen_grad_clip)  # official: clip_grad_norm_(generator.parameters(), 10)
+  tx = method.gen_tx()
+  updates, opt_state = tx.update((g_params, g_z), state.opt_state, (state.params, state.z))
+  params, z = optax.apply_updates((state.params, state.z), updates)
+  better = loss < state.best_loss
+  new = state.replace(params=params, z=z, opt_state=opt_state, step=state.step + 1,
+                      best_loss=jnp.where(better, loss, state.best_loss),
+                      best_x=jnp.where(better, jax.lax.stop_gradient(x), state.best_x))
+  return new, metrics
+
+
+def hard_sample_synthesis(method: Method, key: jax.Array, teacher: Teacher, server_params: Any, server_extra: Any,
+                          batch_size: int, image_shape: tuple[int, ...], g_steps: int
+                          ) -> tuple[SynthState, dict]:
+  """A whole synthesis phase as one `lax.fori_loop` (for accelerators and nesting in user code).
+
+  On CPU prefer calling a jitted `synthesis_step` from Python (what `fit` does): XLA:CPU runs convolution
+  backward passes far slower inside loop bodies.
+  """
+  state = init_synthesis(method, key, batch_size, image_shape)
+
+  def body(_, carry):
+    s, _m = carry
+    return synthesis_step(method, s, teacher, server_params, server_extra)
+
+  zeros = {k: jnp.zeros((), jnp.float32) for k in ("gen_loss", "hard_ce", "adv_kl", "ensemble_acc_on_targets")}
+  return jax.lax.fori_loop(0, g_steps, body, (state, zeros))
+
+
+# --------------------------------------------------------------------------------------- distillation
+
+
+def ods_perturb(logits_fn: Callable[[jax.Array], jax.Array], x: jax.Array, key: jax.Array, eps: float,
+                temperature: float = 4.0) -> jax.Array:
+  """Output-diversified sampling step (official `cb_kd_train`): x + eps * sign(grad_x <r, softmax(f(x)/T)>).
+
+  r ~ U(-1, 1)^[B, K] is a random direction in the teacher's output space, so the step spreads the pool
+  samples around the ensemble's decision regions; it does not maximise the server/ensemble KL. No clipping
+  to the image range (as in the official code).
+
+  Args:
+    logits_fn: x [B, ...] -> teacher logits [B, K].
+    x: inputs [B, ...].
+    key: randomness of r.
+    eps: step size (official 8/255).
+    temperature: softmax temperature (official 4).
+
+  Returns:
+    Perturbed inputs [B, ...] (no gradient flows through them).
+  """
+  k = logits_fn(x).shape[-1]
+  r = jax.random.uniform(key, (x.shape[0], k), minval=-1.0, maxval=1.0)
+  g = jax.grad(lambda v: jnp.sum(r * jax.nn.softmax(logits_fn(v) / temperature, axis=-1)))(x)
+  return jax.lax.stop_gradient(x + eps * jnp.sign(g))
+
+
+def init_server(method: Method, key: jax.Array, input_shape: tuple[int, ...]) -> TrainState:
+  """The server's TrainState (fresh init; tx = clip -> weight decay -> momentum, lr applied per step)."""
+  variables = method.server.init({"params": key}, jnp.zeros((1,) + tuple(input_shape), jnp.float32), train=False)
+  extra = {"batch_stats": variables["batch_stats"]} if "batch_stats" in variables else {}
+  return TrainState.create(variables["params"], method.server_tx(), extra=extra)
+
+
+def distill_step(method: Method, state: TrainState, teacher: Teacher, batch: dict, key: jax.Array,
+                 learning_rate: jax.Array | float, knob: dict | None = None) -> tuple[TrainState, dict]:
+  """One server update on a pool minibatch: ODS perturbation (if on) then KD at T = kd_temperature.
+
+  Args:
+    method: the run's Method.
+    state: server TrainState (tx from `Method.server_tx`).
+    teacher: {'clients', 'weights'} (not updated).
+    batch: {'x': [B, ...]} (labels, if present, are not used by the loss).
+    key: the run's distillation key (folded with state.step here).
+    learning_rate: this epoch's learning rate.
+    knob: optional runtime {'ods_eps'} (0 = no perturbation) overriding the Method's (see `knobs`).
+
+  Returns:
+    (new state, metrics {'kd_loss', 'agreement'}).
+  """
+  key = jax.random.fold_in(key, state.step)
+  x = batch["x"]
+  if knob is not None or method.ods:
+    eps = knob["ods_eps"] if knob is not None else method.ods_eps
+    x = ods_perturb(functools.partial(teacher_logits, method, teacher), x, key, eps, method.ods_temperature)
+  t = jax.lax.stop_gradient(teacher_logits(method, teacher, x))
+
+  def loss_fn(params):
+    s, new_extra = apply_model(method.server, params, state.extra, x, train=True, key=key)
+    return losses.kd_loss(s, t, method.kd_temperature), (s, new_extra)
+
+  (loss, (s, new_extra)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  updates = jax.tree.map(lambda u: -learning_rate * u, updates)
+  new = state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state,
+                      extra=new_extra)
+  agree = jnp.mean((jnp.argmax(s, -1) == jnp.argmax(t, -1)).astype(jnp.float32))
+  return new, {"kd_loss": loss, "agreement": agree}
+
+
+def cosine_lr(base_lr: float, epoch: int, epochs: int) -> float:
+  """torch CosineAnnealingLR(T_max=epochs), stepped once per epoch."""
+  return 0.5 * base_lr * (1.0 + math.cos(math.pi * epoch / max(epochs, 1)))
+
+
+# ---------------------------------------------------------------------------------------------- driver
+
+
+@dataclasses.dataclass
+class FitResult:
+  server: TrainState
+  weights: np.ndarray          # final ensemble weights [C]
+  pool_x: np.ndarray           # synthetic pool [epochs * B, S, S, C]
+  pool_y: np.ndarray           # its targets [epochs * B]
+  history: list[dict]          # one row per epoch
+  weight_history: np.ndarray   # [epochs, C]
+  seconds: float
+
+
+def canonical(method: Method) -> Method:
+  """`method` with its runtime switches (hardness, adv_mask, ods, weighted) reset: the compilation key."""
+  return dataclasses.replace(method, hardness=1.0, adv_mask=False, ods=True, ods_eps=0.0, weighted=True)
+
+
+class Compiled:
+  """The jitted steps of one (canonical) Method on one mesh (params replicated, batches sharded over 'data').
+
+  The steps take the runtime switches (`knobs`) as arguments, so Co-Boosting and the DENSE-like baseline
+  share these programs. Kept in a cache keyed by (canonical method, mesh, batch_size, image_shape), so seeds,
+  Dirichlet alphas and baselines reuse compilations.
+  """
+
+  def __init__(self, method: Method, mesh, batch_size: int, image_shape: tuple[int, ...]):
+    method = canonical(method)
+    self.method, self.mesh = method, mesh
+    rep = sharding.replicated_sharding(mesh)
+    dat = sharding.data_sharding(mesh)
+    self.rep, self.dat = rep, dat
+    synth_sh = SynthState(params=rep, batch_stats=rep, z=dat, targets=dat, opt_state=rep, step=rep, best_loss=rep,
+                          best_x=dat)
+    self.init_synth = jax.jit(functools.partial(init_synthesis, method, batch_size=batch_size,
+                                                image_shape=tuple(image_shape)), out_shardings=synth_sh)
+    self.synth_step = jax.jit(functools.partial(synthesis_step, method),
+                              in_shardings=(synth_sh, rep, rep, rep, rep), out_shardings=(synth_sh, rep),
+                              donate_argnums=(0,))
+    self.weight_step = jax.jit(functools.partial(weight_step, method), in_shardings=(rep, dat, rep),
+                               out_shardings=(rep, rep))
+    self.distill_step = jax.jit(functools.partial(distill_step, method),
+                                in_shardings=(rep, rep, dat, rep, rep, rep), out_shardings=(rep, rep),
+                                donate_argnums=(0,))
+    self.init_server = jax.jit(functools.partial(init_server, method, input_shape=tuple(image_shape)),
+                               out_shardings=rep)
+    self.server_logits = jax.jit(functools.partial(server_logits, method))
+    self.teacher_logits = jax.jit(functools.partial(teacher_logits, method))
+
+
+def compiled(method: Method, mesh, batch_size: int, image_shape: tuple[int, ...]) -> Compiled:
+  """Cached `Compiled` for (canonical(method), mesh, batch_size, image_shape)."""
+  return _compiled(canonical(method), mesh, int(batch_size), tuple(image_shape))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(method: Method, mesh, batch_size: int, image_shape: tuple[int, ...]) -> Compiled:
+  return Compiled(method, mesh, batch_size, image_shape)
+
+
+def _batches(n: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarray]:
+  """Shuffled fixed-size index batches covering 0..n-1 once (the last batch wraps around; a deviation from
+  the official smaller last batch that keeps one compiled shape; it never happens when the pool grows by a
+  multiple of batch_size)."""
+  perm = rng.permutation(n)
+  nb = -(-n // batch_size)
+  idx = np.resize(perm, nb * batch_size)
+  return [idx[i * batch_size:(i + 1) * batch_size] for i in range(nb)]
+
+
+def fit(method: Method, client_params: Any, *, key: jax.Array, input_shape: tuple[int, ...], epochs: int,
+        g_steps: int, batch_size: int, kd_lr: float, init_weights: np.ndarray | None = None, mesh=None,
+        eval_fn: Callable[[TrainState, np.ndarray], dict] | None = None, eval_every: int = 1,
+        log_fn: Callable[[int, dict], None] | None = None, progress: Any = None,
+        start_epoch: int = 0, server: TrainState | None = None, pool: tuple[np.ndarray, np.ndarray] | None = None,
+        on_epoch_end: Callable[[int, TrainState, np.ndarray, np.ndarray, np.ndarray], None] | None = None
+        ) -> FitResult:
+  """Trains the server with Co-Boosting (or the baseline `method` describes) for `epochs` epochs.
+
+  Args:
+    method: the Method (see `dense_like` for the baseline).
+    client_params: the clients' params (stacked tree or tuple); read, never updated.
+    key: the run's key (split into server init, synthesis and distillation keys).
+    input_shape: (S, S, C).
+    epochs: server epochs (official 200).
+    g_steps: generator steps per epoch (official 30).
+    batch_size: synthesis and distillation batch size (official 128).
+    kd_lr: base SGD learning rate of the server (official 0.01), cosine-annealed over the epochs.
+    init_weights: starting ensemble weights [C] (default uniform 1/C, as the official code).
+    mesh: device mesh (default: all devices on 'data'); batch_size must divide by its 'data' size.
+    eval_fn: (server state, weights) -> dict of metrics, called every `eval_every` epochs and at the end.
+    eval_every: epochs between evaluations.
+    log_fn: (epoch, row) -> None, called once per epoch (e.g. a MetricWriter).
+    progress: an optional `common.metrics.Progress`.
+    start_epoch, server, pool: resume state (epoch to start at, server state, (pool_x, pool_y)); pass the
+      saved weights as `init_weights`.
+    on_epoch_end: (epoch, server, weights, pool_x, pool_y) -> None after every epoch (checkpoints).
+
+  Returns:
+    FitResult.
+  """
+  mesh = sharding.make_mesh() if mesh is None else mesh
+  n_data = mesh.shape[sharding.DATA_AXIS]
+  if batch_size % n_data:
+    raise ValueError(f"batch_size {batch_size} must be divisible by the mesh's {n_data} data devices.")
+  num_clients = method.clients.num_clients
+  comp = compiled(method, mesh, int(batch_size), tuple(input_shape))
+  key_server, key_synth, key_kd, key_shuffle = jax.random.split(key, 4)
+  shuffle_seed = int(np.asarray(jax.random.bits(key_shuffle, (), dtype=np.uint32)))
+  weights = (np.full(num_clients, 1.0 / num_clients, np.float32) if init_weights is None
+             else np.asarray(init_weights, np.float32))
+  if weights.shape != (num_clients,):
+    raise ValueError(f"init_weights must have shape ({num_clients},), got {weights.shape}.")
+  teacher = sharding.replicate({"clients": client_params, "weights": jnp.asarray(weights)}, mesh)
+  knob = sharding.replicate(knobs(method), mesh)
+  if server is None:
+    server = comp.init_server(key_server)
+  pool_x = [] if pool is None else [pool[0]]
+  pool_y = [] if pool is None else [pool[1]]
+  history, weight_hist = [], []
+  t_start = time.perf_counter()
+  for epoch in range(start_epoch, epochs):
+    t0 = time.perf_counter()
+    # (1) hard-sample synthesis with a re-initialised generator.
+    synth = comp.init_synth(jax.random.fold_in(key_synth, epoch))
+    g_metrics = []
+    for _ in range(g_steps):
+      synth, m = comp.synth_step(synth, teacher, server.params, server.extra, knob)
+      g_metrics.append(m)
+    t_synth = time.perf_counter() - t0
+    rng = np.random.default_rng([shuffle_seed, epoch])
+    # (2) ensemble re-weighting on the pool of earlier epochs (official: skipped at epoch 0).
+    w_metrics = []
+    if method.weighted and epoch > 0 and pool_x:
+      px, py = np.concatenate(pool_x), np.concatenate(pool_y)
+      step_size = jnp.asarray(method.mu * method.mu_decay ** epoch, jnp.float32)
+      for idx in _batches(len(px), batch_size, rng):
+        teacher, m = comp.weight_step(teacher, sharding.shard_batch({"x": px[idx], "y": py[idx]}, mesh), step_size)
+        w_metrics.append(m)
+    # (3) the kept batch joins the pool.
+    best_x, targets = jax.device_get((synth.best_x, synth.targets))
+    pool_x.append(np.asarray(best_x))
+    pool_y.append(np.asarray(targets))
+    px, py = np.concatenate(pool_x), np.concatenate(pool_y)
+    pool_x, pool_y = [px], [py]
+    # (4) distillation over the whole pool.
+    lr = jnp.asarray(cosine_lr(kd_lr, epoch, epochs), jnp.float32)
+    kd_metrics = []
+    t1 = time.perf_counter()
+    for idx in _batches(len(px), batch_size, rng):
+      server, m = comp.distill_step(server, teacher, sharding.shard_batch({"x": px[idx]}, mesh), key_kd, lr, knob)
+      kd_metrics.append(m)
+    row = {"epoch": epoch + 1, "pool_size": int(len(px)), "kd_lr": float(lr)}
+    for prefix, ms in (("synth", g_metrics), ("weights", w_metrics), ("kd", kd_metrics)):
+      if ms:
+        ms = jax.device_get(ms)
+        row.update({f"{prefix}/{k}": float(np.mean([mm[k] for mm in ms])) for k in ms[-1]})
+    w_now = np.asarray(jax.device_get(teacher["weights"]))
+    weight_hist.append(w_now)
+    row["time/synthesis_s"] = t_synth
+    row["time/distill_s"] = time.perf_counter() - t1
+    row["time/epoch_s"] = time.perf_counter() - t0
+    if eval_fn is not None and ((epoch + 1) % max(eval_every, 1) == 0 or epoch + 1 == epochs):
+      row.update(eval_fn(server, w_now))
+    history.append(row)
+    if log_fn is not None:
+      log_fn(epoch + 1, row)
+    if progress is not None:
+      progress.update(epoch + 1, row.get("kd/kd_loss"))
+    if on_epoch_end is not None:
+      on_epoch_end(epoch + 1, server, w_now, px, py)
+  return FitResult(server=server, weights=np.asarray(jax.device_get(teacher["weights"])),
+                   pool_x=np.concatenate(pool_x) if pool_x else np.zeros((0,) + tuple(input_shape), np.float32),
+                   pool_y=np.concatenate(pool_y) if pool_y else np.zeros((0,), np.int32), history=history,
+                   weight_history=np.asarray(weight_hist), seconds=time.perf_counter() - t_start)
