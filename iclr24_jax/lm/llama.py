@@ -381,8 +381,11 @@ def quantize_params(params: Params, quantize_head: bool = True) -> Params:
 
   Each kernel W [in, out] becomes `qkernel` = int8 rows of W^T [out, in] with one float32 scale per
   output (`qscale`), and the embedding table `embed_q` [V, D] with a scale per token (it doubles as the
-  tied output head). Matmuls then read a quarter of the float32 bytes, which is what bounds batch-1
-  decoding on a CPU. Outputs change by the rounding: on SmolLM2 the mean log-likelihood of a long
+  tied output head). Weights take a quarter of the float32 memory (SmolLM2: 0.14 GB instead of 0.54 GB)
+  and matmuls read a quarter of the bytes. Measured on the 2-core CPU of this project, XLA:CPU's int8 matmul
+  and the activation quantisation cost more than the bytes saved (batch-1 decoding ~0.85x, prompt
+  processing several times slower), so float32 stays the default; this is for memory-bound settings.
+  Outputs change by the rounding: on SmolLM2 the mean log-likelihood of a long
   paragraph moves from -2.95 to -3.01 nats/token (-2.98 with `quantize_head=False`), and greedy answers
   can differ after a few tokens. Norms and biases stay float32. Apply after `fuse_params` (it also
   accepts canonical params).
