@@ -174,17 +174,17 @@ def debiased_margins(judge: model_lib.SmolLMJudge, data: dict, strategy: str, re
   return out
 
 
-def _repro_config(strategy: str, per_subset: int, fast: bool):
+def _repro_config(strategy: str, per_subset: int, margins: bool):
   from configs import llmbar as cfg_mod
   c = cfg_mod.get_config(strategy)
   c.data.per_subset = per_subset
   c.max_new_tokens = dict(REPRO_MAX_NEW_TOKENS)
   c.seed = REPRO_SEED
-  c.margins = strategy in ("vanilla", "rules_metrics_reference") and not fast
+  c.margins = margins and strategy == "vanilla"
   return c
 
 
-def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None, margins: bool = False) -> list[dict]:
   """SmolLM2-135M-Instruct with Vanilla and Rules+Metrics+Reference next to the paper's GPT-4/ChatGPT table.
 
   Args:
@@ -192,6 +192,8 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
     fast: 1 instance per subset, Vanilla only (a smoke run).
     per_subset: instances per subset (default REPRO_PER_SUBSET = 8, a fixed stratified sample with seed 0;
       0 = all 419, which takes far longer than the 6-minute budget on 2 CPU cores).
+    margins: add our position-debiased log-odds diagnostic for Vanilla (one more forward pass per prompt;
+      off by default to stay within the budget).
 
   Returns:
     Reproduction rows (paper, experiment, metric, ours, paper_value, holds, notes, plots).
@@ -201,7 +203,7 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
   rows, tables, plots = [], {}, []
   sample = "all 419" if k <= 0 else f"stratified {k}/subset (seed {REPRO_SEED}; {5 * k} of 419)"
   for strategy in strategies:
-    cfg = _repro_config(strategy, k, fast)
+    cfg = _repro_config(strategy, k, margins and not fast)
     res = run(cfg, os.path.join(workdir, strategy))
     plots.append(res["plot"])
     t = res["subsets"]

@@ -91,6 +91,15 @@ def _width(n: int, widths: Sequence[int]) -> int:
   raise ValueError(f"a prompt of {n} tokens is longer than the largest width {widths[-1]}; raise max_prompt_len.")
 
 
+def _rows(n: int, batch_size: int) -> int:
+  """Rows of a compiled call: the batch size, or the next power of two for a short last batch (a batch-8
+  program on 2 real rows would spend 4x the compute; a small extra compile is cheaper)."""
+  rows = 1
+  while rows < n:
+    rows *= 2
+  return min(rows, batch_size) if n <= batch_size else batch_size
+
+
 class SmolLMJudge:
   """SmolLM2-135M-Instruct as an LLMBar judge (greedy decoding, batched, KV cache, per-kind logit bias).
 
@@ -176,13 +185,13 @@ class SmolLMJudge:
       if width + max_new_tokens > self.config.max_seq_len:
         raise ValueError(f"prompt width {width} + {max_new_tokens} new tokens exceeds the model's context "
                          f"{self.config.max_seq_len}.")
-      rows = rows + [rows[0]] * (bsz - len(rows))  # dummy rows keep one compiled batch shape
+      rows = rows + [rows[0]] * (_rows(len(rows), bsz) - len(rows))  # dummy rows: few compiled batch shapes
       ids, mask = tok_lib.pad_sequences(rows, self.tokenizer.pad_id, max_len=width, padding="left")
       out = fn(self.params, ids, mask, jax.random.key(0), bias_vec)
       tokens, lengths, stopped = jax.device_get((out.tokens, out.lengths, out.stopped))
       self.num_calls += 1
       self.num_prompt_tokens += sum(len(encoded[i]) for i in idx)
-      self.num_padded_tokens += bsz * width
+      self.num_padded_tokens += len(rows) * width
       for j, i in enumerate(idx):
         n = int(lengths[j]) - int(bool(stopped[j]))
         results[i] = [int(t) for t in tokens[j, :n]]
@@ -222,7 +231,7 @@ class SmolLMJudge:
       idx = order[start:start + bsz]
       rows = [encoded[i] for i in idx]
       width = _width(max(len(r) for r in rows), self.widths)
-      rows = rows + [rows[0]] * (bsz - len(rows))
+      rows = rows + [rows[0]] * (_rows(len(rows), bsz) - len(rows))
       ids, mask = tok_lib.pad_sequences(rows, self.tokenizer.pad_id, max_len=width, padding="left")
       logp = np.asarray(jax.device_get(fn(self.params, ids, mask)))
       for j, i in enumerate(idx):
