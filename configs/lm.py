@@ -24,7 +24,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=2e-3, schedule="cosine", warmup_steps=5,
                                                weight_decay=0.0, grad_clip=1.0))
   c.data = ml_collections.ConfigDict(dict(name="qa", data_dir=""))  # 'qa' (chat Q/A, loss on answers) | 'paragraphs'
-  c.num_steps = 40
+  c.num_steps = 30
   c.batch_size = 8
   c.seq_len = 64
   c.max_new_tokens = 12
