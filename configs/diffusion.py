@@ -41,7 +41,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_steps = 20
     c.batch_size = 32
     c.log_every = 5
-    c.checkpoint_every = 10
     c.optimizer.warmup_steps = 5
     c.model.base_channels = 8
     c.model.num_heads = 2

@@ -5,7 +5,8 @@ Modules: schedules, process, samplers, gmm, metrics, unet, training (and experim
 """
 from iclr24_jax.diffusion import gmm, metrics, process, samplers, schedules, training, unet
 from iclr24_jax.diffusion.gmm import GaussianMixture, gmm_denoiser, make_gmm, ring_gmm
-from iclr24_jax.diffusion.metrics import component_frequencies, moment_errors, sliced_wasserstein
+from iclr24_jax.diffusion.metrics import (component_frequencies, moment_errors, sliced_wasserstein,
+                                          sliced_wasserstein_vs_data)
 from iclr24_jax.diffusion.process import (convert, eps_to_x0, posterior_mean_var, predict_eps, predict_x0,
                                           q_mean_var, q_sample, target_for, to_v, v_to_eps, v_to_x0, x0_to_eps)
 from iclr24_jax.diffusion.samplers import (Transition, classifier_free_guidance, ddim_transition, ddpm_transition,
@@ -19,7 +20,7 @@ from iclr24_jax.diffusion.unet import MLPDenoiser, UNet, create_model, timestep_
 __all__ = [
     "gmm", "metrics", "process", "samplers", "schedules", "training", "unet",
     "GaussianMixture", "gmm_denoiser", "make_gmm", "ring_gmm",
-    "component_frequencies", "moment_errors", "sliced_wasserstein",
+    "component_frequencies", "moment_errors", "sliced_wasserstein", "sliced_wasserstein_vs_data",
     "convert", "eps_to_x0", "posterior_mean_var", "predict_eps", "predict_x0", "q_mean_var", "q_sample",
     "target_for", "to_v", "v_to_eps", "v_to_x0", "x0_to_eps",
     "Transition", "classifier_free_guidance", "ddim_transition", "ddpm_transition", "sample", "sampler_step",

@@ -82,7 +82,7 @@ def diffusion_loss(denoise_fn: Callable[[jax.Array, jax.Array], jax.Array], x0: 
     raise ValueError(f"the network returned shape {out.shape} for data of shape {x0.shape}.")
   target = process.target_for(x0, noise, alpha_bar, prediction)
   mse = jnp.mean(((out - target) ** 2).reshape(b, -1), axis=-1)              # Eq. (14), per example
-  w = loss_weight(alpha_bar / (1.0 - alpha_bar), prediction, weighting, min_snr_gamma)
+  w = loss_weight(schedule.snr(t), prediction, weighting, min_snr_gamma)  # snr from log-SNR: exact near t = 0
   per_example = w * mse
   return jnp.mean(per_example), {"per_example": per_example, "mse": mse, "t": t}
 

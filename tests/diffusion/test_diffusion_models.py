@@ -40,16 +40,25 @@ def _cond_batch(b):
               context_mask=jnp.tile(jnp.array([[1, 1, 0, 0]], bool), (b, 1)))
 
 
+class _Inner(nn.Module):
+  """A stand-in for a nested (inner, lower-resolution) UNet at the bottleneck."""
+
+  @nn.compact
+  def __call__(self, h, temb, context=None, context_mask=None, train=False):
+    return h + nn.Dense(h.shape[-1], name="inner_proj")(nn.silu(temb))[:, None, None, :]
+
+
 @pytest.fixture(scope="module")
 def cond_unet():
-  """A tiny fully-conditioned UNet (class labels, vector cond, cross-attention), its state and perturbed params."""
-  model = unet.UNet(num_classes=10, out_channels=1, **TINY_UNET)
+  """A tiny fully-conditioned UNet (class labels, vector cond, cross-attention, a nested inner module), its state,
+  perturbed params and a compiled forward fwd(params, x, t, kw) -> (out, top-level features)."""
+  model = unet.UNet(num_classes=10, out_channels=1, inner=_Inner(), **TINY_UNET)
   init = _fast_jit(lambda k: training.init_state(k, model, (8, 8, 1), optax.adam(3e-3), ema=True,
                                                  **_cond_batch(1)), jax.random.key(0))
   state = init(jax.random.key(0))
-  kw = _cond_batch(2)
-  fwd = _fast_jit(lambda p, x, t, kw: model.apply({"params": p}, x, t, **kw), state.params, jnp.ones((2, 8, 8, 1)),
-                  jnp.zeros(2, jnp.int32), kw)
+  kw = {**_cond_batch(2), "inject": jnp.zeros((2, 8, 8, 8))}
+  fwd = _fast_jit(lambda p, x, t, kw: model.apply({"params": p}, x, t, return_features=True, **kw), state.params,
+                  jnp.ones((2, 8, 8, 1)), jnp.zeros(2, jnp.int32), kw)
   return model, state, _perturb(state.params, jax.random.key(1)), fwd
 
 
@@ -61,18 +70,23 @@ def test_timestep_embedding_values():
 
 
 def test_unet_shapes_and_conditioning(cond_unet):
-  model, state, p, fwd = cond_unet
+  model, state, p, fwd_with_features = cond_unet
   params = state.params
   assert "class_embed" in params and "cond_embed_0" in params
   assert "cross_attn" in params["mid_attn"]
   x = jnp.ones((2, 8, 8, 1))
-  kw = _cond_batch(2)
+  kw = {**_cond_batch(2), "inject": jnp.zeros((2, 8, 8, 8))}
   t = jnp.array([0, 999])
-  out = fwd(params, x, t, kw)
+  out, feats = fwd_with_features(params, x, t, kw)
   chex.assert_shape(out, (2, 8, 8, 1))
+  chex.assert_shape(feats, (2, 8, 8, 8))
   chex.assert_type(out, jnp.float32)
   # Zero-initialised output conv: a fresh UNet predicts 0.
   np.testing.assert_allclose(out, 0.0, atol=0)
+
+  def fwd(*args):
+    return fwd_with_features(*args)[0]
+
   base = fwd(p, x, t, kw)
   # Masked-out context tokens (2 and 3) do not matter; unmasked ones do.
   ctx = kw["context"].at[0, 2:].set(-5.0)
@@ -83,6 +97,9 @@ def test_unet_shapes_and_conditioning(cond_unet):
   for changed in ({**kw, "class_labels": jnp.array([4, 10])}, {**kw, "cond": -kw["cond"]}):
     assert float(jnp.max(jnp.abs(fwd(p, x, t, changed)[0] - base[0]))) > 1e-3
   assert float(jnp.max(jnp.abs(fwd(p, x, jnp.array([500, 999]), kw)[0] - base[0]))) > 1e-3
+  # Nesting hooks: the inner module has params and runs; injected stem features change the output.
+  assert "inner_proj" in params["inner"]
+  assert float(jnp.max(jnp.abs(fwd(p, x, t, {**kw, "inject": jnp.ones((2, 8, 8, 8))}) - base))) > 1e-3
   # The bigger layout (attention at a level, two res blocks, scale-shift) builds and keeps the shape.
   big = unet.UNet(base_channels=8, channel_mults=(1, 2, 2), num_res_blocks=2, attention_levels=(1,), num_heads=2,
                   num_groups=4, scale_shift=True, out_channels=3)
@@ -91,37 +108,16 @@ def test_unet_shapes_and_conditioning(cond_unet):
   chex.assert_shape(shapes, (2, 16, 16, 3))
 
 
-class _Inner(nn.Module):
-  """A stand-in for a nested (inner, lower-resolution) UNet at the bottleneck."""
-
-  @nn.compact
-  def __call__(self, h, temb, context=None, context_mask=None, train=False):
-    return h + nn.Dense(h.shape[-1], name="inner_proj")(nn.silu(temb))[:, None, None, :]
-
-
-def test_unet_nesting_hooks():
-  m = unet.UNet(inner=_Inner(), **{**TINY_UNET, "attention_levels": (), "mid_attention": False})
-  x = jnp.ones((2, 8, 8, 1))
-  params = _fast_jit(lambda k: m.init(k, x, jnp.zeros(2)), jax.random.key(0))(jax.random.key(0))["params"]
-  assert "inner" in params and "inner_proj" in params["inner"]
-  p = _perturb(params, jax.random.key(1))
-  fwd = jax.jit(lambda p, inject: m.apply({"params": p}, x, jnp.zeros(2), inject=inject, return_features=True))
-  out, feats = fwd(p, jnp.zeros((2, 8, 8, 8)))
-  chex.assert_shape(feats, (2, 8, 8, 8))
-  out2, _ = fwd(p, jnp.ones((2, 8, 8, 8)))
-  assert float(jnp.max(jnp.abs(out2 - out))) > 1e-3
-
-
 def test_mlp_denoiser_shapes():
   m = unet.MLPDenoiser(hidden=32, num_blocks=2, time_embed_dim=16)
 
-  @jax.jit
   def init_and_apply(x):
     params = m.init(jax.random.key(0), x, jnp.zeros(4), cond=jnp.ones((4, 3)))["params"]
     return m.apply({"params": _perturb(params, jax.random.key(1))}, x, jnp.arange(4), cond=jnp.ones((4, 3)))
 
   for shape in ((4, 6), (4, 2, 3)):
-    chex.assert_shape(init_and_apply(jnp.ones(shape)), shape)
+    x = jnp.ones(shape)
+    chex.assert_shape(_fast_jit(init_and_apply, x)(x), shape)
 
 
 def test_model_errors():
@@ -167,21 +163,24 @@ def test_loss_hand_computed():
 def test_min_snr_losses_agree_across_parameterisations():
   # One x0 estimate expressed as eps, x0 and v gives the same min-SNR-weighted loss (Hang et al. 2023, Sec. 3.4).
   sched = schedules.cosine_beta_schedule(1000)
-  k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
-  x0 = jax.random.normal(k1, (16, 4, 4, 1))
-  x0_hat = x0 + 0.3 * jax.random.normal(k2, x0.shape)
-  t = jax.random.randint(k3, (16,), 0, 1000)
-  noise = jax.random.normal(jax.random.key(4), x0.shape)
-  abar = sched.alpha_bar(t)
-  x_t = process.q_sample(x0, abar, noise)
-  per = {}
-  for pred in ("eps", "x0", "v"):
-    fn = lambda x, tt, pred=pred: process.convert(x, x0_hat, sched.alpha_bar(tt), "x0", pred)  # noqa: E731
-    per[pred] = training.diffusion_loss(fn, x0, jax.random.key(5), sched, prediction=pred, weighting="min_snr",
-                                        t=t, noise=noise)[1]["per_example"]
+  rng = np.random.default_rng(0)
+  x0 = rng.standard_normal((16, 4, 4, 1)).astype(np.float32)
+  x0_hat = x0 + 0.3 * rng.standard_normal(x0.shape).astype(np.float32)
+  t = rng.integers(0, 1000, 16).astype(np.int32)
+  noise = rng.standard_normal(x0.shape).astype(np.float32)
+
+  @jax.jit
+  def losses(x0, x0_hat, t, noise):
+    per = {}
+    for pred in ("eps", "x0", "v"):
+      fn = lambda x, tt, pred=pred: process.convert(x, x0_hat, sched.alpha_bar(tt), "x0", pred)  # noqa: E731
+      per[pred] = training.diffusion_loss(fn, x0, jax.random.key(5), sched, prediction=pred, weighting="min_snr",
+                                          t=t, noise=noise)[1]["per_example"]
+    return per
+
+  per = losses(x0, x0_hat, t, noise)
   np.testing.assert_allclose(per["eps"], per["x0"], rtol=2e-3, atol=1e-6)
   np.testing.assert_allclose(per["v"], per["x0"], rtol=2e-3, atol=1e-6)
-  del x_t
 
 
 def test_unet_train_step_lowers_fixed_batch_loss(cond_unet):
@@ -194,38 +193,37 @@ def test_unet_train_step_lowers_fixed_batch_loss(cond_unet):
   step = _fast_jit(step, state, batch, jax.random.key(1))
   kw = training.model_kwargs(batch)
 
-  @jax.jit
-  def fixed_loss(params):  # the same t and eps every time
+  def fixed_loss_fn(params):  # the same t and eps every time
     fn = lambda x, t: model.apply({"params": params}, x, t, **kw)  # noqa: E731
     return training.diffusion_loss(fn, batch["x"], jax.random.key(42), sched)[0]
 
+  fixed_loss = _fast_jit(fixed_loss_fn, state.params)
+
   before = float(fixed_loss(state.params))
-  new = state
-  for _ in range(25):
+  new, _ = step(state, batch, jax.random.key(1))
+  # EMA after one update: 0.9 * init + 0.1 * new params.
+  chex.assert_trees_all_close(new.extra["ema_params"],
+                              jax.tree.map(lambda a, b: 0.9 * a + 0.1 * b, state.params, new.params),
+                              rtol=1e-5, atol=1e-7)
+  for _ in range(24):
     new, metrics = step(new, batch, jax.random.key(1))
   after = float(fixed_loss(new.params))
   assert np.isfinite(float(metrics["loss"])) and int(new.step) == 25
   assert after < 0.9 * before, (before, after)
-  # EMA: it moved off the init but lags the params.
-  d_ema = optax.global_norm(jax.tree.map(lambda a, b: a - b, new.extra["ema_params"], state.params))
-  d_par = optax.global_norm(jax.tree.map(lambda a, b: a - b, new.params, state.params))
-  assert 0 < float(d_ema) < float(d_par)
 
 
-def test_ema_and_condition_dropout_exact():
+def test_condition_dropout_exact():
   model = unet.MLPDenoiser(hidden=16, num_blocks=1, time_embed_dim=8, num_classes=3)
   sched = schedules.linear_beta_schedule(100)
   tx = optax.sgd(0.1)
-  st = jax.jit(lambda k: training.init_state(k, model, (4,), tx, ema=True, class_labels=jnp.zeros((1,), int)))(
-      jax.random.key(0))
+  st = _fast_jit(lambda k: training.init_state(k, model, (4,), tx, class_labels=jnp.zeros((1,), int)),
+                 jax.random.key(0))(jax.random.key(0))
   batch = {"x": jnp.ones((6, 4)), "y": jnp.array([0, 1, 2, 0, 1, 2])}
-  new, _ = jax.jit(training.make_train_step(model, sched, ema_decay=0.75))(st, batch, jax.random.key(1))
-  # One step: ema = 0.75 * init + 0.25 * new params.
-  expect = jax.tree.map(lambda a, b: 0.75 * a + 0.25 * b, st.params, new.params)
-  chex.assert_trees_all_close(new.extra["ema_params"], expect, rtol=1e-6, atol=1e-7)
+  key = jax.random.key(1)
   # cond_drop_prob = 1 trains exactly the unconditional (null label = num_classes = 3) model.
-  a, _ = jax.jit(training.make_train_step(model, sched, cond_drop_prob=1.0))(st, batch, jax.random.key(2))
-  b, _ = jax.jit(training.make_train_step(model, sched))(st, {**batch, "y": jnp.full((6,), 3)}, jax.random.key(2))
+  a, _ = _fast_jit(training.make_train_step(model, sched, cond_drop_prob=1.0), st, batch, key)(st, batch, key)
+  null_batch = {**batch, "y": jnp.full((6,), 3)}
+  b, _ = _fast_jit(training.make_train_step(model, sched), st, null_batch, key)(st, null_batch, key)
   chex.assert_trees_all_close(a.params, b.params, rtol=1e-6, atol=1e-7)
 
 
@@ -236,13 +234,14 @@ def test_train_step_same_on_1_and_8_devices():
   step = training.make_train_step(model, sched, prediction="v", weighting="min_snr")
   batch = {"x": np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32),
            "cond": np.random.default_rng(1).standard_normal((16, 2)).astype(np.float32)}
+  st0 = _fast_jit(lambda k: training.init_state(k, model, (3,), tx, cond=jnp.zeros((1, 2))),
+                  jax.random.key(0))(jax.random.key(0))
   outs = []
   for n in (1, 8):
     mesh = sharding.make_mesh(devices=jax.devices()[:n])
     with jax.set_mesh(mesh):
-      st = jax.jit(lambda k: training.init_state(k, model, (3,), tx, cond=jnp.zeros((1, 2))),
-                   out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
-      fn = loop_lib.compile_step(step, mesh)
+      st = sharding.replicate(st0, mesh)
+      fn = loop_lib.compile_step(step, mesh, donate=False)  # st0 is reused for the second mesh
       for _ in range(3):
         st, m = fn(st, sharding.shard_batch(batch, mesh), jax.random.key(3))
       outs.append((jax.device_get(st.params), float(m["loss"])))

@@ -13,7 +13,7 @@ def test_forward_process_empirical_moments():
   x0 = jnp.array([[2.0, -1.0, 0.5]])
   n = 200_000
   abar = 0.36  # sqrt = 0.6, 1 - abar = 0.64
-  noise = jax.random.normal(jax.random.key(0), (n, 3))
+  noise = np.random.default_rng(0).standard_normal((n, 3)).astype(np.float32)
   xt = process.q_sample(jnp.broadcast_to(x0, (n, 3)), abar, noise)
   mean, var = process.q_mean_var(x0, abar)
   np.testing.assert_allclose(mean, [[1.2, -0.6, 0.3]], rtol=1e-6)
@@ -30,15 +30,15 @@ def test_forward_steps_compose_to_marginal():
   t_s, t_t = 100, 400
   a_s, a_t = s.alpha_bar(t_s), s.alpha_bar(t_t)
   n = 200_000
-  k1, k2 = jax.random.split(jax.random.key(1))
+  rng = np.random.default_rng(1)
   x0 = jnp.full((n, 1), 1.5)
-  xs = process.q_sample(x0, a_s, jax.random.normal(k1, (n, 1)))
-  xt = process.q_sample_step(xs, a_s, a_t, jax.random.normal(k2, (n, 1)))
+  xs = process.q_sample(x0, a_s, rng.standard_normal((n, 1)).astype(np.float32))
+  xt = process.q_sample_step(xs, a_s, a_t, rng.standard_normal((n, 1)).astype(np.float32))
   np.testing.assert_allclose(xt.mean(), 1.5 * np.sqrt(a_t), atol=5 * np.sqrt((1 - a_t) / n))
   np.testing.assert_allclose(xt.var(), 1 - a_t, atol=5 * (1 - a_t) * np.sqrt(2 / n))
   # One DDPM step t-1 -> t is N(sqrt(1 - beta_t) x, beta_t) (DDPM Eq. 2).
   x = jnp.ones((4, 2))
-  z = jax.random.normal(jax.random.key(2), (4, 2))
+  z = np.random.default_rng(2).standard_normal((4, 2)).astype(np.float32)
   np.testing.assert_allclose(process.q_sample_step(x, s.alpha_bar(9), s.alpha_bar(10), z),
                              np.sqrt(1 - s.betas[10]) * x + np.sqrt(s.betas[10]) * z, rtol=1e-5, atol=1e-6)
 
@@ -47,9 +47,9 @@ def test_posterior_matches_ddpm_eq7():
   s = schedules.linear_beta_schedule(1000)
   t = 300
   beta, alpha, abar, abar_prev = s.betas[t], s.alphas[t], s.alpha_bars[t], s.alpha_bars[t - 1]
-  k1, k2 = jax.random.split(jax.random.key(3))
-  x0 = jax.random.normal(k1, (5, 4))
-  xt = jax.random.normal(k2, (5, 4))
+  rng = np.random.default_rng(3)
+  x0 = rng.standard_normal((5, 4)).astype(np.float32)
+  xt = rng.standard_normal((5, 4)).astype(np.float32)
   mean, var = process.posterior_mean_var(xt, x0, abar, abar_prev)
   # DDPM Eq. (7): mu = sqrt(abar_{t-1}) beta_t / (1 - abar_t) x0 + sqrt(alpha_t) (1 - abar_{t-1}) / (1 - abar_t) x_t,
   # beta-tilde = (1 - abar_{t-1}) / (1 - abar_t) beta_t.
@@ -75,9 +75,9 @@ def test_posterior_matches_gaussian_conditioning_and_monte_carlo():
   np.testing.assert_allclose(var, expect_var, rtol=1e-5)
   # Monte Carlo: regress simulated x_s on x_t; slope = a_ts sig_s^2 / (1 - abar_t), residual var = expect_var.
   n = 400_000
-  k1, k2 = jax.random.split(jax.random.key(4))
-  xs = a_s * x0 + np.sqrt(sig2_s) * jax.random.normal(k1, (n,))
-  xt_mc = process.q_sample_step(xs[:, None], abar_s, abar_t, jax.random.normal(k2, (n, 1)))[:, 0]
+  rng = np.random.default_rng(4)
+  xs = (a_s * x0 + np.sqrt(sig2_s) * rng.standard_normal(n)).astype(np.float32)
+  xt_mc = process.q_sample_step(xs[:, None], abar_s, abar_t, rng.standard_normal((n, 1)).astype(np.float32))[:, 0]
   xs, xt_mc = np.asarray(xs, np.float64), np.asarray(xt_mc, np.float64)
   slope = np.cov(xs, xt_mc)[0, 1] / xt_mc.var()
   resid = xs - xs.mean() - slope * (xt_mc - xt_mc.mean())
@@ -93,16 +93,23 @@ def test_posterior_to_clean_data_is_x0():
 
 @pytest.mark.parametrize("shape", [(6, 3), (4, 5, 5, 2)])
 def test_prediction_conversions_roundtrip(shape):
-  k1, k2, k3 = jax.random.split(jax.random.key(5), 3)
-  x0 = jax.random.normal(k1, shape)
-  eps = jax.random.normal(k2, shape)
-  abar = jax.random.uniform(k3, (shape[0],), minval=0.05, maxval=0.95)  # one level per example
-  xt = process.q_sample(x0, abar, eps)
-  v = process.to_v(x0, eps, abar)
-  for name, out in (("eps", eps), ("x0", x0), ("v", v)):
-    np.testing.assert_allclose(process.predict_x0(xt, out, abar, name), x0, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(process.predict_eps(xt, out, abar, name), eps, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(process.convert(xt, out, abar, name, "v"), v, rtol=1e-4, atol=1e-5)
+  rng = np.random.default_rng(5)
+  x0 = rng.standard_normal(shape).astype(np.float32)
+  eps = rng.standard_normal(shape).astype(np.float32)
+  abar = rng.uniform(0.05, 0.95, shape[0]).astype(np.float32)  # one level per example
+
+  @jax.jit
+  def all_conversions(x0, eps, abar):
+    xt = process.q_sample(x0, abar, eps)
+    v = process.to_v(x0, eps, abar)
+    return v, {name: (process.predict_x0(xt, out, abar, name), process.predict_eps(xt, out, abar, name),
+                      process.convert(xt, out, abar, name, "v")) for name, out in (("eps", eps), ("x0", x0), ("v", v))}
+
+  v, conv = all_conversions(x0, eps, abar)
+  for name, (x0_hat, eps_hat, v_hat) in conv.items():
+    np.testing.assert_allclose(x0_hat, x0, rtol=1e-4, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(eps_hat, eps, rtol=1e-4, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(v_hat, v, rtol=1e-4, atol=1e-5, err_msg=name)
   # v at abar = 0.25: alpha = 0.5, sigma = sqrt(0.75) = 0.8660254; v = 0.5 * 1 - 0.8660254 * 2 = -1.2320508.
   np.testing.assert_allclose(process.to_v(jnp.array([[2.0]]), jnp.array([[1.0]]), 0.25), [[-1.2320508]], rtol=1e-6)
   # score = -eps / sigma: eps = 0.6, abar = 0.64 -> sigma = 0.6 -> score = -1.

@@ -36,6 +36,11 @@ def cos():
   return schedules.cosine_beta_schedule(1000)
 
 
+@functools.partial(jax.jit, static_argnames=("n",))
+def _data(g, key, n):
+  return g.sample(key, n)
+
+
 @functools.partial(jax.jit, static_argnames=("n", "method", "num_steps", "prediction", "eta"))
 def _sample(g, den_schedule, samp_schedule, key, n, method, num_steps=None, prediction="eps", eta=0.0):
   den = gmm_lib.gmm_denoiser(g, den_schedule, prediction)
@@ -76,35 +81,29 @@ def _check_moments(g, x, ref):
 
 @pytest.fixture(scope="module")
 def ring_ref(ring):
-  return ring.sample(jax.random.key(3), 50_000)
+  return _data(ring, jax.random.key(3), 50_000)
 
 
-@pytest.fixture(scope="module")
-def sw_setup(ring):
-  """A data reference, the projection key and the floor: mean SW between the reference and 4 fresh data draws.
+@functools.partial(jax.jit, static_argnames=("n",))
+def _sw_vs_data(g, x, key, n):
+  return metrics.sliced_wasserstein_vs_data(x, lambda k, m: g.sample(k, m), key, num_refs=4, num_projections=128)
 
-  Independent data draws themselves land at 0.7-1.5x this floor (measured over 8 draws, the seed-to-seed spread
-  of a finite-sample distance); the bound SW_BOUND = 2.5x leaves room for the samplers' discretisation error,
-  and the wrong schedule below sits at ~8x.
+
+def test_gmm_2d_sliced_wasserstein(ring, ring_samples):
+  """Sliced W2 to 4 data draws, in units of the floor (4 data-vs-data distances at the same N).
+
+  An exact sampler has ratio ~1: with 8 fresh data draws in place of the samples the ratio (same key) fell within
+  0.73-0.86; DDPM / DDIM samples from 4 seeds gave 0.71-1.20. The bound SW_BOUND = 2.5 leaves room for that
+  spread and the samplers' discretisation error; the sampler on the wrong schedule sits at ~5.4.
   """
-  ref = ring.sample(jax.random.key(1), N)
-  key_proj = jax.random.key(99)
-  floor = float(jnp.mean(jax.vmap(lambda k: _sw(ring.sample(k, N), ref, key_proj))(jax.random.split(jax.random.key(2), 4))))
-  return ref, key_proj, floor
-
-
-@jax.jit
-def _sw(x, y, key):
-  return metrics.sliced_wasserstein(x, y, key, num_projections=128)
-
-
-def test_gmm_2d_sliced_wasserstein(ring_samples, sw_setup):
-  ref, key_proj, floor = sw_setup
-  sw = {k: float(_sw(v, ref, key_proj)) for k, v in ring_samples.items()}
-  assert sw["ddpm"] < SW_BOUND * floor, (sw, floor)
-  assert sw["ddim"] < SW_BOUND * floor, (sw, floor)
+  ratio = {}
+  for name, x in ring_samples.items():
+    sw, floor = _sw_vs_data(ring, x, jax.random.key(2), N)
+    ratio[name] = float(sw / floor)
+  assert ratio["ddpm"] < SW_BOUND, ratio
+  assert ratio["ddim"] < SW_BOUND, ratio
   # The check has power: a sampler on the wrong schedule fails it.
-  assert sw["wrong"] > SW_BOUND * floor, (sw, floor)
+  assert ratio["wrong"] > SW_BOUND, ratio
 
 
 @pytest.mark.parametrize("method", ["ddpm", "ddim"])
@@ -120,7 +119,7 @@ def test_gmm_2d_wrong_schedule_fails_moments(ring, ring_samples, ring_ref):
 @pytest.mark.parametrize("method,num_steps", [("ddpm", None), ("ddim", 100)])
 def test_gmm_8d_moments_and_weights(gmm8, lin, method, num_steps):
   x = _sample(gmm8, lin, lin, jax.random.key(12), N, method, num_steps)
-  _check_moments(gmm8, x, gmm8.sample(jax.random.key(4), 50_000))
+  _check_moments(gmm8, x, _data(gmm8, jax.random.key(4), 50_000))
 
 
 def test_gmm_continuous_cosine_v_prediction(ring, ring_ref):
@@ -147,7 +146,7 @@ def test_single_steps_compose_to_the_sampler(ring, lin):
                                  return_trajectory=True, **kw)
     times, a_t, a_s = samplers.sampling_grid(lin, 20)
     key_init, step_keys = samplers.split_sampler_keys(key, 20)
-    x = jax.random.normal(key_init, (64, 2))
+    x = jax.random.normal(key_init, (64, 2))  # as `sample` draws x_T
     step = jax.jit(functools.partial(samplers.sampler_step, den, method=method, prediction="v", **kw))
     for i in range(20):
       x, tr = step(x, times[i], a_t[i], a_s[i], step_keys[i])
@@ -159,9 +158,9 @@ def test_single_steps_compose_to_the_sampler(ring, lin):
 
 
 def test_ddim_eta1_equals_ddpm_kernel_and_eta0_is_deterministic(lin):
-  k1, k2 = jax.random.split(jax.random.key(7))
-  xt = jax.random.normal(k1, (8, 3))
-  eps = jax.random.normal(k2, (8, 3))
+  rng = np.random.default_rng(7)
+  xt = rng.standard_normal((8, 3)).astype(np.float32)
+  eps = rng.standard_normal((8, 3)).astype(np.float32)
   a_t, a_s = lin.alpha_bar(500), lin.alpha_bar(450)
   ddpm = samplers.ddpm_transition(xt, eps, a_t, a_s)
   ddim1 = samplers.ddim_transition(xt, eps, a_t, a_s, eta=1.0)
@@ -220,7 +219,7 @@ def test_gmm_score_matches_autodiff_and_tweedie(ring, gmm8):
     return g.score(x, abar), jax.vmap(jax.grad(lambda xi, ai: g.log_prob(xi[None], ai)[0]))(x, abar)
 
   for g in (ring, gmm8):
-    x = jax.random.normal(jax.random.key(0), (16, g.dim)) * 2
+    x = 2 * np.random.default_rng(0).standard_normal((16, g.dim)).astype(np.float32)
     abar = jnp.linspace(0.05, 0.95, 16)  # a different noise level per example
     score, auto = score_and_autodiff(g, x, abar)
     np.testing.assert_allclose(score, auto, rtol=1e-4, atol=1e-4)
@@ -245,7 +244,7 @@ def test_gmm_posterior_single_component_is_gaussian_conditioning():
 
 
 def test_gmm_condition_linear_matches_bayes(gmm8):
-  a = jax.random.normal(jax.random.key(2), (3, 8))
+  a = jnp.asarray(np.random.default_rng(2).standard_normal((3, 8)), jnp.float32)
   y = jnp.array([0.5, -1.0, 2.0])
   post = gmm8.condition_linear(a, y, 0.3)
   a64, y64 = np.asarray(a, np.float64), np.asarray(y, np.float64)
@@ -263,7 +262,7 @@ def test_gmm_condition_linear_matches_bayes(gmm8):
 
 
 def test_gmm_denoiser_predictions_agree(ring, lin):
-  x = jax.random.normal(jax.random.key(3), (10, 2)) * 2
+  x = 2 * np.random.default_rng(3).standard_normal((10, 2)).astype(np.float32)
   t = jnp.arange(0, 1000, 100)
   abar = lin.alpha_bar(t)
   eps = gmm_lib.gmm_denoiser(ring, lin, "eps")(x, t)
@@ -274,7 +273,7 @@ def test_gmm_denoiser_predictions_agree(ring, lin):
 
 def test_sliced_wasserstein_of_a_shift():
   # Shifting every point by c moves each 1-D projection by theta . c, so SW_2^2 = E (theta . c)^2 = |c|^2 / D.
-  x = jax.random.normal(jax.random.key(0), (512, 2))
+  x = np.random.default_rng(0).standard_normal((512, 2)).astype(np.float32)
   c = jnp.array([0.3, -0.4])  # |c|^2 = 0.25, D = 2 -> SW_2 = sqrt(0.125) = 0.35355 (up to the P projections)
   sw = metrics.sliced_wasserstein(x + c, x, jax.random.key(1), num_projections=4096)
   np.testing.assert_allclose(sw, np.sqrt(0.125), rtol=3e-2)
