@@ -114,12 +114,15 @@ class SmolLMJudge:
     logit_bias: apply the official bias for direct/CoT answers.
     widths: allowed padded prompt lengths (tokens); the largest is the longest prompt accepted.
     model_id: the name used in cache keys.
+    stop_ids: tokens that end an answer (default: the tokenizer's EOS; () generates exactly max_new_tokens,
+      as a benchmark wants).
   """
 
   accepts_kind = True
 
   def __init__(self, params=None, config=None, tokenizer=None, batch_size: int = 8, logit_bias: bool = True,
-               widths: Sequence[int] = DEFAULT_WIDTHS, model_id: str = SMOLLM2_ID):
+               widths: Sequence[int] = DEFAULT_WIDTHS, model_id: str = SMOLLM2_ID,
+               stop_ids: Sequence[int] | None = None):
     if params is None:
       params, config, tokenizer = lm.load_smollm2()
     if config is None or tokenizer is None:
@@ -131,7 +134,9 @@ class SmolLMJudge:
     self.use_logit_bias = bool(logit_bias)
     self.widths = tuple(sorted(int(w) for w in widths))
     self.model_id = model_id
-    self.stop_ids = (tokenizer.eos_id,) if tokenizer.eos_id is not None else ()
+    if stop_ids is None:
+      stop_ids = (tokenizer.eos_id,) if tokenizer.eos_id is not None else ()
+    self.stop_ids = tuple(int(i) for i in stop_ids)
     self._bias = {k: (logit_bias_for(tokenizer, k) if logit_bias else None) for k in KINDS}
     self._compiled: dict[tuple, Callable] = {}
     self.num_calls = 0
