@@ -122,7 +122,7 @@ def test_always_a_judge_is_exactly_half_and_never_agrees():
   # The same through evaluate with a constant judge on instances of both labels.
   insts = [_inst(1 + (i % 3 == 0), i) for i in range(9)]
   res = llmbar.evaluate(llmbar.ConstantJudge("Output (a)"), insts, "vanilla")
-  assert res["accuracy"] == 0.5 and res["agreement"] == 0.0
+  assert res["accuracy"] == 0.5 and res["agreement"] == 0.0 and res["position_a_rate"] == 1.0
   np.testing.assert_array_equal(res["winners_original"], 1)
   np.testing.assert_array_equal(res["winners_swapped"], 2)
 
@@ -302,6 +302,8 @@ def test_oracle_judge_is_perfect_for_every_strategy(name):
   judge = OracleJudge()
   res = llmbar.evaluate(judge, insts, name)
   assert res["accuracy"] == 1.0 and res["agreement"] == 1.0 and res["failure_rate"] == 0.0
+  # Labels alternate 1, 2 and the oracle picks the right one in both orders: (a) in 6 of the 12 judgements.
+  assert res["position_a_rate"] == 0.5
   s = llmbar.STRATEGIES[name]
   assert [k for k, _ in judge.calls] == list(s.aux) + [s.answer]
   for rec in res["records"]:

@@ -295,7 +295,8 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
 
   Returns:
     {'strategy', 'labels' [N], 'winners_original' [N], 'winners_swapped' [N] (mapped back; 0 = failure/tie),
-    'accuracy', 'agreement', ... (see `scoring.score`), 'records': per-instance dicts (uid, subset, label,
+    'accuracy', 'agreement', ... (see `scoring.score`), 'position_a_rate' (share of judgements picking the
+    output shown as (a)), 'records': per-instance dicts (uid, subset, label,
     aux texts, completions, winners), 'num_generations', 'seconds'}.
   """
   s = get_strategy(strategy)
@@ -365,6 +366,9 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
     records[i]["winners"] = [int(w_orig[i]), int(w_swap[i])]
   result = {"strategy": s.name, "labels": labels, "winners_original": w_orig, "winners_swapped": w_swap}
   result.update(scoring.score(labels, w_orig, w_swap, count_failures_as_agreement))
+  # Positional bias: share of the 2N judgements that picked the output shown as (a) (original pick 1, or a
+  # swapped pick mapped back to 2). 1.0 = the always-"(a)" judge.
+  result["position_a_rate"] = float((np.sum(w_orig == 1) + np.sum(w_swap == 2)) / (2 * n))
   result.update(records=records, num_generations=counter[0], seconds=time.perf_counter() - t0)
   return result
 

@@ -117,6 +117,7 @@ def run(config: Any, workdir: str) -> dict:
   results = {"strategy": config.strategy, "paper_name": evaluator.get_strategy(config.strategy).paper_name,
              "judge": getattr(judge, "model_id", config.model.name), "subsets": table,
              "accuracy": full["accuracy"], "agreement": full["agreement"], "failure_rate": full["failure_rate"],
+             "position_a_rate": full["position_a_rate"],
              "n": full["n"], "num_generations": full["num_generations"], "seconds": seconds,
              "cache_hits": cache.hits if cache else 0, "cache_path": cache_path if cache else None,
              "max_new_tokens": dict(config.max_new_tokens), "per_subset": config.data.per_subset}
@@ -212,7 +213,8 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None, m
     ref = PAPER[PAPER_FOR[strategy]]
     budget = ", ".join(f"{a}={b}" for a, b in REPRO_MAX_NEW_TOKENS.items() if a in ("direct", "metrics", "reference"))
     note = (f"SmolLM2-135M-Instruct, greedy, logit bias; {sample}; max_new_tokens {budget}; "
-            f"failure rate {100 * res['failure_rate']:.1f}%; {res['num_generations']} generations in "
+            f"failure rate {100 * res['failure_rate']:.1f}%; picked the output shown as (a) in "
+            f"{100 * res['position_a_rate']:.0f}% of judgements; {res['num_generations']} generations in "
             f"{res['seconds']:.0f}s ({res['cache_hits']} cached)")
     for subset in ("Natural", "Adversarial"):
       rows.append({"paper": "llmbar", "experiment": f"{strategy}, {subset}", "metric": "accuracy % (both orders)",
@@ -221,7 +223,7 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None, m
                    "holds": None, "notes": note + f"; agreement {t[subset]['agreement']:.1f}% (GPT-4 "
                                                   f"{ref[subset][1]})", "plots": [res["plot"]]})
     gap = t["Natural"]["accuracy"] - t["Adversarial"]["accuracy"]
-    always_a = res["agreement"] == 0.0 and abs(res["accuracy"] - 0.5) < 1e-12
+    always_a = res["position_a_rate"] == 1.0
     rows.append({"paper": "llmbar", "experiment": f"{strategy}: Adversarial harder than Natural",
                  "metric": "Natural - Adversarial accuracy (pts)", "ours": gap,
                  "paper_value": f"> 0 (GPT-4 {ref['Natural'][0] - ref['Adversarial'][0]:.1f})",
