@@ -69,7 +69,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.model.update(hidden_dim=64, dropout=0.2, gnn_dropout=0.2)
       c.optimizer.learning_rate = 3e-3
       c.batch_size, c.num_shards = 32, 1
-      c.num_steps, c.eval_every = 300, 50
+      c.num_steps, c.eval_every = 200, 50
     elif v.startswith("mimic3_demo"):
       c.data.name = "mimic3_demo"
       c.data.task = v[len("mimic3_demo_"):] if v != "mimic3_demo" else "mortality"

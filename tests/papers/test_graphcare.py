@@ -38,7 +38,7 @@ def _init(model, batch, tx, node_embedding=None, relation_embedding=None):
 
 def _bat(ckg, **kw):
   base = dict(num_nodes=ckg.num_nodes, num_relations=ckg.num_relations, out_dim=1, embedding_dim=ckg.embedding_dim,
-              hidden_dim=8, num_layers=2, dropout=0.0, gnn_dropout=0.0, decay_rate=0.5)
+              hidden_dim=8, num_layers=1, dropout=0.0, gnn_dropout=0.0, decay_rate=0.5)
   base.update(kw)
   return graphcare.BAT(**base)
 
@@ -81,8 +81,8 @@ def test_propose_triples_hook_with_a_fixed_generator():
              "asthma": "Sure! [asthma, affects, lung] [asthma, affects, lung] [asthma, treated with, inhaler]"}
 
   def gen(prompt):
-    assert "Concept:" in prompt
-    return next(v for k, v in answers.items() if f"Concept: {k}" in prompt)
+    assert "triples about:" in prompt
+    return next(v for k, v in answers.items() if prompt.rstrip().endswith(k))
 
   out = graphcare.propose_triples(gen, ["sepsis", "asthma"], max_triples=5)
   assert out["sepsis"] == [("sepsis", "causes", "septic shock")]  # [..] form wins over (..) when both occur
@@ -248,8 +248,9 @@ def test_model_variants_run(small_world, kw):
   _, ckg, _, batcher = small_world
   batch = batcher.batch(np.arange(16))
   model = _bat(ckg, **kw)
-  state = _init(model, batch, optax.adam(1e-3), ckg.node_embedding, ckg.relation_embedding)
-  logits = jax.jit(lambda p, b: graphcare.apply_batch(model, p, b))(state.params, batch)
+  state = graphcare.init_state(jax.random.key(0), model, batch, optax.adam(1e-3), ckg.node_embedding,
+                               ckg.relation_embedding)
+  logits = graphcare.apply_batch(model, state.params, batch)   # eager: eight compiles would cost more
   chex.assert_shape(logits, (8, 3, 1))                           # 8 shards x (2 patients + padding graph)
   chex.assert_tree_all_finite(logits)
 
@@ -258,8 +259,8 @@ def test_ehr_gru_baseline_ignores_the_kg(small_world):
   _, ckg, _, batcher = small_world
   batch = batcher.batch(np.arange(16))
   model = graphcare.EHRGRU(num_nodes=ckg.num_nodes, out_dim=1, embedding_dim=ckg.embedding_dim, hidden_dim=8)
-  state = _init(model, batch, optax.adam(1e-3))
-  apply = jax.jit(lambda p, b: graphcare.apply_batch(model, p, b))
+  state = graphcare.init_state(jax.random.key(0), model, batch, optax.adam(1e-3))
+  apply = lambda p, b: graphcare.apply_batch(model, p, b)
   out = apply(state.params, batch)
   cut = dict(batch, graph=batch["graph"]._replace(senders=np.zeros_like(batch["graph"].senders)))
   np.testing.assert_allclose(out, apply(state.params, cut), rtol=1e-6)
@@ -278,7 +279,7 @@ def test_padding_does_not_change_real_outputs(small_world, official):
   a = graphs_lib.collate(pgs[:5], tight)
   b = graphs_lib.collate(pgs[:5] + [None], loose)
   params = model.init(jax.random.key(0), a["graph"], a["visit_node"], a["codes"], a["pairs"])
-  apply = jax.jit(lambda p, s: model.apply(p, s["graph"], s["visit_node"], s["codes"], s["pairs"]))
+  apply = lambda p, s: model.apply(p, s["graph"], s["visit_node"], s["codes"], s["pairs"])
   np.testing.assert_allclose(apply(params, a)[:5], apply(params, b)[:5], rtol=1e-5, atol=1e-6)
 
 
@@ -375,7 +376,7 @@ def test_run_tiny_smoke(tmp_path):
   from configs import graphcare as cfg_mod
   from iclr24_jax.papers.graphcare import experiment
   cfg = cfg_mod.get_config("tiny")
-  cfg.num_steps, cfg.checkpoint_every = 6, 6
+  cfg.num_steps, cfg.checkpoint_every, cfg.model.num_layers = 6, 6, 1
   res = experiment.run(cfg, str(tmp_path))
   assert np.isfinite(res["test"]["auroc"]) and res["data"]["num_samples"] == 240
   saved = json.loads((tmp_path / "results.json").read_text())
@@ -402,3 +403,17 @@ def test_mimic3_demo_tasks(shared_data):
   assert sizes["los"] == sizes["drugrec"] and sizes["mortality"] == sizes["readmission"] < sizes["los"]
   ds, _ = data_lib.mimic3_demo_task("drugrec", mv=mv)
   assert ds.labels.ndim == 2 and ds.labels.shape[1] == ds.num_outputs
+
+
+@pytest.mark.slow
+def test_smollm2_hook_end_to_end():
+  pytest.importorskip("gguf")
+  try:
+    fn = graphcare.smollm2_generate_fn(max_new_tokens=48, batch_size=2)
+  except FileNotFoundError as e:
+    pytest.skip(str(e))
+  out = graphcare.propose_triples(fn, ["heart failure", "sepsis"], max_triples=5, batched=True)
+  assert set(out) == {"heart failure", "sepsis"}
+  assert all(len(t) == 3 and all(isinstance(x, str) and x for x in t) for ts in out.values() for t in ts)
+  raw = graphcare.kg_from_triples(out)
+  assert raw.concept_names == ["heart failure", "sepsis"]

@@ -46,7 +46,8 @@ __all__ = [
     # patient graphs and batches
     "PatientGraph", "Budgets", "patient_graph", "budgets_for", "collate", "Batcher", "dense_visit_node_matrix",
     # model, losses, training
-    "bi_attention", "all_pairs", "bat_aggregate", "decay_weights", "GATConv", "EHRGRU", "create_model", "init_state", "loss_fn", "task_loss",
+    "bi_attention", "all_pairs", "bat_aggregate", "decay_weights", "GATConv", "EHRGRU", "create_model",
+    "init_state", "loss_fn", "task_loss",
     "make_train_step", "predict_step", "apply_batch", "fit",
     # metrics
     "task_metrics", "binary_metrics", "multiclass_metrics", "multilabel_metrics", "bootstrap_ci",

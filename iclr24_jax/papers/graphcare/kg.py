@@ -46,7 +46,8 @@ class RawKG:
     c = len(self.concept_names)
     if np.shape(self.concept_entity) != (c,) or len(self.concept_triples) != c:
       raise ValueError(f"RawKG: concept_entity has shape {np.shape(self.concept_entity)} and there are "
-                       f"{len(self.concept_triples)} triple arrays, but {c} concept names; give one of each per concept.")
+                       f"{len(self.concept_triples)} triple arrays, but {c} concept names; give one of each per "
+                       "concept.")
     n_ent, n_rel = len(self.entity_names), len(self.relation_names)
     for i, t in enumerate(self.concept_triples):
       t = np.asarray(t)
@@ -223,7 +224,8 @@ def cluster_kg(raw: RawKG, entity_embedding: np.ndarray, relation_embedding: np.
     mapped = np.stack([ent_labels[t[:, 0]], rel_labels[t[:, 1]], ent_labels[t[:, 2]]], axis=1) if len(t) else t
     mapped = mapped[mapped[:, 0] != mapped[:, 2]] if len(mapped) else mapped
     triples.append(np.unique(mapped, axis=0).astype(np.int32) if len(mapped) else np.zeros((0, 3), np.int32))
-  return ConceptKG(num_nodes=m, num_relations=r, concept_node=ent_labels[np.asarray(raw.concept_entity)].astype(np.int32),
+  concept_node = ent_labels[np.asarray(raw.concept_entity)].astype(np.int32)
+  return ConceptKG(num_nodes=m, num_relations=r, concept_node=concept_node,
                    concept_triples=triples, node_embedding=node_emb, relation_embedding=rel_emb, node_names=node_names,
                    relation_names=relation_names, concept_names=list(raw.concept_names),
                    entity_cluster=ent_labels, relation_cluster=rel_labels)
@@ -298,16 +300,15 @@ def tfidf_embed(names: Sequence[str], dim: int = 64, seed: int = 0):
 # ----------------------------------------------------------------------------------------------------------
 
 PROMPT_TEMPLATE = (
-    "You are building a medical knowledge graph for clinical prediction (mortality, readmission, length of "
-    "stay, drug recommendation).\n"
-    "List facts about the medical concept below as triples, one per line, each written exactly as\n"
-    "[head entity, relation, tail entity]\n"
-    "Use short entity names. Give at most {max_triples} triples.\n"
-    "Example for 'sepsis':\n"
+    "Write medical facts useful for predicting mortality, readmission, length of stay and drugs as triples, "
+    "one per line, like:\n"
     "[sepsis, can cause, septic shock]\n"
-    "[sepsis, treated with, broad-spectrum antibiotics]\n"
-    "Concept: {concept}\n"
+    "[sepsis, treated with, antibiotics]\n"
+    "[asthma, affects, airways]\n"
+    "Now write up to {max_triples} triples about: {concept}\n"
 )
+_EXAMPLES = {("sepsis", "can cause", "septic shock"), ("sepsis", "treated with", "antibiotics"),
+             ("asthma", "affects", "airways")}
 
 _TRIPLE_RE = re.compile(r"\[\s*([^\[\],]+?)\s*,\s*([^\[\],]+?)\s*,\s*([^\[\],]+?)\s*\]")
 _PAREN_RE = re.compile(r"\(\s*([^(),]+?)\s*,\s*([^(),]+?)\s*,\s*([^(),]+?)\s*\)")
@@ -338,8 +339,7 @@ def parse_triples(text: str, max_triples: int | None = None, max_len: int = 60) 
       h, r, t = (_clean(g) for g in m.groups())
       if not h or not r or not t or max(len(h), len(r), len(t)) > max_len:
         continue
-      if (h, r, t) in {("sepsis", "can cause", "septic shock"), ("sepsis", "treated with", "broad-spectrum antibiotics"),
-                       ("head entity", "relation", "tail entity")}:
+      if (h, r, t) in _EXAMPLES or h in ("head entity", "head"):
         continue
       if (h, r, t) not in seen:
         seen.add((h, r, t))
@@ -383,27 +383,36 @@ def propose_triples(generate_fn: Callable, concept_names: Sequence[str], max_tri
   return out
 
 
-def smollm2_generate_fn(max_new_tokens: int = 96, batch_size: int = 8, **generator_kwargs) -> Callable:
+def smollm2_generate_fn(max_new_tokens: int = 96, batch_size: int = 8, prefill: bool = True,
+                        **generator_kwargs) -> Callable:
   """A batched `generate_fn` backed by SmolLM2-135M-Instruct through `iclr24_jax.lm` (offline weights).
 
-  Use as `propose_triples(smollm2_generate_fn(), names, batched=True)`. Greedy decoding; the chat
-  template wraps each prompt. A 135M model proposes few, often generic triples: it shows the hook
-  working end to end, not the GPT-4 knowledge the paper relies on.
+  Use as `propose_triples(smollm2_generate_fn(), names, batched=True)`. Greedy decoding; each prompt is
+  wrapped in the chat template and, with `prefill`, the answer is started with "[<concept>," (the
+  concept read from the prompt's last line "...: <concept>"), which a 135M model needs to follow the
+  format. It proposes few, often generic triples: the hook working end to end, not GPT-4's knowledge.
 
   Args:
     max_new_tokens: answer length.
     batch_size: prompts per compiled call.
+    prefill: start every answer with "[<concept>,".
     **generator_kwargs: passed to `iclr24_jax.lm.Generator`.
 
   Returns:
-    prompts (list[str]) -> answers (list[str]).
+    prompts (list[str]) -> answers (list[str]) (prefill included).
   """
   from iclr24_jax import lm
   params, config, tok = lm.load_smollm2()
-  gen = lm.Generator(params, config, tok, batch_size=batch_size, **generator_kwargs)
+  gen = lm.Generator(params, config, tok, chat=False, batch_size=batch_size, **generator_kwargs)
 
   def fn(prompts: Sequence[str]) -> list[str]:
-    return list(gen(list(prompts), max_new_tokens=max_new_tokens))
+    heads, texts = [], []
+    for p in prompts:
+      concept = p.strip().splitlines()[-1].rsplit(":", 1)[-1].strip() if prefill else ""
+      head = f"[{concept}," if prefill else ""
+      heads.append(head)
+      texts.append(tok.apply_chat_template(p, add_generation_prompt=True) + head)
+    return [h + a for h, a in zip(heads, gen(texts, max_new_tokens=max_new_tokens))]
 
   return fn
 

@@ -29,8 +29,9 @@ Both modes compute alpha/beta only at the patient's own nodes, which is exact: t
 gathers `attn[batch, node_id]` at the patient's nodes only, and every node of a visit is a node of the
 patient's graph, so W_alpha g_{i,j} at node k is a sum over the patient's node pairs (l, k).
 
-Message passing is `jax.ops.segment_sum` over receivers; collate() keeps edges sorted by receiver (padding
-edges point at the padding node, last), so `indices_are_sorted=True` holds.
+Message passing is `jax.ops.segment_sum` over receivers. collate() keeps edges sorted by receiver and node
+pairs by k (padding points at the last, padding node), so models built by `create_model` (which only see
+Batcher batches) set `sorted_indices=True`; a BAT applied to other GraphsTuples keeps the default False.
 
 Shapes: one shard = a padded GraphsTuple with N nodes, E edges, G graphs (last = padding), the
 node x visit matrix [N, V] and the within-patient node pairs [P, 2] (see graphs.py).
@@ -155,18 +156,19 @@ def bi_attention(visit_node: jax.Array, node_ids: jax.Array, node_graph: jax.Arr
 
 def bat_aggregate(x: jax.Array, a_node: jax.Array, senders: jax.Array, receivers: jax.Array, relation: jax.Array,
                   rel_table: jax.Array, w_rel: jax.Array | None, eps: float | jax.Array,
-                  edge_mask: jax.Array | None = None) -> jax.Array:
+                  edge_mask: jax.Array | None = None, receivers_sorted: bool = False) -> jax.Array:
   """The BAT layer before its linear map: sum_{k'} m_{k'k} + (1 + eps) x_k (official BiAttentionGNNConv).
 
   Args:
     x: [N, H] node states.
     a_node: [N] attention weight a_k of every node (as a sender).
-    senders, receivers: [E] edges, sorted by receiver (segment_sum uses indices_are_sorted).
+    senders, receivers: [E] edges.
     relation: [E] relation ids.
     rel_table: [R, H] projected relation embeddings e_r.
     w_rel: [R, 1] edge-attention weights W_R e_r + b_R, or None (ablation: no edge attention).
     eps: the self weight.
     edge_mask: [E] bool, False on padding edges (their messages are dropped).
+    receivers_sorted: receivers are non-decreasing (graphs.collate) -> sorted segment sum.
 
   Returns:
     [N, H] = sum_{k'} m_{k'k} + (1 + eps) x_k with m_{k'k} = ReLU(x_{k'} a_{k'} + w_R(e) e)
@@ -176,7 +178,7 @@ def bat_aggregate(x: jax.Array, a_node: jax.Array, senders: jax.Array, receivers
   msg = jax.nn.relu(xa + (w_rel * rel_table)[relation]) if w_rel is not None else jax.nn.relu(xa)
   if edge_mask is not None:
     msg = msg * edge_mask[:, None]
-  agg = jax.ops.segment_sum(msg, receivers, x.shape[0], indices_are_sorted=True)
+  agg = jax.ops.segment_sum(msg, receivers, x.shape[0], indices_are_sorted=receivers_sorted)
   return agg + (1.0 + eps) * x
 
 
@@ -201,6 +203,8 @@ class BAT(nn.Module):
     ehr_readout: 'input' - the direct EHR nodes' INPUT embeddings through `lin` (official code);
       'final' - their last-layer states.
     match_official_code: see module docstring.
+    sorted_indices: the inputs come from graphs.collate (edges sorted by receiver, pairs by k), so segment
+      sums may assume sorted indices. Leave False for other GraphsTuples.
   """
 
   num_nodes: int
@@ -221,6 +225,7 @@ class BAT(nn.Module):
   patient_mode: str = "joint"
   ehr_readout: str = "input"
   match_official_code: bool = False
+  sorted_indices: bool = False
 
   def _check(self):
     if self.gnn not in GNNS:
@@ -257,6 +262,7 @@ class BAT(nn.Module):
     senders, receivers = graph.senders, graph.receivers
     node_graph = node_graph_index(graph.n_node, n)
     num_visits = graph.globals["num_visits"]
+    fallback_pairs = pairs is None  # all_pairs() is sorted by construction
     if pairs is None:
       pairs, pair_mask = all_pairs(node_graph, nmask)
     else:
@@ -282,16 +288,18 @@ class BAT(nn.Module):
           w_b = self.param(f"beta_{layer}_kernel", nn.initializers.xavier_normal(), (m, 1))[:, 0]
           b_b = self.param(f"beta_{layer}_bias", nn.initializers.zeros, ())
         a_node, alpha, beta = bi_attention(visit_node, ids, node_graph, nmask, num_visits, pairs, pair_mask, w_a, b_a,
-                                           w_b, b_b, self.decay_rate, self.match_official_code, pairs_sorted=True)
+                                           w_b, b_b, self.decay_rate, self.match_official_code,
+                                           pairs_sorted=self.sorted_indices or fallback_pairs)
         w_rel = nn.Dense(1, name=f"W_R_{layer}")(rel_table) if self.use_edge_attn else None  # [R, 1]
-        pre = bat_aggregate(x, a_node, senders, receivers, relation, rel_table, w_rel, eps, emask)
+        pre = bat_aggregate(x, a_node, senders, receivers, relation, rel_table, w_rel, eps, emask,
+                            receivers_sorted=self.sorted_indices)
         out = nn.Dense(self.hidden_dim, name=f"conv_{layer}")(pre)              # x' = W(sum m + (1 + eps) x)
         w_rel = w_rel[relation] if w_rel is not None else jnp.zeros((senders.shape[0], 1), x.dtype)
         if return_attention:
           records["attn"].append(a_node), records["alpha"].append(alpha), records["beta"].append(beta)
           records["w_rel"].append(w_rel)
       elif self.gnn == "gin":
-        agg = jax.ops.segment_sum(x[senders] * emask[:, None], receivers, n, indices_are_sorted=True)
+        agg = jax.ops.segment_sum(x[senders] * emask[:, None], receivers, n, indices_are_sorted=self.sorted_indices)
         out = nn.Dense(self.hidden_dim, name=f"conv_{layer}")(agg + (1.0 + eps) * x)  # GINConv(Linear), eps = 0
       else:
         out = GATConv(self.hidden_dim, name=f"conv_{layer}")(x, senders, receivers, emask)
@@ -400,4 +408,4 @@ def create_model(model_config: Any, num_nodes: int, num_relations: int, out_dim:
              use_beta=bool(model_config.use_beta), use_edge_attn=bool(model_config.use_edge_attn),
              eps=float(model_config.eps), train_eps=bool(model_config.train_eps),
              patient_mode=str(model_config.patient_mode), ehr_readout=str(model_config.ehr_readout),
-             match_official_code=bool(model_config.match_official_code))
+             match_official_code=bool(model_config.match_official_code), sorted_indices=True)  # Batcher inputs

@@ -2,8 +2,9 @@
 
 A batch (graphs.Batcher) is a dict of arrays with a leading shard axis [S, ...]: graph (GraphsTuple),
 visit_node [S, N, V], pairs [S, P, 2], codes [S, G, V, K], valid [S, G], label [S, G] (binary: {0, 1};
-multiclass: int) or [S, G, L] (multilabel). The model runs on each shard under `jax.vmap`, so sharding the S axis over the
-mesh's 'data' axis is plain data parallelism and the numbers do not depend on the number of devices.
+multiclass: int) or [S, G, L] (multilabel). The model runs on each shard under `jax.vmap`, so sharding
+the S axis over the mesh's 'data' axis is plain data parallelism and the numbers do not depend on the
+number of devices.
 
 Losses (official graphcare.py): binary and multilabel -> binary cross-entropy with logits (mean over
 patients and labels), multiclass -> softmax cross-entropy; means over real patients only.
