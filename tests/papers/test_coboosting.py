@@ -184,6 +184,23 @@ def test_vmap_and_unrolled_clients_agree(mlp_method):
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_heterogeneous_clients_are_a_list_of_models():
+  models = (MLP(K, hidden=(8,)), MLP(K, hidden=(16, 8)))
+  params = tuple(m.init(jax.random.key(i), jnp.zeros((1, S, S, 1)))["params"] for i, m in enumerate(models))
+  clients = model_lib.ClientSet(models, 2, stacked=False)
+  x = jax.random.uniform(jax.random.key(0), (5, S, S, 1))
+  out = jax.jit(clients.logits)(params, x)
+  chex.assert_shape(out, (2, 5, K))
+  np.testing.assert_allclose(out[1], models[1].apply({"params": params[1]}, x), rtol=1e-5, atol=1e-6)
+  method = coboosting.Method(clients=clients, server=models[0], generator=model_lib.Generator(S, 1, 4),
+                             num_classes=K, nz=8)
+  teacher, m = coboosting.weight_step(method, {"clients": params, "weights": jnp.asarray([0.5, 0.5])},
+                                      {"x": x, "y": jnp.arange(5) % K}, 0.1)
+  assert teacher["weights"].shape == (2,) and np.isfinite(float(m["ensemble_ce"]))
+  with pytest.raises(ValueError, match="exactly one model"):
+    model_lib.ClientSet(models, 2, stacked=True)
+
+
 def test_fedavg_mean_of_stacked_params(mlp_method):
   _, params = mlp_method
   avg = coboosting.fedavg_params(params)

@@ -375,51 +375,53 @@ def _bench_setup(num_clients: int, vmap: bool, image_size: int = 8, quick: bool 
 def benchmark(quick: bool = True) -> list[dict]:
   """Epoch time (g_steps synthesis + re-weighting + distillation over a fixed pool) vs number of clients.
 
-  Rows: one epoch per client count (5, 10, 20) on 1 device; the synthesis and distillation steps on 1 and all
-  devices (C = 10); vmap vs unrolled client evaluation (C = 10).
+  Rows: one epoch for 5, 10 and 20 clients on 1 device; the synthesis and distillation steps (C = 10) on 1 and
+  all devices; with quick=False also the other client evaluation (vmap vs unrolled) and larger sizes.
   """
   rows = []
   batch = 64
   g_steps = 5 if quick else 20
   pool_batches = 4 if quick else 16
   mesh1 = sharding.make_mesh(devices=jax.devices()[:1])
-  unroll = not resolve_vmap("auto")
+  default_vmap = resolve_vmap("auto")
   for c in (5, 10, 20):
-    cfg, method, params, shape = _bench_setup(c, vmap=not unroll, quick=quick)
+    cfg, method, params, shape = _bench_setup(c, vmap=default_vmap, quick=quick)
     comp = coboost.compiled(method, mesh1, batch, shape)
-    teacher = sharding.replicate({"clients": params, "weights": jnp.full((c,), 1.0 / c)}, mesh1)
-    knob = coboost.knobs(method)
-    server = coboost.init_server(method, jax.random.key(0), shape)
-    pool_x = np.random.default_rng(0).random((pool_batches * batch,) + shape, dtype=np.float32)
-    pool_y = np.random.default_rng(1).integers(0, 10, pool_batches * batch).astype(np.int32)
-    state = {"server": server, "teacher": teacher}
+    weights = jnp.full((c,), 1.0 / c, jnp.float32)  # not weak-typed: a weak input would compile a 2nd time
+    state = {"teacher": sharding.replicate({"clients": params, "weights": weights}, mesh1),
+             "server": comp.init_server(jax.random.key(0))}
+    knob = sharding.replicate(coboost.knobs(method), mesh1)
+    rng = np.random.default_rng(0)
+    pool_x = rng.random((pool_batches * batch,) + shape, dtype=np.float32)
+    pool_y = rng.integers(0, 10, pool_batches * batch).astype(np.int32)
+    step_size, lr = jnp.float32(0.01), jnp.float32(0.05)
 
-    def epoch(comp=comp, knob=knob, state=state, pool_x=pool_x, pool_y=pool_y):
+    def epoch(comp=comp, knob=knob, state=state, pool_x=pool_x, pool_y=pool_y, step_size=step_size, lr=lr):
       synth = comp.init_synth(jax.random.key(1))
       for _ in range(g_steps):
         synth, _ = comp.synth_step(synth, state["teacher"], state["server"].params, state["server"].extra, knob)
       for b in range(pool_batches):
         sl = slice(b * batch, (b + 1) * batch)
-        state["teacher"], _ = comp.weight_step(state["teacher"], {"x": pool_x[sl], "y": pool_y[sl]}, 0.01)
+        state["teacher"], _ = comp.weight_step(state["teacher"], {"x": pool_x[sl], "y": pool_y[sl]}, step_size)
       for b in range(pool_batches):
         sl = slice(b * batch, (b + 1) * batch)
         state["server"], _ = comp.distill_step(state["server"], state["teacher"], {"x": pool_x[sl]},
-                                               jax.random.key(2), 0.05, knob)
-      return state["server"].params
+                                               jax.random.key(2), lr, knob)
+      return state["server"].params, synth.best_x
 
     rows.append(bench.time_host(epoch, repeats=2 if quick else 5, items=batch * (g_steps + 2 * pool_batches),
                                 name=f"coboosting/epoch(g_steps={g_steps}, pool={pool_batches}x{batch})",
                                 size=c, batch=batch, mesh_devices=1, clients=c,
-                                client_eval="unrolled" if unroll else "vmap"))
-  # Single steps on 1 and all devices, and vmap vs unrolled client evaluation (C = 10).
-  for vmap in (True, False):
+                                client_eval="vmap" if default_vmap else "unrolled"))
+  # Single steps (C = 10) on 1 and all devices; quick=False adds the other client evaluation on 1 device.
+  for vmap in ((default_vmap,) if quick else (default_vmap, not default_vmap)):
     cfg, method, params, shape = _bench_setup(10, vmap=vmap, quick=quick)
-    for n_dev in sorted({1, jax.device_count()}) if vmap == (not unroll) else (1,):
+    for n_dev in (sorted({1, jax.device_count()}) if vmap == default_vmap else (1,)):
       mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
       comp = coboost.compiled(method, mesh, batch, shape)
-      teacher = sharding.replicate({"clients": params, "weights": jnp.full((10,), 0.1)}, mesh)
+      teacher = sharding.replicate({"clients": params, "weights": jnp.full((10,), 0.1, jnp.float32)}, mesh)
       knob = sharding.replicate(coboost.knobs(method), mesh)
-      server = sharding.replicate(coboost.init_server(method, jax.random.key(0), shape), mesh)
+      server = comp.init_server(jax.random.key(0))
       synth = comp.init_synth(jax.random.key(1))
       tag = dict(size=10, batch=batch, mesh_devices=n_dev, clients=10, client_eval="vmap" if vmap else "unrolled")
       rows.append(bench.time_fn(comp.synth_step, synth, teacher, server.params, server.extra, knob, carry=True,
