@@ -76,7 +76,7 @@ class GaussianMixture:
     return jnp.linalg.eigh(self.covs)
 
   def _terms(self, x, alpha_bar, eig=None):
-    """Per-component pieces at x [B, D] and abar (scalar or [B]): (log r [B, K], C^{-1}(x - alpha mu) [B, K, D], abar)."""
+    """Pieces at x [B, D], abar (scalar or [B]): (log w_k N(x; .) [B, K], C_k^{-1}(x - alpha mu_k) [B, K, D], abar)."""
     if x.ndim != 2 or x.shape[1] != self.dim:
       raise ValueError(f"GMM points must be [B, {self.dim}], got {x.shape}.")
     a = jnp.broadcast_to(jnp.asarray(alpha_bar, jnp.float32), (x.shape[0],))

@@ -226,7 +226,7 @@ def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: 
            method: str = "ddpm", num_steps: int | None = None, spacing: str | None = None, eta: float = 0.0,
            prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None, x_T: jax.Array | None = None,
            cond: Any = None, null_cond: Any = None, guidance_scale: float | None = None,
-           return_trajectory: bool = False):
+           grid: tuple[jax.Array, jax.Array, jax.Array] | None = None, return_trajectory: bool = False):
   """Draws samples by running the reverse chain in one `lax.scan`.
 
   Args:
@@ -244,6 +244,8 @@ def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: 
     cond: condition passed as the denoiser's third argument (pytree, leading axis B).
     null_cond: the unconditional value for classifier-free guidance.
     guidance_scale: w of `classifier_free_guidance` (None: no guidance).
+    grid: optional (times [N], alpha_bar_t [N], alpha_bar_s [N]) replacing `sampling_grid(schedule, ...)`, for a
+      custom time grid (the schedule is then unused).
     return_trajectory: also return the states after every step.
 
   Returns:
@@ -259,7 +261,7 @@ def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: 
     fn = lambda x, t: denoiser(x, t, cond)  # noqa: E731
   else:
     fn = denoiser
-  times, a_t, a_s = sampling_grid(schedule, num_steps, spacing)
+  times, a_t, a_s = sampling_grid(schedule, num_steps, spacing) if grid is None else grid
   key_init, step_keys = split_sampler_keys(key, times.shape[0])
   if x_T is None:
     x_T = jax.random.normal(key_init, tuple(shape), jnp.float32)

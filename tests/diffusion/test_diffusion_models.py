@@ -108,16 +108,26 @@ def test_unet_shapes_and_conditioning(cond_unet):
   chex.assert_shape(shapes, (2, 16, 16, 3))
 
 
-def test_mlp_denoiser_shapes():
-  m = unet.MLPDenoiser(hidden=32, num_blocks=2, time_embed_dim=16)
+@pytest.fixture(scope="module")
+def mlp_setup():
+  """A small MLP denoiser on [B, 2, 3] data with class labels (3 classes) and a vector condition, and its state."""
+  model = unet.MLPDenoiser(hidden=16, num_blocks=2, time_embed_dim=8, num_classes=3)
+  rng = np.random.default_rng(0)
+  batch = {"x": rng.standard_normal((16, 2, 3)).astype(np.float32), "y": (np.arange(16) % 3).astype(np.int32),
+           "cond": rng.standard_normal((16, 2)).astype(np.float32)}
+  st = _fast_jit(lambda k: training.init_state(k, model, (2, 3), optax.adam(1e-2), class_labels=jnp.zeros((1,), int),
+                                               cond=jnp.zeros((1, 2))), jax.random.key(0))(jax.random.key(0))
+  return model, st, batch
 
-  def init_and_apply(x):
-    params = m.init(jax.random.key(0), x, jnp.zeros(4), cond=jnp.ones((4, 3)))["params"]
-    return m.apply({"params": _perturb(params, jax.random.key(1))}, x, jnp.arange(4), cond=jnp.ones((4, 3)))
 
-  for shape in ((4, 6), (4, 2, 3)):
-    x = jnp.ones(shape)
-    chex.assert_shape(_fast_jit(init_and_apply, x)(x), shape)
+def test_mlp_denoiser_shapes(mlp_setup):
+  model, st, batch = mlp_setup
+  p = _perturb(st.params, jax.random.key(1))
+  fwd = _fast_jit(lambda p, x, t, c, y: model.apply({"params": p}, x, t, cond=c, class_labels=y), p, batch["x"],
+                  jnp.arange(16), batch["cond"], batch["y"])
+  out = fwd(p, batch["x"], jnp.arange(16), batch["cond"], batch["y"])
+  chex.assert_shape(out, (16, 2, 3))  # [B, 2, 3] in, flattened inside, [B, 2, 3] out
+  assert float(jnp.max(jnp.abs(out - fwd(p, batch["x"], jnp.arange(16), -batch["cond"], batch["y"])))) > 1e-3
 
 
 def test_model_errors():
@@ -212,30 +222,21 @@ def test_unet_train_step_lowers_fixed_batch_loss(cond_unet):
   assert after < 0.9 * before, (before, after)
 
 
-def test_condition_dropout_exact():
-  model = unet.MLPDenoiser(hidden=16, num_blocks=1, time_embed_dim=8, num_classes=3)
+def test_condition_dropout_exact(mlp_setup):
+  model, st, batch = mlp_setup
   sched = schedules.linear_beta_schedule(100)
-  tx = optax.sgd(0.1)
-  st = _fast_jit(lambda k: training.init_state(k, model, (4,), tx, class_labels=jnp.zeros((1,), int)),
-                 jax.random.key(0))(jax.random.key(0))
-  batch = {"x": jnp.ones((6, 4)), "y": jnp.array([0, 1, 2, 0, 1, 2])}
   key = jax.random.key(1)
-  # cond_drop_prob = 1 trains exactly the unconditional (null label = num_classes = 3) model.
+  # cond_drop_prob = 1 trains exactly the unconditional model: null label (num_classes = 3) and a zero condition.
   a, _ = _fast_jit(training.make_train_step(model, sched, cond_drop_prob=1.0), st, batch, key)(st, batch, key)
-  null_batch = {**batch, "y": jnp.full((6,), 3)}
+  null_batch = {**batch, "y": np.full((16,), 3, np.int32), "cond": np.zeros_like(batch["cond"])}
   b, _ = _fast_jit(training.make_train_step(model, sched), st, null_batch, key)(st, null_batch, key)
   chex.assert_trees_all_close(a.params, b.params, rtol=1e-6, atol=1e-7)
 
 
-def test_train_step_same_on_1_and_8_devices():
-  model = unet.MLPDenoiser(hidden=32, num_blocks=2, time_embed_dim=16)
+def test_train_step_same_on_1_and_8_devices(mlp_setup):
+  model, st0, batch = mlp_setup
   sched = schedules.ContinuousSchedule("cosine")
-  tx = optax.adam(1e-2)
   step = training.make_train_step(model, sched, prediction="v", weighting="min_snr")
-  batch = {"x": np.random.default_rng(0).standard_normal((16, 3)).astype(np.float32),
-           "cond": np.random.default_rng(1).standard_normal((16, 2)).astype(np.float32)}
-  st0 = _fast_jit(lambda k: training.init_state(k, model, (3,), tx, cond=jnp.zeros((1, 2))),
-                  jax.random.key(0))(jax.random.key(0))
   outs = []
   for n in (1, 8):
     mesh = sharding.make_mesh(devices=jax.devices()[:n])
