@@ -152,6 +152,11 @@ def test_bad_inputs_raise_clear_errors(small_world):
     cfg.get_config("nope")
   with pytest.raises(FileNotFoundError, match="data_dir"):
     data_lib.read_mimic3_demo("/nonexistent/mimic")
+  with pytest.raises(ValueError, match="NaN"):
+    graphcare.agglomerative_labels(np.array([[1.0, np.nan], [0.0, 1.0]]), 0.15)
+  with pytest.raises(ValueError, match="visit_node"):
+    graph, vn = graphcare.build_patient_graphs([[[0]]], ckg)
+    _bat(ckg).init(jax.random.key(0), graph, vn[:, :, None])
 
 
 # ------------------------------------------------------------------------------------------------ attention

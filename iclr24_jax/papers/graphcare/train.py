@@ -176,6 +176,9 @@ def collect_predictions(model: nn.Module, params: Any, batches: Iterable[dict], 
     losses.append(float(out["loss"]) * valid.sum()), counts.append(valid.sum())
   y_true = np.concatenate(ys) if ys else np.zeros((0,))
   y_prob = np.concatenate(ps) if ps else np.zeros((0,))
+  if not np.all(np.isfinite(y_prob)):
+    raise FloatingPointError("the model produced NaN/inf probabilities (diverged training?); lower "
+                             "config.optimizer.learning_rate or set optimizer.grad_clip.")
   return y_true, y_prob, float(np.sum(losses) / max(np.sum(counts), 1))
 
 
