@@ -221,9 +221,9 @@ def test_ods_perturbation_is_a_signed_step(mlp_method):
   np.testing.assert_array_equal(coboosting.ods_perturb(fn, x, jax.random.key(1), eps=0.0), x)
 
 
-def test_synthesis_step_keeps_the_best_batch(mlp_method):
+def test_synthesis_keeps_the_best_batch_and_fori_loop_matches(mlp_method):
   method, params = mlp_method
-  teacher = {"clients": params, "weights": jnp.full((3,), 1 / 3)}
+  teacher = {"clients": params, "weights": jnp.asarray([0.2, 0.3, 0.5])}
   server = coboosting.init_server(method, jax.random.key(5), (S, S, 1))
   state = jax.jit(lambda k: coboosting.init_synthesis(method, k, 8, (S, S, 1)))(jax.random.key(2))
   step = jax.jit(lambda s: coboosting.synthesis_step(method, s, teacher, server.params, server.extra))
@@ -234,6 +234,11 @@ def test_synthesis_step_keeps_the_best_batch(mlp_method):
   chex.assert_shape(state.best_x, (8, S, S, 1))
   np.testing.assert_allclose(float(state.best_loss), min(seen), rtol=1e-6)
   assert int(state.step) == 3
+  # The whole phase as one fori_loop (for accelerators) gives the same result.
+  looped, _ = jax.jit(lambda k: coboosting.hard_sample_synthesis(method, k, teacher, server.params, server.extra,
+                                                                   8, (S, S, 1), 3))(jax.random.key(2))
+  np.testing.assert_allclose(looped.best_x, state.best_x, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(looped.z, state.z, rtol=1e-5, atol=1e-6)
 
 
 def test_distill_step_lowers_kl_and_compiles_once(mlp_method):
