@@ -27,13 +27,10 @@ def main() -> int:
   parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices (CPU backend only)")
   parser.add_argument("--out", default=os.path.join(ROOT, "results"))
   args = parser.parse_args()
-  import jax
-  if args.devices > 1:
-    try:
-      jax.config.update("jax_num_cpu_devices", args.devices)
-    except Exception:
-      pass
   sys.path.insert(0, ROOT)
+  from iclr24_jax.common.sharding import simulate_cpu_devices
+  if args.devices > 1:
+    simulate_cpu_devices(args.devices)  # only affects the CPU backend
   from iclr24_jax import registry
   from iclr24_jax.common import bench
   names = [n for n in registry.available() if (not args.only or n in args.only.split(","))

@@ -27,8 +27,8 @@ def main(argv):
     from iclr24_jax.common.sharding import initialize_distributed
     initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _CPU_DEVICES.value)
   elif _CPU_DEVICES.value:
-    import jax
-    jax.config.update("jax_num_cpu_devices", _CPU_DEVICES.value)
+    from iclr24_jax.common.sharding import simulate_cpu_devices
+    simulate_cpu_devices(_CPU_DEVICES.value)
   from iclr24_jax import registry
   config = _CONFIG.value
   module = registry.experiment_module(config.paper)

@@ -7,9 +7,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
   sys.path.insert(0, str(ROOT))
 
-import jax  # noqa: E402
+from iclr24_jax.common.sharding import simulate_cpu_devices  # noqa: E402
 
-jax.config.update("jax_num_cpu_devices", 8)
+simulate_cpu_devices(8)  # also widens XLA's CPU pools (see its docstring: collective deadlock on 2 cores)
 
 import logging  # noqa: E402
 

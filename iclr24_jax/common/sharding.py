@@ -7,6 +7,7 @@ hosts call `initialize_distributed()` first and feed each host's slice through `
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -102,6 +103,25 @@ def shard_batch(host_batch: Any, mesh: Mesh) -> Any:
   return jax.tree.map(put, host_batch)
 
 
+def simulate_cpu_devices(n: int) -> None:
+  """Splits the host CPU into `n` XLA devices (tests, benchmarks, CPU rehearsals of a sharded run).
+
+  Must run before the CPU backend is first used. It also widens XLA's CPU thread pools: XLA sizes them
+  to max(cores, devices), and its thunk runtime runs each device's program, collectives included, on
+  that pool, so with exactly `devices` threads one extra queued task (a transfer, a second in-flight
+  step) leaves a device unscheduled while the others block in an all-reduce. On a 2-core machine that
+  deadlock aborts the process after XLA's 40 s collective timeout ("may be stuck ... not all of them
+  arrived"). XLA reads the pool size from the NPROC environment variable; we set it to 4 x devices
+  unless the user set it already.
+  """
+  n = int(n)
+  if n < 1:
+    raise ValueError(f"simulate_cpu_devices needs n >= 1, got {n}")
+  if n > 1 and "NPROC" not in os.environ:
+    os.environ["NPROC"] = str(max(4 * n, os.cpu_count() or 1))
+  jax.config.update("jax_num_cpu_devices", n)
+
+
 def initialize_distributed(coordinator_address: str | None = None, num_processes: int | None = None,
                            process_id: int | None = None, cpu_devices_per_process: int | None = None) -> None:
   """Joins a multi-host run (TPU pod, GPU cluster, or several CPU processes on one machine).
@@ -112,7 +132,7 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   Must run before any other JAX call in the process.
   """
   if cpu_devices_per_process is not None:
-    jax.config.update("jax_num_cpu_devices", int(cpu_devices_per_process))
+    simulate_cpu_devices(cpu_devices_per_process)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id)
