@@ -1,0 +1,82 @@
+"""FPS: Diffusion Posterior Sampling for Linear Inverse Problem Solving -- A Filtering Perspective (Dou & Song,
+ICLR 2024). Paper: https://openreview.net/forum?id=tplXNcHZs1  Code: https://github.com/ZehaoDou-official/FPS-SMC-2023
+
+Run:  python -m experiments.main --config=configs/fps.py:tiny --workdir=runs/fps_tiny
+      python -m experiments.main --config=configs/fps.py --workdir=runs/fps            # the exactness study
+      python -m experiments.main --config=configs/fps.py:images --workdir=runs/fps_img  # digits inverse problems
+Variants (after the colon): '' (exactness study with the exact GMM denoiser, the default), 'tiny' (seconds),
+'tiny_images' (the image path in seconds),
+'images' (inpainting, 4x super-resolution, Gaussian and motion deblurring on digits with a trained diffusion
+model), one image task alone: 'inpainting', 'super_resolution', 'gaussian_blur', 'motion_blur', and
+'official' (the official sampler: c-rate DDIM kernel, 5 particles, on the image tasks).
+"""
+import ml_collections
+
+TASKS = ("inpainting", "super_resolution", "gaussian_blur", "motion_blur")
+VARIANTS = ("", "tiny", "tiny_images", "images", "official") + TASKS
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.paper = "fps"
+  c.seed = 0
+  c.task = "exactness"            # 'exactness' | 'images'
+  # The sampler (official: sampler ddim with c-rate kernel, 1000 steps, c = 0.95, 5 particles, sigma = 0.05).
+  c.fps = ml_collections.ConfigDict(dict(num_particles=5, num_steps=100, c=0.95, sampler="ddpm",
+                                         resampling="multinomial", ess_threshold=None, clip_x0=1.0))
+  c.num_steps = 100               # sampler steps (the official code runs 1000)
+  # Exactness study: exact GMM denoiser, exact GMM posterior (see experiment.exactness_study).
+  c.exactness = ml_collections.ConfigDict(dict(
+      dims=(2, 8), particles=(1, 5, 50, 500), full_grid_max_particles=50, rates=(0.5, 0.95, 1.0),
+      samplers=("ddpm", "ddim"), sigma=0.25, sigma_small=0.05, num_runs=(512, 256), num_steps=100,
+      dps_zetas=(0.1, 0.3, 1.0),
+      ring_y=1.5, obs_dim_8d=2, gaussian_sigmas=(0.05, 0.25, 1.0), gaussian_steps=(100, 1000),
+      gaussian_sequences=100))
+  # Image tasks (digits upsampled to 16 x 16, in [-1, 1]).
+  c.images = ml_collections.ConfigDict(dict(
+      tasks=TASKS, num_images=12, samples_per_image=4, sigma=0.05, box_size=8, sr_factor=4, blur_kernel=5,
+      blur_std=1.0, motion_kernel=5, motion_angle=45.0, motion_length=5.0, dps_zetas=(0.3, 1.0, 3.0),
+      methods=("fps", "fps_ddim", "dps", "ddim", "pinv")))   # add "fps_m1" for the particle-free FPS
+  # The diffusion prior of the image tasks (diffusion core MLP denoiser; see model.py), cached by config hash.
+  c.data = ml_collections.ConfigDict(dict(name="digits", data_dir="", image_size=16))
+  c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=512, num_blocks=3, time_embed_dim=128,
+                                           time_scale=1.0, num_classes=0, dropout=0.0))
+  c.schedule = ml_collections.ConfigDict(dict(name="linear", num_timesteps=1000, continuous=False, shift=0.0))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3, schedule="cosine",
+                                               warmup_steps=100, end_factor=0.05, grad_clip=1.0))
+  c.train_steps = 2000
+  c.batch_size = 128
+  c.ema_decay = 0.995
+  c.use_cache = True
+  c.log_every = 100
+  c.eval_every = 0
+  c.checkpoint_every = 0
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+
+  arg = arg or ""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown variant '{arg}' for configs/fps.py; choose one of {VARIANTS}.")
+  if arg == "tiny":      # the exactness study in seconds: 2-D, one particle count, one c, DDPM only
+    c.num_steps = 10
+    c.fps.num_steps = 10
+    c.exactness.update(dict(dims=(2,), particles=(4,), rates=(0.95,), samplers=("ddpm",), num_runs=(32,),
+                            num_steps=10, dps_zetas=(0.3,), gaussian_sigmas=(0.25,), gaussian_steps=(10,),
+                            gaussian_sequences=4))
+  elif arg == "tiny_images":   # the image path in seconds: a 20-step prior, one task, FPS and the pseudo-inverse
+    c.task = "images"
+    c.num_steps = 5
+    c.fps.num_steps = 5
+    c.images.update(dict(tasks=("inpainting",), num_images=2, dps_zetas=(1.0,), methods=("fps", "pinv")))
+    c.model.update(dict(hidden=32, num_blocks=1, time_embed_dim=16))
+    c.train_steps = 20
+    c.batch_size = 32
+    c.log_every = 10
+    c.optimizer.warmup_steps = 2
+    c.use_cache = False
+  elif arg in ("images", "official") + TASKS:
+    c.task = "images"
+    if arg in TASKS:
+      c.images.tasks = (arg,)
+    if arg == "official":
+      c.fps.sampler = "ddim"
+  return c

@@ -1,0 +1,460 @@
+"""Tests for FPS (filtering posterior sampling): operators and their SVDs, the closed-form conditioning, the
+measurement sequence, resampling, the particle filter against an exact Kalman filter, DPS, configs and a smoke run.
+"""
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs import fps as fps_config
+from iclr24_jax.diffusion import gmm as gmm_lib
+from iclr24_jax.diffusion import samplers, schedules
+from iclr24_jax.papers import fps
+from iclr24_jax.papers.fps import experiment, smc
+
+SCHED = schedules.linear_beta_schedule()
+
+
+def _ops():
+  """Small instances of every operator (dense checks are O(n^2))."""
+  rng = np.random.default_rng(0)
+  mask = (rng.uniform(size=(6, 6, 1)) > 0.4).astype(np.float32)
+  return {
+      "inpainting": fps.Inpainting(mask),
+      "super_resolution": fps.SuperResolution(2, (4, 6, 2)),
+      "super_resolution_2d": fps.SuperResolution(3, (6, 6)),
+      "gaussian_blur": fps.GaussianBlur(3, 1.0, (6, 6, 1)),
+      "motion_blur": fps.MotionBlur(5, (7, 6), angle=30.0),
+      "dense_wide": fps.Dense(rng.standard_normal((3, 5))),
+      "dense_tall": fps.Dense(rng.standard_normal((6, 4))),
+  }
+
+
+OPS = _ops()
+
+
+def _basis_matrix(fn, shape):
+  """Columns fn(e_j) for the standard basis of `shape` -> [out, n]."""
+  n = int(np.prod(shape))
+  eye = np.eye(n, dtype=np.float32).reshape((n,) + tuple(shape))
+  return np.asarray(fn(jnp.asarray(eye))).reshape(n, -1).T
+
+
+# ------------------------------------------------------------------------------------------ operators
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_adjoint_identity(name):
+  op = OPS[name]
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.standard_normal((3,) + op.x_shape), jnp.float32)
+  y = jnp.asarray(rng.standard_normal((3,) + op.y_shape), jnp.float32)
+  lhs = jnp.sum(op.forward(x) * y, axis=tuple(range(1, 1 + len(op.y_shape))))
+  rhs = jnp.sum(x * op.adjoint(y), axis=tuple(range(1, 1 + len(op.x_shape))))
+  np.testing.assert_allclose(lhs, rhs, rtol=1e-5, atol=1e-5)
+  chex.assert_shape(op.forward(x), (3,) + op.y_shape)
+  chex.assert_shape(op.adjoint(y), (3,) + op.x_shape)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_svd_reconstructs_operator(name):
+  op = OPS[name]
+  n = op.x_size
+  a = _basis_matrix(op.forward, op.x_shape)                 # [prod(y_shape), n]
+  vt = _basis_matrix(op.vt, op.x_shape)                     # [n, n] (complex for blurs)
+  np.testing.assert_allclose(vt @ vt.conj().T, np.eye(n), atol=1e-5)       # V is unitary
+  ys_shape = op.y_shape
+  ut = _basis_matrix(op.ut, ys_shape)                       # [m, prod(y_shape)]
+  np.testing.assert_allclose(ut @ ut.conj().T, np.eye(op.y_size), atol=1e-5)   # U^H has orthonormal rows
+  s = np.asarray(op.singular_values)
+  assert s.shape == (op.rank,) and np.all(s >= 0)
+  # A = U S V^H on the measurement space: U^H A = S_pad V^H
+  s_mat = np.zeros((op.y_size, n))
+  s_mat[np.arange(op.rank), np.arange(op.rank)] = s
+  np.testing.assert_allclose(ut @ a, s_mat @ vt, atol=1e-5)
+  # and the SVD path reproduces forward on random inputs
+  x = jnp.asarray(np.random.default_rng(2).standard_normal((2,) + op.x_shape), jnp.float32)
+  np.testing.assert_allclose(op.forward_svd(x), op.forward(x), atol=1e-5)
+  np.testing.assert_allclose(op.v(op.vt(x)), x, atol=1e-5)
+
+
+def test_inpainting_and_sr_values():
+  # Inpainting keeps observed pixels; SR averages blocks: [[1, 2], [3, 4]] -> 2.5.
+  op = fps.Inpainting(np.array([[1.0, 0.0], [0.0, 1.0]]))
+  np.testing.assert_array_equal(op.forward(jnp.array([[1.0, 2.0], [3.0, 4.0]])), [[1.0, 0.0], [0.0, 4.0]])
+  sr = fps.SuperResolution(2, (2, 2))
+  np.testing.assert_allclose(sr.forward(jnp.array([[1.0, 2.0], [3.0, 4.0]])), [[2.5]], rtol=1e-6)
+  np.testing.assert_allclose(sr.singular_values, [0.5], rtol=1e-6)   # row ones/4 has norm 1/2
+  k = fps.gaussian_kernel(5, 1.0)
+  np.testing.assert_allclose(k.sum(), 1.0, rtol=1e-12)
+  mk = fps.motion_kernel(7, angle=0.0, length=5)
+  np.testing.assert_allclose(mk.sum(), 1.0, rtol=1e-12)
+  assert np.count_nonzero(mk.sum(1)) == 1 and np.count_nonzero(mk.sum(0)) == 5   # a horizontal streak of 5 px
+
+
+def test_operators_are_pytrees_for_jit():
+  op = OPS["gaussian_blur"]
+  x = jnp.ones((1,) + op.x_shape)
+  f = jax.jit(lambda o, x: o.forward(x))
+  np.testing.assert_allclose(f(op, x), op.forward(x), rtol=1e-6)
+  leaves, tree = jax.tree_util.tree_flatten(op)
+  assert jax.tree_util.tree_unflatten(tree, leaves).x_shape == op.x_shape
+
+
+# ------------------------------------------------------------------------------- closed-form conditioning
+
+
+def _dense_measurement_rows(op):
+  """The dense A restricted to the measurement space (inpainting: observed pixels only)."""
+  a = _basis_matrix(op.forward, op.x_shape)
+  if isinstance(op, fps.Inpainting):
+    a = a[np.asarray(op.mask).reshape(-1) > 0]
+  return a
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_gaussian_condition_matches_dense(name):
+  op = OPS[name]
+  rng = np.random.default_rng(3)
+  n = op.x_size
+  mean = rng.standard_normal((2,) + op.x_shape).astype(np.float32)
+  y = rng.standard_normal(op.y_shape).astype(np.float32)
+  if isinstance(op, fps.Inpainting):
+    y = y * np.asarray(op.mask)
+  var, lik_var = 0.7, 0.2
+  post_mean, sample, log_lik = fps.gaussian_condition(op, jnp.asarray(mean), var, jnp.asarray(y), lik_var,
+                                                      z=jnp.zeros((2,) + op.x_shape))
+  a = _dense_measurement_rows(op).astype(np.float64)
+  yv = y.reshape(-1)[np.asarray(op.mask).reshape(-1) > 0] if isinstance(op, fps.Inpainting) else y.reshape(-1)
+  prec = np.eye(n) / var + a.T @ a / lik_var
+  cov = np.linalg.inv(prec)
+  for b in range(2):
+    mu = mean[b].reshape(-1).astype(np.float64)
+    ref_mean = cov @ (mu / var + a.T @ yv / lik_var)
+    np.testing.assert_allclose(np.asarray(post_mean[b]).reshape(-1), ref_mean, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(sample[b]).reshape(-1), ref_mean, rtol=1e-4, atol=1e-5)   # z = 0
+    s = var * a @ a.T + lik_var * np.eye(a.shape[0])
+    r = yv - a @ mu
+    ref_ll = -0.5 * r @ np.linalg.solve(s, r) - 0.5 * np.linalg.slogdet(2 * np.pi * s)[1]
+    np.testing.assert_allclose(float(log_lik[b]), ref_ll, rtol=1e-4, atol=1e-4)
+  # The noise map z -> sample - mean is linear with covariance = the posterior covariance.
+  noise_map = _basis_matrix(
+      lambda z: fps.gaussian_condition(op, jnp.zeros_like(z), var, jnp.zeros(op.y_shape), lik_var, z=z)[1],
+      op.x_shape)
+  np.testing.assert_allclose(noise_map @ noise_map.T, cov, atol=1e-5)
+
+
+def test_weight_equals_marginal_likelihood():
+  # Eq. (12): p(y|x') p(x'|x_t) / q(x'|x_t, y) does not depend on x' and equals N(y; A mu, v A A^T + a I).
+  op = OPS["dense_wide"]
+  rng = np.random.default_rng(4)
+  a = np.asarray(op.a, np.float64)
+  mu = rng.standard_normal(5)
+  y = rng.standard_normal(3)
+  var, lik_var = 0.3, 0.05
+  post_mean, _, log_lik = fps.gaussian_condition(op, jnp.asarray(mu[None], jnp.float32), var,
+                                                 jnp.asarray(y, jnp.float32), lik_var)
+  cov_q = np.linalg.inv(np.eye(5) / var + a.T @ a / lik_var)
+
+  def log_n(x, m, c):
+    d = x - m
+    return -0.5 * d @ np.linalg.solve(c, d) - 0.5 * np.linalg.slogdet(2 * np.pi * c)[1]
+
+  for _ in range(3):
+    xp = rng.standard_normal(5)
+    ratio = (log_n(y, a @ xp, lik_var * np.eye(3)) + log_n(xp, mu, var * np.eye(5))
+             - log_n(xp, np.asarray(post_mean[0], np.float64), cov_q))
+    np.testing.assert_allclose(ratio, float(log_lik[0]), rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_rates_reproduce_core_kernels():
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+  eps = jnp.asarray(rng.standard_normal((4, 3)), jnp.float32)
+  a_t, a_s = jnp.float32(0.3), jnp.float32(0.45)
+  ref = samplers.ddpm_transition(x, eps, a_t, a_s)
+  rate = fps.kernel_rates("ddpm", 0.95, jnp.array([a_t]), jnp.array([a_s]))[0]
+  got = fps.crate_ddim_transition(x, eps, a_t, a_s, rate)
+  np.testing.assert_allclose(got.mean, ref.mean, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got.var, ref.var, rtol=1e-5)
+  ddim0 = samplers.ddim_transition(x, eps, a_t, a_s, eta=0.0)
+  got0 = fps.crate_ddim_transition(x, eps, a_t, a_s, 0.0)
+  np.testing.assert_allclose(got0.mean, ddim0.mean, rtol=1e-5, atol=1e-6)
+  # c = 1: x0_hat re-noised to level a_s (mean sqrt(a_s) x0_hat, var 1 - a_s).
+  got1 = fps.crate_ddim_transition(x, eps, a_t, a_s, 1.0)
+  np.testing.assert_allclose(got1.mean, jnp.sqrt(a_s) * got1.x0, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(got1.var, 1 - a_s, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------- measurement sequence
+
+
+def test_measurement_sequence_marginals():
+  op = fps.Dense(np.array([[1.0, 0.5], [0.0, 2.0]]))
+  a = np.asarray(op.a, np.float64)
+  y = jnp.array([0.7, -1.2])
+  _, a_t, a_s = samplers.sampling_grid(SCHED, 20)
+  seq = jax.jit(jax.vmap(lambda k: fps.measurement_sequence(k, op, y, a_t, a_s, 0.95)))
+  y_start, ys = seq(jax.random.split(jax.random.key(0), 4000))
+  np.testing.assert_array_equal(ys[:, -1], jnp.broadcast_to(y, (4000, 2)))   # ends exactly at y
+  i = 10   # a middle level: y_s ~ N(sqrt(abar) y, (1 - abar) A A^T)
+  ab = float(a_s[i])
+  emp_mean, emp_cov = np.mean(np.asarray(ys[:, i]), 0), np.cov(np.asarray(ys[:, i]).T)
+  ref_cov = (1 - ab) * a @ a.T
+  se = np.sqrt(np.diag(ref_cov) / 4000)
+  assert np.all(np.abs(emp_mean - np.sqrt(ab) * np.asarray(y)) < 5 * se)
+  se_cov = np.sqrt((np.outer(np.diag(ref_cov), np.diag(ref_cov)) + ref_cov ** 2) / 4000)
+  assert np.all(np.abs(emp_cov - ref_cov) < 5 * se_cov)
+  # c = 0: one deterministic trajectory given y_T (the normalised noise stays constant).
+  y0, ys0 = fps.measurement_sequence(jax.random.key(1), op, y, a_t, a_s, 0.0)
+  eps = (np.asarray(ys0[:-1]) - np.sqrt(np.asarray(a_s[:-1]))[:, None] * np.asarray(y)) / np.sqrt(
+      1 - np.asarray(a_s[:-1]))[:, None]
+  np.testing.assert_allclose(eps, np.broadcast_to(eps[0], eps.shape), atol=2e-4)
+
+
+# ----------------------------------------------------------------------------------------- resampling
+
+
+@pytest.mark.parametrize("scheme", ["multinomial", "systematic", "stratified"])
+def test_resampling_is_unbiased(scheme):
+  w = np.array([0.05, 0.4, 0.15, 0.3, 0.1])
+  m, reps = 5, 4000
+  idx = jax.jit(jax.vmap(lambda k: fps.resample(k, jnp.log(jnp.asarray(w)), scheme)))(
+      jax.random.split(jax.random.key(0), reps))
+  counts = np.stack([np.bincount(np.asarray(r), minlength=m) for r in idx])    # [reps, M]
+  se = counts.std(0, ddof=1) / np.sqrt(reps) + 1e-12
+  assert np.all(np.abs(counts.mean(0) - m * w) < 5 * se + 1e-9)
+  if scheme == "systematic":   # every particle gets floor(M w) or ceil(M w) copies
+    assert np.all((counts >= np.floor(m * w)) & (counts <= np.ceil(m * w)))
+
+
+def test_ess_values():
+  np.testing.assert_allclose(fps.ess(jnp.zeros(8)), 8.0, rtol=1e-5)
+  np.testing.assert_allclose(fps.ess(jnp.array([0.0, -jnp.inf, -jnp.inf])), 1.0, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------- the filter vs exact references
+
+
+D = 2
+_RNG = np.random.default_rng(0)
+MEAN0 = np.array([0.5, -0.3])
+_L = _RNG.standard_normal((D, D))
+COV0 = _L @ _L.T + 0.5 * np.eye(D)
+GAUSS = gmm_lib.GaussianMixture(jnp.ones(1), jnp.asarray(MEAN0[None], jnp.float32),
+                                jnp.asarray(COV0[None], jnp.float32))
+DEN = gmm_lib.gmm_denoiser(GAUSS, SCHED)
+N_STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def filter_fn():
+  """One compiled filter f(keys [R], op, y_start, ys, sigma) -> (particles [R, M, 2], ess [R, N])."""
+  times, a_t, a_s = samplers.sampling_grid(SCHED, N_STEPS)
+
+  def run(keys, op, y_start, ys, sigma):
+    def one(k):
+      x, info = fps.particle_filter(k, DEN, op, y_start, ys, times, a_t, a_s, sigma, 2048,
+                                    resampling="systematic")
+      return x, info["ess"]
+    return jax.vmap(one)(keys)
+
+  return jax.jit(run), (a_t, a_s)
+
+
+def test_zero_operator_returns_the_unconditional_chain(filter_fn):
+  # A = 0: every weight is equal (ESS = M), systematic resampling keeps each particle once, so the particles are
+  # i.i.d. draws of the unconditional DDPM chain, whose exact output law is the A = 0 Kalman recursion.
+  fn, (a_t, a_s) = filter_fn
+  op = fps.Dense(np.zeros((1, 2)))
+  y = jnp.zeros((1,))
+  y_start, ys = fps.measurement_sequence(jax.random.key(3), op, y, a_t, a_s, 0.95)
+  x, ess = fn(jax.random.split(jax.random.key(4), 1), op, y_start, ys, 0.3)
+  np.testing.assert_allclose(ess, 2048.0, rtol=1e-4)
+  m_ref, p_ref = fps.kalman_reference(MEAN0, COV0, np.zeros((1, 2)), 0.3, y_start, ys, a_t, a_s, sampler="ddpm")
+  xs = np.asarray(x[0], np.float64)
+  se_mean = np.sqrt(np.diag(p_ref) / len(xs))
+  assert np.all(np.abs(xs.mean(0) - m_ref) < 5 * se_mean)
+  se_cov = np.sqrt((np.outer(np.diag(p_ref), np.diag(p_ref)) + p_ref ** 2) / len(xs))
+  assert np.all(np.abs(np.cov(xs.T) - p_ref) < 5 * se_cov)
+
+
+def test_gaussian_prior_matches_kalman_filter(filter_fn):
+  # With a Gaussian prior the denoiser is affine and FPS's hidden Markov model is linear-Gaussian: the particle
+  # cloud must match the Kalman filter of the same measurement sequence within Monte Carlo error (16 runs).
+  fn, (a_t, a_s) = filter_fn
+  a = np.array([[1.0, 0.5]])
+  op = fps.Dense(a)
+  sigma = 0.3
+  y_start, ys = fps.measurement_sequence(jax.random.key(7), op, jnp.array([0.9]), a_t, a_s, 0.95)
+  x, _ = fn(jax.random.split(jax.random.key(0), 16), op, y_start, ys, sigma)
+  x = np.asarray(x, np.float64)
+  m_ref, p_ref = fps.kalman_reference(MEAN0, COV0, a, sigma, y_start, ys, a_t, a_s, sampler="ddpm")
+  means = x.mean(1)
+  covs = np.stack([np.cov(xi.T) for xi in x])
+  z_mean = (means.mean(0) - m_ref) / (means.std(0, ddof=1) / 4)
+  z_cov = (covs.mean(0) - p_ref) / (covs.std(0, ddof=1) / 4)
+  assert np.all(np.abs(z_mean) < 5), z_mean
+  assert np.all(np.abs(z_cov) < 5), z_cov
+  # The filter is informative: the posterior variance along A is far below the prior's.
+  assert (a @ p_ref @ a.T)[0, 0] < 0.5 * (a @ COV0 @ a.T)[0, 0]
+
+
+def test_sample_traces_once_and_shapes():
+  op = fps.Dense(np.array([[1.0, 0.5]]))
+
+  @jax.jit
+  @chex.assert_max_traces(n=1)
+  def f(key, y):
+    return fps.sample(key, DEN, SCHED, op, y, 0.3, 6, 8, c=0.95, sampler="ddim", resampling="stratified",
+                      ess_threshold=0.5, return_info=True)
+
+  x, info = f(jax.random.key(0), jnp.array([0.4]))
+  x2, _ = f(jax.random.key(1), jnp.array([-0.4]))
+  chex.assert_shape([x, x2], (6, 2))
+  chex.assert_tree_all_finite((x, x2))
+  chex.assert_shape(info["ess"], (8,))
+  chex.assert_shape(info["ys"], (8, 1))
+  assert np.all(np.asarray(info["ess"]) <= 6 + 1e-4) and np.isfinite(float(info["log_evidence"]))
+
+
+def _unit_gaussian_denoiser(x, t):
+  """Exact eps for data ~ N(0, I) of any shape: E[eps | x_t] = sqrt(1 - abar) x_t."""
+  ab = SCHED.alpha_bar(t).reshape((-1,) + (1,) * (x.ndim - 1))
+  return jnp.sqrt(1.0 - ab) * x
+
+
+@pytest.mark.parametrize("name", ["inpainting", "gaussian_blur",
+                                  pytest.param("super_resolution", marks=pytest.mark.slow),
+                                  pytest.param("motion_blur", marks=pytest.mark.slow)])
+def test_sample_on_image_operators(name):
+  op = {"inpainting": fps.Inpainting(np.tile(np.eye(8)[..., None], (1, 1, 1))),
+        "super_resolution": fps.SuperResolution(4, (8, 8, 1)),
+        "gaussian_blur": fps.GaussianBlur(3, 1.0, (8, 8, 1)),
+        "motion_blur": fps.MotionBlur(5, (8, 8, 1), angle=45.0)}[name]
+  x0 = jax.random.normal(jax.random.key(0), (8, 8, 1))
+  y = op.measure(jax.random.key(1), x0[None], 0.05)[0]
+  x = jax.jit(lambda k: fps.sample(k, _unit_gaussian_denoiser, SCHED, op, y, 0.05, 3, 6))(jax.random.key(2))
+  chex.assert_shape(x, (3, 8, 8, 1))
+  chex.assert_tree_all_finite(x)
+  # the samples explain the measurement far better than the prior mean 0 does
+  res = jnp.linalg.norm((op.forward(x) - y).reshape(3, -1), axis=1)
+  assert float(jnp.max(res)) < float(jnp.linalg.norm(y))
+
+
+# ----------------------------------------------------------------------------------------------- DPS
+
+
+@pytest.fixture(scope="module")
+def dps_fn():
+  op = fps.Dense(np.array([[1.0, 0.5]]))
+  return jax.jit(lambda k, z: fps.dps_sample(k, DEN, SCHED, op, jnp.array([1.5]), 256, 20, z)), op
+
+
+def test_dps_with_zero_step_is_ddpm(dps_fn):
+  fn, _ = dps_fn
+  x = fn(jax.random.key(0), 0.0)
+  ref = samplers.sample(DEN, SCHED, (256, 2), jax.random.key(0), method="ddpm", num_steps=20)
+  np.testing.assert_allclose(x, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_dps_guidance_reduces_the_residual(dps_fn):
+  fn, op = dps_fn
+  res = lambda x: float(jnp.mean(jnp.abs(op.forward(x)[:, 0] - 1.5)))  # noqa: E731
+  assert res(fn(jax.random.key(0), 0.3)) < 0.5 * res(fn(jax.random.key(0), 0.0))
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def test_clear_errors():
+  op = fps.Dense(np.array([[1.0, 0.5]]))
+  call = lambda **kw: fps.sample(jax.random.key(0), DEN, SCHED, op, kw.pop("y", jnp.array([0.1])),  # noqa: E731
+                                 kw.pop("sigma", 0.1), 2, 3, **kw)
+  with pytest.raises(ValueError, match="y has shape"):
+    call(y=jnp.zeros((2,)))
+  with pytest.raises(ValueError, match="sigma must be > 0"):
+    call(sigma=0.0)
+  with pytest.raises(ValueError, match="c must be in"):
+    call(c=1.5)
+  with pytest.raises(ValueError, match="unknown sampler"):
+    call(sampler="euler")
+  with pytest.raises(ValueError, match="unknown resampling"):
+    call(resampling="residual")
+  with pytest.raises(ValueError, match="c=None"):
+    call(c=None, sampler="ddim")
+  with pytest.raises(ValueError, match="NaN"):
+    call(y=jnp.array([jnp.nan]))
+  with pytest.raises(ValueError, match="ess_threshold"):
+    call(ess_threshold=1.5)
+  with pytest.raises(TypeError, match="fps operator"):
+    fps.sample(jax.random.key(0), DEN, SCHED, np.eye(2), jnp.zeros(2), 0.1, 2, 3)
+  with pytest.raises(ValueError, match="divide"):
+    fps.SuperResolution(3, (8, 8, 1))
+  with pytest.raises(ValueError, match="odd"):
+    fps.GaussianBlur(4, 1.0, (8, 8))
+  with pytest.raises(ValueError, match="larger than the image"):
+    fps.MotionBlur(9, (8, 8))
+  with pytest.raises(ValueError, match="0/1"):
+    fps.Inpainting(np.full((2, 2), 0.5))
+  with pytest.raises(ValueError, match="2-D matrix"):
+    fps.Dense(np.zeros(3))
+  with pytest.raises(ValueError, match="must end in shape"):
+    fps.SuperResolution(2, (4, 4)).forward(jnp.zeros((3, 3)))
+
+
+# ----------------------------------------------------------------------------------- config, prior, run
+
+
+def test_config_variants():
+  for v in fps_config.VARIANTS:
+    c = fps_config.get_config(v)
+    assert c.paper == "fps"
+    for field in ("seed", "model", "optimizer", "num_steps", "data", "log_every", "eval_every", "checkpoint_every",
+                  "mesh"):
+      assert field in c
+  assert fps_config.get_config("super_resolution").images.tasks == ("super_resolution",)
+  assert fps_config.get_config("official").fps.sampler == "ddim"
+  with pytest.raises(ValueError, match="unknown variant"):
+    fps_config.get_config("ffhq")
+
+
+def test_prior_train_step_lowers_loss():
+  import optax
+  from iclr24_jax.diffusion import training, unet
+  cfg = fps_config.get_config("tiny_images")
+  model = unet.create_model(cfg.model)
+  x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (16, 16, 16, 1)), jnp.float32)
+  tx = optax.adam(3e-3)
+  state0 = jax.jit(lambda k: training.init_state(k, model, (16, 16, 1), tx))(jax.random.key(0))
+  step = jax.jit(chex.assert_max_traces(training.make_train_step(model, SCHED), n=1))
+  state = state0
+  for _ in range(20):
+    state, _ = step(state, {"x": x}, jax.random.key(1))   # the step folds state.step into the key
+  # the same fixed (t, eps) draw before and after training
+  loss = jax.jit(lambda p: training.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
+                                                   jax.random.key(9), SCHED)[0])
+  assert float(loss(state.params)) < float(loss(state0.params))
+
+
+def test_run_tiny_smoke(tmp_path):
+  cfg = fps_config.get_config("tiny")
+  res = experiment.run(cfg, str(tmp_path), progress=False)
+  assert os.path.exists(tmp_path / "results.json")
+  for p in res["exactness"]["plots"] + res["gaussian_limit"]["plots"]:
+    assert os.path.exists(p)
+  r2 = res["exactness"]["dims"][2]
+  assert set(r2["fps"]) == {"ddpm c=0.95", "ddpm c=0.95 sigma=0.05"}
+  assert all(np.isfinite(v) for v in r2["fps"]["ddpm c=0.95"][4].values())
+
+
+@pytest.mark.slow
+def test_run_tiny_images_smoke(tmp_path):
+  cfg = fps_config.get_config("tiny_images")
+  res = experiment.run(cfg, str(tmp_path), progress=False)
+  sc = res["images"]["tasks"]["inpainting"]["scores"]
+  assert set(sc) == {"fps", "pinv"} and all(np.isfinite(v["psnr"]) for v in sc.values())
+  assert os.path.exists(tmp_path / "images.png")
