@@ -117,14 +117,19 @@ def _compiled_eval(model: nn.Module, mesh) -> Callable:
   return jax.jit(make_eval_step(model), in_shardings=(rep, dat, dat), out_shardings=rep)
 
 
-def predict(model: nn.Module, state: TrainState, x: np.ndarray, batch_size: int = 512,
-            return_features: bool = False):
-  """Logits [N, K] (and features [N, F]) for inputs x [N, ...], on the default device, in batches."""
-  @jax.jit
+@functools.lru_cache(maxsize=64)
+def _forward_fn(model: nn.Module, return_features: bool) -> Callable:
+  """One jitted eval forward per (model, return_features): repeated `predict` calls reuse its compilations."""
   def fwd(params, extra, xb):
     out, _ = apply_model(model, params, extra, xb, train=False, return_features=return_features)
     return out
+  return jax.jit(fwd)
 
+
+def predict(model: nn.Module, state: TrainState, x: np.ndarray, batch_size: int = 512,
+            return_features: bool = False):
+  """Logits [N, K] (and features [N, F]) for inputs x [N, ...], on the default device, in batches."""
+  fwd = _forward_fn(model, return_features)
   outs = []
   n = x.shape[0]
   for batch, mask in data_lib.eval_batches({"x": x}, batch_size):
