@@ -3,6 +3,7 @@
   python -m experiments.reproduce                 # everything that exists, embedded defaults
   python -m experiments.reproduce --only pmp,cdgm # a subset
   python -m experiments.reproduce --fast          # tiny settings (smoke test of the whole pipeline)
+  python -m experiments.reproduce --only nci --keep   # rerun one; keep the other experiments' saved rows
 
 Each experiment runs in its own subprocess (a crash or leak in one cannot take down the others);
 its rows land in <workdir>/<name>/rows.json, and the table collects them with the paper's value or
@@ -83,6 +84,8 @@ def main() -> int:
   parser.add_argument("--only", default="", help="comma-separated experiment names")
   parser.add_argument("--skip", default="", help="comma-separated experiment names to skip")
   parser.add_argument("--fast", action="store_true", help="tiny settings")
+  parser.add_argument("--keep", action="store_true",
+                      help="also table the saved rows (<workdir>/<name>/rows.json) of experiments not run now")
   parser.add_argument("--workdir", default=os.path.join(ROOT, "runs", "reproduce"))
   parser.add_argument("--out", default=os.path.join(ROOT, "results"))
   parser.add_argument("--_one", default="", help=argparse.SUPPRESS)
@@ -113,7 +116,24 @@ def main() -> int:
       continue
     with open(json_out) as f:
       all_rows[name] = json.load(f)
+    with open(os.path.join(args.workdir, name, "seconds.json"), "w") as f:
+      json.dump(timings[name], f)
     print(f"--- {name}: {len(all_rows[name])} rows ({timings[name]:.0f}s)", flush=True)
+  if args.keep:  # saved rows of the experiments not run this time, in registry order
+    merged_rows, merged_times = {}, {}
+    for name in registry.available():
+      saved = os.path.join(args.workdir, name, "rows.json")
+      if name in all_rows or name in errors:
+        merged_rows.update({name: all_rows[name]} if name in all_rows else {})
+        merged_times[name] = timings[name]
+      elif os.path.exists(saved):
+        with open(saved) as f:
+          merged_rows[name] = json.load(f)
+        tfile = os.path.join(args.workdir, name, "seconds.json")
+        if os.path.exists(tfile):
+          with open(tfile) as f:
+            merged_times[name] = float(json.load(f))
+    all_rows, timings = merged_rows, merged_times
   path = write_markdown(all_rows, timings, errors, args.out, args.fast)
   print(f"wrote {path}")
   return 1 if errors else 0
