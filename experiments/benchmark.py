@@ -26,6 +26,8 @@ def main() -> int:
   parser.add_argument("--full", action="store_true", help="larger sizes and more repeats")
   parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices (CPU backend only)")
   parser.add_argument("--out", default=os.path.join(ROOT, "results"))
+  parser.add_argument("--keep", action="store_true",
+                      help="keep the rows of experiments not run now from the existing <out>/benchmark.json")
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   from iclr24_jax.common.sharding import simulate_cpu_devices
@@ -52,6 +54,16 @@ def main() -> int:
     rows.extend(new)
     print(bench.format_table(new, [c for c in COLUMNS if any(c in r for r in new)]), flush=True)
     print(f"--- {name} ({time.time() - t0:.0f}s)", flush=True)
+  saved = os.path.join(args.out, "benchmark.json")
+  if args.keep and os.path.exists(saved):
+    import json
+    with open(saved) as f:
+      old = json.load(f)
+    old = old.get("rows", old) if isinstance(old, dict) else old
+    ran = set(names)
+    order = {n: i for i, n in enumerate(registry.available())}
+    rows = sorted([r for r in old if r.get("experiment") not in ran] + rows,
+                  key=lambda r: order.get(r.get("experiment"), len(order)))
   cols = [c for c in COLUMNS if any(c in r for r in rows)]
   extra = sorted({k for r in rows for k in r} - set(cols) - {"experiment", "repeats", "devices"})
   bench.write_rows(rows, os.path.join(args.out, "benchmark.json"), os.path.join(args.out, "BENCHMARK.md"),
