@@ -43,7 +43,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.data.max_per_domain = 200
       c.batch_size = 16
     elif part == "reproduce":
-      c.num_steps = 400
+      c.num_steps = 300
       c.model.widths = (16, 32)
     elif part in ("erm", "dann", "nci", "oracle"):
       c.method = part
