@@ -1,6 +1,7 @@
 """Tests of Uni-O4 (iclr24_jax.papers.unio4): losses against hand-computed values, the replace rule, the
-disagreement term, value fitting on a toy MDP, the OPE on a hand-made model, a step under assert_max_traces,
-1 vs 8 devices, clear errors, and a smoke run of experiment.run with the tiny config."""
+disagreement term (what the official form really does), multi-step vs one-step improvement under an exact critic,
+value fitting on a toy MDP, the OPE on a hand-made model, a step under assert_max_traces, 1 vs 8 devices, clear
+errors, and a smoke run of experiment.run with the tiny config."""
 import json
 import math
 import os
@@ -90,16 +91,14 @@ def bc_runs():
   """150 Adam steps of a 4-member ensemble on one batch: random or identical initial members, alpha 0.1 or 0."""
   batch = _toy_bc_batch(seed=1)
   tx = optax.adam(3e-3)
+  policy, params = _random_ensemble(jax.random.key(1), k=4)
+  _, same = _random_ensemble(jax.random.key(1), k=4, identical=True)
   out = {}
-  for identical in (False, True):
-    policy, params = _random_ensemble(jax.random.key(1), k=4, identical=identical)
-    for alpha in (0.0, 0.1):
-      @jax.jit
-      def go(state, alpha=alpha, policy=policy):
-        return jax.lax.scan(lambda st, _: unio4.bc_step(st, batch, policy=policy, alpha=alpha), state, None,
-                            length=150)
-
-      state, m = go(common.ensemble_state(params, tx))
+  for alpha in (0.0, 0.1):
+    go = jax.jit(lambda state, alpha=alpha: jax.lax.scan(
+        lambda st, _: unio4.bc_step(st, batch, policy=policy, alpha=alpha), state, None, length=150))
+    for identical, p in ((False, params), (True, same)):  # one compile per alpha
+      state, m = go(common.ensemble_state(p, tx))
       out[(identical, alpha)] = (state.params, float(unio4.pairwise_disagreement(state.params, policy, batch["obs"])),
                                  m)
   return out
@@ -298,6 +297,40 @@ def test_offline_ppo_step_lowers_its_loss(ppo_setup):
   assert int(new2.step) == 2
 
 
+class _KnownCritic:
+  """A(s, a) = -|a - 0.5|^2: the best action is 0.5 in every state."""
+
+  def advantage(self, obs, action):
+    return -jnp.sum(jnp.square(action - 0.5), axis=-1)
+
+
+def test_multi_step_improvement_moves_further_than_one_step_under_a_known_critic():
+  # With an exact critic, offline PPO moves each member's mean action toward 0.5. Anchored to the BC policy
+  # (one-step) the clip (eps 0.25) stalls it; replacing the behaviour by the current policy when a (here exact)
+  # evaluation score is higher lets it keep going (multi-step): init > one-step > multi-step distance to 0.5.
+  policy, params = _random_ensemble(jax.random.key(0), k=2, obs_dim=3, action_dim=2)
+  obs = jax.random.normal(jax.random.key(1), (64, 3))
+  stats, tx = normalization.init((3,)), optax.adam(3e-3)
+  dist = jax.vmap(lambda p: jnp.mean(jnp.abs(policy.apply({"params": p}, obs).mean - 0.5)))  # [K]
+
+  @jax.jit
+  def train(params, replace):
+    def outer(st, _):
+      st, _ = jax.lax.scan(lambda s, _: unio4.offline_ppo_step(s, obs, jax.random.key(2), policy=policy,
+                                                               critics=_KnownCritic(), obs_stats=stats),
+                           st, None, length=20)
+      beh, best, _ = unio4.replace_if_better(st.extra["behaviour"], st.params, st.extra["best"], -dist(st.params))
+      beh = jax.tree.map(lambda b, old: jnp.where(replace, b, old), beh, st.extra["behaviour"])
+      return st.replace(extra={"behaviour": beh, "best": best}), None
+
+    st = common.ensemble_state(params, tx, extra={"behaviour": params, "best": -dist(params)})
+    return jax.lax.scan(outer, st, None, length=8)[0].params
+
+  d0, d_one, d_multi = np.asarray(dist(params)), np.asarray(dist(train(params, False))), \
+      np.asarray(dist(train(params, True)))
+  assert np.all(d_one < d0) and np.all(d_multi < d_one), (d0, d_one, d_multi)
+
+
 def test_offline_ppo_step_one_vs_eight_devices(ppo_setup):
   policy, params, critics, obs = ppo_setup
   if len(jax.devices()) < 8:
@@ -334,30 +367,32 @@ def test_config_variants_and_errors():
                            0.1)
 
 
-def _run_tiny(tmp_path, online: bool):
+def _run_tiny(tmp_path, full: bool):
   from configs import unio4 as cfg_mod
   from iclr24_jax.papers.unio4 import experiment
   cfg = cfg_mod.get_config("tiny")
-  if not online:
-    cfg.online.num_steps = 0  # the brax PPO program compiles for ~15 s of CPU; the slow test below runs it
+  if not full:  # the brax programs (evaluation ~10 s, PPO ~15 s of CPU to compile) run in the slow test below
+    cfg.online.num_steps = 0
+    cfg.eval_episodes = 0
   out = experiment.run(cfg, str(tmp_path))
   assert os.path.exists(tmp_path / "results.json") and os.path.exists(tmp_path / "metrics.jsonl")
-  assert os.path.exists(tmp_path / "offline_curves.png")
   res = json.load(open(tmp_path / "results.json"))
-  assert len(res["unio4_return"]) == cfg.bc.num_policies
-  assert np.isfinite(out["unio4_score_mean"])
+  assert len(res["last_ope"]) == cfg.bc.num_policies and np.all(np.isfinite(res["last_ope"]))
+  assert 0 <= res["selected"] < cfg.bc.num_policies
+  assert os.path.isdir(out["checkpoint"])
   stages = {json.loads(line)["stage"] for line in open(tmp_path / "metrics.jsonl")}
   assert {"critic", "dynamics", "bc", "improve"} <= stages
   return cfg, res, stages
 
 
 def test_experiment_run_tiny(tmp_path):
-  _run_tiny(tmp_path, online=False)
+  _run_tiny(tmp_path, full=False)
 
 
 @pytest.mark.slow
-def test_experiment_run_tiny_with_online(tmp_path):
-  cfg, res, stages = _run_tiny(tmp_path, online=True)
-  assert os.path.exists(tmp_path / "online_curves.png")
+def test_experiment_run_tiny_with_evaluation_and_online(tmp_path):
+  cfg, res, stages = _run_tiny(tmp_path, full=True)
+  assert os.path.exists(tmp_path / "offline_curves.png") and os.path.exists(tmp_path / "online_curves.png")
+  assert len(res["unio4_return"]) == cfg.bc.num_policies and np.isfinite(res["unio4_score_mean"])
   assert len(res["online_eval_return"]) == cfg.online.num_steps + 1
   assert "online" in stages

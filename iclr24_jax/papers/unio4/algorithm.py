@@ -280,7 +280,9 @@ def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array
 
   Args:
     config: an online config in rl.ppo format (num_steps = PPO updates, ppo.*, optimizer, model) plus
-      eval_every (updates between evaluations), eval_episodes, and for fine-tuning policy_lr / value_lr.
+      eval_every (updates between evaluations), eval_episodes, and for fine-tuning policy_lr / value_lr
+      (configs/unio4.py: `config.online`; `config.scratch` for PPO from scratch). Given the whole unio4 config,
+      its `online` (init given) or `scratch` (init None) part is used.
     env: the environment.
     init: None (scratch: rl.networks actor-critic from config.model), or {'policy': params, 'value': params,
       'policy_module': nn.Module, 'value_module': nn.Module, 'obs_stats': RunningStats or None}. With
@@ -291,6 +293,8 @@ def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array
     dict with 'env_steps' [E], 'eval_return' [E] (deterministic, starting at update 0), 'updates' [E],
     'train' (per-update metrics), 'params', 'obs_stats', 'seconds'.
   """
+  if "ppo" not in config and "online" in config:  # the whole unio4 config was passed
+    config = config.online if init is not None else config.scratch
   key = jax.random.key(int(_get(config, "seed", 0))) if key is None else key
   if init is None:
     agent = ppo.PPO(config, env, mesh=mesh)

@@ -33,6 +33,16 @@ def _norm(env_name: str, returns: Any) -> np.ndarray:
   return np.asarray(offline_lib.normalized_score(env_name, np.asarray(returns, np.float64)))
 
 
+def _data_score(env_name: str, ds: dict) -> float:
+  """Mean normalised return of the data set's complete episodes (ended by a terminal or a timeout)."""
+  ends = np.nonzero(np.asarray(ds["terminals"]) | np.asarray(ds["timeouts"]))[0]
+  if len(ends) == 0:
+    return float("nan")
+  csum = np.concatenate([[0.0], np.cumsum(np.asarray(ds["rewards"], np.float64))])
+  starts = np.concatenate([[0], ends[:-1] + 1])
+  return float(np.mean(_norm(env_name, csum[ends + 1] - csum[starts])))
+
+
 def _stats(config: Any, ds: dict) -> normalization.RunningStats:
   return data_lib.frozen_stats(ds["observations"]) if bool(config.state_norm) else \
       normalization.init(np.asarray(ds["observations"]).shape[1:])
@@ -57,7 +67,9 @@ def _save_final(workdir: str, config: Any, off: dict) -> str:
 
 def run(config: Any, workdir: str) -> dict:
   """Offline Uni-O4 on config.data, then (online.num_steps > 0) PPO fine-tuning from the chosen member, and PPO
-  from scratch beside it when online.compare_scratch. Writes metrics.jsonl, results.json, plots, a checkpoint."""
+  from scratch beside it when online.compare_scratch. Writes metrics.jsonl, results.json, plots, a checkpoint.
+  `eval_episodes = 0` skips the real-environment evaluation of the offline members (the OPE alone picks the one
+  handed to fine-tuning; no offline plot)."""
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   writer = metrics.MetricWriter(workdir)
@@ -73,19 +85,25 @@ def run(config: Any, workdir: str) -> dict:
     if stage == "improve":
       progress.update(step, row.get("loss"))
 
-  evaluate_fn = _evaluator(config, env, ds, k_eval)
+  # eval_episodes = 0: no real-environment evaluation (the OPE alone picks the member; no offline plot)
+  evaluate_fn = _evaluator(config, env, ds, k_eval) if int(config.eval_episodes) > 0 else None
   off = algorithm.run_offline(config, ds, k_off, evaluate_fn=evaluate_fn, callback=callback)
-  bc_ret = off["env_returns"][0][1]
-  final_ret = off["env_returns"][-1][1]
-  sel = improvement.select_policy(off["last_ope"], final_ret, int(config.improve.select_top_k))
-  results = {"env": env_name, "data_kind": config.data.kind, "bc_return": bc_ret.tolist(),
-             "bc_score_mean": float(np.mean(_norm(env_name, bc_ret))),
-             "unio4_return": final_ret.tolist(), "unio4_score_mean": float(np.mean(_norm(env_name, final_ret))),
-             "selected": sel, "selected_score": float(_norm(env_name, final_ret[sel])),
-             "best_ope": off["best_ope"].tolist(), "last_ope": off["last_ope"].tolist(),
-             "replacements": off["replacements"], "seconds": off["seconds"]}
-  plots = [_plot_offline(os.path.join(workdir, "offline_curves.png"), env_name,
-                         {"Uni-O4 (multi-step)": off["env_returns"]}, bc_ret)]
+  results = {"env": env_name, "data_kind": config.data.kind, "best_ope": off["best_ope"].tolist(),
+             "last_ope": off["last_ope"].tolist(), "replacements": off["replacements"], "seconds": off["seconds"]}
+  plots = []
+  if evaluate_fn is not None:
+    bc_ret = off["env_returns"][0][1]
+    final_ret = off["env_returns"][-1][1]
+    sel = improvement.select_policy(off["last_ope"], final_ret, int(config.improve.select_top_k))
+    results.update({"bc_return": bc_ret.tolist(), "bc_score_mean": float(np.mean(_norm(env_name, bc_ret))),
+                    "unio4_return": final_ret.tolist(),
+                    "unio4_score_mean": float(np.mean(_norm(env_name, final_ret))),
+                    "selected": sel, "selected_score": float(_norm(env_name, final_ret[sel]))})
+    plots.append(_plot_offline(os.path.join(workdir, "offline_curves.png"), env_name,
+                               {"Uni-O4 (multi-step)": off["env_returns"]}, bc_ret))
+  else:
+    sel = off["selected"]
+    results["selected"] = sel
   if int(config.online.num_steps) > 0:
     init = algorithm.online_init(off, bc_lib.members(off["params"])[sel], config)
     cb = lambda stage, step, row: writer.write(step, {"stage": "online", **row})
@@ -145,8 +163,8 @@ def reproduction_config(fast: bool = False) -> ml_collections.ConfigDict:
   c.critic.update(dict(v_hidden=(256, 256), q_hidden=(256, 256), batch_size=256, num_steps=3000, log_every=1000,
                        v_lr=3e-4, q_lr=3e-4, tau=0.05))
   c.bc.update(dict(batch_size=256, num_steps=3000, log_every=1000, lr=1e-3))
-  c.dynamics.update(dict(num_members=5, num_elites=3, hidden=(128, 128, 128), weight_decays=(2.5e-5, 5e-5, 7.5e-5, 1e-4),
-                         max_steps=1500, eval_every=500, patience=3))
+  c.dynamics.update(dict(num_members=5, num_elites=3, hidden=(128, 128, 128),
+                         weight_decays=(2.5e-5, 5e-5, 7.5e-5, 1e-4), max_steps=1500, eval_every=500, patience=3))
   c.num_steps = 1000
   c.improve.update(dict(batch_size=256, eval_every=100, ope_batch=256, ope_horizon=50, env_eval_every=200))
   c.eval_episodes = 10
@@ -181,7 +199,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   c = reproduction_config(fast)
   env_name = c.data.name
   env = algorithm.get_env(env_name)
-  kinds = ("medium",) if fast else ("medium", "random")
+  kinds = ("medium",) if fast else ("medium", "random", "medium-replay")  # fold_in(key, index): keep the order
   rows, offline_plots, chosen = [], [], None
   key = jax.random.key(0)
   for di, kind in enumerate(kinds):
@@ -193,8 +211,11 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     data = algorithm.prepare_data(c, ds)
     pre = algorithm.pretrain(c, data, k_pre)
     ev = lambda p: algorithm.evaluate_members(env, pre["policy"], p, data.obs_stats, k_eval, int(c.eval_episodes))
+    t_imp = time.time()
     multi = algorithm.improve(c, pre, data, k_multi, replace=True, evaluate_fn=ev)
+    t_one = time.time()
     one = algorithm.improve(c, pre, data, k_one, replace=False, evaluate_fn=ev)
+    secs = {**pre["seconds"], "multi-step": t_one - t_imp, "one-step": time.time() - t_one}
     bc_s = _norm(env_name, multi["env_returns"][0][1])
     multi_s = _norm(env_name, multi["env_returns"][-1][1])
     one_s = _norm(env_name, one["env_returns"][-1][1])
@@ -205,14 +226,17 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     stamp = (f"K=4 members, {c.eval_episodes} episodes each; critics {c.critic.num_steps} steps ({c.critic.mode}), BC "
              f"{c.bc.num_steps}, {c.num_steps} improvement steps, OPE every {c.improve.eval_every} "
              f"({multi['replacements']} replacements); per member BC {np.round(bc_s, 1).tolist()}, "
-             f"one-step {np.round(one_s, 1).tolist()}, multi-step {np.round(multi_s, 1).tolist()}")
+             f"one-step {np.round(one_s, 1).tolist()}, multi-step {np.round(multi_s, 1).tolist()}; "
+             f"{int(data.num_rows)} transitions (data episodes score {_data_score(env_name, ds):.1f}); seconds "
+             + ", ".join(f"{k} {v:.0f}" for k, v in secs.items()))
     rows.append({"paper": "unio4", "experiment": f"offline {kind} (brax inverted_pendulum): multi-step vs BC",
                  "metric": "normalised return, mean of 4 members", "ours": f"{multi_s.mean():.1f} vs {bc_s.mean():.1f}",
                  "paper_value": "multi-step improvement beats the BC policy (D4RL hopper-medium BC 52.9 -> Uni-O4 "
                                 "104.4 in the paper's Table 1)",
                  "holds": None if fast else bool(multi_s.mean() > bc_s.mean()), "notes": stamp, "plots": [path]})
     rows.append({"paper": "unio4", "experiment": f"offline {kind} (brax inverted_pendulum): multi-step vs one-step",
-                 "metric": "normalised return, mean of 4 members", "ours": f"{multi_s.mean():.1f} vs {one_s.mean():.1f}",
+                 "metric": "normalised return, mean of 4 members",
+                 "ours": f"{multi_s.mean():.1f} vs {one_s.mean():.1f}",
                  "paper_value": "multi-step (OPE-gated behaviour replacement) beats one-step improvement",
                  "holds": None if fast else bool(multi_s.mean() > one_s.mean()),
                  "notes": "one-step = the same run with the behaviour policies never replaced (BPPO-like anchor)",
@@ -249,9 +273,10 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                "paper_value": "no initial performance drop when online PPO starts from the offline policy",
                "holds": None if fast else bool(drop <= 10.0),
                "notes": (f"holds = the drop is at most 10 normalised points (eval noise: {c.online.eval_episodes} "
-                         f"episodes); {c.online.num_steps} PPO updates of {c.online.ppo.num_envs * c.online.ppo.rollout_steps} "
+                         f"episodes); {c.online.num_steps} PPO updates of "
+                         f"{c.online.ppo.num_envs * c.online.ppo.rollout_steps} "
                          f"env steps, lr actor {c.online.policy_lr} / critic {c.online.value_lr}, clip "
-                         f"{c.online.ppo.clip_eps}"), "plots": [path]})
+                         f"{c.online.ppo.clip_eps}; {on['seconds']:.0f}s"), "plots": [path]})
   if bool(c.online.compare_scratch):
     auc_on, auc_scr = float(np.mean(on_s)), float(np.mean(scr_s))
     rows.append({"paper": "unio4", "experiment": "offline-to-online (inverted_pendulum medium): rise vs scratch",
@@ -259,7 +284,9 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                  "ours": f"{auc_on:.1f} vs {auc_scr:.1f} (final {on_s[-1]:.1f} vs {scr_s[-1]:.1f})",
                  "paper_value": "fine-tuning from Uni-O4 rises faster than PPO from scratch",
                  "holds": None if fast else bool(auc_on > auc_scr),
-                 "notes": "scratch = the RL core's tuned inverted_pendulum PPO preset (same env steps)", "plots": [path]})
+                 "notes": f"scratch = the RL core's tuned inverted_pendulum PPO preset (same env steps); "
+                          f"{scr['seconds']:.0f}s",
+                 "plots": [path]})
   rows[0]["notes"] += f"; reproduce wall time {time.time() - t_start:.0f}s"
   metrics.write_results(workdir, {"rows": rows})
   return rows
@@ -286,14 +313,15 @@ def benchmark(quick: bool = True) -> list[dict]:
   key = jax.random.key(0)
   critics = _synthetic_critics(obs_dim, act_dim, crit_spec, key)
   policy = bc_lib.make_policy(act_dim, c.model)
-  params = init_ensemble(key, policy, k, jnp.zeros((1, obs_dim)))
+  params_host = jax.device_get(init_ensemble(key, policy, k, jnp.zeros((1, obs_dim))))
   tx = algorithm.improvement_optimizer(c)
   stats = normalization.init((obs_dim,))
   for n_dev in dev_counts:
     mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
     rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
     for batch in ((512, 2048) if quick else (512, 2048, 8192)):
-      state = jax.device_put(common.ensemble_state(params, tx, extra={"behaviour": params}), rep)
+      fresh = lambda: jax.tree.map(jnp.asarray, params_host)  # new buffers: the step donates its state
+      state = jax.device_put(common.ensemble_state(fresh(), tx, extra={"behaviour": fresh()}), rep)
       obs = jax.device_put(jax.random.normal(key, (batch, obs_dim)), dat)
       step = jax.jit(lambda s, o, kk: improvement.offline_ppo_step(s, o, kk, policy=policy, critics=critics,
                                                                    obs_stats=stats, clip_eps=0.25, omega=0.7),

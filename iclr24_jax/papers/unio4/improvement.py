@@ -128,7 +128,8 @@ def replace_if_better(behaviour_params: Any, candidate_params: Any, best_scores:
     raise ValueError(f"replace_if_better: score shapes differ: {best_scores.shape} vs {candidate_scores.shape}.")
   accept = candidate_scores > best_scores
   pick = lambda b, c: jnp.where(accept.reshape(accept.shape + (1,) * (c.ndim - accept.ndim)), c, b)
-  return jax.tree.map(pick, behaviour_params, candidate_params), jnp.where(accept, candidate_scores, best_scores), accept
+  new_best = jnp.where(accept, candidate_scores, best_scores)
+  return jax.tree.map(pick, behaviour_params, candidate_params), new_best, accept
 
 
 def select_policy(ope_scores: Sequence[float], eval_returns: Sequence[float] | None = None, top_k: int = 3) -> int:
