@@ -31,7 +31,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.exactness = ml_collections.ConfigDict(dict(
       dims=(2, 8), particles=(1, 5, 50, 500), full_grid_max_particles=50, rates=(0.5, 0.95, 1.0),
       samplers=("ddpm", "ddim"), sigma=0.25, sigma_small=0.05, num_runs=(512, 256), num_steps=100,
-      dps_zetas=(0.03, 0.1, 0.3, 1.0),
+      dps_zetas=(0.03, 0.1, 0.3, 1.0, 3.0),
       ring_y=1.5, obs_dim_8d=2, gaussian_sigmas=(0.05, 0.25, 1.0), gaussian_steps=(100, 1000),
       gaussian_sequences=100,
       # CPU: programs with at most this many particle-steps compile at XLA optimisation level 0 (compile 2-4x

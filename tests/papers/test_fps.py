@@ -321,6 +321,22 @@ def test_sample_traces_once_and_shapes():
   assert np.all(np.asarray(info["ess"]) <= 6 + 1e-4) and np.isfinite(float(info["log_evidence"]))
 
 
+def test_sharded_images_match_one_device():
+  # Independent measurements sharded over the 'data' axis: 8 devices give the particles of 1 device.
+  from iclr24_jax.common import sharding
+  op = fps.Dense(np.array([[1.0, 0.5]]))
+  ys = jnp.linspace(-1.0, 1.0, 8)[:, None]
+  keys = jax.random.split(jax.random.key(0), 8)
+  outs = []
+  for n_dev in (1, 8):
+    data = sharding.data_sharding(sharding.make_mesh(devices=jax.devices()[:n_dev]))
+    fn = jax.jit(jax.vmap(lambda k, y: fps.sample(k, DEN, SCHED, op, y, 0.3, 4, 6, resampling="systematic")),
+                 in_shardings=(data, data), out_shardings=data)
+    outs.append(np.asarray(fn(jax.device_put(keys, data), jax.device_put(ys, data))))
+  chex.assert_shape(outs[0], (8, 4, 2))
+  np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+
+
 def _unit_gaussian_denoiser(x, t):
   """Exact eps for data ~ N(0, I) of any shape: E[eps | x_t] = sqrt(1 - abar) x_t."""
   ab = SCHED.alpha_bar(t).reshape((-1,) + (1,) * (x.ndim - 1))

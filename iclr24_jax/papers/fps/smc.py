@@ -22,6 +22,18 @@ Samplers: 'ddpm' (ancestral, posterior variance beta-tilde) or 'ddim' -- the off
 kernel mean = sqrt(abar_s) x0_hat + sqrt((1 - c)(1 - abar_s)) eps_hat, variance c (1 - abar_s) (the same c as
 the y bridge). The last step goes to abar_s = 1 where the kernel's variance is 0, so the proposal is x0_hat and
 the weights N(y; A x0_hat, sigma^2 I) still select among particles.
+
+Deviations from the official code (`DDIM.p_sample`, `p_mean_variance`), all in favour of the paper's equations:
+  - The official step from t to t-1 conditions x_{t-1} on y_t (the level-t measurement, likelihood variance
+    abar_t sigma^2) and weights with variance abar_{t-1} sigma^2; its last step (t = 0) returns x0_hat without
+    conditioning, so y itself is never used after the first step's bridge. Here x_s is conditioned on y_s at the
+    same level (Eqs. 11-12) and the last step conditions on y (abar = 1).
+  - The official weight is the density ratio p(y|x') p(x'|x_t) / q(x') evaluated at the drawn x' with the two
+    mismatched variances above; here it is the exact marginal likelihood (the ratio with matched variances, which
+    does not depend on x').
+  - With clipping, the official kernel mixes the clipped x0_hat with the raw network eps; here eps is re-derived
+    from the clipped x0_hat (the diffusion core's convention), so mean and x0_hat stay consistent.
+  - sigma is a parameter (official: hard-coded 0.05), y_T has its exact marginal (see `measurement_sequence`).
 """
 from __future__ import annotations
 
