@@ -1,7 +1,10 @@
-"""The diffusion prior of the image tasks: an unconditional UNet (diffusion core) trained on digits, cached.
+"""The diffusion prior of the image tasks: an unconditional denoiser (diffusion core) trained on digits, cached.
 
-The paper uses pretrained FFHQ / ImageNet 256x256 ADM models (not available offline). Here a small UNet is
-trained by the diffusion core on scikit-learn digits upsampled to 16 x 16 (or MNIST-5k resized), in [-1, 1].
+The paper uses pretrained FFHQ / ImageNet 256x256 ADM models (not available offline). Here the diffusion core's
+MLP denoiser (config.model.name = 'mlp'; 'unet' works too) is trained on scikit-learn digits upsampled to
+16 x 16 (or MNIST-5k resized), in [-1, 1]. Deviation: an MLP rather than a UNet because DPS differentiates
+through the denoiser at every step and, on CPU, conv-net backward passes inside `lax.scan` are 40-80x slower
+(see the project notes); the filter itself is indifferent to the architecture.
 Trained params are cached under `$ICLR24_CACHE` (default `~/.cache/iclr24_jax`) / fps / <hash of the model,
 schedule, optimizer and data config> / params.msgpack, so reruns reuse them.
 """
