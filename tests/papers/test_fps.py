@@ -353,7 +353,8 @@ def test_sample_on_image_operators(name):
         "motion_blur": fps.MotionBlur(5, (8, 8, 1), angle=45.0)}[name]
   x0 = jax.random.normal(jax.random.key(0), (8, 8, 1))
   y = op.measure(jax.random.key(1), x0[None], 0.05)[0]
-  x = jax.jit(lambda k: fps.sample(k, _unit_gaussian_denoiser, SCHED, op, y, 0.05, 3, 6))(jax.random.key(2))
+  fn = jax.jit(lambda k: fps.sample(k, _unit_gaussian_denoiser, SCHED, op, y, 0.05, 3, 6))
+  x = experiment.compile_call(fn, jax.random.key(2))(jax.random.key(2))   # XLA level 0: compile-bound
   chex.assert_shape(x, (3, 8, 8, 1))
   chex.assert_tree_all_finite(x)
   # the samples explain the measurement far better than the prior mean 0 does
@@ -446,13 +447,16 @@ def test_prior_train_step_lowers_loss():
   x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (16, 16, 16, 1)), jnp.float32)
   tx = optax.adam(3e-3)
   state0 = jax.jit(lambda k: training.init_state(k, model, (16, 16, 1), tx))(jax.random.key(0))
-  step = jax.jit(chex.assert_max_traces(training.make_train_step(model, SCHED), n=1))
+  traced_step = chex.assert_max_traces(training.make_train_step(model, SCHED), n=1)
+  # one compile at XLA level 0 (compile-bound on CPU; values agree with the default level to rounding)
+  step = experiment.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
   state = state0
   for _ in range(20):
     state, _ = step(state, {"x": x}, jax.random.key(1))   # the step folds state.step into the key
   # the same fixed (t, eps) draw before and after training
-  loss = jax.jit(lambda p: training.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
-                                                   jax.random.key(9), SCHED)[0])
+  loss_fn = jax.jit(lambda p: training.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
+                                                      jax.random.key(9), SCHED)[0])
+  loss = experiment.compile_call(loss_fn, state0.params)
   assert float(loss(state.params)) < float(loss(state0.params))
 
 
