@@ -175,7 +175,40 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
     logits = llama.forward(params, config, seq[:, :p], seq_mask[:, :p], last_only=True)
     carry0 = (seq, seq_mask)
 
-  tok0, lp0 = pick(logits, 0)
+  def next_logits(carry, step, last, live):
+    feed = jnp.where(live, last, pad_id)
+    if use_cache:
+      return llama.forward(params, config, feed[:, None], live[:, None], cache=carry, last_only=True)
+    seq, seq_mask = carry
+    col = p + step - 1
+    seq = jax.lax.dynamic_update_slice(seq, feed[:, None], (0, col))
+    seq_mask = jax.lax.dynamic_update_slice(seq_mask, live[:, None], (0, col))
+    # Everything after `col` is masked padding, so the last real token of a live row is at `col`.
+    return llama.forward(params, config, seq, seq_mask, last_only=True), (seq, seq_mask)
+
+  return decode_loop(logits, next_logits, carry0, n, pick, pad_id, stop)
+
+
+def decode_loop(first_logits: jax.Array, next_logits: Callable, carry0: Any, max_new_tokens: int,
+                pick: Callable, pad_id: int, stop: jax.Array) -> GenerationOutput:
+  """The token loop shared by every model's `generate` (one `lax.while_loop`, early exit when all stop).
+
+  Args:
+    first_logits: [B, V] logits after the prompt (prefill).
+    next_logits: `(carry, step, last [B], live [B] bool) -> (logits [B, V], carry)`: runs the model on
+      the previous token (rows that stopped feed padding) and returns its next-token logits.
+    carry0: the model's state after prefill (a KV cache, or the padded sequence).
+    max_new_tokens: N (static).
+    pick: `(logits [B, V], step) -> (token [B], logprob [B])`.
+    pad_id: written after a row's stop token.
+    stop: [S] stop token ids.
+
+  Returns:
+    GenerationOutput with tokens/mask/logprobs [B, N], lengths [B], stopped [B].
+  """
+  n = int(max_new_tokens)
+  b = first_logits.shape[0]
+  tok0, lp0 = pick(first_logits, 0)
   tokens = jnp.full((b, n), pad_id, jnp.int32).at[:, 0].set(tok0)
   logps = jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp0)
   gen_mask = jnp.zeros((b, n), bool).at[:, 0].set(True)
@@ -188,17 +221,7 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
   def body(state):
     step, tokens, logps, gen_mask, last, done, carry = state
     live = ~done
-    feed = jnp.where(live, last, pad_id)
-    if use_cache:
-      logits, carry = llama.forward(params, config, feed[:, None], live[:, None], cache=carry, last_only=True)
-    else:
-      seq, seq_mask = carry
-      col = p + step - 1
-      seq = jax.lax.dynamic_update_slice(seq, feed[:, None], (0, col))
-      seq_mask = jax.lax.dynamic_update_slice(seq_mask, live[:, None], (0, col))
-      # Everything after `col` is masked padding, so the last real token of a live row is at `col`.
-      logits = llama.forward(params, config, seq, seq_mask, last_only=True)
-      carry = (seq, seq_mask)
+    logits, carry = next_logits(carry, step, last, live)
     tok, lp = pick(logits, step)
     tok = jnp.where(live, tok, pad_id)
     tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, step))

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.lm import layers
-from iclr24_jax.lm.generation import GenerationOutput, sample_token
+from iclr24_jax.lm.generation import GenerationOutput, decode_loop, sample_token
 
 _NEG = -1e30
 
@@ -361,37 +361,16 @@ def generate(params: dict, config: T5Config, enc_ids: jax.Array, enc_mask: jax.A
     seq = jnp.full((b, n), pad, jnp.int32).at[:, 0].set(start)
     logits = decode(params, config, enc_out, enc_mask, seq[:, :1])
     carry0 = seq
-  tok0, lp0 = pick(logits[:, -1], 0)
-  tokens = jnp.full((b, n), pad, jnp.int32).at[:, 0].set(tok0)
-  logps = jnp.zeros((b, n), jnp.float32).at[:, 0].set(lp0)
-  gen_mask = jnp.zeros((b, n), bool).at[:, 0].set(True)
-  done = jnp.isin(tok0, stop)
-
-  def cond(state):
-    return (state[0] < n) & ~jnp.all(state[5])
-
-  def body(state):
-    step, tokens, logps, gen_mask, last, done, carry = state
-    live = ~done
+  def next_logits(carry, step, last, live):
+    del live  # stopped rows keep decoding their last token; decode_loop pads their outputs
     if use_cache:
       logits, carry = decode(params, config, None, None, last[:, None], cache=carry)
-      logits = logits[:, 0]
-    else:
-      carry = jax.lax.dynamic_update_slice(carry, last[:, None], (0, step))
-      all_logits = decode(params, config, enc_out, enc_mask, carry)  # causal: later slots do not matter
-      logits = jax.lax.dynamic_index_in_dim(all_logits, step, axis=1, keepdims=False)
-    tok, lp = pick(logits, step)
-    tok = jnp.where(live, tok, pad)
-    tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, step))
-    logps = jax.lax.dynamic_update_slice(logps, jnp.where(live, lp, 0.0)[:, None], (0, step))
-    gen_mask = jax.lax.dynamic_update_slice(gen_mask, live[:, None], (0, step))
-    done = done | (live & jnp.isin(tok, stop))
-    return step + 1, tokens, logps, gen_mask, tok, done, carry
+      return logits[:, 0], carry
+    carry = jax.lax.dynamic_update_slice(carry, last[:, None], (0, step))
+    all_logits = decode(params, config, enc_out, enc_mask, carry)  # causal: later slots do not matter
+    return jax.lax.dynamic_index_in_dim(all_logits, step, axis=1, keepdims=False), carry
 
-  state = (jnp.ones((), jnp.int32), tokens, logps, gen_mask, tok0, done, carry0)
-  _, tokens, logps, gen_mask, _, done, _ = jax.lax.while_loop(cond, body, state)
-  return GenerationOutput(tokens=tokens, mask=gen_mask, lengths=jnp.sum(gen_mask, 1, dtype=jnp.int32),
-                          logprobs=logps, stopped=done)
+  return decode_loop(logits[:, -1], next_logits, carry0, n, pick, pad, stop)
 
 
 # ------------------------------------------------------------------------------------------ HF weights
