@@ -78,3 +78,24 @@ def test_train_state_needs_tx():
   state = TrainState(step=jnp.zeros((), jnp.int32), params={"w": jnp.ones(2)}, opt_state=None)
   with pytest.raises(ValueError, match="TrainState.create"):
     state.apply_gradients({"w": jnp.ones(2)})
+
+
+def test_simulated_devices_get_a_wider_cpu_thread_pool():
+  # conftest called simulate_cpu_devices(8): XLA's CPU pool must have more threads than devices, or an
+  # 8-device all-reduce can deadlock (see sharding.simulate_cpu_devices).
+  import os
+  from iclr24_jax.common.sharding import simulate_cpu_devices
+  assert int(os.environ["NPROC"]) > jax.device_count()
+  jax.numpy.ones(2).block_until_ready()
+  tasks = "/proc/self/task"
+  if os.path.isdir(tasks):
+    names = []
+    for t in os.listdir(tasks):
+      try:
+        with open(os.path.join(tasks, t, "comm")) as f:
+          names.append(f.read().strip())
+      except OSError:
+        pass
+    assert sum(n.endswith("XLAEigen") for n in names) >= int(os.environ["NPROC"]) > jax.device_count()
+  with pytest.raises(ValueError, match="n >= 1"):
+    simulate_cpu_devices(0)
