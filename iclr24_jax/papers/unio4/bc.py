@@ -131,18 +131,9 @@ def fit_bc_ensemble(key: jax.Array, data: data_lib.OfflineData, policy_config: A
                                   data.action_dim)
   num_steps = int(bc_config["num_steps"])
   k_init, k_train = jax.random.split(key)
-  state = init(k_init)
-  every = int(log_every) if log_every else max(1, num_steps // 10)
-  history, done = [], 0
-  while done < num_steps:
-    n = min(every, num_steps - done)
-    state, m = chunk(state, data, k_train, n)
-    done += n
-    m = jax.device_get(m)
-    row = {"step": done, "loss": float(m["loss"]), "nll_mean": float(m["nll"].mean())}
-    history.append(row)
-    if callback:
-      callback(done, row)
+  state, history = common.run_in_chunks(
+      chunk, init(k_init), data, k_train, num_steps, log_every,
+      lambda m: {"loss": float(m["loss"]), "nll_mean": float(m["nll"].mean())}, callback)
   return state.params, policy, history
 
 

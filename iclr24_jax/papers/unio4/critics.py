@@ -215,16 +215,7 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
     raise ValueError(f"unio4 critic.num_steps must be >= 1, got {num_steps}.")
   init, chunk = _programs(common.freeze(spec), data.obs_dim, data.action_dim)
   k_init, k_train = jax.random.split(key)
-  state = init(k_init)
-  every = int(log_every) if log_every else max(1, num_steps // 10)
-  history, done = [], 0
-  while done < num_steps:
-    n = min(every, num_steps - done)
-    state, m = chunk(state, data, k_train, n)
-    done += n
-    row = {"step": done, **{k: float(v) for k, v in jax.device_get(m).items()}}
-    history.append(row)
-    if callback:
-      callback(done, row)
+  state, history = common.run_in_chunks(chunk, init(k_init), data, k_train, num_steps, log_every,
+                                        lambda m: {k: float(v) for k, v in m.items()}, callback)
   v_module, q_module = _modules(spec)
   return Critics(state.v.params, state.q.params, data.obs_stats, v_module, q_module), history
