@@ -152,25 +152,21 @@ def make_synthetic_ehr(seed: int = 0, num_patients: int = 3000, num_concepts: in
   concept_vec = rng.normal(size=(num_concepts, embedding_dim))
   ent_names = [f"code {c}" for c in range(num_concepts)]
   ent_vecs = [concept_vec[c] for c in range(num_concepts)]
-  variants = []
-  for b in range(num_entities):
+
+  def add_synonyms(base: np.ndarray, label: str, names: list, vecs: list) -> list[int]:
+    """1..max_synonyms surface forms of one entity/relation, each a noisy copy of its base vector."""
     forms = []
     for v in range(rng.integers(1, max_synonyms + 1)):
-      forms.append(len(ent_names))
-      ent_names.append(f"entity {b}" + ("" if v == 0 else f" variant {v}"))
+      forms.append(len(names))
+      names.append(label + ("" if v == 0 else f" variant {v}"))
       nz = rng.normal(size=embedding_dim)
-      ent_vecs.append(base_vec[b] + synonym_noise * np.linalg.norm(base_vec[b]) * nz / np.linalg.norm(nz))
-    variants.append(forms)
+      vecs.append(base + synonym_noise * np.linalg.norm(base) * nz / np.linalg.norm(nz))
+    return forms
+
+  variants = [add_synonyms(base_vec[b], f"entity {b}", ent_names, ent_vecs) for b in range(num_entities)]
   rel_base = rng.normal(size=(num_relations, embedding_dim))
-  rel_names, rel_vecs, rel_variants = [], [], []
-  for r in range(num_relations):
-    forms = []
-    for v in range(rng.integers(1, max_synonyms + 1)):
-      forms.append(len(rel_names))
-      rel_names.append(f"relation {r}" + ("" if v == 0 else f" variant {v}"))
-      nz = rng.normal(size=embedding_dim)
-      rel_vecs.append(rel_base[r] + synonym_noise * np.linalg.norm(rel_base[r]) * nz / np.linalg.norm(nz))
-    rel_variants.append(forms)
+  rel_names, rel_vecs = [], []
+  rel_variants = [add_synonyms(rel_base[r], f"relation {r}", rel_names, rel_vecs) for r in range(num_relations)]
   pick = lambda forms: forms[rng.integers(len(forms))]
   # The entity graph; risk entities receive risk-relation edges with probability risk_edge_bias.
   is_risk = np.zeros(num_entities, bool)
