@@ -275,6 +275,9 @@ def run(config: Any, workdir: str) -> dict:
   dc = config.dedup
   if dc.space != "pixels":
     raise ValueError(f"dedup.space='{dc.space}' is unknown; 'pixels' is the space of this analogue (README).")
+  # Deviation: the paper deduplicates in CLIP embedding space (cosine-distance threshold 0.124); in this small
+  # CLIP's space distinct digits of one class and style are as close as near-duplicates, so the analogue
+  # deduplicates mean-centred pixel vectors with threshold 0.01 (README).
   keep_dedup = np.ones(len(bench.pool), bool)
   if dc.get("enabled", True):
     keep_dedup = np.asarray(dedup_lib.deduplicate(pixel_embeddings(bench.pool.images), int(dc.num_clusters),

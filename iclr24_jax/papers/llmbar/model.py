@@ -124,6 +124,8 @@ class SmolLMJudge:
                widths: Sequence[int] = DEFAULT_WIDTHS, model_id: str = SMOLLM2_ID,
                stop_ids: Sequence[int] | None = None):
     if params is None:
+      # Deviation: the paper's judges are GPT-4 / ChatGPT / LLaMA-2 / PaLM 2 / Falcon; the only LM available
+      # offline is SmolLM2-135M-Instruct (its Q4_1 GGUF dequantised to float32).
       params, config, tokenizer = lm.load_smollm2()
     if config is None or tokenizer is None:
       raise ValueError("pass params, config and tokenizer together (or none of them to load SmolLM2).")
@@ -137,6 +139,8 @@ class SmolLMJudge:
     if stop_ids is None:
       stop_ids = (tokenizer.eos_id,) if tokenizer.eos_id is not None else ()
     self.stop_ids = tuple(int(i) for i in stop_ids)
+    # Deviation: the official code biases only the OpenAI models' answer tokens; here the same bias is
+    # applied to the local judge (option `logit_bias`), as the issue asks.
     self._bias = {k: (logit_bias_for(tokenizer, k) if logit_bias else None) for k in KINDS}
     self._compiled: dict[tuple, Callable] = {}
     self.num_calls = 0

@@ -114,7 +114,8 @@ def dann_model_loss(model_params: Any, disc_params: Any, nets: Networks, source_
   k, b = feats.shape[:2]
   logits_s = nets.domain_logits(disc_params, feats)
   logits_t = nets.domain_logits(disc_params, feats_t)
-  # Mean over the K + 1 domains' mean CE (DomainBed's DANN averages its discriminator CE over examples).
+  # Deviation: mean over the K + 1 domains' mean CE (DomainBed's DANN averages its discriminator CE over
+  # examples; a plain sum would scale lambda by K + 1).
   d_loss = (jnp.sum(jnp.mean(_ce(logits_s, source_domain_labels(k, b)), axis=1))
             + jnp.mean(_ce(logits_t, jnp.full(feats_t.shape[:1], TARGET_DOMAIN, jnp.int32)))) / (k + 1)
   loss = nll - adv_weight * d_loss

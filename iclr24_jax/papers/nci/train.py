@@ -40,7 +40,7 @@ def dann_lambda(step: jax.Array, num_steps: int) -> jax.Array:
 def _step(state: AdversarialState, source_batches: Any, target_batch: Any, key: jax.Array, *, nets: Networks,
           method: str, adv_weight: float, ramp_steps: int | None = None) -> tuple[AdversarialState, dict]:
   del key  # no stochastic layers; kept for the library's step signature
-  if ramp_steps:
+  if ramp_steps:  # Deviation: DANN with Ganin et al.'s ramp; a constant lambda collapsed the features early here
     adv_weight = adv_weight * dann_lambda(state.step, ramp_steps)
   source_x, source_y = _as_arrays(source_batches)
   target_x = target_batch["x"] if isinstance(target_batch, dict) else target_batch
