@@ -4,8 +4,12 @@
   python -m experiments.benchmark --only classify --full
   python -m experiments.benchmark --devices 1    # no device simulation (e.g. on one GPU)
 
+  python -m experiments.benchmark --only cpm --keep   # rerun one; keep the others' saved rows
+  python -m experiments.benchmark --table        # run nothing; rebuild the table from results/bench/*.json
+
 Rows: name, sizes, devices, compile seconds, median step seconds, steps/s, items/s, compiled memory
-and peak memory. Written to results/BENCHMARK.md and results/benchmark.json.
+and peak memory. Each experiment's rows are saved in results/bench/<name>.json (committed); all of them are
+written to results/BENCHMARK.md and results/benchmark.json.
 """
 from __future__ import annotations
 
@@ -49,7 +53,8 @@ def main() -> int:
   parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices (CPU backend only)")
   parser.add_argument("--out", default=os.path.join(ROOT, "results"))
   parser.add_argument("--keep", action="store_true",
-                      help="keep the rows of experiments not run now from the existing <out>/benchmark.json")
+                      help="keep the rows of experiments not run now (results/bench/<name>.json)")
+  parser.add_argument("--table", action="store_true", help="run nothing; rebuild the table from results/bench")
   args = parser.parse_args()
   sys.path.insert(0, ROOT)
   from iclr24_jax.common.sharding import simulate_cpu_devices
@@ -60,6 +65,9 @@ def main() -> int:
   names = [n for n in registry.available() if (not args.only or n in args.only.split(","))
            and n not in args.skip.split(",")]
   rows, failures = [], []
+  bench_dir = os.path.join(args.out, "bench")
+  if args.table:
+    names, args.keep = [], True
   for name in names:
     module = registry.experiment_module(name)
     if not hasattr(module, "benchmark"):
@@ -74,18 +82,23 @@ def main() -> int:
     for r in new:
       r.setdefault("experiment", name)
     rows.extend(new)
+    if name not in failures:
+      os.makedirs(bench_dir, exist_ok=True)
+      bench.write_rows(new, os.path.join(bench_dir, f"{name}.json"))
     print(bench.format_table(new, [c for c in COLUMNS if any(c in r for r in new)]), flush=True)
     print(f"--- {name} ({time.time() - t0:.0f}s)", flush=True)
-  saved = os.path.join(args.out, "benchmark.json")
-  if args.keep and os.path.exists(saved):
+  if args.keep:
     import json
-    with open(saved) as f:
-      old = json.load(f)
-    old = old.get("rows", old) if isinstance(old, dict) else old
     ran = set(names)
     order = {n: i for i, n in enumerate(registry.available())}
-    rows = sorted([r for r in old if r.get("experiment") not in ran] + rows,
-                  key=lambda r: order.get(r.get("experiment"), len(order)))
+    old = []
+    for other in registry.available():
+      path = os.path.join(bench_dir, f"{other}.json")
+      if other not in ran and os.path.exists(path):
+        with open(path) as f:
+          saved = json.load(f)
+        old += saved.get("rows", saved) if isinstance(saved, dict) else saved
+    rows = sorted(old + rows, key=lambda r: order.get(r.get("experiment"), len(order)))
   bench.write_rows(rows, os.path.join(args.out, "benchmark.json"))
   path = write_markdown(rows, os.path.join(args.out, "BENCHMARK.md"), args.devices)
   print(f"wrote {path}")
