@@ -17,11 +17,15 @@ CORE = [
     "scikit-image>=0.22",
     "mlxtend==0.25.*",
     "matplotlib>=3.8",
+    "Pillow>=10",  # JPEG degradations (daclip); explicit rather than through matplotlib
     "tensorflow-datasets==4.9.10",
 ]
 LM = ["transformers==4.57.6", "tokenizers>=0.20", "safetensors>=0.4", "gguf>=0.10", "jinja2>=3.1"]
 RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "nle==1.3.0", "gymnasium==1.2.0"]
 TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100"]
+# Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles
+# llama.cpp from source; not in 'all' so that setup and CI stay fast).
+BENCH = ["llama-cpp-python>=0.3"]
 
 setuptools.setup(
     name="iclr24_jax",
@@ -32,5 +36,5 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*"]),
     python_requires=">=3.10",
     install_requires=CORE,
-    extras_require={"lm": LM, "rl": RL, "test": TEST, "all": LM + RL + TEST},
+    extras_require={"lm": LM, "rl": RL, "test": TEST, "bench": BENCH, "all": LM + RL + TEST},
 )
