@@ -158,6 +158,12 @@ class TransformerBlock(nn.Module):
 class ViT(nn.Module):
   """A small Vision Transformer: patches -> class token + learned positions -> pre-LN blocks -> projection.
 
+  Controls (DA-CLIP, Luo et al. 2024; ControlNet-style): `controls` is an optional sequence of `depth` arrays
+  [B, T, width] (T = 1 + number of patches); controls[i] is added to the token stream right after block i.
+  `return_hidden` hands out the output of every block (before its control is added), so a weight copy of
+  this encoder run with `return_hidden=True` can act as the controller of a frozen one. The controls add
+  no parameters: a frozen encoder's params and the controller copy's params have the same names.
+
   Attributes:
     num_classes: output size (the embedding dimension when used as a CLIP image tower).
     patch_size: square patch side (image sides must be divisible by it).
@@ -173,21 +179,48 @@ class ViT(nn.Module):
   pool: str = "cls"
 
   @nn.compact
-  def __call__(self, x: jax.Array, train: bool = False, return_features: bool = False):
-    """x [B, H, W, C] -> [B, num_classes] (and features [B, width] with return_features)."""
+  def __call__(self, x: jax.Array, train: bool = False, return_features: bool = False,
+               controls: Sequence[jax.Array] | None = None, return_hidden: bool = False):
+    """Encodes images.
+
+    Args:
+      x: images [B, H, W, C].
+      train: unused (no dropout); kept for the tower interface.
+      return_features: also return the pooled features [B, width] before the projection.
+      controls: None or `depth` arrays [B, T, width], controls[i] added after block i (T = 1 + H W / p^2).
+      return_hidden: also return the `depth` block outputs, each [B, T, width] (before the control is added).
+
+    Returns:
+      out [B, num_classes]; with return_features (out, feats); with return_hidden the tuple of hidden
+      states is appended: (out, hidden) or (out, feats, hidden).
+    """
     b, hgt, wid, _ = x.shape
     p = self.patch_size
     if hgt % p or wid % p:
       raise ValueError(f"ViT: image size {hgt}x{wid} is not divisible by patch_size={p}; resize the images "
                        "or choose a patch size that divides both sides.")
+    num_tokens = 1 + (hgt // p) * (wid // p)
+    if controls is not None:
+      controls = tuple(controls)
+      if len(controls) != self.depth:
+        raise ValueError(f"ViT got {len(controls)} controls for depth={self.depth}; pass one [B, T, width] "
+                         "array per block (or None).")
+      for i, c in enumerate(controls):
+        if c.shape != (b, num_tokens, self.width):
+          raise ValueError(f"ViT control {i} has shape {c.shape}; expected {(b, num_tokens, self.width)} "
+                           "(batch, 1 + patches, width).")
     h = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID", name="patch_embed")(x)
     h = h.reshape(b, -1, self.width)
     cls_tok = self.param("cls_token", nn.initializers.normal(0.02), (1, 1, self.width))
     h = jnp.concatenate([jnp.broadcast_to(cls_tok, (b, 1, self.width)), h], axis=1)
     h = h + self.param("pos_embed", nn.initializers.normal(0.02), (1, h.shape[1], self.width))
     h = nn.LayerNorm(epsilon=1e-5, name="ln_pre")(h)
+    hidden = []
     for i in range(self.depth):
       h = TransformerBlock(self.width, self.heads, name=f"block{i}")(h)
+      hidden.append(h)
+      if controls is not None:
+        h = h + controls[i]
     h = nn.LayerNorm(epsilon=1e-5, name="ln_post")(h)
     if self.pool == "cls":
       feats = h[:, 0]
@@ -196,7 +229,10 @@ class ViT(nn.Module):
     else:
       raise ValueError(f"ViT.pool='{self.pool}' is unknown; choose 'cls' or 'mean'.")
     out = nn.Dense(self.num_classes, use_bias=False, name="proj")(feats)
-    return (out, feats) if return_features else out
+    result = (out, feats) if return_features else (out,)
+    if return_hidden:
+      result = result + (tuple(hidden),)
+    return result if len(result) > 1 else out
 
 
 class TextTransformer(nn.Module):

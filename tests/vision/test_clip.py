@@ -169,3 +169,40 @@ def test_encode_helpers_pad_and_normalise(tiny):
 def test_l2_normalize_has_finite_gradient_at_zero():
   g = jax.grad(lambda x: jnp.sum(clip.l2_normalize(x)))(jnp.zeros((2, 3)))
   assert np.isfinite(np.asarray(g)).all()
+
+
+def test_vit_controls_and_hidden_states():
+  """Per-block additive controls (DA-CLIP): zeros change nothing; a control after the last block is added to
+  the token stream before ln_post; hidden states are the block outputs; the param names are the plain ViT's."""
+  vit = clip.ViT(num_classes=6, patch_size=4, width=16, depth=3, heads=2)
+  x = jnp.asarray(np.random.default_rng(0).random((2, 8, 8, 1)), jnp.float32)
+  params = jax.jit(vit.init)(jax.random.key(0), x)
+  # No new parameters: the same tree as a ViT without controls (a frozen encoder's weights load unchanged).
+  assert set(params["params"]) == {"patch_embed", "cls_token", "pos_embed", "ln_pre", "block0", "block1", "block2",
+                                   "ln_post", "proj"}
+  apply = jax.jit(vit.apply, static_argnames=("return_features", "return_hidden"))
+  plain = apply(params, x)
+  out, feats, hidden = apply(params, x, return_features=True, return_hidden=True)
+  assert len(hidden) == 3
+  chex.assert_shape(list(hidden), (2, 5, 16))                       # 1 + (8/4)^2 tokens
+  np.testing.assert_allclose(np.asarray(out), np.asarray(plain), rtol=1e-6)
+  zeros = [jnp.zeros((2, 5, 16))] * 3
+  np.testing.assert_allclose(np.asarray(apply(params, x, controls=zeros)), np.asarray(plain), rtol=1e-6, atol=1e-7)
+  # A control c after the last block: out = proj(ln_post(hidden[-1] + c)[:, 0]), computed here by hand.
+  c = jnp.asarray(np.random.default_rng(1).normal(size=(2, 5, 16)), jnp.float32)
+  got = apply(params, x, controls=zeros[:2] + [c])
+  ln = params["params"]["ln_post"]
+  h = hidden[-1] + c
+  mean = h.mean(-1, keepdims=True)
+  var = ((h - mean) ** 2).mean(-1, keepdims=True)
+  normed = (h - mean) / jnp.sqrt(var + 1e-5) * ln["scale"] + ln["bias"]
+  want = normed[:, 0] @ params["params"]["proj"]["kernel"]
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-5)
+  # A control after block 0 changes the later hidden states but not hidden[0] (recorded before the addition).
+  _, hid_c = apply(params, x, controls=[c] + zeros[:2], return_hidden=True)
+  np.testing.assert_allclose(np.asarray(hid_c[0]), np.asarray(hidden[0]), rtol=1e-6)
+  assert not np.allclose(np.asarray(hid_c[1]), np.asarray(hidden[1]))
+  with pytest.raises(ValueError, match="controls for depth"):
+    vit.apply(params, x, controls=zeros[:2])
+  with pytest.raises(ValueError, match="control 1 has shape"):
+    vit.apply(params, x, controls=[zeros[0], jnp.zeros((2, 4, 16)), zeros[0]])
