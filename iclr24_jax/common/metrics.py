@@ -164,3 +164,80 @@ def plot_image_grid(images: np.ndarray, path: str, ncols: int = 8, title: str | 
   if title:
     fig.suptitle(title)
   return save_figure(fig, path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Image quality (moved here from papers/fps so fps, daclip and mdm share one definition)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _to_unit_range(x, value_range: tuple[float, float], name: str) -> np.ndarray:
+  """[N, H, W, C] array in `value_range` -> float64 in [0, 1] (clipped); validates shape and values."""
+  a = np.asarray(x, np.float64)
+  if a.ndim != 4:
+    raise ValueError(f"{name} must be images [N, H, W, C], got shape {a.shape}; add the batch/channel axes.")
+  if not np.all(np.isfinite(a)):
+    raise ValueError(f"{name} contains NaN or inf values; check the sampler output before scoring it.")
+  lo, hi = float(value_range[0]), float(value_range[1])
+  if not hi > lo:
+    raise ValueError(f"value_range={value_range} must be (low, high) with high > low.")
+  return np.clip((a - lo) / (hi - lo), 0.0, 1.0)
+
+
+def _check_pair(x, truth, value_range) -> tuple[np.ndarray, np.ndarray]:
+  a = _to_unit_range(x, value_range, "x")
+  b = _to_unit_range(truth, value_range, "truth")
+  if a.shape != b.shape:
+    raise ValueError(f"x {a.shape} and truth {b.shape} must have the same shape [N, H, W, C].")
+  return a, b
+
+
+def psnr(x, truth, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
+  """Peak signal-to-noise ratio (dB) per image.
+
+  Both arrays are mapped from `value_range` to [0, 1] and clipped, then
+  PSNR = 10 log10(1 / max(MSE, 1e-10)) (peak 1; the floor caps identical images at 100 dB).
+
+  Args:
+    x: images [N, H, W, C] (e.g. restored / sampled), values in `value_range`.
+    truth: reference images [N, H, W, C].
+    value_range: (low, high) of the inputs; (-1, 1) as the diffusion samplers (fps), (0, 1) for images.
+
+  Returns:
+    [N] float64 PSNR in dB.
+  """
+  a, b = _check_pair(x, truth, value_range)
+  mse = np.mean((a - b) ** 2, axis=(1, 2, 3))
+  return 10.0 * np.log10(1.0 / np.maximum(mse, 1e-10))
+
+
+def ssim(x, truth, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray:
+  """Structural similarity per image (scikit-image, data_range 1, Gaussian-free 7x7 uniform window).
+
+  As fps computed it: inputs mapped to [0, 1] and clipped; the window is 7 or the largest odd size that
+  fits a smaller image; multi-channel images average the per-channel SSIM (`channel_axis=-1`).
+
+  Args:
+    x: images [N, H, W, C] in `value_range`.
+    truth: reference images [N, H, W, C].
+    value_range: (low, high) of the inputs.
+
+  Returns:
+    [N] float64 SSIM in [-1, 1] (1 = identical).
+  """
+  from skimage.metrics import structural_similarity
+  a, b = _check_pair(x, truth, value_range)
+  side = min(a.shape[1], a.shape[2])
+  win = min(7, side - (1 - side % 2))
+  if win < 3:
+    raise ValueError(f"ssim needs images of at least 3x3 pixels, got {a.shape[1]}x{a.shape[2]}.")
+  if a.shape[-1] == 1:
+    return np.array([structural_similarity(a[i, ..., 0], b[i, ..., 0], data_range=1.0, win_size=win)
+                     for i in range(a.shape[0])])
+  return np.array([structural_similarity(a[i], b[i], data_range=1.0, win_size=win, channel_axis=-1)
+                   for i in range(a.shape[0])])
+
+
+def psnr_ssim(x, truth, value_range: tuple[float, float] = (-1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
+  """(PSNR dB [N], SSIM [N]) per image for [N, H, W, C] arrays in `value_range` (compared in [0, 1])."""
+  return psnr(x, truth, value_range), ssim(x, truth, value_range)
