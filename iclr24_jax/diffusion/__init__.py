@@ -30,3 +30,8 @@ __all__ = [
     "diffusion_loss", "init_state", "loss_weight", "make_denoiser", "make_train_step",
     "MLPDenoiser", "UNet", "create_model", "timestep_embedding",
 ]
+
+# Matryoshka diffusion (mdm): per-level transitions and the joint multi-resolution sampler.
+from iclr24_jax.diffusion.samplers import level_transitions, sample_levels  # noqa: E402
+
+__all__ += ["level_transitions", "sample_levels"]

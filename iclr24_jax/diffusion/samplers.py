@@ -15,7 +15,7 @@ The last step always goes to clean data (abar_s = 1), where both kernels return 
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import flax.struct
 import jax
@@ -194,32 +194,144 @@ def split_sampler_keys(key: jax.Array, num_steps: int) -> tuple[jax.Array, jax.A
   return key_init, jax.random.split(key_steps, num_steps)
 
 
-def classifier_free_guidance(denoiser: Callable[[jax.Array, jax.Array, Any], jax.Array], cond: Any,
-                             null_cond: Any, guidance_scale: float) -> Denoiser:
+def classifier_free_guidance(denoiser: Callable[[Any, jax.Array, Any], Any], cond: Any,
+                             null_cond: Any, guidance_scale: float) -> Callable[[Any, jax.Array], Any]:
   """Classifier-free guidance (Ho & Salimans 2022, Eq. 6): out = out(x, null) + w (out(x, c) - out(x, null)).
 
   w = guidance_scale; w = 1 is the plain conditional model, w = 0 the unconditional one (the paper's
   (1 + w) is our w). The conversions between eps, x0 and v are affine in the output at fixed (x_t, t), so
   guiding in any of the three parameterisations gives the same sampler. Both branches run as one batched call.
+  x_t and the output may be pytrees (e.g. a tuple of resolution levels, Matryoshka diffusion): every leaf is
+  doubled along its batch axis and every output leaf is guided (the official MDM sampler guides each level).
 
   Args:
-    denoiser: (x_t [B, ...], t [B], c) -> prediction; c is a pytree with leading axis B.
+    denoiser: (x_t, t [B], c) -> prediction; x_t a [B, ...] array or a pytree of them, c a pytree with
+      leading axis B.
     cond: the condition (pytree, leading axis B).
     null_cond: the "no condition" value (same structure; leading axis B or 1, broadcast).
     guidance_scale: w.
 
   Returns:
-    denoiser(x_t, t) -> guided prediction.
+    denoiser(x_t, t) -> guided prediction (x_t's structure for the output's leaves).
   """
   def guided(x_t, t):
-    b = x_t.shape[0]
     both = jax.tree.map(lambda c, n: jnp.concatenate([c, jnp.broadcast_to(n, c.shape).astype(c.dtype)]),
                         cond, null_cond)
-    out = denoiser(jnp.concatenate([x_t, x_t]), jnp.concatenate([t, t]), both)
-    out_c, out_u = out[:b], out[b:]
-    return out_u + guidance_scale * (out_c - out_u)
+    x2 = jax.tree.map(lambda x: jnp.concatenate([x, x]), x_t)
+    out = denoiser(x2, jnp.concatenate([t, t]), both)
+
+    def mix(o):
+      half = o.shape[0] // 2
+      out_c, out_u = o[:half], o[half:]
+      return out_u + guidance_scale * (out_c - out_u)
+
+    return jax.tree.map(mix, out)
 
   return guided
+
+
+def level_transitions(method: str, xs_t: Sequence[jax.Array], outs: Sequence[jax.Array],
+                      alpha_bars_t: Sequence[jax.Array], alpha_bars_s: Sequence[jax.Array], *, eta: float = 0.0,
+                      prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None
+                      ) -> tuple[Transition, ...]:
+  """One reverse kernel per resolution level, each with its own noise levels (one schedule per level).
+
+  Matryoshka diffusion denoises L resolutions jointly at one shared time t, but level r has its own
+  (shifted) schedule, so abar differs per level: level r moves from alpha_bars_t[r] to alpha_bars_s[r] with
+  `ddpm_transition` / `ddim_transition` (the official NestedSampler applies its single-level step per level).
+
+  Args:
+    method: 'ddpm' | 'ddim'.
+    xs_t: L arrays [B, H_r, W_r, C] (any [B, ...]).
+    outs: L network outputs, shapes as xs_t.
+    alpha_bars_t, alpha_bars_s: L noise levels (scalar or [B]) each, abar_t < abar_s.
+    eta, prediction, variance, clip_x0: see `ddpm_transition` / `ddim_transition`.
+
+  Returns:
+    a tuple of L Transitions.
+  """
+  n = len(xs_t)
+  if not len(outs) == len(alpha_bars_t) == len(alpha_bars_s) == n:
+    raise ValueError(f"level_transitions needs one output and one (abar_t, abar_s) pair per level; got {n} levels, "
+                     f"{len(outs)} outputs, {len(alpha_bars_t)} / {len(alpha_bars_s)} noise levels.")
+  return tuple(transition(method, x, o, a_t, a_s, eta=eta, prediction=prediction, variance=variance,
+                          clip_x0=clip_x0) for x, o, a_t, a_s in zip(xs_t, outs, alpha_bars_t, alpha_bars_s))
+
+
+def sample_levels(denoiser: Callable, schedules: Sequence[Schedule], shapes: Sequence[tuple[int, ...]],
+                  key: jax.Array, *, method: str = "ddim", num_steps: int | None = None, spacing: str | None = None,
+                  eta: float = 0.0, prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None,
+                  x_T: Sequence[jax.Array] | None = None, cond: Any = None, null_cond: Any = None,
+                  guidance_scale: float | None = None, return_trajectory: bool = False):
+  """Joint reverse chain over L resolution levels sharing one time grid, in one `lax.scan`.
+
+  At every step the denoiser sees all levels at the same time t and returns one prediction per level; level r
+  then takes its own `ddpm` / `ddim` step with the noise levels of `schedules[r]` (Matryoshka diffusion:
+  one t, per-resolution shifted schedules). Guidance (`guidance_scale`) guides every level.
+
+  Keys: `key_init, step_keys = split_sampler_keys(key, N)`; level r starts from
+  `normal(fold_in(key_init, r))` and its step i uses `fold_in(step_keys[i], r)`.
+
+  Args:
+    denoiser: (xs_t tuple of L [B, ...], t [B]) -> tuple of L predictions; or (xs_t, t, c) with `cond`.
+    schedules: L schedules of the same kind and time units (discrete with equal T, or continuous); the time grid
+      is that of schedules[0].
+    shapes: L shapes [B, ...] (same B).
+    key: randomness.
+    method, num_steps, spacing, eta, prediction, variance, clip_x0: as in `sample`.
+    x_T: optional L starting noises.
+    cond, null_cond, guidance_scale: as in `sample`.
+    return_trajectory: also return every level's states after every step.
+
+  Returns:
+    a tuple of L samples [B, ...]; with return_trajectory, (samples, trajectories tuple of [N, B, ...]).
+  """
+  if method not in METHODS:
+    raise ValueError(f"unknown sampler '{method}'; choose one of {METHODS}.")
+  levels = len(schedules)
+  if levels == 0 or len(shapes) != levels:
+    raise ValueError(f"sample_levels needs one shape per schedule; got {len(schedules)} schedules and "
+                     f"{len(shapes)} shapes.")
+  kinds = {(s.is_discrete, s.num_timesteps if s.is_discrete else None) for s in schedules}
+  if len(kinds) != 1:
+    raise ValueError("all levels' schedules must share their time units (all discrete with the same T, or all "
+                     f"continuous); got {[s.name for s in schedules]}.")
+  if len({int(s[0]) for s in shapes}) != 1:
+    raise ValueError(f"all levels need the same batch size; got shapes {list(shapes)}.")
+  if guidance_scale is not None:
+    if cond is None or null_cond is None:
+      raise ValueError("guidance_scale needs both cond and null_cond (the unconditional value).")
+    fn = classifier_free_guidance(denoiser, cond, null_cond, guidance_scale)
+  elif cond is not None:
+    fn = lambda x, t: denoiser(x, t, cond)  # noqa: E731
+  else:
+    fn = denoiser
+  times = sampling_grid(schedules[0], num_steps, spacing)[0]
+  a_t = tuple(s.alpha_bar(times).astype(jnp.float32) for s in schedules)
+  a_s = tuple(jnp.concatenate([a[1:], jnp.ones((1,), jnp.float32)]) for a in a_t)
+  key_init, step_keys = split_sampler_keys(key, times.shape[0])
+  if x_T is None:
+    x_T = tuple(jax.random.normal(jax.random.fold_in(key_init, r), tuple(sh), jnp.float32)
+                for r, sh in enumerate(shapes))
+  else:
+    x_T = tuple(x_T)
+    if [tuple(x.shape) for x in x_T] != [tuple(sh) for sh in shapes]:
+      raise ValueError(f"x_T has shapes {[x.shape for x in x_T]}, expected {list(shapes)}.")
+  batch = int(shapes[0][0])
+
+  def body(xs, step):
+    t, at, as_, k = step
+    outs = tuple(fn(xs, jnp.broadcast_to(t, (batch,))))
+    if [o.shape for o in outs] != [x.shape for x in xs]:
+      raise ValueError(f"the denoiser returned shapes {[o.shape for o in outs]} for levels "
+                       f"{[x.shape for x in xs]}; it must return one prediction per level of its level's shape.")
+    trs = level_transitions(method, xs, outs, at, as_, eta=eta, prediction=prediction, variance=variance,
+                            clip_x0=clip_x0)
+    nxt = tuple(tr.sample(jax.random.fold_in(k, r)) for r, tr in enumerate(trs))
+    return nxt, (nxt if return_trajectory else None)
+
+  xs0, traj = jax.lax.scan(body, x_T, (times, a_t, a_s, step_keys))
+  return (xs0, traj) if return_trajectory else xs0
 
 
 def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: jax.Array, *,

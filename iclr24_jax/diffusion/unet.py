@@ -12,10 +12,17 @@ Both share one call signature, so the loss, train step and samplers take either:
 UNet layout (Ho et al. 2020, App. B; Dhariwal & Nichol 2021): a 3x3 stem conv, then per level
 `num_res_blocks` ResBlocks (with self/cross-attention where `level in attention_levels`) and a strided-conv
 downsample; a middle ResBlock-Attention-ResBlock; the mirrored up path with skip connections; GroupNorm-SiLU-conv
-out (zero-initialised). Nesting (Matryoshka Diffusion): `inner` is called at the bottleneck as
-`inner(h, temb, context=..., context_mask=..., train=...) -> h`, and `inject` adds features to the stem
-output, so a UNet at a lower resolution can live inside another's middle; `return_features` hands out the
-top-level decoder features.
+out (zero-initialised). Nesting (Matryoshka Diffusion, Gu et al. 2024): `inner` is called at the bottleneck as
+
+  inner(h [B, h, w, C_mid], temb [B, E], inner_inputs, *, t, cond, class_labels, context, context_mask, train)
+      -> h' [B, h, w, C_mid]   or   (h', aux)
+
+`inner_inputs` is whatever the caller passed to `UNet.__call__(..., inner_inputs=...)` (MDM: the lower-resolution
+noisy images), the keywords are the outer call's own inputs (so an inner UNet can embed t and the labels itself).
+When the inner returns `(h', aux)` the UNet returns `(out, aux)` (MDM: aux = the low-resolution predictions).
+`inject` adds features to the stem output (how an outer network feeds an inner one), `return_features` hands
+out the top-level decoder features, and `mid_blocks=False` drops the middle blocks (MDM's outer UNet, whose
+bottleneck is the inner network).
 """
 from __future__ import annotations
 
@@ -171,6 +178,7 @@ class UNet(nn.Module):
     dropout: in ResBlocks (needs a 'dropout' rng when train=True).
     num_groups: GroupNorm groups (the gcd with the channel count is used).
     scale_shift: ADM's scale/shift time conditioning instead of DDPM's addition.
+    mid_blocks: the middle ResBlock-(Attention)-ResBlock (MDM's outer UNet has none: skip_mid_blocks).
     inner: optional module called at the bottleneck (nesting; see module docstring).
     dtype: computation dtype (params stay float32).
   """
@@ -188,18 +196,26 @@ class UNet(nn.Module):
   dropout: float = 0.0
   num_groups: int = 32
   scale_shift: bool = False
+  mid_blocks: bool = True
   inner: nn.Module | None = None
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x, t, *, cond=None, class_labels=None, context=None, context_mask=None, inject=None,
-               train: bool = False, return_features: bool = False):
+               inner_inputs=None, train: bool = False, return_features: bool = False):
     """Predicts eps / x0 / v [B, H, W, out_channels] from x_t [B, H, W, C_in] and t [B] (see module docstring).
 
     Args:
       inject: optional features [B, H, W, C * channel_mults[0]] added to the stem output (nesting).
+      inner_inputs: extra inputs handed to the `inner` module (any pytree; nesting). Needs `inner`.
       return_features: also return the last decoder features [B, H, W, C * channel_mults[0]].
+
+    Returns:
+      out [B, H, W, out_channels]; `(out, features)` with return_features; `(out, aux)` when the inner module
+      returns `(h, aux)`; `(out, features, aux)` with both.
     """
+    if inner_inputs is not None and self.inner is None:
+      raise ValueError("inner_inputs were given but this UNet has no inner module; build it with UNet(inner=...).")
     if x.ndim != 4:
       raise ValueError(f"UNet input must be [B, H, W, C], got shape {x.shape}.")
     levels = len(self.channel_mults)
@@ -233,12 +249,19 @@ class UNet(nn.Module):
         skips.append(h)
 
     c_mid = h.shape[-1]                                                      # middle
-    h = ResBlock(c_mid, name="mid_res_0", **block_kw)(h, temb, train)
-    if self.mid_attention:
-      h = AttentionBlock(name="mid_attn", **attn_kw)(h, context, context_mask)
-    h = ResBlock(c_mid, name="mid_res_1", **block_kw)(h, temb, train)
-    if self.inner is not None:
-      h = self.inner(h, temb, context=context, context_mask=context_mask, train=train)
+    if self.mid_blocks:
+      h = ResBlock(c_mid, name="mid_res_0", **block_kw)(h, temb, train)
+      if self.mid_attention:
+        h = AttentionBlock(name="mid_attn", **attn_kw)(h, context, context_mask)
+      h = ResBlock(c_mid, name="mid_res_1", **block_kw)(h, temb, train)
+    aux = None
+    if self.inner is not None:                                               # nesting hook (MDM)
+      res = self.inner(h, temb, inner_inputs, t=t, cond=cond, class_labels=class_labels, context=context,
+                       context_mask=context_mask, train=train)
+      h, aux = res if isinstance(res, tuple) else (res, None)
+      if h.shape[:-1] != skips[-1].shape[:-1] or h.shape[-1] != c_mid:
+        raise ValueError(f"the inner module returned features of shape {h.shape}; it must keep the bottleneck's "
+                         f"shape {skips[-1].shape[:-1] + (c_mid,)}.")
 
     for level, mult in reversed(list(enumerate(self.channel_mults))):       # up path
       for i in range(self.num_res_blocks + 1):
@@ -252,7 +275,8 @@ class UNet(nn.Module):
     h = nn.silu(nn.GroupNorm(_groups(h.shape[-1], self.num_groups), dtype=self.dtype, name="out_norm")(h))
     out = nn.Conv(self.out_channels or x.shape[-1], (3, 3), padding="SAME", kernel_init=nn.initializers.zeros,
                   dtype=self.dtype, name="out_conv")(h).astype(jnp.float32)
-    return (out, features) if return_features else out
+    outs = (out,) + ((features,) if return_features else ()) + ((aux,) if aux is not None else ())
+    return outs[0] if len(outs) == 1 else outs
 
 
 class MLPDenoiser(nn.Module):

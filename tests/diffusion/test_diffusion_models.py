@@ -44,8 +44,23 @@ class _Inner(nn.Module):
   """A stand-in for a nested (inner, lower-resolution) UNet at the bottleneck."""
 
   @nn.compact
-  def __call__(self, h, temb, context=None, context_mask=None, train=False):
+  def __call__(self, h, temb, inner_inputs=None, **unused):
     return h + nn.Dense(h.shape[-1], name="inner_proj")(nn.silu(temb))[:, None, None, :]
+
+
+class _LowResInner(nn.Module):
+  """A nesting hook in MDM's shape: reads a low-resolution image from inner_inputs, feeds the bottleneck features
+  to it through a conv, adds its features back through a zero-initialised conv, and returns a low-res prediction."""
+
+  @nn.compact
+  def __call__(self, h, temb, inner_inputs, *, t, class_labels=None, **unused):
+    low = inner_inputs["x_low"]                                            # [B, h, w, 1]
+    f = nn.Conv(h.shape[-1], (3, 3), name="in_adapter")(h) + nn.Conv(h.shape[-1], (3, 3), name="stem")(low)
+    f = nn.silu(f + nn.Dense(h.shape[-1], name="t_proj")(temb)[:, None, None, :])
+    pred_low = nn.Conv(low.shape[-1], (3, 3), name="out")(f)
+    back = nn.Conv(h.shape[-1], (3, 3), kernel_init=nn.initializers.zeros, bias_init=nn.initializers.zeros,
+                   name="out_adapter")(f)
+    return h + back, pred_low
 
 
 @pytest.fixture(scope="module")
@@ -263,7 +278,7 @@ def test_training_errors():
 
 
 def test_configs():
-  from configs import diffusion as cfg_mod
+  from iclr24_jax.configs import diffusion as cfg_mod
   for v in ("", "tiny", "x16", "v_cosine", "continuous", "unconditional"):
     c = cfg_mod.get_config(v)
     assert c.paper == "diffusion"
@@ -274,7 +289,7 @@ def test_configs():
 
 
 def test_experiment_smoke_run(tmp_path):
-  from configs import diffusion as cfg_mod
+  from iclr24_jax.configs import diffusion as cfg_mod
   from iclr24_jax.diffusion import experiment
   res = experiment.run(cfg_mod.get_config("tiny"), str(tmp_path))
   for f in ("metrics.jsonl", "results.json", "samples.png", "data.png", "loss.png"):
@@ -291,10 +306,47 @@ def test_digits_unet_learns_recognisable_samples(tmp_path):
 
   With n = 200 samples, chance accuracy 0.1 has binomial SE sqrt(0.1 * 0.9 / 200) = 0.021; we require 3 SE above.
   """
-  from configs import diffusion as cfg_mod
+  from iclr24_jax.configs import diffusion as cfg_mod
   from iclr24_jax.diffusion import experiment
   cfg = cfg_mod.get_config("")
   res = experiment.run(cfg, str(tmp_path))
   assert res["final_loss"] < 0.7 * res["first_loss"], res
   n = cfg.sampler.num_samples
   assert res["samples_accuracy"] > 0.1 + 3 * np.sqrt(0.09 / n), res
+
+
+def test_unet_inner_contributing_zeros_reproduces_the_plain_unet():
+  """Nesting hook (issue 19): an inner network whose contribution is zero leaves the outer UNet exactly the plain
+  UNet with the same params, hands back its low-resolution prediction, and changes the output once it is not 0."""
+  cfg = dict(TINY_UNET, num_classes=10, scale_shift=True)
+  plain = unet.UNet(**cfg)
+  nested = unet.UNet(inner=_LowResInner(), **cfg)
+  b = 3
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.standard_normal((b, 8, 8, 1)), jnp.float32)
+  low = {"x_low": jnp.asarray(rng.standard_normal((b, 4, 4, 1)), jnp.float32)}
+  t, y = jnp.array([3, 50, 900]), jnp.array([0, 4, 10])
+  params = _fast_jit(lambda k: nested.init(k, x, t, class_labels=y, inner_inputs=low)["params"],
+                     jax.random.key(0))(jax.random.key(0))
+  assert set(params) - {"inner"} == set(jax.eval_shape(
+      lambda k: plain.init(k, x, t, class_labels=y), jax.random.key(0))["params"])
+  p = _perturb({k: v for k, v in params.items() if k != "inner"}, jax.random.key(1))   # non-zero outer
+  p_inner = dict(params["inner"])
+  fwd_nested = _fast_jit(lambda pp, pi: nested.apply({"params": {**pp, "inner": pi}}, x, t, class_labels=y,
+                                                     inner_inputs=low), p, p_inner)
+  fwd_plain = _fast_jit(lambda pp: plain.apply({"params": pp}, x, t, class_labels=y), p)
+  out, pred_low = fwd_nested(p, p_inner)
+  ref = fwd_plain(p)
+  chex.assert_shape(pred_low, (b, 4, 4, 1))
+  assert float(jnp.max(jnp.abs(ref))) > 1e-2            # the comparison is not between two zero outputs
+  np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+  # A non-zero out-adapter makes the inner network count.
+  p_inner["out_adapter"] = jax.tree.map(lambda a: a + 0.1, p_inner["out_adapter"])
+  out2, _ = fwd_nested(p, p_inner)
+  assert float(jnp.max(jnp.abs(out2 - ref))) > 1e-3
+  # mid_blocks=False drops the middle blocks (MDM's outer UNet); inner_inputs without an inner is an error.
+  no_mid = jax.eval_shape(lambda k: unet.UNet(mid_blocks=False, **cfg).init(k, x, t, class_labels=y),
+                          jax.random.key(0))["params"]
+  assert not any(k.startswith("mid_") for k in no_mid)
+  with pytest.raises(ValueError, match="no inner module"):
+    jax.eval_shape(lambda k: plain.init(k, x, t, class_labels=y, inner_inputs=low), jax.random.key(0))
