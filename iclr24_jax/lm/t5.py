@@ -9,6 +9,12 @@ head), decoder start token = pad (0). Checkpoints in Hugging Face naming load wi
   logits = forward(params, config, enc_ids, enc_mask, dec_ids)          # [B, T, V] teacher forcing
   loss, metrics = seq2seq_loss(params, config, batch)                  # batch: inputs, input_mask, labels, label_mask
   out = generate(params, config, enc_ids, enc_mask, key, max_new_tokens=16)   # KV cache, lax.while_loop
+
+The encoder also takes input embeddings instead of ids (`encode(..., embeds=[B, S, D])`,
+`seq2seq_loss(..., input_embeds=...)`, `generate(..., enc_embeds=...)`: an inverter feeds projected
+probability vectors), and `generate(..., decoder_prefix=[B, K])` decodes after given tokens placed right
+after the decoder start token (control codes). `T5Config.from_tokenizer(tok)` takes the vocabulary size
+and the pad/EOS ids from a tokenizer (`train_bpe` gives pad 0, BOS 1, EOS 2; T5's own vocabulary has EOS 1).
 """
 from __future__ import annotations
 
@@ -55,6 +61,45 @@ class T5Config:
   def __post_init__(self):
     if self.feed_forward_proj not in ("relu", "gated-gelu"):
       raise ValueError(f"feed_forward_proj={self.feed_forward_proj!r}; choose 'relu' or 'gated-gelu'.")
+    for name in ("pad_id", "eos_id", "decoder_start_id"):
+      value = getattr(self, name)
+      if not 0 <= value < self.vocab_size:
+        raise ValueError(f"T5Config.{name}={value} is outside the vocabulary [0, {self.vocab_size}); build the "
+                         "config with T5Config.from_tokenizer(tok) so the special ids match the tokenizer.")
+
+  @classmethod
+  def from_tokenizer(cls, tok: Any, *, decoder_start: str = "pad", **changes) -> "T5Config":
+    """A config whose vocabulary size and pad / EOS / decoder-start ids come from a tokenizer.
+
+    Args:
+      tok: an `lm.Tokenizer` (e.g. from `train_bpe`: pad 0, BOS 1, EOS 2) or anything with `vocab_size`,
+        `pad_id`, `eos_id` (and `bos_id` for decoder_start='bos').
+      decoder_start: 'pad' (T5's convention: the decoder starts from the pad id) or 'bos'.
+      **changes: other T5Config fields (d_model, num_layers, ...); `vocab_size` may round the tokenizer's
+        size up (e.g. to a multiple of 128) but not below it.
+
+    Returns:
+      T5Config with pad_id, eos_id, decoder_start_id set from the tokenizer.
+
+    Raises:
+      ValueError: the tokenizer has no EOS id, decoder_start is unknown, or vocab_size is too small.
+    """
+    if getattr(tok, "eos_id", None) is None:
+      raise ValueError("the tokenizer has no eos_id; T5 needs one to end its outputs (give the tokenizer an EOS "
+                       "special token, e.g. train_bpe's default '<eos>').")
+    if decoder_start not in ("pad", "bos"):
+      raise ValueError(f"decoder_start={decoder_start!r}; choose 'pad' (T5) or 'bos'.")
+    start = tok.pad_id if decoder_start == "pad" else getattr(tok, "bos_id", None)
+    if start is None:
+      raise ValueError("decoder_start='bos' but the tokenizer has no bos_id.")
+    vocab = int(changes.pop("vocab_size", tok.vocab_size))
+    if vocab < tok.vocab_size:
+      raise ValueError(f"vocab_size={vocab} is smaller than the tokenizer's {tok.vocab_size} ids.")
+    for key in ("pad_id", "eos_id", "decoder_start_id"):
+      if key in changes:
+        raise ValueError(f"from_tokenizer sets {key} from the tokenizer; use T5Config(...) to set it by hand.")
+    return cls(vocab_size=vocab, pad_id=int(tok.pad_id), eos_id=int(tok.eos_id), decoder_start_id=int(start),
+               **changes)
 
   @property
   def n_dec(self) -> int:
@@ -170,24 +215,27 @@ def _mlp(p, x, config):
   return layers.dense(p["wo"], h)
 
 
-def encode(params: dict, config: T5Config, ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-  """Encoder hidden states.
+def encode(params: dict, config: T5Config, ids: jax.Array | None = None, mask: jax.Array | None = None, *,
+           embeds: jax.Array | None = None) -> jax.Array:
+  """Encoder hidden states, from token ids or from input embeddings.
 
   Args:
     params: T5 parameters.
     config: T5Config.
-    ids: [B, S] input ids.
+    ids: [B, S] input ids (give either ids or embeds).
     mask: [B, S] bool (default all).
+    embeds: [B, S, D] input embeddings used instead of `embedding(ids)` (an inverter feeds projected
+      probability vectors); `encode(embeds=params['shared'][ids])` equals `encode(ids)`.
 
   Returns:
     [B, S, D] (after the final layer norm).
   """
-  if ids.ndim != 2:
-    raise ValueError(f"ids must be [batch, time], got shape {ids.shape}.")
-  b, s = ids.shape
+  x = _encoder_inputs(params, config, ids, embeds)
+  b, s = x.shape[:2]
+  if mask is not None and tuple(mask.shape) != (b, s):
+    raise ValueError(f"mask must be [B, S] = {(b, s)}, got {tuple(mask.shape)}.")
   mask = jnp.ones((b, s), bool) if mask is None else mask.astype(bool)
   enc = params["encoder"]
-  x = jnp.take(params["shared"], ids, axis=0)
   pos = jnp.arange(s)
   bias = position_bias(enc["rel_bias"], pos, pos, True, config)[None] + jnp.where(mask, 0.0, _NEG)[:, None, None, :]
   for layer in enc["layers"]:
@@ -197,6 +245,23 @@ def encode(params: dict, config: T5Config, ids: jax.Array, mask: jax.Array | Non
     x = x + _attend(layer["self_attn"], h, k, v, bias, config)
     x = x + _mlp(layer["mlp"], layers.rms_norm(layer["mlp_norm"], x, config.norm_eps), config)
   return layers.rms_norm(enc["final_norm"], x, config.norm_eps)
+
+
+def _encoder_inputs(params, config, ids, embeds):
+  """[B, S, D] encoder inputs from exactly one of ids [B, S] / embeds [B, S, D]."""
+  if (ids is None) == (embeds is None):
+    raise ValueError("give the encoder either ids [B, S] or embeds [B, S, D] (exactly one of them).")
+  if embeds is not None:
+    if embeds.ndim != 3 or embeds.shape[-1] != config.d_model:
+      raise ValueError(f"embeds must be [batch, time, d_model={config.d_model}], got shape {embeds.shape}.")
+    return embeds.astype(params["shared"].dtype)
+  if ids.ndim != 2:
+    raise ValueError(f"ids must be [batch, time], got shape {ids.shape}.")
+  return jnp.take(params["shared"], ids, axis=0)
+
+
+def _encoder_shape(ids, embeds):
+  return tuple((ids if ids is not None else embeds).shape[:2])
 
 
 @flax.struct.dataclass
@@ -291,86 +356,158 @@ def shift_right(labels: jax.Array, start_id: int) -> jax.Array:
   return jnp.concatenate([jnp.full((labels.shape[0], 1), start_id, labels.dtype), labels[:, :-1]], axis=1)
 
 
-def forward(params: dict, config: T5Config, enc_ids: jax.Array, enc_mask: jax.Array | None,
-            dec_ids: jax.Array, dec_mask: jax.Array | None = None) -> jax.Array:
-  """Teacher-forced logits [B, T, V] for decoder inputs `dec_ids` given encoder inputs `enc_ids`."""
-  enc_mask = jnp.ones(enc_ids.shape, bool) if enc_mask is None else enc_mask
-  return decode(params, config, encode(params, config, enc_ids, enc_mask), enc_mask, dec_ids, dec_mask)
-
-
-def seq2seq_loss(params: dict, config: T5Config, batch: Mapping[str, jax.Array]) -> tuple[jax.Array, dict]:
-  """Mean token cross-entropy of `labels` given `inputs`.
+def forward(params: dict, config: T5Config, enc_ids: jax.Array | None, enc_mask: jax.Array | None,
+            dec_ids: jax.Array, dec_mask: jax.Array | None = None, *, enc_embeds: jax.Array | None = None
+            ) -> jax.Array:
+  """Teacher-forced logits for decoder inputs `dec_ids` given the encoder inputs.
 
   Args:
     params, config: the model.
-    batch: inputs [B, S], input_mask [B, S], labels [B, T] (ending with EOS), label_mask [B, T].
+    enc_ids: [B, S] encoder ids, or None when `enc_embeds` is given.
+    enc_mask: [B, S] encoder mask (default all).
+    dec_ids: [B, T] decoder inputs (start token first).
+    dec_mask: [B, T] decoder padding mask (default all).
+    enc_embeds: [B, S, D] encoder input embeddings instead of ids.
+
+  Returns:
+    logits [B, T, V] float32.
+  """
+  enc_mask = jnp.ones(_encoder_shape(enc_ids, enc_embeds), bool) if enc_mask is None else enc_mask
+  enc_out = encode(params, config, enc_ids, enc_mask, embeds=enc_embeds)
+  return decode(params, config, enc_out, enc_mask, dec_ids, dec_mask)
+
+
+def label_logits(params: dict, config: T5Config, batch: Mapping[str, jax.Array], *,
+                 input_embeds: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Teacher-forced logits aligned with the labels, and the per-token loss weights.
+
+  Args:
+    params, config: the model.
+    batch: labels [B, T] (ending with EOS), optional label_mask [B, T] (real label tokens, right padding),
+      optional loss_mask [B, T] (tokens that count, e.g. not the control-code prefix; default all real),
+      and the encoder inputs: inputs [B, S] and/or input_embeds [B, S, D], optional input_mask [B, S].
+    input_embeds: [B, S, D] encoder embeddings (overrides batch['input_embeds'] and batch['inputs']).
+
+  Returns:
+    (logits [B, T, V] float32: logits[:, t] predicts labels[:, t]; labels [B, T]; weight [B, T] float32).
+  """
+  labels = batch["labels"]
+  if labels.ndim != 2:
+    raise ValueError(f"labels must be [batch, time], got shape {labels.shape}.")
+  label_mask = batch.get("label_mask")
+  label_mask = jnp.ones(labels.shape, bool) if label_mask is None else label_mask.astype(bool)
+  if input_embeds is None:
+    input_embeds = batch.get("input_embeds")
+  enc_ids = None if input_embeds is not None else batch.get("inputs")
+  if enc_ids is None and input_embeds is None:
+    raise ValueError("the batch has neither 'inputs' [B, S] nor 'input_embeds' [B, S, D] for the encoder.")
+  dec_in = shift_right(labels, config.decoder_start_id)
+  logits = forward(params, config, enc_ids, batch.get("input_mask"), dec_in, label_mask, enc_embeds=input_embeds)
+  weight = label_mask
+  if batch.get("loss_mask") is not None:
+    weight = weight & batch["loss_mask"].astype(bool)
+  return logits, labels, weight.astype(jnp.float32)
+
+
+def seq2seq_loss(params: dict, config: T5Config, batch: Mapping[str, jax.Array], *,
+                 input_embeds: jax.Array | None = None) -> tuple[jax.Array, dict]:
+  """Mean token cross-entropy of `labels` given the encoder inputs (ids or embeddings).
+
+  Args:
+    params, config: the model.
+    batch: inputs [B, S] (or input_embeds [B, S, D]), input_mask [B, S], labels [B, T] (ending with EOS),
+      label_mask [B, T] (real tokens), optional loss_mask [B, T] (tokens to learn; a control-code prefix
+      is real but not learned).
+    input_embeds: [B, S, D] encoder input embeddings instead of batch['inputs'].
 
   Returns:
     (loss, {'loss', 'accuracy', 'tokens'}).
   """
-  labels = batch["labels"]
-  label_mask = batch.get("label_mask")
-  label_mask = jnp.ones(labels.shape, bool) if label_mask is None else label_mask.astype(bool)
-  dec_in = shift_right(labels, config.decoder_start_id)
-  logits = forward(params, config, batch["inputs"], batch.get("input_mask"), dec_in, label_mask)
+  logits, labels, w = label_logits(params, config, batch, input_embeds=input_embeds)
   lp = jnp.take_along_axis(logits, labels[..., None], -1)[..., 0] - jax.nn.logsumexp(logits, -1)
-  w = label_mask.astype(jnp.float32)
   n = jnp.maximum(jnp.sum(w), 1.0)
   loss = -jnp.sum(lp * w) / n
   acc = jnp.sum((jnp.argmax(logits, -1) == labels) * w) / n
   return loss, {"loss": loss, "accuracy": acc, "tokens": jnp.sum(w)}
 
 
-def generate(params: dict, config: T5Config, enc_ids: jax.Array, enc_mask: jax.Array | None, key: jax.Array,
+def generate(params: dict, config: T5Config, enc_ids: jax.Array | None, enc_mask: jax.Array | None, key: jax.Array,
              max_new_tokens: int, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
              stop_ids: Sequence[int] | None = None, logit_bias: jax.Array | None = None,
-             use_cache: bool = True) -> GenerationOutput:
+             use_cache: bool = True, *, enc_embeds: jax.Array | None = None,
+             decoder_prefix: jax.Array | None = None) -> GenerationOutput:
   """Decodes up to `max_new_tokens` tokens per input (greedy or sampling, KV cache, `lax.while_loop`).
 
   Args:
     params, config: the model.
-    enc_ids: [B, S] inputs; enc_mask: [B, S] (default all).
+    enc_ids: [B, S] inputs (or None with `enc_embeds`); enc_mask: [B, S] (default all).
     key: PRNG key (step t uses fold_in(key, t)).
-    max_new_tokens: N (static).
+    max_new_tokens: N new tokens at most (static), not counting the prefix.
     temperature, top_k, top_p: sampling (static; temperature 0 = greedy).
     stop_ids: stop tokens (default (config.eos_id,)).
     logit_bias: optional [V] or [B, V] additive bias.
     use_cache: False recomputes the decoder over the whole prefix each step (reference).
+    enc_embeds: [B, S, D] encoder input embeddings instead of ids.
+    decoder_prefix: [B, K] int tokens placed right after the decoder start token (e.g. control codes);
+      decoding starts after them. Every row has K real prefix tokens.
 
   Returns:
-    GenerationOutput (tokens [B, N] exclude the start token; pad after the stop token).
+    GenerationOutput. Without a prefix, tokens [B, N] exclude the start token; with one, tokens [B, K + N]
+    start with the prefix (mask true there, logprobs 0 there, lengths count it), then the generated
+    tokens (pad after the stop token).
   """
-  b = enc_ids.shape[0]
+  enc_shape = _encoder_shape(enc_ids, enc_embeds)
+  b = enc_shape[0]
   n = int(max_new_tokens)
-  enc_mask = jnp.ones(enc_ids.shape, bool) if enc_mask is None else enc_mask.astype(bool)
+  if n < 1:
+    raise ValueError(f"max_new_tokens must be >= 1, got {n}.")
+  enc_mask = jnp.ones(enc_shape, bool) if enc_mask is None else enc_mask.astype(bool)
   stop = jnp.asarray(tuple(stop_ids) if stop_ids is not None else (config.eos_id,), jnp.int32)
-  enc_out = encode(params, config, enc_ids, enc_mask)
+  enc_out = encode(params, config, enc_ids, enc_mask, embeds=enc_embeds)
   bias = None if logit_bias is None else jnp.asarray(logit_bias, jnp.float32)
   pad = config.pad_id
+  start = jnp.full((b, 1), config.decoder_start_id, jnp.int32)
+  if decoder_prefix is None:
+    k = 0
+    head = start
+  else:
+    decoder_prefix = jnp.asarray(decoder_prefix)
+    if decoder_prefix.ndim != 2 or decoder_prefix.shape[0] != b:
+      raise ValueError(f"decoder_prefix must be [B={b}, K] token ids, got shape {decoder_prefix.shape}.")
+    k = decoder_prefix.shape[1]
+    head = jnp.concatenate([start, decoder_prefix.astype(jnp.int32)], axis=1)  # [B, 1 + K]
 
   def pick(logits, step):
     if bias is not None:
       logits = logits + bias
     return sample_token(jax.random.fold_in(key, step), logits, temperature, top_k, top_p)
 
-  start = jnp.full((b,), config.decoder_start_id, jnp.int32)
   if use_cache:
-    cache = init_cache(params, config, enc_out, enc_mask, n)
-    logits, carry0 = decode(params, config, None, None, start[:, None], cache=cache)
+    # slots: start + K prefix tokens + the N - 1 generated tokens fed back (the last one never is)
+    cache = init_cache(params, config, enc_out, enc_mask, k + n)
+    logits, carry0 = decode(params, config, None, None, head, cache=cache)
   else:
-    seq = jnp.full((b, n), pad, jnp.int32).at[:, 0].set(start)
-    logits = decode(params, config, enc_out, enc_mask, seq[:, :1])
+    seq = jnp.full((b, k + n), pad, jnp.int32).at[:, :k + 1].set(head)
+    logits = decode(params, config, enc_out, enc_mask, seq[:, :k + 1])
     carry0 = seq
+
   def next_logits(carry, step, last, live):
     del live  # stopped rows keep decoding their last token; decode_loop pads their outputs
     if use_cache:
       logits, carry = decode(params, config, None, None, last[:, None], cache=carry)
       return logits[:, 0], carry
-    carry = jax.lax.dynamic_update_slice(carry, last[:, None], (0, step))
+    carry = jax.lax.dynamic_update_slice(carry, last[:, None], (0, k + step))
     all_logits = decode(params, config, enc_out, enc_mask, carry)  # causal: later slots do not matter
-    return jax.lax.dynamic_index_in_dim(all_logits, step, axis=1, keepdims=False), carry
+    return jax.lax.dynamic_index_in_dim(all_logits, k + step, axis=1, keepdims=False), carry
 
-  return decode_loop(logits[:, -1], next_logits, carry0, n, pick, pad, stop)
+  out = decode_loop(logits[:, -1], next_logits, carry0, n, pick, pad, stop)
+  if decoder_prefix is None:
+    return out
+  return GenerationOutput(tokens=jnp.concatenate([head[:, 1:], out.tokens], axis=1),
+                          mask=jnp.concatenate([jnp.ones((b, k), bool), out.mask], axis=1),
+                          lengths=out.lengths + k,
+                          logprobs=jnp.concatenate([jnp.zeros((b, k), jnp.float32), out.logprobs], axis=1),
+                          stopped=out.stopped)
 
 
 # ------------------------------------------------------------------------------------------ HF weights

@@ -109,100 +109,60 @@ def test_loss_mask_selects_targets(params):
   np.testing.assert_allclose(float(loss), want, atol=1e-4)
 
 
-# --------------------------------------------------------------------------------------------------- T5
-
-T5CFG = t5.T5Config(vocab_size=40, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
-                    relative_attention_num_buckets=8, relative_attention_max_distance=20)
 
 
-def test_t5_relative_buckets_by_hand():
-  """Bidirectional, 8 buckets, max distance 20: 4 per direction, 2 exact (offsets 0, 1), then log-spaced:
-  offset n >= 2 -> 2 + int(log(n / 2) / log(10) * 2), capped at 3; positive offsets add 4."""
-  rel = jnp.asarray([-30, -5, -2, -1, 0, 1, 2, 5, 30])
-  got = np.asarray(t5.relative_position_bucket(rel, True, 8, 20))
-  # |-30|: 2 + int(log 15 / log 10 * 2) = 2 + 2 = 4 -> capped 3; |-5|: 2 + int(0.796) = 2; |-2|: 2; |-1|: 1
-  np.testing.assert_array_equal(got, [3, 2, 2, 1, 0, 5, 6, 6, 7])
-  # unidirectional (decoder): 8 buckets for the past only, future offsets map to 0
-  got = np.asarray(t5.relative_position_bucket(rel, False, 8, 20))
-  # max_exact 4: |-5| -> 4 + int(log(5/4)/log(5) * 4) = 4 + 0 = 4; |-30| -> 4 + int(log 7.5 / log 5 * 4) = 4 + 5 -> cap 7
-  np.testing.assert_array_equal(got, [7, 4, 2, 1, 0, 0, 0, 0, 0])
+# ------------------------------------------------------------------------------------- KL to a reference
 
 
-def _t5_inputs():
-  rng = np.random.default_rng(0)
-  enc = rng.integers(2, 40, (2, 10)).astype(np.int32)
-  enc_mask = np.ones((2, 10), bool)
-  enc_mask[1, 7:] = False
-  return enc, enc_mask
+def test_token_kl_by_hand():
+  """pi = (1/2, 1/2), pi_ref = (1/4, 3/4): KL = 1/2 ln(2) + 1/2 ln(2/3) = 1/2 ln(4/3) = 0.1438410; equal -> 0;
+  invariant to a constant shift of either logit vector."""
+  logits = jnp.log(jnp.asarray([[0.5, 0.5], [0.3, 0.7]]))
+  ref = jnp.log(jnp.asarray([[0.25, 0.75], [0.3, 0.7]])) + 5.0
+  kl = np.asarray(train.token_kl(logits, ref))
+  np.testing.assert_allclose(kl[0], 0.5 * math.log(4 / 3), rtol=1e-6)
+  assert abs(kl[1]) < 1e-7
+  with pytest.raises(ValueError, match="same shape"):
+    train.token_kl(logits, ref[:, :1])
 
 
-def test_t5_training_and_generation():
-  """Learn to copy the input (labels = input + EOS) on a fixed batch; then greedy generation copies it."""
-  params = t5.init_params(jax.random.key(0), T5CFG)
-  enc, _ = _t5_inputs()
-  labels = np.concatenate([enc[:, :5], np.ones((2, 1), np.int32)], 1)
-  batch = {"inputs": enc[:, :5], "input_mask": np.ones((2, 5), bool), "labels": labels,
-           "label_mask": np.ones((2, 6), bool)}
-  tx = optax.adam(1e-2)
-  opt = tx.init(params)
-
-  @jax.jit
-  def step(p, o):
-    (loss, _), g = jax.value_and_grad(t5.seq2seq_loss, has_aux=True)(p, T5CFG, batch)
-    u, o = tx.update(g, o, p)
-    return optax.apply_updates(p, u), o, loss
-
-  losses = []
-  for _ in range(40):
-    params, opt, loss = step(params, opt)
-    losses.append(float(loss))
-  assert losses[-1] < 0.1 * losses[0], losses[::10]
-  out = jax.jit(lambda p, e: t5.generate(p, T5CFG, e, None, jax.random.key(0), max_new_tokens=8))(params, enc[:, :5])
-  chex.assert_shape(out.tokens, (2, 8))
-  np.testing.assert_array_equal(np.asarray(out.tokens)[:, :6], labels)  # the copy, then EOS (id 1)
-  np.testing.assert_array_equal(np.asarray(out.lengths), [6, 6])
-  assert bool(np.all(np.asarray(out.stopped)))
+def test_kl_is_zero_at_lora_init_and_positive_after_one_step(params):
+  """LoRA: the frozen base is the reference policy. With B = 0 the policy is the base, so KL(pi || pi_ref) is
+  exactly 0 (no second copy of the weights is made); one step later it is positive, and the loss is
+  NLL + beta * KL."""
+  chex.clear_trace_counter()
+  batch = _batch()
+  loss_fn = train.kl_regularized_loss(beta=0.1)
+  state = train.init_train_state(params, optax.adam(1e-2), lora_config=LCFG, key=jax.random.key(2))
+  assert "reference" not in state.extra  # the base is reused, not copied
+  step = jax.jit(chex.assert_max_traces(train.make_train_step(CFG, LCFG, loss_fn=loss_fn), n=1))
+  ev = jax.jit(train.make_eval_step(CFG, LCFG, loss_fn=loss_fn))
+  m0 = ev(state, batch)
+  assert float(m0["kl"]) == 0.0
+  nll0 = float(jax.jit(train.causal_lm_loss, static_argnums=1)(params, CFG, batch)[0])
+  np.testing.assert_allclose(float(m0["nll"]), nll0, rtol=1e-6)
+  np.testing.assert_allclose(float(m0["loss"]), nll0, rtol=1e-6)
+  state, m_step = step(state, batch, jax.random.key(0))
+  assert float(m_step["kl"]) == 0.0  # the step's own forward ran at the initial adapters
+  m1 = ev(state, batch)
+  assert float(m1["kl"]) > 1e-6, m1
+  np.testing.assert_allclose(float(m1["loss"]), float(m1["nll"]) + 0.1 * float(m1["kl"]), rtol=1e-6)
+  state, _ = step(state, batch, jax.random.key(1))  # no retrace
 
 
-@pytest.mark.slow
-def test_t5_generation_cache_equals_no_cache():
-  params = t5.init_params(jax.random.key(0), T5CFG)
-  enc, enc_mask = _t5_inputs()
-  gen = jax.jit(lambda p, e, m, c: t5.generate(p, T5CFG, e, m, jax.random.key(0), max_new_tokens=6, stop_ids=(),
-                                               use_cache=c), static_argnums=3)
-  a, b = gen(params, enc, enc_mask, True), gen(params, enc, enc_mask, False)
-  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
-
-
-@pytest.mark.slow
-def test_t5_matches_transformers_flax():
-  """Same random weights in transformers' Flax T5 (v1.0 tied/relu and v1.1 untied/gated-gelu): same logits."""
-  transformers = pytest.importorskip("transformers")
-  from flax.traverse_util import flatten_dict
-  rng = np.random.default_rng(0)
-  enc = rng.integers(2, 100, (2, 30))
-  em = np.ones((2, 30), bool)
-  em[1, 20:] = False
-  dec = rng.integers(2, 100, (2, 25))
-  dec[:, 0] = 0
-  for ff, tie in (("relu", True), ("gated-gelu", False)):
-    hc = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3,
-                               num_heads=4, feed_forward_proj=ff, tie_word_embeddings=tie, dropout_rate=0.0,
-                               relative_attention_num_buckets=8, relative_attention_max_distance=20)
-    m = transformers.FlaxT5ForConditionalGeneration(hc, seed=0)
-    sd = {}
-    for k, v in flatten_dict(m.params, sep=".").items():
-      v = np.asarray(v)
-      sd[k[:-7] + ".weight" if k.endswith(".kernel") else (k[:-10] + ".weight" if k.endswith(".embedding") else k)] = (
-          v.T if k.endswith(".kernel") else v)
-    cfg = t5.config_from_hf(hc.to_dict())
-    params = t5.convert_hf_state_dict(sd, cfg)
-    ref = np.asarray(m(input_ids=enc, attention_mask=em.astype("i4"), decoder_input_ids=dec).logits)
-    ours = np.asarray(t5.forward(params, cfg, jnp.asarray(enc), jnp.asarray(em), jnp.asarray(dec)))
-    np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4)
-    out = t5.generate(params, cfg, jnp.asarray(enc), jnp.asarray(em), jax.random.key(0), 8, stop_ids=(1,))
-    hf = np.asarray(m.generate(enc, attention_mask=em.astype("i4"), max_new_tokens=8, do_sample=False, eos_token_id=1,
-                               pad_token_id=0, decoder_start_token_id=0).sequences)[:, 1:]
-    for row in range(2):
-      n = int(out.lengths[row])
-      np.testing.assert_array_equal(np.asarray(out.tokens)[row, :n], hf[row, :n])
+def test_kl_reference_for_full_finetuning(params):
+  """Full finetuning keeps a frozen copy only when asked; without it a KL loss says how to get one."""
+  loss_fn = train.kl_regularized_loss(beta=1.0)
+  batch = _batch()
+  with pytest.raises(ValueError, match="keep_reference=True"):
+    train.make_train_step(CFG, loss_fn=loss_fn)(train.init_train_state(params, optax.sgd(0.1)), batch, None)
+  state = train.init_train_state(params, optax.sgd(0.5), keep_reference=True)
+  step = jax.jit(train.make_train_step(CFG, loss_fn=loss_fn))
+  state, m0 = step(state, batch, jax.random.key(0))
+  assert float(m0["kl"]) == 0.0
+  _, m1 = step(state, batch, jax.random.key(1))
+  assert float(m1["kl"]) > 0.0
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+               state.extra["reference"], params)
+  assert not train.wants_reference(train.causal_lm_loss)  # old losses keep their 3-argument call
+  assert train.wants_reference(loss_fn)
