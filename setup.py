@@ -33,7 +33,10 @@ setuptools.setup(
     description="Pure-functional JAX/Flax reimplementations of 19 ICLR 2024 papers.",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*"]),
+    # The library (configs included) and the experiment drivers, so that `python -m experiments.reproduce`
+    # works from an installed (non-editable) copy; configs/ at the top level only holds launcher shims.
+    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*", "experiments"]),
+    package_data={"iclr24_jax": ["rl/*.json", "papers/*/*.json", "**/README.md"]},
     python_requires=">=3.10",
     install_requires=CORE,
     extras_require={"lm": LM, "rl": RL, "test": TEST, "bench": BENCH, "all": LM + RL + TEST},

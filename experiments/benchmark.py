@@ -18,7 +18,9 @@ import os
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A checkout (setup.py beside experiments/) writes into itself; an installed copy writes under the current directory.
+ROOT = _HERE if os.path.exists(os.path.join(_HERE, "setup.py")) else os.getcwd()
 COLUMNS = ["name", "size", "batch", "mesh_devices", "compile_s", "median_s", "steps_per_s", "items_per_s",
            "compiled_bytes", "device_peak_bytes", "host_peak_rss_bytes", "backend"]
 
@@ -56,7 +58,7 @@ def main() -> int:
                       help="keep the rows of experiments not run now (results/bench/<name>.json)")
   parser.add_argument("--table", action="store_true", help="run nothing; rebuild the table from results/bench")
   args = parser.parse_args()
-  sys.path.insert(0, ROOT)
+  sys.path.insert(0, _HERE)
   from iclr24_jax.common.sharding import simulate_cpu_devices
   if args.devices > 1:
     simulate_cpu_devices(args.devices)  # only affects the CPU backend

@@ -23,11 +23,18 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A checkout (setup.py beside experiments/) writes into itself; an installed copy writes under the current directory.
+ROOT = _HERE if os.path.exists(os.path.join(_HERE, "setup.py")) else os.getcwd()
+
+
+def _site_dir() -> str:
+  """The folder that holds the `experiments` package when installed (site-packages or a --target dir)."""
+  return _HERE if not os.path.exists(os.path.join(_HERE, "setup.py")) else ""
 
 
 def _run_one(name: str, workdir: str, fast: bool, json_out: str) -> None:
-  sys.path.insert(0, ROOT)
+  sys.path.insert(0, _HERE)
   from iclr24_jax import registry
   module = registry.experiment_module(name)
   if not hasattr(module, "reproduce"):
@@ -173,7 +180,7 @@ def main() -> int:
   if args._one:
     _run_one(args._one, args.workdir, args.fast, args._json)
     return 0
-  sys.path.insert(0, ROOT)
+  sys.path.insert(0, _HERE)
   from iclr24_jax import registry
   names = [n for n in registry.available() if (not args.only or n in args.only.split(","))
            and n not in args.skip.split(",")]
@@ -190,7 +197,7 @@ def main() -> int:
            "--workdir", args.workdir] + (["--fast"] if args.fast else [])
     print(f"=== {name} ===", flush=True)
     t0 = time.time()
-    proc = subprocess.run(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, cwd=_HERE if _HERE != _site_dir() else None, stderr=subprocess.PIPE, text=True)
     timings[name] = time.time() - t0
     if proc.returncode != 0:
       errors[name] = (proc.stderr or "").strip().splitlines()[-1] if proc.stderr else f"exit {proc.returncode}"

@@ -46,7 +46,8 @@ def repo_root() -> pathlib.Path:
 def shared_data_dir(required: bool = False) -> pathlib.Path | None:
   """The folder of public data beside the project.
 
-  Resolution order: the `ICLR24_DATA` environment variable, then `<repo>/../shared/data`.
+  Resolution order: the `ICLR24_DATA` environment variable, then `<repo>/../shared/data`, then
+  `<cwd>/../shared/data` (for an installed, non-editable copy).
 
   Args:
     required: raise instead of returning None when it is absent.
@@ -54,6 +55,7 @@ def shared_data_dir(required: bool = False) -> pathlib.Path | None:
   env = os.environ.get(DATA_ENV)
   candidates = [pathlib.Path(env)] if env else []
   candidates.append(repo_root().parent / "shared" / "data")
+  candidates.append(pathlib.Path.cwd().parent / "shared" / "data")  # an installed copy run from a checkout
   for c in candidates:
     if c.is_dir():
       return c

@@ -262,7 +262,7 @@ def _gmm_rows(workdir: str, fast: bool) -> list[dict]:
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """GMM exactness of DDPM / DDIM (with a wrong-schedule control) and the digits model's recognisability."""
-  from configs import diffusion as cfg_mod
+  from iclr24_jax.configs import diffusion as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   rows = _gmm_rows(workdir, fast)
   cfg = cfg_mod.get_config("tiny" if fast else "")
@@ -290,7 +290,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
 def benchmark(quick: bool = True) -> list[dict]:
   """UNet train step/s and DDIM sampler images/s at two image sizes, on 1 and all devices."""
-  from configs import diffusion as cfg_mod
+  from iclr24_jax.configs import diffusion as cfg_mod
   cfg = cfg_mod.get_config("")
   model = unet.create_model({**cfg.model.to_dict(), "num_classes": 0})
   schedule = schedules.from_config(cfg.schedule)

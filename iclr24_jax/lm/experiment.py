@@ -225,7 +225,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         holds=bool(r["items_per_s"] >= 2 * NOTES["llamacpp_prompt_tok_s"]),
         notes=f"sequence_logprob, float32; 1-min load average {os.getloadavg()[0]:.1f} during the run")
 
-  from configs import lm as cfg_mod
+  from iclr24_jax.configs import lm as cfg_mod
   c = cfg_mod.get_config("tiny" if fast else "")
   res = run(c, os.path.join(workdir, "finetune"))
   shutil.rmtree(os.path.join(workdir, "finetune", "checkpoints"), ignore_errors=True)  # SmolLM2 base: 0.3 GB

@@ -35,7 +35,7 @@ def run(config: Any, workdir: str) -> dict:
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """Digits CNN (default config) test accuracy vs the >= 95% the foundation promises."""
-  from configs import classify as cfg_mod
+  from iclr24_jax.configs import classify as cfg_mod
   cfg = cfg_mod.get_config("tiny" if fast else "")
   res = run(cfg, os.path.join(workdir, "classify"))
   acc = res["test_accuracy"]
@@ -46,7 +46,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
 def benchmark(quick: bool = True) -> list[dict]:
   """Classifier train step/s on 1 and all devices, at two batch sizes."""
-  from configs import classify as cfg_mod
+  from iclr24_jax.configs import classify as cfg_mod
   cfg = cfg_mod.get_config("")
   ds = data_lib.load_digits()
   model = classify.create_model(cfg.model, ds.num_classes)

@@ -12,7 +12,7 @@ import pytest
 from iclr24_jax.common import checkpoint, sharding
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.vision import classify
-from configs import classify as classify_config
+from iclr24_jax.configs import classify as classify_config
 
 
 def _config(num_steps=10):

@@ -39,7 +39,7 @@ def test_unknown_config_key_is_named(tmp_path):
 
 
 def test_unknown_variant_is_named():
-  from configs import classify
+  from iclr24_jax.configs import classify
   with pytest.raises(ValueError, match="unknown variant 'huge'"):
     classify.get_config("huge")
 
@@ -68,7 +68,7 @@ def test_bench_time_fn_reports_compile_and_rate():
 
 
 def test_digits_cnn_reaches_95_percent(tmp_path):
-  from configs import classify as cfg
+  from iclr24_jax.configs import classify as cfg
   from iclr24_jax.vision import experiment
   res = experiment.run(cfg.get_config(""), str(tmp_path))
   assert res["test_accuracy"] >= 0.95

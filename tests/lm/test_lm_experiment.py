@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from configs import lm as cfg_mod
+from iclr24_jax.configs import lm as cfg_mod
 from iclr24_jax import registry
 
 

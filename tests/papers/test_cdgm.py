@@ -443,7 +443,7 @@ def test_shared_tables_load(shared_data):
 
 
 def test_config_variants():
-  from configs import cdgm as cfg
+  from iclr24_jax.configs import cdgm as cfg
   assert cfg.get_config().data.name == "generated"
   assert cfg.get_config("heloc").data.name == "heloc"
   c = cfg.get_config("faults_ctgan_postprocessing")
@@ -455,7 +455,7 @@ def test_config_variants():
 def test_experiment_run_tiny(tmp_path):
   import json
   import os
-  from configs import cdgm as cfg
+  from iclr24_jax.configs import cdgm as cfg
   from iclr24_jax.papers.cdgm import experiment
   res = experiment.run(cfg.get_config("tiny"), str(tmp_path))
   assert res["violation_rate"] == 0.0

@@ -201,7 +201,7 @@ def test_build_benchmark_roles_are_disjoint():
 
 
 def test_config_variants():
-  from configs import clip_ood as cfg_mod
+  from iclr24_jax.configs import clip_ood as cfg_mod
   for v in cfg_mod.VARIANTS:
     c = cfg_mod.get_config(v)
     assert c.paper == "clip_ood"
@@ -211,7 +211,7 @@ def test_config_variants():
 
 
 def test_tiny_experiment_smoke(tmp_path):
-  from configs import clip_ood as cfg_mod
+  from iclr24_jax.configs import clip_ood as cfg_mod
   from iclr24_jax.papers.clip_ood import experiment
   cfg = cfg_mod.get_config("tiny")
   with cfg.unlocked():

@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import coboosting as cfg_mod
+from iclr24_jax.configs import coboosting as cfg_mod
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.papers import coboosting

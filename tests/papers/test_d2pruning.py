@@ -305,7 +305,7 @@ def digits_small():
 
 
 def _tiny_cfg():
-  from configs import d2pruning as cfg_mod
+  from iclr24_jax.configs import d2pruning as cfg_mod
   return cfg_mod.get_config("tiny")
 
 
@@ -389,13 +389,13 @@ def test_clear_errors():
     d2pruning.forward_message_passing(g, jnp.zeros(4))
   with pytest.raises(ValueError, match="mode"):
     d2pruning.forward_message_passing(g, jnp.asarray(SCORES5), mode="max")
-  from configs import d2pruning as cfg_mod
+  from iclr24_jax.configs import d2pruning as cfg_mod
   with pytest.raises(ValueError, match="unknown variant"):
     cfg_mod.get_config("cifar10")
 
 
 def test_config_variants():
-  from configs import d2pruning as cfg_mod
+  from iclr24_jax.configs import d2pruning as cfg_mod
   for v in cfg_mod.VARIANTS:
     c = cfg_mod.get_config(v)
     assert c.paper == "d2pruning" and len(c.selection.hard_cutoff) == len(c.selection.pruning_rates)

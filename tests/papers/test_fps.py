@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import fps as fps_config
+from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps

@@ -147,7 +147,7 @@ def test_bad_inputs_raise_clear_errors(small_world):
     graphcare.build_patient_graphs([[[0], []]], ckg)
   with pytest.raises(ValueError, match="multiple of num_shards"):
     graphcare.Batcher([], np.zeros(0), batch_size=10, num_shards=4)
-  from configs import graphcare as cfg
+  from iclr24_jax.configs import graphcare as cfg
   with pytest.raises(ValueError, match="unknown variant"):
     cfg.get_config("nope")
   with pytest.raises(FileNotFoundError, match="data_dir"):
@@ -378,7 +378,7 @@ def test_one_and_eight_devices_agree(small_world):
 
 
 def test_run_tiny_smoke(tmp_path):
-  from configs import graphcare as cfg_mod
+  from iclr24_jax.configs import graphcare as cfg_mod
   from iclr24_jax.papers.graphcare import experiment
   cfg = cfg_mod.get_config("tiny")
   cfg.num_steps, cfg.checkpoint_every, cfg.model.num_layers = 6, 6, 1

@@ -480,7 +480,7 @@ def test_smollm_judge_batches_in_order_and_applies_the_bias(tiny_judge):
 
 
 def test_config_variants():
-  from configs import llmbar as cfg_mod
+  from iclr24_jax.configs import llmbar as cfg_mod
   assert cfg_mod.get_config().strategy == "vanilla" and cfg_mod.get_config().model.name == "smollm2"
   for name in cfg_mod.STRATEGIES:
     assert cfg_mod.get_config(name).strategy == name
@@ -490,7 +490,7 @@ def test_config_variants():
 
 
 def test_experiment_run_tiny(tmp_path, shared_data):
-  from configs import llmbar as cfg_mod
+  from iclr24_jax.configs import llmbar as cfg_mod
   from iclr24_jax.papers.llmbar import experiment
   cfg = cfg_mod.get_config("tiny")
   cfg.data.data_dir = str(shared_data / "llmbar")

@@ -131,7 +131,7 @@ def test_domains_are_disjoint_and_styled():
 
 
 def test_tiny_run(tmp_path):
-  from configs import nci as cfg
+  from iclr24_jax.configs import nci as cfg
   from iclr24_jax.papers.nci import experiment
   res = experiment.run(cfg.get_config("tiny"), str(tmp_path))
   assert 0.0 <= res["target_acc"] <= 1.0
@@ -139,3 +139,10 @@ def test_tiny_run(tmp_path):
   assert json.load(open(tmp_path / "results.json"))["method"] == "nci"
   with pytest.raises(ValueError, match="unknown variant"):
     cfg.get_config("huge")
+
+
+def test_config_domains_match_the_data_module():
+  # configs import no paper module, so the config spells the domains out; they must stay the data's.
+  from iclr24_jax.configs import nci as cfg
+  from iclr24_jax.papers.nci import data as nci_data
+  assert tuple(cfg.DOMAINS) == tuple(nci_data.DOMAINS)

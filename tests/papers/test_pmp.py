@@ -254,7 +254,7 @@ def test_train_step_lowers_loss_and_traces_once(tiny_graph):
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
   """The tiny experiment, run once (default mesh: all 8 simulated devices)."""
-  from configs import pmp as cfg_mod
+  from iclr24_jax.configs import pmp as cfg_mod
   from iclr24_jax.papers.pmp import experiment
   cfg = cfg_mod.get_config("tiny")
   workdir = tmp_path_factory.mktemp("pmp_tiny")
@@ -340,7 +340,7 @@ def test_geom_gcn_loader(shared_data):
 
 
 def test_clear_errors(tiny_graph):
-  from configs import pmp as cfg_mod
+  from iclr24_jax.configs import pmp as cfg_mod
   from iclr24_jax.papers.pmp import experiment
   g = graph_lib.graph_from_edges([0], [1], 3)
   p = _layer_params(0, 2, 3)

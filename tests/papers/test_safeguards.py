@@ -294,14 +294,14 @@ def test_clear_errors():
     sg.confirm(p, params, np.ones(5, bool), 1)
   with pytest.raises(ValueError, match="budget_per_concept"):
     sg.confirm(p, params, np.ones(4, bool), np.array([1, 2]))
-  from configs import safeguards as cfg_mod
+  from iclr24_jax.configs import safeguards as cfg_mod
   with pytest.raises(ValueError, match="unknown variant"):
     cfg_mod.get_config("cub")
 
 
 # --------------------------------------------------------------------------------------------- smoke run
 def test_run_tiny(tmp_path):
-  from configs import safeguards as cfg_mod
+  from iclr24_jax.configs import safeguards as cfg_mod
   cfg = cfg_mod.get_config("tiny")
   res = experiment.run(cfg, str(tmp_path), progress=False)
   for name in ("results.json", "metrics.jsonl", "coverage_vs_budget.png"):

@@ -350,7 +350,7 @@ def test_offline_ppo_step_one_vs_eight_devices(ppo_setup):
 
 
 def test_config_variants_and_errors():
-  from configs import unio4 as cfg_mod
+  from iclr24_jax.configs import unio4 as cfg_mod
   c = cfg_mod.get_config("")
   assert c.paper == "unio4" and c.data.name == "brax/inverted_pendulum" and c.data.kind == "medium"
   assert c.bc.num_policies == 4 and c.bc.alpha == 0.1 and c.improve.clip_eps == 0.25 and c.improve.omega == 0.7
@@ -368,7 +368,7 @@ def test_config_variants_and_errors():
 
 
 def _run_tiny(tmp_path, full: bool):
-  from configs import unio4 as cfg_mod
+  from iclr24_jax.configs import unio4 as cfg_mod
   from iclr24_jax.papers.unio4 import experiment
   cfg = cfg_mod.get_config("tiny")
   if not full:  # the brax programs (evaluation ~10 s, PPO ~15 s of CPU to compile) run in the slow test below

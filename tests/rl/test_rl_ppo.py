@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from configs import ppo as ppo_config
+from iclr24_jax.configs import ppo as ppo_config
 from iclr24_jax.common import sharding
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.rl import experiment, ppo, rollout

@@ -253,7 +253,7 @@ def compare_versions(config: Any, table: data_lib.Table, tf: tfm.TableTransform,
 
 
 def _reproduce_config(name: str, model: str, fast: bool):
-  from configs import cdgm as cfg_mod
+  from iclr24_jax.configs import cdgm as cfg_mod
   c = cfg_mod.get_config(f"{name}_{model}")
   c.num_steps = int(c.reproduce_steps_fast if fast else c.reproduce_steps)
   c.log_every = c.num_steps
@@ -366,7 +366,7 @@ def benchmark(quick: bool = True) -> list[dict]:
                                     num_features=d, active_rows=st["active_rows"], levels=st["num_levels"],
                                     steps=st["num_steps"]))
   # Sampling with and without the layer (untrained weights: the cost does not depend on their values).
-  from configs import cdgm as cfg_mod
+  from iclr24_jax.configs import cdgm as cfg_mod
   table = data_lib.load_generated()
   tf = tfm.fit_transform(table.train, table.discrete, max_fit_rows=500, max_iter=20)
   layer = ConstraintLayer(table.constraints, table.num_features)

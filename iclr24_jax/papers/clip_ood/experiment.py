@@ -389,7 +389,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   Each seed redraws the data (pool, reference set, benchmarks), the dedup clustering, the random split and
   the CLIP initialisations. Rows report the mean over seeds; the notes give every seed's value.
   """
-  from configs import clip_ood as cfg_mod
+  from iclr24_jax.configs import clip_ood as cfg_mod
   seeds = (0,) if fast else (0, 1)
   runs = []
   for seed in seeds:
@@ -484,7 +484,7 @@ def benchmark(quick: bool = True) -> list[dict]:
       rows.append(bench_lib.time_fn(fn, jnp.asarray(queries), keys_j, repeats=3 if quick else 10, items=q * n, min_time_s=0.5,
                                     name="clip_ood/topk_similarity", size=n, batch=q, mesh_devices=n_dev,
                                     k=k, dim=d, unit="query-key pairs/s"))
-  from configs import clip_ood as cfg_mod
+  from iclr24_jax.configs import clip_ood as cfg_mod
   cfg = cfg_mod.get_config("")
   vocab = 64
   model = model_lib.create_model(cfg.model, vocab)

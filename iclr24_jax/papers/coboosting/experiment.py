@@ -291,7 +291,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   Budget (2 CPU cores): the 'reproduce' config (digits, 10 CNN clients, 30 server epochs of 20 generator
   steps); fast=True runs alpha 0.1 with one seed and 3 epochs.
   """
-  from configs import coboosting as cfg_mod
+  from iclr24_jax.configs import coboosting as cfg_mod
   alphas = (0.1,) if fast else (0.1, 0.3, 0.5)
   seeds = (0,) if fast else (0, 1, 2)
   t0 = time.perf_counter()
@@ -358,7 +358,7 @@ def _reproduce_plot(workdir: str, table: dict) -> str:
 
 
 def _bench_setup(num_clients: int, vmap: bool, image_size: int = 8, quick: bool = True):
-  from configs import coboosting as cfg_mod
+  from iclr24_jax.configs import coboosting as cfg_mod
   cfg = cfg_mod.get_config("reproduce")
   if quick:
     small = dict(name="cnn", features=(8, 16), dense=32)

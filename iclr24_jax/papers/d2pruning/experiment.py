@@ -304,7 +304,7 @@ def _claim_rows(name: str, res: dict, fast: bool) -> list[dict]:
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """Digits (3 seeds x 4 rates x 5 methods) and MNIST-5k; accuracy vs pruning rate for every selector."""
-  from configs import d2pruning as cfg_mod
+  from iclr24_jax.configs import d2pruning as cfg_mod
   rows = []
   variants = [("tiny", "digits (tiny)")] if fast else [("", "digits"), ("mnist5k", "MNIST-5k")]
   for variant, name in variants:
@@ -357,7 +357,7 @@ def benchmark(quick: bool = True) -> list[dict]:
         row["us_per_selected"] = 1e6 * row["median_s"] / budget
         rows.append(row)
   # the batched coreset trainer (the reproduction's cost), runs sharded over 1 and all devices
-  from configs import d2pruning as cfg_mod
+  from iclr24_jax.configs import d2pruning as cfg_mod
   cfg = cfg_mod.get_config("tiny")
   ds = data_lib.load_digits()
   model, tx = model_lib.create_classifier(cfg, ds.num_classes, cfg.num_steps)

@@ -565,7 +565,7 @@ def _fps_line(per_m: dict, key: str) -> str:
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """The exactness table (2-D / 8-D), the Gaussian M -> infinity limit, and the digits image tasks."""
-  from configs import fps as cfg_mod
+  from iclr24_jax.configs import fps as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   cfg = cfg_mod.get_config("")
   cfg.task = "both"
@@ -693,7 +693,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   the mesh's 'data' axis (each runs its own filter): one image on 1 device, and (largest M, smallest size) one
   image per device on all devices. items = images x M x steps.
   """
-  from configs import fps as cfg_mod
+  from iclr24_jax.configs import fps as cfg_mod
   cfg = cfg_mod.get_config("")
   sched = schedules.from_config(cfg.schedule)
   steps = 10 if quick else 50

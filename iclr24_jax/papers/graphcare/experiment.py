@@ -194,7 +194,7 @@ def _fmt_ci(v: float, ci: tuple[float, float]) -> str:
 
 def reproduce_synthetic(workdir: str, fast: bool = False, mesh=None) -> tuple[list[dict], dict]:
   """BAT vs GIN / GAT / GRU (no KG) and the ablations on the synthetic EHR (AUROC on 1,600 test patients)."""
-  from configs import graphcare as cfg_mod
+  from iclr24_jax.configs import graphcare as cfg_mod
   base = "tiny" if fast else "repro"
   mesh = sharding.make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
   cfg0 = cfg_mod.get_config(base)
@@ -282,7 +282,7 @@ def _plot_synthetic(out: dict, path: str) -> str:
 def reproduce_mimic(workdir: str, fast: bool = False, mesh=None) -> tuple[list[dict], dict]:
   """The four MIMIC-III demo tasks end to end: k-fold CV by patient, pooled out-of-fold predictions,
   bootstrap CIs; BAT and the no-KG GRU."""
-  from configs import graphcare as cfg_mod
+  from iclr24_jax.configs import graphcare as cfg_mod
   from iclr24_jax.common.data import shared_data_dir
   root = shared_data_dir()
   if root is None or not (root / "mimic3_demo").is_dir():
@@ -379,7 +379,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
 def benchmark(quick: bool = True) -> list[dict]:
   """Patients/s of the BAT train step vs patient-graph size, on 1 and all devices (8 shards per batch)."""
-  from configs import graphcare as cfg_mod
+  from iclr24_jax.configs import graphcare as cfg_mod
   rows = []
   sizes = (("small", 1, 2), ("large", 3, 3))   # (label, concept_degree, entity_degree)
   for label, cdeg, edeg in sizes:

@@ -177,7 +177,7 @@ def debiased_margins(judge: model_lib.SmolLMJudge, data: dict, strategy: str, re
 
 
 def _repro_config(strategy: str, per_subset: int, margins: bool):
-  from configs import llmbar as cfg_mod
+  from iclr24_jax.configs import llmbar as cfg_mod
   c = cfg_mod.get_config(strategy)
   c.data.per_subset = per_subset
   c.max_new_tokens = dict(REPRO_MAX_NEW_TOKENS)

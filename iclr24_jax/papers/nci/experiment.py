@@ -164,7 +164,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
   Budget: 50 runs of 300 steps, about 7 minutes on 2 idle CPU cores (configs/nci.py:reproduce).
   """
-  from configs import nci as cfg_mod
+  from iclr24_jax.configs import nci as cfg_mod
   config = cfg_mod.get_config("tiny" if fast else "reproduce")
   seeds = 1 if fast else 3
   targets = tuple(config.data.domains)[:2] if fast else tuple(config.data.domains)
@@ -191,7 +191,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
 def benchmark(quick: bool = True) -> list[dict]:
   """Train step/s (NCI step: discriminator + model update) at two batch sizes, 1 and 8 devices."""
-  from configs import nci as cfg_mod
+  from iclr24_jax.configs import nci as cfg_mod
   config = cfg_mod.get_config("")
   k, size = 4, config.data.image_size
   nets = model_lib.make_networks(config.model, 10, k)

@@ -126,7 +126,7 @@ def _fmt(vals: list[float]) -> str:
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """PMP vs GraphSAGE vs GCN (same wrapper, same loop, same data) on the synthetic fraud graph (3 seeds) and the
   four geom_gcn graphs (3 splits), next to the paper's YelpChi / Amazon / T-Finance AUC."""
-  from configs import pmp as cfg_mod
+  from iclr24_jax.configs import pmp as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   seeds = (0,) if fast else (0, 1, 2)
@@ -274,7 +274,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   """Full-graph train step/s vs number of edges (1e4, 1e5; 1e6 when quick=False), PMP and GraphSAGE, on 1 and
   all devices. Node and edge arrays are split over the mesh's 'data' axis (params replicated); XLA's SPMD
   partitioner inserts the gathers/reductions that the sharded segment_sum needs."""
-  from configs import pmp as cfg_mod
+  from iclr24_jax.configs import pmp as cfg_mod
   cfg = cfg_mod.get_config("")
   sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
   rows = []

@@ -307,7 +307,7 @@ def _interior_mean(curve: dict, policy: str) -> float:
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """Coverage vs confirmation budget on the synthetic data and on digits concepts, plus an MC check."""
-  from configs import safeguards as cfg_mod
+  from iclr24_jax.configs import safeguards as cfg_mod
   rows, curves, plots = [], {}, []
   variants = [("synthetic", "tiny" if fast else ""), ("digits", "digits_tiny" if fast else "digits")]
   for label, variant in variants:

@@ -157,7 +157,7 @@ def _plot_online(path: str, env_name: str, curves: dict, title: str | None = Non
 # --- reproduction ---------------------------------------------------------------------------------------------------
 def reproduction_config(fast: bool = False) -> ml_collections.ConfigDict:
   """The CPU-scale settings of `reproduce` (the official values scaled down; see README)."""
-  from configs import unio4 as cfg_mod
+  from iclr24_jax.configs import unio4 as cfg_mod
   c = cfg_mod.get_config("online")
   c.model.hidden = (256, 256)
   c.critic.update(dict(v_hidden=(256, 256), q_hidden=(256, 256), batch_size=256, num_steps=3000, log_every=1000,
@@ -303,7 +303,7 @@ def _synthetic_critics(obs_dim: int, act_dim: int, spec: dict, key: jax.Array) -
 def benchmark(quick: bool = True) -> list[dict]:
   """Offline improvement step (K = 4 policies, hopper sizes, official widths) at two batch sizes and online PPO
   fine-tuning updates (brax inverted_pendulum) on 1 and all devices (batch / environments split over 'data')."""
-  from configs import unio4 as cfg_mod
+  from iclr24_jax.configs import unio4 as cfg_mod
   c = cfg_mod.get_config("")
   rows = []
   n_all = len(jax.devices())
