@@ -6,6 +6,13 @@ A method supplies pure functions:
   batches(step) -> host batch (dict of numpy arrays [B_local, ...]), deterministic in `step`
 and `train_loop` does the rest. The step is compiled once with
 `jax.jit(step, in_shardings=(state: replicated, batch: P('data'), key: replicated), donate_argnums=0)`.
+
+Two options cover what papers used to write their own loops for:
+- `steps_per_call=K` runs K steps per compiled call as one `lax.scan` chunk over K stacked batches (small steps
+  are dominated by dispatch; a chunk amortises it). Logging, eval and checkpoints happen at chunk boundaries, so
+  their intervals must be multiples of K.
+- `keep_best='eval/accuracy'` (with `best_mode='max'|'min'`) keeps a copy of the parameters at the best eval so
+  far; `LoopResult.best_params / best_step / best_metric` return them (early stopping by a validation metric).
 """
 from __future__ import annotations
 
@@ -46,6 +53,23 @@ def compile_step(step_fn: TrainStep, mesh: Mesh, state_sharding: Any = None, bat
                  donate_argnums=(0,) if donate else ())
 
 
+def scan_steps(step_fn: TrainStep) -> TrainStep:
+  """K steps as one function: `chunk(state, stacked_batches [K, B, ...], key) -> (state, metrics [K])`.
+
+  Args:
+    step_fn: the pure step `(state, batch, key) -> (state, metrics)` (it folds state.step into key itself, so
+      every step of the chunk gets its own stream, identical to K single calls).
+
+  Returns:
+    The chunked step; its metrics carry a leading [K] axis.
+  """
+  def chunk(state, batches, key):
+    def body(st, batch):
+      return step_fn(st, batch, key)
+    return jax.lax.scan(body, state, batches)
+  return chunk
+
+
 def init_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: Any) -> Any:
   """Runs `init_fn(key)` once, compiled straight onto `shardings`.
 
@@ -75,14 +99,17 @@ class LoopResult:
   final_eval: dict | None
   start_step: int                  # the step this invocation started from (> 0 when resumed)
   steps_per_s: float | None
+  best_params: Any = None          # with keep_best: the parameters at the best eval (a copy)
+  best_step: int | None = None
+  best_metric: float | None = None
 
 
 def _mean_metrics(rows: list[Mapping[str, Any]]) -> dict[str, float]:
   rows = jax.device_get(rows)
   out = {}
   for k in rows[-1]:
-    vals = [np.asarray(r[k], np.float64) for r in rows if k in r]
-    out[k] = float(np.mean(vals))
+    vals = [np.asarray(r[k], np.float64).ravel() for r in rows if k in r]  # a scan chunk logs [K] values
+    out[k] = float(np.mean(np.concatenate(vals)))
   return out
 
 
@@ -90,7 +117,8 @@ def train_loop(*, init_fn: Callable[[jax.Array], Any], train_step: TrainStep, ba
                num_steps: int, key: jax.Array, workdir: str | None = None, mesh: Mesh | None = None,
                log_every: int = 100, eval_every: int = 0, eval_fn: Callable[[Any], Mapping[str, Any]] | None = None,
                checkpoint_every: int = 0, max_to_keep: int = 3, config: Any = None, progress: bool = True,
-               state_sharding: Any = None, stop_at: int | None = None, name: str = "train") -> LoopResult:
+               state_sharding: Any = None, stop_at: int | None = None, name: str = "train",
+               steps_per_call: int = 1, keep_best: str | None = None, best_mode: str = "max") -> LoopResult:
   """Runs a compiled train step for `num_steps` steps with logging, eval and checkpoint/resume.
 
   Args:
@@ -111,10 +139,41 @@ def train_loop(*, init_fn: Callable[[jax.Array], Any], train_step: TrainStep, ba
     state_sharding: shardings of the state (default replicated).
     stop_at: stop early after this step (simulates a killed run in tests) without the final save.
     name: label of the progress line.
+    steps_per_call: K > 1 runs K steps per compiled call (`scan_steps`); log_every, eval_every and
+      checkpoint_every must then be multiples of K (a last partial chunk runs step by step).
+    keep_best: an eval metric key ('eval/accuracy' or 'accuracy'): keep the parameters at its best value.
+    best_mode: 'max' or 'min' for keep_best.
 
   Returns:
-    LoopResult with the final state, metric history, final eval and speed.
+    LoopResult with the final state, metric history, final eval, speed and (keep_best) the best parameters.
+
+  Raises:
+    ValueError: on intervals that are not multiples of steps_per_call, or keep_best without eval_fn.
   """
+  if steps_per_call < 1:
+    raise ValueError(f"steps_per_call must be >= 1, got {steps_per_call}.")
+  for what, every in (("log_every", log_every), ("eval_every", eval_every), ("checkpoint_every", checkpoint_every)):
+    if steps_per_call > 1 and every and every % steps_per_call:
+      raise ValueError(f"{what}={every} is not a multiple of steps_per_call={steps_per_call}: events happen at "
+                       "chunk boundaries; choose intervals that are multiples of the chunk.")
+  if keep_best is not None and eval_fn is None:
+    raise ValueError("keep_best needs eval_fn (the metric is read from its output).")
+  if best_mode not in ("max", "min"):
+    raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}.")
+  best = {"params": None, "step": None, "metric": None}
+
+  def consider(s: int, ev: Mapping[str, Any], state: Any) -> None:
+    if keep_best is None:
+      return
+    name_ = keep_best if keep_best in ev else f"eval/{keep_best}"
+    if name_ not in ev:
+      raise ValueError(f"keep_best={keep_best!r} is not among the eval metrics {sorted(ev)}.")
+    value = float(ev[name_])
+    better = best["metric"] is None or (value > best["metric"] if best_mode == "max" else value < best["metric"])
+    if better:
+      best.update(params=jax.tree.map(lambda x: x.copy() if hasattr(x, "copy") else x, state.params), step=s,
+                  metric=value)
+
   mesh = sharding.make_mesh() if mesh is None else mesh
   rep = sharding.replicated_sharding(mesh)
   state_sh = rep if state_sharding is None else state_sharding
@@ -136,30 +195,45 @@ def train_loop(*, init_fn: Callable[[jax.Array], Any], train_step: TrainStep, ba
     writer = metrics_lib.MetricWriter(workdir, resume_step=start_step if start_step else None) if workdir else None
     history = metrics_lib.read_jsonl(writer.path) if (writer and start_step and os.path.exists(writer.path)) else []
     step_fn = compile_step(train_step, mesh, state_sharding=state_sh)
+    chunk_fn = None
+    if steps_per_call > 1:
+      chunk_sh = NamedSharding(mesh, jax.sharding.PartitionSpec(None, sharding.DATA_AXIS))
+      chunk_fn = compile_step(scan_steps(train_step), mesh, state_sharding=state_sh, batch_sharding=chunk_sh)
     prog = metrics_lib.Progress(num_steps, start=start_step, name=name, enabled=progress and jax.process_index() == 0)
     pending: list[Mapping[str, jax.Array]] = []
     final_eval = None
     t0, steps_done = time.perf_counter(), 0
     last = min(num_steps, stop_at) if stop_at is not None else num_steps
-    for step in range(start_step, last):
-      batch = sharding.shard_batch(batches(step), mesh)
-      state, metrics = step_fn(state, batch, key_train)
+    step = start_step
+    while step < last:
+      k = steps_per_call if (chunk_fn is not None and step + steps_per_call <= last) else 1
+      if k > 1:
+        host = [batches(i) for i in range(step, step + k)]
+        stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *host)
+        state, metrics = chunk_fn(state, sharding.shard_batch(stacked, mesh, stacked=True), key_train)
+      else:
+        batch = sharding.shard_batch(batches(step), mesh)
+        state, metrics = step_fn(state, batch, key_train)
       pending.append(metrics)
-      steps_done += 1
-      s = step + 1
+      steps_done += k
+      step += k
+      s = step
       if s % max(log_every, 1) == 0 or s == num_steps:
-        row = {f"train/{k}" if "/" not in k else k: v for k, v in _mean_metrics(pending).items()}
+        row = {f"train/{k_}" if "/" not in k_ else k_: v for k_, v in _mean_metrics(pending).items()}
         pending = []
         row["steps_per_s"] = steps_done / max(time.perf_counter() - t0, 1e-9)
         if eval_fn is not None and eval_every and s % eval_every == 0 and s != num_steps:
-          row.update({f"eval/{k}" if "/" not in k else k: v for k, v in eval_fn(state).items()})
+          ev = {f"eval/{k_}" if "/" not in k_ else k_: v for k_, v in eval_fn(state).items()}
+          consider(s, ev, state)
+          row.update(ev)
         if writer:
           writer.write(s, row)
         history.append({"step": s, **metrics_lib.to_python(row)})
-        loss = next((v for k, v in row.items() if k.endswith("loss")), None)
+        loss = next((v for k_, v in row.items() if k_.endswith("loss")), None)
         prog.update(s, loss)
-      elif eval_fn is not None and eval_every and s % eval_every == 0:
-        ev = {f"eval/{k}" if "/" not in k else k: v for k, v in eval_fn(state).items()}
+      elif eval_fn is not None and eval_every and s % eval_every == 0 and s != num_steps:
+        ev = {f"eval/{k_}" if "/" not in k_ else k_: v for k_, v in eval_fn(state).items()}
+        consider(s, ev, state)
         if writer:
           writer.write(s, ev)
         history.append({"step": s, **metrics_lib.to_python(ev)})
@@ -172,10 +246,12 @@ def train_loop(*, init_fn: Callable[[jax.Array], Any], train_step: TrainStep, ba
     if eval_fn is not None and not stopped_early:
       final_eval = {f"eval/{k}" if "/" not in k else k: v for k, v in eval_fn(state).items()}
       final_eval = metrics_lib.to_python(final_eval)
+      consider(int(jax.device_get(state.step)), final_eval, state)
       if writer:
         writer.write(int(jax.device_get(state.step)), final_eval)
       history.append({"step": int(jax.device_get(state.step)), **final_eval})
   if checkpointer is not None:
     checkpointer.close()
   return LoopResult(state=state, history=history, final_eval=final_eval, start_step=start_step,
-                    steps_per_s=(steps_done / elapsed if steps_done and elapsed > 0 else None))
+                    steps_per_s=(steps_done / elapsed if steps_done and elapsed > 0 else None),
+                    best_params=best["params"], best_step=best["step"], best_metric=best["metric"])

@@ -69,15 +69,16 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
   return jax.device_put(tree, replicated_sharding(mesh))
 
 
-def shard_batch(host_batch: Any, mesh: Mesh) -> Any:
+def shard_batch(host_batch: Any, mesh: Mesh, stacked: bool = False) -> Any:
   """Turns this host's slice of a batch into global arrays sharded over 'data'.
 
   On one host the slice is the whole batch. On many hosts each process passes its own rows (same
   local size everywhere) and the global batch is their concatenation in process order.
 
   Args:
-    host_batch: pytree of numpy/jax arrays, each [B_local, ...].
+    host_batch: pytree of numpy/jax arrays, each [B_local, ...] (or [K, B_local, ...] when `stacked`).
     mesh: the mesh to shard over.
+    stacked: the leaves carry K steps' batches on a leading axis (a `lax.scan` chunk): shard axis 1, P(None, 'data').
 
   Returns:
     The same pytree of global `jax.Array`s, each [B_local * process_count, ...], sharded `P('data')`.
@@ -85,14 +86,16 @@ def shard_batch(host_batch: Any, mesh: Mesh) -> Any:
   Raises:
     ValueError: if the global batch size is not divisible by the mesh's data axis.
   """
-  sharding = data_sharding(mesh)
+  sharding = NamedSharding(mesh, P(None, DATA_AXIS)) if stacked else data_sharding(mesh)
   n_data = mesh.shape[DATA_AXIS]
+  axis = 1 if stacked else 0
 
   def put(x):
     x = np.asarray(x) if not isinstance(x, jax.Array) else x
-    if x.ndim == 0:
-      raise ValueError("shard_batch got a scalar leaf; batches must have a leading batch axis.")
-    global_rows = x.shape[0] * jax.process_count()
+    if x.ndim <= axis:
+      raise ValueError("shard_batch got a leaf without a batch axis; batches must have a leading batch axis"
+                       + (" after the chunk axis (stacked=True)." if stacked else "."))
+    global_rows = x.shape[axis] * jax.process_count()
     if global_rows % n_data:
       raise ValueError(f"batch size {global_rows} is not divisible by the mesh's data axis ({n_data} devices); "
                        f"choose a batch size that is a multiple of {n_data}.")

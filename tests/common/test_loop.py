@@ -1,0 +1,78 @@
+"""train_loop's scan chunks (K steps per compiled call) and best-parameter keeping."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from iclr24_jax.common import loop
+from iclr24_jax.common.train_state import TrainState
+
+RNG = np.random.default_rng(0)
+X = RNG.normal(size=(64, 3)).astype(np.float32)
+W_TRUE = np.array([1.0, -2.0, 0.5], np.float32)
+Y = X @ W_TRUE + 0.01 * RNG.normal(size=64).astype(np.float32)
+
+
+def _init(key):
+  return TrainState.create({"w": jnp.zeros(3), "b": jnp.zeros(())}, optax.sgd(0.05))
+
+
+def _step(state, batch, key):
+  noise = 1e-3 * jax.random.normal(jax.random.fold_in(key, state.step), ())  # exercises the folded key stream
+
+  def loss_fn(p):
+    return jnp.mean((batch["x"] @ p["w"] + p["b"] + noise - batch["y"]) ** 2)
+
+  loss, grads = jax.value_and_grad(loss_fn)(state.params)
+  return state.apply_gradients(grads=grads), {"loss": loss}
+
+
+def _batches(step):
+  idx = np.arange(16) + 16 * (step % 4)
+  return {"x": X[idx], "y": Y[idx]}
+
+
+def _run(**kw):
+  return loop.train_loop(init_fn=_init, train_step=_step, batches=_batches, num_steps=kw.pop("num_steps", 40),
+                         key=jax.random.key(0), log_every=kw.pop("log_every", 8), progress=False, **kw)
+
+
+def test_scan_chunks_equal_single_steps():
+  single, chunked = _run(), _run(steps_per_call=4)
+  np.testing.assert_allclose(chunked.state.params["w"], single.state.params["w"], rtol=1e-6, atol=1e-7)
+  # the logged interval means are the same numbers ([K] chunk metrics are averaged like K single rows)
+  np.testing.assert_allclose([r["train/loss"] for r in chunked.history], [r["train/loss"] for r in single.history],
+                             rtol=1e-5)
+  assert int(chunked.state.step) == 40
+
+
+def test_partial_last_chunk_runs_step_by_step():
+  single, chunked = _run(num_steps=42, log_every=6), _run(num_steps=42, log_every=6, steps_per_call=6)
+  np.testing.assert_allclose(chunked.state.params["w"], single.state.params["w"], rtol=1e-6, atol=1e-7)
+  assert int(chunked.state.step) == 42
+
+
+def test_keep_best_returns_the_best_eval_parameters():
+  # eval metric: negative distance to the parameters at step 16, so the best eval is at step 16 exactly.
+  ref = _run(num_steps=16).state.params
+
+  def eval_fn(state):
+    return {"closeness": -float(jnp.sum((state.params["w"] - ref["w"]) ** 2) + (state.params["b"] - ref["b"]) ** 2)}
+
+  res = _run(eval_fn=eval_fn, eval_every=8, keep_best="closeness")
+  assert res.best_step == 16 and res.best_metric == pytest.approx(0.0, abs=1e-10)
+  np.testing.assert_allclose(res.best_params["w"], ref["w"], rtol=1e-6)
+  # the final parameters moved on (step 40), the best copy did not follow them
+  assert not np.allclose(res.state.params["w"], res.best_params["w"])
+  worst = _run(eval_fn=eval_fn, eval_every=8, keep_best="eval/closeness", best_mode="min")
+  assert worst.best_step in (8, 40) and worst.best_metric < -1e-6
+
+
+def test_bad_options_are_named():
+  with pytest.raises(ValueError, match="multiple of steps_per_call"):
+    _run(steps_per_call=3, log_every=8)
+  with pytest.raises(ValueError, match="needs eval_fn"):
+    _run(keep_best="accuracy")
+  with pytest.raises(ValueError, match="not among the eval metrics"):
+    _run(eval_fn=lambda s: {"a": 1.0}, eval_every=8, keep_best="b")
