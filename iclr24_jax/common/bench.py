@@ -142,3 +142,38 @@ def write_rows(rows: Sequence[dict], path_json: str, path_md: str | None = None,
   if path_md:
     with open(path_md, "w") as f:
       f.write(format_table(rows, columns))
+
+
+def device_counts(max_devices: int | None = None) -> list[int]:
+  """The mesh sizes a benchmark compares: 1 and every available device (once each when there is one device)."""
+  n = jax.device_count() if max_devices is None else min(max_devices, jax.device_count())
+  return sorted({1, n})
+
+
+def across_devices(make_case: Callable[[Any, int], tuple[Callable, tuple, dict]], *, sizes: Sequence[Any] = (None,),
+                   counts: Sequence[int] | None = None, **time_kw: Any) -> list[dict]:
+  """Times one compiled function on a 1-device mesh and on all devices, for each size: the loop every paper's
+  `benchmark()` needs, written once.
+
+  Args:
+    make_case: `(mesh, size) -> (fn, args, columns)`: builds the jitted function for this mesh (its state
+      replicated or sharded as the method does), its arguments (batches already sharded with
+      `sharding.shard_batch`), and extra row columns (name, size label, batch, items ...). `columns` may hold
+      `items` and `name`; any other key becomes a column.
+    sizes: the problem sizes to sweep (passed through to make_case).
+    counts: mesh sizes (default `device_counts()`).
+    **time_kw: passed to `time_fn` (repeats, carry, warmup, min_time_s ...).
+
+  Returns:
+    One row per (size, device count), each with `mesh_devices`.
+  """
+  from iclr24_jax.common import sharding  # local: bench is imported by code that sets up devices first
+  rows = []
+  for size in sizes:
+    for n_dev in (device_counts() if counts is None else counts):
+      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
+      with jax.set_mesh(mesh):
+        fn, args, columns = make_case(mesh, size)
+        columns = dict(columns)
+        rows.append(time_fn(fn, *args, mesh_devices=n_dev, **{**time_kw, **columns}))
+  return rows
