@@ -71,7 +71,7 @@ def main() -> int:
   if args.table:
     names, args.keep = [], True
   for name in names:
-    module = registry.experiment_module(name)
+    module = registry.study_module(name)
     if not hasattr(module, "benchmark"):
       continue
     print(f"=== {name} ===", flush=True)

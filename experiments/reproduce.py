@@ -36,7 +36,7 @@ def _site_dir() -> str:
 def _run_one(name: str, workdir: str, fast: bool, json_out: str) -> None:
   sys.path.insert(0, _HERE)
   from iclr24_jax import registry
-  module = registry.experiment_module(name)
+  module = registry.study_module(name)
   if not hasattr(module, "reproduce"):
     rows = []
   else:

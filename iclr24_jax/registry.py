@@ -1,9 +1,12 @@
 """Which experiments exist: the family checks (classify, diffusion, ppo, lm) and the 19 papers.
 
-An experiment module (`iclr24_jax/papers/<slug>/experiment.py`, or a family's `experiment.py`) offers:
+An experiment module (`iclr24_jax/papers/<slug>/experiment.py`, or a family's `experiment.py`) offers
   run(config, workdir) -> dict                      # the launcher calls this
+and the paper's study module (`iclr24_jax/papers/<slug>/study.py`; the experiment module itself where a
+paper has no study module yet) offers
   reproduce(workdir, fast=False) -> list[dict]      # rows for results/REPRODUCTION.md (optional)
   benchmark(quick=True) -> list[dict]               # rows for experiments/benchmark.py (optional)
+so that the method files stay the method and the small-scale studies live in one place per paper.
 A reproduction row has: paper, experiment, metric, ours, paper_value, holds (True/False/None), and
 optionally notes and plots (paths). Papers register themselves by existing; nothing else to edit.
 """
@@ -44,6 +47,17 @@ def experiment_module(name: str) -> ModuleType:
   if not exists(name):
     raise ValueError(f"experiment '{name}' is not implemented yet (no module {module_name(name)}).")
   return importlib.import_module(module_name(name))
+
+
+def study_module(name: str) -> ModuleType:
+  """The module with `reproduce` / `benchmark` of `name`: its `study.py` when it has one, else its experiment."""
+  experiment = experiment_module(name)
+  study_name = module_name(name).rsplit(".", 1)[0] + ".study"
+  try:
+    found = importlib.util.find_spec(study_name) is not None
+  except ModuleNotFoundError:
+    found = False
+  return importlib.import_module(study_name) if found else experiment
 
 
 def available() -> list[str]:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from iclr24_jax.rl.envs import Env, EnvSpec
+from iclr24_jax.rl.env_base import Env, EnvSpec
 
 # Deviation: layouts in the spirit of D4RL's maze2d U / medium / large mazes ('G' marks the evaluation goal,
 # 'O' free cells); drawn here, not loaded from D4RL.

@@ -265,8 +265,8 @@ def ppo_setup():
   obs_dim, act_dim = 3, 2
   policy, params = _random_ensemble(key, k=3, obs_dim=obs_dim, action_dim=act_dim)
   spec = dict(mode="iql", v_hidden=(16,), q_hidden=(16,), activation="relu", double_q=True)
-  from iclr24_jax.papers.unio4.critics import _modules
-  v_module, q_module = _modules(spec)
+  from iclr24_jax.papers.unio4.critics import critic_modules
+  v_module, q_module = critic_modules(spec)
   critics = unio4.Critics(v_module.init(key, jnp.zeros((1, obs_dim)))["params"],
                           q_module.init(key, jnp.zeros((1, obs_dim)), jnp.zeros((1, act_dim)))["params"],
                           normalization.init((obs_dim,)), v_module, q_module)

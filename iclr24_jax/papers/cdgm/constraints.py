@@ -177,15 +177,26 @@ class Constraints:
     Returns:
       A new `Constraints`.
     """
-    return _build(self.rows, self.texts, tuple(int(o) for o in ordering), self.num_variables)
+    return build_constraints(self.rows, self.texts, tuple(int(o) for o in ordering), self.num_variables)
 
   def describe(self, i: int) -> str:
     """Human-readable text of constraint i (its source line)."""
     return f"#{i} '{self.texts[i]}'"
 
 
-def _build(rows: Sequence[Row], texts: Sequence[str], ordering: tuple[int, ...] | None,
-           min_vars: int = 0) -> Constraints:
+def build_constraints(rows: Sequence[Row], texts: Sequence[str], ordering: tuple[int, ...] | None,
+                      min_vars: int = 0) -> Constraints:
+  """Assembles a `Constraints` set from parsed rows.
+
+  Args:
+    rows: the parsed linear inequalities (each `Row` has coeffs [(variable, coefficient)], a constant, an op).
+    texts: the source text of each row (for error messages).
+    ordering: the variable ordering the layer corrects in (None: ascending variable index).
+    min_vars: at least this many variables (so a set over fewer columns still covers the table).
+
+  Returns:
+    The Constraints set.
+  """
   used = sorted({v for r in rows for v, _ in r.coeffs})
   if ordering is None:
     ordering = tuple(used)
@@ -255,7 +266,7 @@ def parse_constraints(text: str) -> Constraints:
       texts.append(src)
   if not rows and ordering is None:
     raise ValueError("no constraints found in the text.")
-  return _build(rows, texts, ordering)
+  return build_constraints(rows, texts, ordering)
 
 
 def load_constraints(path) -> Constraints:

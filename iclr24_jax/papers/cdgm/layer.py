@@ -27,7 +27,7 @@ import numpy as np
 
 from fractions import Fraction
 
-from iclr24_jax.papers.cdgm.constraints import (Constraints, InfeasibleConstraintsError, Reduction, Row, _build,
+from iclr24_jax.papers.cdgm.constraints import (Constraints, InfeasibleConstraintsError, Reduction, Row, build_constraints,
                                                 reduce_constraints)
 
 Schedule = Literal["levels", "sequential", "scan"]
@@ -72,7 +72,7 @@ def tighten_strict(constraints: Constraints, epsilon: float) -> Constraints:
       r = Row(r.coeffs, r.constant + Fraction(epsilon) * scale, False, r.history)
     rows.append(r)
     texts.append(t)
-  return _build(rows, texts, constraints.ordering, constraints.num_variables)
+  return build_constraints(rows, texts, constraints.ordering, constraints.num_variables)
 
 
 def _pow2(n: int) -> int:

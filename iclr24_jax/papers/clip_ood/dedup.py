@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from iclr24_jax.papers.clip_ood.similarity import _check_embeddings
+from iclr24_jax.papers.clip_ood.similarity import check_embeddings
 
 DEDUP_THRESHOLD = 0.124          # cosine distance below which two images are near duplicates (paper)
 _HIGHEST = lax.Precision.HIGHEST
@@ -55,7 +55,7 @@ def kmeans(x: jax.Array, num_clusters: int, key: jax.Array, num_iters: int = 50,
   Returns:
     centers [K, D] and assignments [N] int32 in [0, K).
   """
-  _check_embeddings("x", x)
+  check_embeddings("x", x)
   n = x.shape[0]
   if not 1 <= int(num_clusters) <= n:
     raise ValueError(f"num_clusters={num_clusters} must be between 1 and the number of points ({n}).")
@@ -108,7 +108,7 @@ def within_cluster_duplicates(embeddings: jax.Array, assignments: jax.Array, thr
   Returns:
     [N] bool, True = near duplicate of an earlier point of its cluster (to remove).
   """
-  _check_embeddings("embeddings", embeddings)
+  check_embeddings("embeddings", embeddings)
   n = embeddings.shape[0]
   if assignments.shape != (n,):
     raise ValueError(f"assignments must have shape ({n},), got {assignments.shape}.")
@@ -162,7 +162,7 @@ def deduplicate(embeddings: jax.Array, num_clusters: int, threshold: float = DED
   Returns:
     keep [N] bool: False for the later members of each near-duplicate group.
   """
-  _check_embeddings("embeddings", embeddings)
+  check_embeddings("embeddings", embeddings)
   if not 0.0 <= float(threshold) <= 2.0:
     raise ValueError(f"threshold={threshold} is a cosine distance and must lie in [0, 2].")
   key = jax.random.key(0) if key is None else key

@@ -29,7 +29,8 @@ from jax.sharding import Mesh, PartitionSpec as P
 _HIGHEST = lax.Precision.HIGHEST
 
 
-def _check_embeddings(name: str, x, dim: int | None = None) -> None:
+def check_embeddings(name: str, x, dim: int | None = None) -> None:
+  """Raises a ValueError naming `name` unless `x` is an [N, D] matrix (with D == dim when given)."""
   if x.ndim != 2:
     raise ValueError(f"{name} must be a [N, D] matrix of embeddings, got shape {x.shape}.")
   if dim is not None and x.shape[1] != dim:
@@ -100,8 +101,8 @@ def topk_similarity(queries: jax.Array, keys: jax.Array, k: int, chunk: int = 10
   Raises:
     ValueError: on shape mismatches, k out of range, chunk < 1, or NaN/inf in concrete inputs.
   """
-  _check_embeddings("queries", queries)
-  _check_embeddings("keys", keys, queries.shape[1])
+  check_embeddings("queries", queries)
+  check_embeddings("keys", keys, queries.shape[1])
   n = keys.shape[0]
   if not 1 <= int(k) <= n:
     raise ValueError(f"k={k} must be between 1 and the number of keys ({n}).")
@@ -178,8 +179,8 @@ def max_margin(queries: jax.Array, keys: jax.Array, offsets: jax.Array | None = 
   Returns:
     [N] float.
   """
-  _check_embeddings("queries", queries)
-  _check_embeddings("keys", keys, queries.shape[1])
+  check_embeddings("queries", queries)
+  check_embeddings("keys", keys, queries.shape[1])
   n = keys.shape[0]
   queries = jnp.asarray(queries)
   keys = jnp.asarray(keys, queries.dtype)
@@ -207,7 +208,7 @@ def _concat_tests(test_emb_list: Sequence[jax.Array], dim: int) -> jax.Array:
   if not tests:
     raise ValueError("test_emb_list is empty; pass the embeddings of at least one benchmark.")
   for b, t in enumerate(tests):
-    _check_embeddings(f"test_emb_list[{b}]", t, dim)
+    check_embeddings(f"test_emb_list[{b}]", t, dim)
   return jnp.concatenate([jnp.asarray(t) for t in tests], axis=0)
 
 
@@ -241,9 +242,9 @@ def similarity_prune(pool_emb: jax.Array, reference_train_emb: jax.Array, test_e
   Returns:
     keep [N] bool (True = kept).
   """
-  _check_embeddings("pool_emb", pool_emb)
+  check_embeddings("pool_emb", pool_emb)
   dim = pool_emb.shape[1]
-  _check_embeddings("reference_train_emb", reference_train_emb, dim)
+  check_embeddings("reference_train_emb", reference_train_emb, dim)
   tests = _concat_tests(test_emb_list, dim)
   s = similarity_thresholds(reference_train_emb, tests, chunk, mesh)         # [M] s_j
   n = pool_emb.shape[0]
@@ -258,7 +259,7 @@ def similarity_prune(pool_emb: jax.Array, reference_train_emb: jax.Array, test_e
 def max_similarity_to_sets(pool_emb: jax.Array, test_emb_list: Sequence[jax.Array], chunk: int = 1024,
                            mesh: Mesh | None = None) -> jax.Array:
   """Each pool sample's highest similarity to any test point of the given benchmarks: [N]."""
-  _check_embeddings("pool_emb", pool_emb)
+  check_embeddings("pool_emb", pool_emb)
   return max_margin(_concat_tests(test_emb_list, pool_emb.shape[1]), pool_emb, None, chunk, mesh)
 
 

@@ -147,7 +147,15 @@ def max_degree(graph: GraphsTuple, node_mask=None) -> int:
   return max(int(deg.max(initial=0)), 1)
 
 
-def _edge_distances(graph: GraphsTuple) -> jax.Array:
+def edge_distances(graph: GraphsTuple) -> jax.Array:
+  """The [E] edge distances stored in a k-NN dataset graph's `edges` ([E] or [E, 1]).
+
+  Args:
+    graph: a jraph GraphsTuple from `knn_graph` (edges hold distances).
+
+  Returns:
+    [E] float distances.
+  """
   if graph.edges is None:
     raise ValueError("the graph has no edge features; D2 Pruning needs the edge distances as graph.edges "
                      "([E] or [E, 1]); build it with d2pruning.knn_graph.")
@@ -179,7 +187,7 @@ def neighbour_table(graph: GraphsTuple, k_max: int, num_nodes: int | None = None
   n = num_graph_nodes(graph) if num_nodes is None else int(num_nodes)
   receivers = jnp.asarray(graph.receivers, jnp.int32)
   senders = jnp.asarray(graph.senders, jnp.int32)
-  d = _edge_distances(graph)
+  d = edge_distances(graph)
   if not isinstance(graph.receivers, jax.core.Tracer):
     need = max_degree(graph, node_mask)
     if need > k_max:

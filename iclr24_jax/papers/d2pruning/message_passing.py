@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common.graph import GraphsTuple
-from iclr24_jax.papers.d2pruning.dataset_graph import _edge_distances, num_graph_nodes
+from iclr24_jax.papers.d2pruning.dataset_graph import edge_distances, num_graph_nodes
 
 __all__ = ["forward_message_passing", "reverse_message_passing_select", "select_from_table", "select_from_lists",
            "neighbour_lists", "auto_block_size"]
@@ -69,7 +69,7 @@ def forward_message_passing(graph: GraphsTuple, scores: jax.Array, gamma: float 
   n = num_graph_nodes(graph)
   _check_scores(scores, n)
   s = jnp.asarray(scores, jnp.float32)
-  d = _edge_distances(graph)
+  d = edge_distances(graph)
   senders = jnp.asarray(graph.senders, jnp.int32)
   receivers = jnp.asarray(graph.receivers, jnp.int32)
   s_j = s[senders]
@@ -249,7 +249,7 @@ def neighbour_lists(graph: GraphsTuple, num_nodes: int | None = None, node_mask=
   n = num_graph_nodes(graph) if num_nodes is None else int(num_nodes)
   receivers = jnp.asarray(graph.receivers, jnp.int32)
   senders = jnp.asarray(graph.senders, jnp.int32)
-  d = _edge_distances(graph)
+  d = edge_distances(graph)
   order = jnp.argsort(receivers, stable=True)
   r, s, d = receivers[order], senders[order], d[order]
   degrees = jax.ops.segment_sum(jnp.ones_like(r), r, n)

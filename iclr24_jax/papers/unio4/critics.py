@@ -139,7 +139,15 @@ def critic_step(state: CriticState, batch: dict, *, v_module: nn.Module, q_modul
   return CriticState(v=v, q=q, q_target=q_target), {"v_loss": vl, "q_loss": ql}
 
 
-def _modules(spec: dict) -> tuple[nn.Module, nn.Module]:
+def critic_modules(spec: dict) -> tuple[nn.Module, nn.Module]:
+  """The value and Q network modules a critic spec describes.
+
+  Args:
+    spec: the critic spec (v_hidden, q_hidden, activation, mode 'sarsa'|'iql', double_q).
+
+  Returns:
+    (value module [B, S] -> [B], Q module [B, S], [B, A] -> [B] or [2, B] with double Q).
+  """
   v_module = networks.ValueNet(tuple(spec["v_hidden"]), spec["activation"])
   num_q = 2 if (spec["mode"] == "iql" and spec["double_q"]) else 1
   q_module = QNetwork(tuple(spec["q_hidden"]), spec["activation"], num_q)
@@ -150,7 +158,7 @@ def _modules(spec: dict) -> tuple[nn.Module, nn.Module]:
 def _programs(frozen_spec: tuple, obs_dim: int, act_dim: int) -> tuple[Callable, Callable]:
   """Jitted (init, chunk) of the supervised stage for one configuration (cached: reused across data sets)."""
   spec = common.thaw(frozen_spec)
-  v_module, q_module = _modules(spec)
+  v_module, q_module = critic_modules(spec)
   tx_v, tx_q = optax.adam(float(spec["v_lr"])), optax.adam(float(spec["q_lr"]))
   kw = dict(v_module=v_module, q_module=q_module, mode=spec["mode"], gamma=float(spec["gamma"]),
             tau=float(spec["tau"]), target_update_freq=int(spec["target_update_freq"]),
@@ -217,5 +225,5 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
   k_init, k_train = jax.random.split(key)
   state, history = common.run_in_chunks(chunk, init(k_init), data, k_train, num_steps, log_every,
                                         lambda m: {k: float(v) for k, v in m.items()}, callback)
-  v_module, q_module = _modules(spec)
+  v_module, q_module = critic_modules(spec)
   return Critics(state.v.params, state.q.params, data.obs_stats, v_module, q_module), history

@@ -18,7 +18,7 @@ from iclr24_jax.common import bench, metrics, sharding
 from iclr24_jax.papers.unio4 import algorithm, bc as bc_lib
 from iclr24_jax.papers.unio4 import common, improvement
 from iclr24_jax.papers.unio4 import data as data_lib
-from iclr24_jax.papers.unio4.critics import Critics, _modules
+from iclr24_jax.papers.unio4.critics import Critics, critic_modules
 from iclr24_jax.papers.unio4.model import init_ensemble
 from iclr24_jax.rl import normalization
 from iclr24_jax.rl import offline as offline_lib
@@ -294,7 +294,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
 # --- benchmark ------------------------------------------------------------------------------------------------------
 def _synthetic_critics(obs_dim: int, act_dim: int, spec: dict, key: jax.Array) -> Critics:
-  v_module, q_module = _modules(spec)
+  v_module, q_module = critic_modules(spec)
   vp = v_module.init(key, jnp.zeros((1, obs_dim)))["params"]
   qp = q_module.init(jax.random.fold_in(key, 1), jnp.zeros((1, obs_dim)), jnp.zeros((1, act_dim)))["params"]
   return Critics(vp, qp, normalization.init((obs_dim,)), v_module, q_module)
@@ -336,7 +336,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   on.num_steps = 10
   on.ppo.update(dict(update_epochs=2, num_minibatches=4))
   ip_policy = bc_lib.make_policy(1, c.model)
-  v_module, _ = _modules(crit_spec)
+  v_module, _ = critic_modules(crit_spec)
   init = {"policy": ip_policy.init(key, jnp.zeros((1, 4)))["params"], "value": v_module.init(key, jnp.zeros((1, 4)))
           ["params"]}
   for n_dev in dev_counts:
