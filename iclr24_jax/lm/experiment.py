@@ -242,8 +242,9 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
 def benchmark(quick: bool = True) -> list[dict]:
   """SmolLM2 throughput: batched scoring (1 and all devices), greedy generation with and without KV cache
-  at two lengths, tokens/s and peak memory. llama.cpp figures are the notes' (not measured here unless
-  llama-cpp-python is installed)."""
+  at two lengths, a profile of the greedy decode step, and llama.cpp side by side on the same GGUF and the
+  same token ids, timed in this run (rows 'lm/vs_llamacpp/...'; a row says why when llama-cpp-python is
+  missing or fails)."""
   params, cfg, tok = weights.load_smollm2()
   fused = llama.fuse_params(params)
   rows = []
@@ -277,33 +278,279 @@ def benchmark(quick: bool = True) -> list[dict]:
                       notes=f"tokens/s incl. prefill; llama.cpp ~{NOTES['llamacpp_decode_tok_s']:.0f} tok/s at batch 1 "
                             "(notes)")
     rows.append(r)
-  rows.extend(_llamacpp_rows(quick))
+  del quantized
+  rows.extend(decode_profile(fused, cfg, repeats=10 if quick else 30))
+  rows.extend(side_by_side(params, fused, cfg, tok, repeats=3 if quick else 5))
   return rows
 
 
-def _llamacpp_rows(quick: bool) -> list[dict]:
-  """The same GGUF in llama.cpp, side by side, when llama-cpp-python is installed (never a dependency)."""
-  try:
-    import llama_cpp  # noqa: F401
-  except ImportError:
-    return []
-  from llama_cpp import Llama
-  path = str(weights.find_smollm2_gguf())
-  model = Llama(model_path=path, n_threads=2, n_ctx=512, verbose=False)
-  tokens = [100] * 128
+def _timed(fn) -> tuple[Any, float, float]:
+  """(result, wall s, CPU s of this process: every thread, llama.cpp's included)."""
+  t0, c0 = time.perf_counter(), time.process_time()
+  out = jax.block_until_ready(fn())
+  return out, time.perf_counter() - t0, time.process_time() - c0
+
+
+def _median_times(fn, repeats: int) -> tuple[float, float, float]:
+  """(median wall s, median CPU s, best wall s) over `repeats` calls after one untimed call."""
+  fn()
+  walls, cpus = [], []
+  for _ in range(repeats):
+    _, w, c = _timed(fn)
+    walls.append(w)
+    cpus.append(c)
+  return float(np.median(walls)), float(np.median(cpus)), float(min(walls))
+
+
+def decode_profile(fused: llama.Params, cfg: llama.LlamaConfig, repeats: int = 10, prompt_len: int = 32,
+                   slots: int = 160, new_tokens: int = 64) -> list[dict]:
+  """Where a greedy batch-1 decoding step of SmolLM2 spends its time (each part compiled on its own).
+
+  Parts: the whole step (trunk + tied head + argmax, cache donated), the 30-layer trunk, the trunk with 15
+  layers (the difference gives the per-layer cost and the fixed per-step overhead), the head + argmax, the
+  sampling ops alone (argmax; temperature + top-p), the 60 cache writes alone, and the cost per token of
+  the one-program `while_loop` decode against a Python loop that calls a jitted step and reads the token
+  back to the host every step.
+
+  Args:
+    fused: `llama.fuse_params` parameters.
+    cfg: their LlamaConfig.
+    repeats: timed calls per part (medians reported).
+    prompt_len: tokens prefilled into the cache before the step is timed.
+    slots: cache length S (attention reads all S slots every step).
+    new_tokens: N for the loop comparisons.
+
+  Returns:
+    Rows 'lm/decode_profile/<part>' with median_s (wall), cpu_s (process CPU time) and notes.
+  """
+  ids = np.full((1, prompt_len), 100, np.int32)
+  mask = np.ones((1, prompt_len), bool)
+  one = jnp.full((1, 1), 100, jnp.int32)
+  one_mask = jnp.ones((1, 1), bool)
+  load = os.getloadavg()[0]
   rows = []
-  t0 = time.perf_counter()
-  model.reset()
-  model.eval(tokens)
-  dt = time.perf_counter() - t0
-  rows.append({"name": "llama.cpp/prompt_eval", "size": "1x128", "batch": 1, "median_s": dt, "items_per_s": 128 / dt,
-               "mesh_devices": 1})
-  n = 64 if quick else 256
-  t0 = time.perf_counter()
-  model.reset()
-  out = model.create_completion("Once upon a time", max_tokens=n, temperature=0.0)
-  dt = time.perf_counter() - t0
-  k = out["usage"]["completion_tokens"]
-  rows.append({"name": "llama.cpp/greedy", "size": f"{k} new", "batch": 1, "median_s": dt, "items_per_s": k / dt,
-               "mesh_devices": 1})
+
+  def add(part, wall, cpu, notes, per=1):
+    rows.append({"name": f"lm/decode_profile/{part}", "size": f"batch 1, {slots} cache slots",
+                 "median_s": wall / per, "cpu_s": cpu / per, "ms": 1e3 * wall / per, "cpu_ms": 1e3 * cpu / per,
+                 "batch": 1, "mesh_devices": 1, "notes": f"{notes}; 1-min load average {load:.1f}"})
+
+  def prefilled(p, c):
+    cache = llama.init_cache(c, 1, slots)
+    return jax.jit(lambda p, cache: llama.forward(p, c, ids, mask, cache=cache, last_only=True)[1])(p, cache)
+
+  def step(cache, p, c):
+    logits, cache = llama.forward(p, c, one, one_mask, cache=cache, last_only=True)
+    return cache, jnp.argmax(logits, -1)
+
+  def trunk(cache, p, c):
+    h, cache = llama.hidden_states(p, c, one, one_mask, cache=cache, last_only=True)
+    return cache, h
+
+  half = {**fused, "layers": fused["layers"][:cfg.num_layers // 2]}
+  cfg_half = cfg.replace(num_layers=cfg.num_layers // 2)
+  timings = {}
+  for part, f, p, c in (("step", step, fused, cfg), ("trunk", trunk, fused, cfg), ("trunk_half", trunk, half, cfg_half)):
+    fn = jax.jit(functools.partial(f, c=c), donate_argnums=0)
+    state = {"cache": prefilled(p, c)}
+
+    def call(fn=fn, p=p, state=state):
+      state["cache"], out = fn(state["cache"], p)
+      return out
+
+    timings[part] = _median_times(call, repeats)
+  w, c_, _ = timings["step"]
+  add("step", w, c_, "one greedy step: 30 layers + tied head + argmax, cache donated")
+  w, c_, _ = timings["trunk"]
+  add("trunk", w, c_, f"the {cfg.num_layers} layers with the cache update, no head")
+  per_w = (timings["trunk"][0] - timings["trunk_half"][0]) / (cfg.num_layers - cfg.num_layers // 2)
+  per_c = (timings["trunk"][1] - timings["trunk_half"][1]) / (cfg.num_layers - cfg.num_layers // 2)
+  add("per_layer", per_w, per_c, f"(trunk - trunk with {cfg.num_layers // 2} layers) / {cfg.num_layers // 2}")
+  add("fixed_overhead", timings["trunk"][0] - cfg.num_layers * per_w, timings["trunk"][1] - cfg.num_layers * per_c,
+      "trunk - layers x per-layer: embedding, masks, final norm, dispatch of the call")
+  h = jnp.ones((1, cfg.hidden_size), jnp.float32)
+  head = jax.jit(lambda p, h: jnp.argmax(llama.output_logits(p, cfg, h), -1))
+  w, c_, _ = _median_times(lambda: head(fused, h), repeats)
+  add("head_argmax", w, c_, f"tied head [1, {cfg.hidden_size}] x [{cfg.hidden_size}, {cfg.vocab_size}] + argmax")
+  logits = jnp.ones((1, cfg.vocab_size), jnp.float32)
+  greedy = jax.jit(lambda l: generation.sample_token(jax.random.key(0), l))
+  w, c_, _ = _median_times(lambda: greedy(logits), repeats)
+  add("sample_greedy", w, c_, "argmax + log-softmax of the chosen token")
+  top_p = jax.jit(lambda l: generation.sample_token(jax.random.key(0), l, 0.7, 0, 0.9))
+  w, c_, _ = _median_times(lambda: top_p(logits), repeats)
+  add("sample_top_p", w, c_, "temperature 0.7 + top-p 0.9 (a full sort of the vocabulary) + categorical draw")
+
+  def write(cache):
+    k = [jax.lax.dynamic_update_slice(x, jnp.ones((x.shape[0], x.shape[1], 1), x.dtype), (0, 0, cache.index))
+         for x in cache.k]
+    v = [jax.lax.dynamic_update_slice(x, jnp.ones((x.shape[0], 1, x.shape[2]), x.dtype), (0, cache.index, 0))
+         for x in cache.v]
+    return cache.replace(k=k, v=v, index=cache.index + 1)
+
+  write = jax.jit(write, donate_argnums=0)
+  state = {"cache": prefilled(fused, cfg)}
+
+  def call_write():
+    state["cache"] = write(state["cache"])
+    return state["cache"].index
+
+  w, c_, _ = _median_times(call_write, repeats)
+  add("cache_write", w, c_, f"the {2 * cfg.num_layers} key/value slot writes of one step, alone")
+
+  gen_n = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=new_tokens))
+  gen_1 = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=1))
+  reps = max(2, repeats // 4)
+  tn = _median_times(lambda: gen_n(fused, prompt_ids=ids, prompt_mask=mask, key=jax.random.key(0)), reps)
+  t1 = _median_times(lambda: gen_1(fused, prompt_ids=ids, prompt_mask=mask, key=jax.random.key(0)), reps)
+  add("while_loop_per_token", tn[0] - t1[0], tn[1] - t1[1],
+      f"one compiled program (prefill + lax.while_loop), ({new_tokens} - 1 tokens) difference", per=new_tokens - 1)
+  step_fn = jax.jit(functools.partial(step, c=cfg), donate_argnums=0)
+  prefill = jax.jit(lambda p, cache: llama.forward(p, cfg, ids, mask, cache=cache, last_only=True)[1])
+
+  def host_loop():
+    cache = prefill(fused, llama.init_cache(cfg, 1, slots))
+    tok = None
+    for _ in range(new_tokens - 1):
+      cache, tok = step_fn(cache, fused)
+      int(tok[0])  # the host reads every token (a Python decoding loop)
+    return tok
+
+  tl = _median_times(host_loop, reps)
+  add("host_loop_per_token", tl[0] - t1[0], tl[1] - t1[1],
+      "a Python loop of jitted steps with a device->host read per token (what the while_loop avoids)",
+      per=new_tokens - 1)
+  return rows
+
+
+def _text_ids(tok: tok_lib.Tokenizer, n: int) -> list[int]:
+  """n token ids of real English text (the corpus paragraph, repeated as needed)."""
+  ids = tok.encode(corpus.LONG_PARAGRAPH)
+  while len(ids) < n:
+    ids = ids + ids
+  return ids[:n]
+
+
+def _load_llamacpp(threads: int):
+  """(llama_cpp.Llama on the SmolLM2 GGUF, None), or (None, why not)."""
+  try:
+    from llama_cpp import Llama
+  except Exception as e:  # ImportError, or the shared library failing to load
+    return None, (f"llama-cpp-python does not import ({type(e).__name__}: {str(e)[:160]}); install the 'bench' "
+                  "extra (pip install llama-cpp-python; it compiles llama.cpp from source)")
+  try:
+    path = str(weights.find_smollm2_gguf())
+    return Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, n_batch=512,
+                 verbose=False), None
+  except Exception as e:
+    return None, f"llama.cpp could not load the GGUF ({type(e).__name__}: {str(e)[:200]})"
+
+
+def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConfig, tok: tok_lib.Tokenizer,
+                 repeats: int = 3, score_batch: int = 8, score_len: int = 128, prompt_len: int = 32,
+                 new_tokens: int = 128) -> list[dict]:
+  """SmolLM2 in JAX and in llama.cpp (llama-cpp-python, same Q4_1 GGUF, same token ids), timed alternately
+  in one run so both see the same machine load.
+
+  Scoring: ours is `sequence_logprob` on [score_batch, score_len] tokens in one call; llama.cpp evaluates
+  the same sequences one after the other (its prompt processing, last-token logits only: its fastest
+  setting, so the comparison does not favour us). Greedy: batch 1, `prompt_len` prompt tokens, then
+  `new_tokens` tokens with no stop token; decoding tokens/s = (N - 1) / (time of N tokens - time to the
+  first), total tokens/s = N / (prefill + N tokens). llama.cpp uses every core this process may run on.
+
+  Returns:
+    Rows 'lm/vs_llamacpp/{score,greedy_decode,greedy_total}' (ours, llama.cpp's figure, the ratio and the
+    issue's target), 'llama.cpp/...' rows, or one 'llama.cpp/unavailable' row saying why.
+  """
+  threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  model, why = _load_llamacpp(threads)
+  if model is None:
+    return [{"name": "llama.cpp/unavailable", "size": "-", "batch": 1, "mesh_devices": 1,
+             "notes": why + f"; llama.cpp figures stay the notes' (prompt ~{NOTES['llamacpp_prompt_tok_s']:.0f}, "
+                            f"greedy ~{NOTES['llamacpp_decode_tok_s']:.0f} tok/s)"}]
+  import llama_cpp
+  seq = _text_ids(tok, score_len)
+  score_ids = np.asarray([seq[i:] + seq[:i] for i in range(score_batch)], np.int32)  # distinct rows
+  score_mask = np.ones_like(score_ids, bool)
+  prompt = _text_ids(tok, prompt_len)
+  p_ids = np.asarray([prompt], np.int32)
+  p_mask = np.ones_like(p_ids, bool)
+  score = jax.jit(lambda p, i, m: scoring.sequence_logprob(p, cfg, i, m))
+  gen_n = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=new_tokens))
+  gen_1 = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=1))
+
+  def ours_score():
+    return score(params, score_ids, score_mask)
+
+  def lc_score():
+    for row in score_ids:
+      model.reset()
+      model.eval([int(t) for t in row])
+
+  def lc_greedy():
+    model.reset()
+    out, t_first = [], None
+    t0 = time.perf_counter()
+    for t in model.generate([int(t) for t in prompt], temp=0.0, repeat_penalty=1.0, reset=True):
+      out.append(int(t))
+      if len(out) == 1:
+        t_first = time.perf_counter()
+      if len(out) == new_tokens:
+        break
+    t_end = time.perf_counter()
+    return out, t_end - t0, (t_end - t_first) / (new_tokens - 1)
+
+  ours_gen_n = lambda: gen_n(fused, prompt_ids=p_ids, prompt_mask=p_mask, key=jax.random.key(0))  # noqa: E731
+  ours_gen_1 = lambda: gen_1(fused, prompt_ids=p_ids, prompt_mask=p_mask, key=jax.random.key(0))  # noqa: E731
+  ours_tokens = np.asarray(ours_gen_n().tokens)[0].tolist()  # compiles; also the greedy output to compare
+  ours_score(), ours_gen_1()
+  lc_score()
+  lc_tokens, _, _ = lc_greedy()
+  t = {k: [] for k in ("ours_score", "lc_score", "ours_n", "ours_1", "lc_total", "lc_step")}
+  cpu = {k: [] for k in ("ours_score", "lc_score")}
+  for _ in range(repeats):  # alternate, so a change of machine load hits both
+    _, w, c = _timed(ours_score)
+    t["ours_score"].append(w)
+    cpu["ours_score"].append(c)
+    _, w, c = _timed(lc_score)
+    t["lc_score"].append(w)
+    cpu["lc_score"].append(c)
+    t["ours_n"].append(_timed(ours_gen_n)[1])
+    t["ours_1"].append(_timed(ours_gen_1)[1])
+    _, total, step = lc_greedy()
+    t["lc_total"].append(total)
+    t["lc_step"].append(step)
+  med = {k: float(np.median(v)) for k, v in t.items()}
+  load = os.getloadavg()[0]
+  n_score = score_batch * score_len
+  ours_score_tps, lc_score_tps = n_score / med["ours_score"], n_score / med["lc_score"]
+  ours_step = (med["ours_n"] - med["ours_1"]) / (new_tokens - 1)
+  ours_dec_tps, lc_dec_tps = 1.0 / ours_step, 1.0 / med["lc_step"]
+  ours_total_tps, lc_total_tps = new_tokens / med["ours_n"], new_tokens / med["lc_total"]
+  agree = next((i for i, (a, b) in enumerate(zip(ours_tokens, lc_tokens)) if a != b), min(len(ours_tokens),
+                                                                                          len(lc_tokens)))
+  common = dict(mesh_devices=1, llamacpp_version=getattr(llama_cpp, "__version__", "?"), llamacpp_threads=threads)
+  note = (f"same GGUF (Q4_1; ours dequantized to float32), same token ids, {repeats} alternating repeats (medians); "
+          f"1-min load average {load:.1f}")
+  rows = [
+      {"name": "lm/vs_llamacpp/score", "size": f"{score_batch}x{score_len}", "batch": score_batch,
+       "median_s": med["ours_score"], "items_per_s": ours_score_tps, "llamacpp_items_per_s": lc_score_tps,
+       "ratio": ours_score_tps / lc_score_tps, "target": ">= 2", "holds": bool(ours_score_tps >= 2 * lc_score_tps),
+       "cpu_s": float(np.median(cpu["ours_score"])), "llamacpp_cpu_s": float(np.median(cpu["lc_score"])),
+       "notes": "tokens/s; ours: one sequence_logprob call (every position's log-prob); llama.cpp: the same "
+                f"{score_batch} sequences evaluated one by one (last-token logits only); " + note, **common},
+      {"name": "lm/vs_llamacpp/greedy_decode", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
+       "median_s": ours_step, "items_per_s": ours_dec_tps, "llamacpp_items_per_s": lc_dec_tps,
+       "ratio": ours_dec_tps / lc_dec_tps, "target": ">= 1", "holds": bool(ours_dec_tps >= lc_dec_tps),
+       "notes": f"decoding tokens/s after the first token; greedy outputs agree on the first {agree} of "
+                f"{new_tokens} tokens (llama.cpp runs Q4_1 x Q8 arithmetic, we run float32); " + note, **common},
+      {"name": "lm/vs_llamacpp/greedy_total", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
+       "median_s": med["ours_n"], "items_per_s": ours_total_tps, "llamacpp_items_per_s": lc_total_tps,
+       "ratio": ours_total_tps / lc_total_tps, "notes": "new tokens / (prefill + all steps); " + note, **common},
+      {"name": "llama.cpp/prompt_eval", "size": f"{score_batch}x{score_len}", "batch": 1,
+       "median_s": med["lc_score"], "items_per_s": lc_score_tps, "notes": note, **common},
+      {"name": "llama.cpp/greedy", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
+       "median_s": med["lc_total"], "items_per_s": lc_total_tps, "decode_items_per_s": lc_dec_tps, "notes": note,
+       **common},
+  ]
+  del model
   return rows
