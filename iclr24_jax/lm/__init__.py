@@ -54,3 +54,15 @@ __all__ = [
     # other models
     "T5Config", "BertConfig", "sentence_embedding", "embed_sentences",
 ]
+
+# The annotator kit (issue 19): option log-probabilities with one prefill, order-debiased preferences, judges,
+# the resumable generation/score cache.
+from iclr24_jax.lm import annotate, cache  # noqa: E402
+from iclr24_jax.lm.annotate import ConstantJudge, FakeJudge, SmolLMJudge, chatml_to_messages  # noqa: E402
+from iclr24_jax.lm.cache import GenerationCache, cache_key, cached_map  # noqa: E402
+from iclr24_jax.lm.scoring import choice_logprobs, debiased_preference, score_suffixes  # noqa: E402
+
+__all__ += [
+    "annotate", "cache", "choice_logprobs", "debiased_preference", "score_suffixes", "SmolLMJudge", "FakeJudge",
+    "ConstantJudge", "chatml_to_messages", "GenerationCache", "cache_key", "cached_map",
+]

@@ -173,3 +173,186 @@ def score_continuations(params: llama.Params, config: llama.LlamaConfig, tokeniz
     counts.append(np.asarray(k[:real]))
   sums_a, counts_a = np.concatenate(sums), np.concatenate(counts)
   return {"sum_logprob": sums_a, "num_tokens": counts_a, "mean_logprob": sums_a / np.maximum(counts_a, 1)}
+
+
+# ------------------------------------------------------------------------------- choices after a shared prompt
+
+# Padded prompt widths of `choice_logprobs` (tokens): a run compiles one program per width it meets.
+CHOICE_WIDTHS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+
+
+def choice_logprobs_ids(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Array,
+                        prompt_mask: jax.Array, option_ids: jax.Array, option_mask: jax.Array) -> jax.Array:
+  """Total log-probability of every option as the continuation of every prompt (pure; jit it).
+
+  The prompts are prefilled once into a KV cache; the cache is then repeated O times (one copy per option)
+  and all P * O option sequences are scored in one more forward pass that attends to it. The prompt is never
+  recomputed per option.
+
+  Args:
+    params, config: the LM.
+    prompt_ids: [P, Tp] int ids, LEFT-padded (every row's last real token at Tp - 1); each row has at
+      least one real token.
+    prompt_mask: [P, Tp] bool, real prompt tokens.
+    option_ids: [O, To] int ids, right-padded; each row has at least one real token.
+    option_mask: [O, To] bool, real option tokens.
+
+  Returns:
+    [P, O] float32: sum_j log p(option_o[j] | prompt_p, option_o[:j]) over the real option tokens.
+  """
+  p, tp = prompt_ids.shape
+  o, to = option_ids.shape
+  kv = config.num_kv_heads
+  dtype = llama.param_dtype(params)
+  cache = llama.init_cache(config, p, tp + to, dtype=dtype)
+  # 1. Prefill: the prompts' keys/values and the distribution of each option's first token.
+  logits0, cache = llama.forward(params, config, prompt_ids, prompt_mask, cache=cache, last_only=True)  # [P, V]
+  first = logprobs_from_logits(jnp.repeat(logits0, o, axis=0), jnp.tile(option_ids[:, 0], p))  # [P*O]
+
+  # 2. One copy of each prompt's cache per option (row p * O + o), then every option in one pass.
+  def rep(x):  # [P*KV, ...] -> [P*O*KV, ...]
+    x = x.reshape(p, kv, *x.shape[1:])
+    return jnp.repeat(x, o, axis=0).reshape(p * o * kv, *x.shape[2:])
+  tiled = llama.KVCache(k=[rep(x) for x in cache.k], v=[rep(x) for x in cache.v],
+                        mask=jnp.repeat(cache.mask, o, axis=0), index=cache.index,
+                        length=jnp.repeat(cache.length, o, axis=0))
+  ids = jnp.tile(option_ids, (p, 1))  # [P*O, To]
+  mask = jnp.tile(option_mask.astype(bool), (p, 1))
+  if to > 1:
+    logits, _ = llama.forward(params, config, ids[:, :-1], mask[:, :-1], cache=tiled)  # [P*O, To-1, V]
+    rest = logprobs_from_logits(logits, ids[:, 1:])  # token j+1 predicted at position j
+    rest = jnp.sum(jnp.where(mask[:, 1:], rest, 0.0), axis=1)
+  else:
+    rest = jnp.zeros((p * o,), jnp.float32)
+  return (first + rest).reshape(p, o)
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_choice_logprobs(config: llama.LlamaConfig):
+  return jax.jit(lambda params, pi, pm, oi, om: choice_logprobs_ids(params, config, pi, pm, oi, om))
+
+
+def _pick_width(n: int, widths: Sequence[int], limit: int) -> int:
+  for w in widths:
+    if n <= w <= limit:
+      return int(w)
+  if n <= limit:
+    return int(limit)
+  raise ValueError(f"a prompt of {n} tokens plus the options does not fit the model's context ({limit} tokens "
+                   "left for the prompt); shorten the prompt.")
+
+
+def _batch_rows(n: int, batch_size: int) -> int:
+  """Rows of a compiled call: batch_size, or the next power of two for a short last batch."""
+  rows = 1
+  while rows < n:
+    rows *= 2
+  return min(rows, batch_size)
+
+
+def _check_texts(texts, name: str) -> list[str]:
+  if isinstance(texts, str):
+    raise TypeError(f"{name} must be a list of strings, got one str; wrap it in a list.")
+  texts = list(texts)
+  if not all(isinstance(t, str) for t in texts):
+    raise TypeError(f"{name} must hold strings, got {sorted({type(t).__name__ for t in texts})}.")
+  return texts
+
+
+def choice_logprobs(params: llama.Params, config: llama.LlamaConfig, tokenizer: tok_lib.Tokenizer,
+                    prompts: Sequence[str], options: Sequence[str], *, batch_size: int = 8,
+                    widths: Sequence[int] = CHOICE_WIDTHS, add_bos: bool | None = None) -> np.ndarray:
+  """log p(option | prompt) for every prompt and every option (multi-token options allowed).
+
+  Each prompt and each option is tokenized on its own (the option ids follow the prompt ids, as
+  `encode_pairs` does): the result equals `sequence_logprob` on the concatenated ids with the option tokens
+  as targets, i.e. sum of `token_logprobs(prompt + option)` minus the prompt's. Prompts are sorted by length,
+  left-padded to a width from `widths` and batched `batch_size` at a time (a short last batch is padded to a
+  power of two with dummy rows); options are right-padded to a power of two (>= 4). So a loop over many calls
+  compiles one program per (rows, width, option width, number of options). Every call is one jitted program:
+  one prefill of the prompts, their KV cache reused for all options.
+
+  Args:
+    params, config, tokenizer: the LM (pass `llama.fuse_params(params)` for speed).
+    prompts: P prompt strings (render a chat template first if the model expects one).
+    options: O option strings, the same for every prompt (include a leading space where the text needs it).
+    batch_size: prompts per compiled call.
+    widths: allowed padded prompt lengths (tokens).
+    add_bos: prepend BOS to each prompt (default: the tokenizer's setting).
+
+  Returns:
+    [P, O] float64 numpy array of summed log-probabilities (nats).
+  """
+  prompts = _check_texts(prompts, "prompts")
+  options = _check_texts(options, "options")
+  if not options:
+    raise ValueError("choice_logprobs needs at least one option.")
+  if batch_size < 1:
+    raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+  opt_enc = [tokenizer.encode(opt, add_bos=False) for opt in options]
+  for opt, enc in zip(options, opt_enc):
+    if not enc:
+      raise ValueError(f"option {opt!r} encodes to no tokens.")
+  to = max(4, int(2 ** np.ceil(np.log2(max(len(e) for e in opt_enc)))))
+  opt_ids, opt_mask = tok_lib.pad_sequences(opt_enc, tokenizer.pad_id, max_len=to)
+  out = np.zeros((len(prompts), len(options)), np.float64)
+  if not prompts:
+    return out
+  enc = [tokenizer.encode(p, add_bos=add_bos) for p in prompts]
+  for i, e in enumerate(enc):
+    if not e:
+      raise ValueError(f"prompt {i} encodes to no tokens: an option's first token needs context (pass a "
+                       "non-empty prompt or add_bos=True).")
+  fn = _jitted_choice_logprobs(config)
+  order = np.argsort([len(e) for e in enc], kind="stable")
+  limit = config.max_seq_len - to
+  for start in range(0, len(order), batch_size):
+    idx = order[start:start + batch_size]
+    rows = [enc[i] for i in idx]
+    width = _pick_width(max(len(r) for r in rows), tuple(sorted(widths)), limit)
+    rows = rows + [rows[0]] * (_batch_rows(len(rows), batch_size) - len(rows))
+    ids, mask = tok_lib.pad_sequences(rows, tokenizer.pad_id, max_len=width, padding="left")
+    lp = np.asarray(jax.device_get(fn(params, ids, mask, opt_ids, opt_mask)), np.float64)
+    out[idx] = lp[:len(idx)]
+  return out
+
+
+def score_suffixes(params: llama.Params, config: llama.LlamaConfig, tokenizer: tok_lib.Tokenizer, prefix: str,
+                   suffixes: Sequence[str], **kwargs) -> np.ndarray:
+  """log p(suffix | prefix) for many continuations of one shared prefix (one prefill, its cache reused).
+
+  Args:
+    params, config, tokenizer: the LM.
+    prefix: the shared text (e.g. a history and a reply).
+    suffixes: S continuation strings (e.g. 13 feature questions with their answers).
+    **kwargs: passed to `choice_logprobs` (widths, add_bos).
+
+  Returns:
+    [S] float64 summed log-probabilities.
+  """
+  if not isinstance(prefix, str):
+    raise TypeError(f"prefix must be one str, got {type(prefix).__name__}.")
+  return choice_logprobs(params, config, tokenizer, [prefix], suffixes, **kwargs)[0]
+
+
+def debiased_preference(logprobs_ab: jax.Array, logprobs_ba: jax.Array) -> jax.Array:
+  """Log-odds that the first item is preferred, averaged over both presentation orders.
+
+  In order ab the first item is shown first (option 0 names it), in order ba it is shown second (option 1
+  names it). With l_ab = lp_ab[:, 0] - lp_ab[:, 1] and l_ba = lp_ba[:, 1] - lp_ba[:, 0] (both: log-odds for
+  the first item), the preference is (l_ab + l_ba) / 2. A purely positional judge (any constant preference for
+  the first- or second-shown option) gets exactly 0; a judge that follows the items gets the same sign in both
+  orders.
+
+  Args:
+    logprobs_ab: [N, 2] log-probabilities of the answers naming position 1 and position 2 (e.g. "(a)",
+      "(b)") when the first item is shown in position 1.
+    logprobs_ba: [N, 2] the same answers when the items are shown the other way round.
+
+  Returns:
+    [N] float32 (> 0: the first item is preferred).
+  """
+  ab, ba = jnp.asarray(logprobs_ab, jnp.float32), jnp.asarray(logprobs_ba, jnp.float32)
+  if ab.ndim != 2 or ab.shape[-1] != 2 or ab.shape != ba.shape:
+    raise ValueError(f"debiased_preference needs two [N, 2] arrays of the same shape, got {ab.shape} and {ba.shape}.")
+  return 0.5 * ((ab[:, 0] - ab[:, 1]) + (ba[:, 1] - ba[:, 0]))

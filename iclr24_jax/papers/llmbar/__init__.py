@@ -14,7 +14,7 @@ Instruct from `iclr24_jax.lm`; any `judge(prompts, max_new_tokens) -> list[str]`
   res = llmbar.evaluate(judge, data["Natural"], "rules_metrics_reference")
   res["accuracy"], res["agreement"]
 """
-from iclr24_jax.papers.llmbar.cache import GenerationCache, cache_key
+from iclr24_jax.lm.cache import GenerationCache, cache_key
 from iclr24_jax.papers.llmbar.data import (ADVERSARIAL, SUBSETS, Instance, default_data_dir, load,
                                            stratified_subset)
 from iclr24_jax.papers.llmbar.evaluator import (STRATEGIES, Strategy, build_aux_prompt, build_prompt, call_judge,

@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from iclr24_jax.common import metrics as metrics_lib
-from iclr24_jax.papers.llmbar import cache as cache_lib
+from iclr24_jax.lm import cache as cache_lib
 from iclr24_jax.papers.llmbar import parsing
 from iclr24_jax.papers.llmbar import prompts as P
 from iclr24_jax.papers.llmbar import scoring
@@ -223,26 +223,12 @@ def call_judge(judge: Judge, prompts: Sequence[str], max_new_tokens: int, kind: 
   Returns:
     One answer per prompt.
   """
-  prompts = list(prompts)
-  if not prompts:
-    return []
+  if isinstance(prompts, str):
+    raise TypeError("call_judge takes a list of prompts, got one str; wrap it in a list.")
   model_id = model_id or getattr(judge, "model_id", None)
-  if cache is not None and not model_id:
-    raise ValueError("caching needs a model id: pass model_id= or give the judge a `model_id` attribute.")
   settings = {"kind": kind, "max_new_tokens": int(max_new_tokens), **_judge_settings(judge, kind)}
-  keys = [cache_lib.cache_key(model_id, p, settings) if cache is not None else p for p in prompts]
-  answers: dict[str, str] = {}
-  if cache is not None:
-    for k in dict.fromkeys(keys):
-      hit = cache.get(k)
-      if hit is not None:
-        answers[k] = hit
-  todo = [k for k in dict.fromkeys(keys) if k not in answers]
-  first = {k: prompts[i] for i, k in reversed(list(enumerate(keys)))}
-  todo.sort(key=lambda k: len(first[k]))
-  for start in range(0, len(todo), chunk_size):
-    chunk = todo[start:start + chunk_size]
-    texts = [first[k] for k in chunk]
+
+  def fn(texts: list[str]) -> list[str]:
     if getattr(judge, "accepts_kind", False):
       out = judge(texts, int(max_new_tokens), kind=kind)
     else:
@@ -250,15 +236,19 @@ def call_judge(judge: Judge, prompts: Sequence[str], max_new_tokens: int, kind: 
     if not isinstance(out, (list, tuple)) or len(out) != len(texts) or not all(isinstance(x, str) for x in out):
       raise ValueError(f"the judge must return a list of {len(texts)} strings, got {type(out).__name__} "
                        f"of length {len(out) if hasattr(out, '__len__') else '?'}.")
-    new = dict(zip(chunk, out))
-    answers.update(new)
-    if cache is not None:
-      cache.put_many(new, {"kind": kind})
+    return list(out)
+
+  return cache_lib.cached_map(fn, prompts, cache, model_id, settings, chunk_size, meta={"kind": kind},
+                              on_chunk=_progress_hook(progress, counter))
+
+
+def _progress_hook(progress, counter):
+  def hook(n: int) -> None:
     if counter is not None:
-      counter[0] += len(chunk)
+      counter[0] += n
       if progress is not None:
         progress.update(counter[0])
-  return [answers[k] for k in keys]
+  return hook
 
 
 def _winners_from_ratings(s1: int | None, s2: int | None, ties: str) -> tuple[int, int]:

@@ -17,7 +17,7 @@ import numpy as np
 
 from iclr24_jax.common import bench
 from iclr24_jax.common import metrics as metrics_lib
-from iclr24_jax.papers.llmbar import cache as cache_lib
+from iclr24_jax.lm import cache as cache_lib
 from iclr24_jax.papers.llmbar import data as data_lib
 from iclr24_jax.papers.llmbar import evaluator
 from iclr24_jax.papers.llmbar import model as model_lib
