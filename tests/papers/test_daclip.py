@@ -1,0 +1,238 @@
+"""Tests for DA-CLIP (iclr24_jax.papers.daclip): IR-SDE closed forms vs simulation and the bridge posterior,
+the controller's zero-init identity, the losses, the degradation suite, and a tiny end-to-end run."""
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.papers import daclip
+from iclr24_jax.vision import clip
+
+
+@pytest.fixture(scope="module")
+def sde():
+  return daclip.irsde_schedule(T=100, lambda_=50.0, eps=0.005)
+
+
+def test_schedule_matches_official_definitions(sde):
+  # lambda = 50 / 255 (values >= 1 are 8-bit units); dt chosen so that exp(-theta_bar_T dt) = 0.005.
+  np.testing.assert_allclose(float(sde.lambda_), 50 / 255, rtol=1e-6)
+  np.testing.assert_allclose(float(daclip.irsde.mean_factor(100, sde)), 0.005, rtol=1e-5)
+  assert float(sde.thetas_cumsum[0]) == 0.0 and float(sde.sigma_bars[0]) == 0.0
+  # sigma_t^2 = 2 lambda^2 theta_t, and the terminal std is lambda sqrt(1 - 0.005^2).
+  np.testing.assert_allclose(np.asarray(sde.sigmas) ** 2, 2 * (50 / 255) ** 2 * np.asarray(sde.thetas), rtol=1e-5)
+  np.testing.assert_allclose(float(sde.sigma_bars[-1]), 50 / 255 * math.sqrt(1 - 0.005 ** 2), rtol=1e-5)
+  # Cosine thetas, by hand for T = 1: n = 3, abar(x) = cos(((x / 3) + s) / (1 + s) pi / 2)^2 / abar(0),
+  # thetas = 1 - abar(1), 1 - abar(2).
+  s = 0.008
+  f = lambda x: math.cos(((x / 3) + s) / (1 + s) * math.pi / 2) ** 2  # noqa: E731
+  np.testing.assert_allclose(np.asarray(daclip.irsde.cosine_thetas(1)), [1 - f(1) / f(0), 1 - f(2) / f(0)],
+                             rtol=1e-5)
+  with pytest.raises(ValueError, match="eps"):
+    daclip.irsde_schedule(eps=0.0)
+  with pytest.raises(ValueError, match="schedule"):
+    daclip.irsde_schedule(schedule="sigmoid")
+
+
+def test_forward_marginal_matches_monte_carlo_simulation(sde):
+  """Simulates dx = theta_t (mu - x) dt + sigma_t dW with 20 Euler-Maruyama sub-steps per interval (theta is
+  piecewise constant on each interval, as the closed form assumes) for 20,000 paths and compares mean and
+  variance at t = 10, 50, 100 with m_t and v_t of Eq. (5)."""
+  x0, mu, n_paths, sub = 0.9, 0.2, 20000, 20
+  key = jax.random.key(0)
+
+  @jax.jit
+  def simulate(key):
+    def interval(x, inp):
+      t, k = inp
+      h = sde.dt / sub
+
+      def substep(x, kk):
+        dw = jnp.sqrt(h) * jax.random.normal(kk, x.shape)
+        return x + sde.thetas[t] * (mu - x) * h + sde.sigmas[t] * dw, None
+
+      x, _ = jax.lax.scan(substep, x, jax.random.split(k, sub))
+      return x, x
+
+    ts = jnp.arange(1, 101)
+    _, xs = jax.lax.scan(interval, jnp.full((n_paths,), x0), (ts, jax.random.split(key, 100)))
+    return xs                                                               # [100, n_paths], xs[t-1] = x_t
+
+  xs = np.asarray(simulate(key), np.float64)
+  for t in (10, 50, 100):
+    m = float(daclip.irsde_mean(jnp.asarray(x0), jnp.asarray(mu), t, sde))
+    sd = float(daclip.irsde_std(t, sde))
+    emp_m, emp_v = xs[t - 1].mean(), xs[t - 1].var()
+    # Monte-Carlo standard errors: sd / sqrt(n) for the mean, v sqrt(2 / n) for the variance; 4 se + 1%
+    # for the Euler sub-step bias (theta dt / 20 <= 0.005 per sub-step).
+    assert abs(emp_m - m) < 4 * sd / math.sqrt(n_paths) + 0.01 * abs(x0 - mu), (t, emp_m, m)
+    assert abs(emp_v - sd ** 2) < 4 * sd ** 2 * math.sqrt(2 / n_paths) + 0.01 * sd ** 2, (t, emp_v, sd ** 2)
+  # The closed-form sampler draws from the same marginal.
+  draws = np.asarray(daclip.irsde_forward_sample(jax.random.key(1), jnp.full((n_paths,), x0), jnp.full((n_paths,), mu),
+                                                 50, sde))
+  assert abs(draws.mean() - xs[49].mean()) < 6 * float(sde.sigma_bars[50]) / math.sqrt(n_paths)
+
+
+def test_optimal_reverse_step_is_the_gaussian_bridge_posterior(sde):
+  """x*_{t-1} and its std equal the posterior of x_{t-1} given (x_t, x0) obtained by conditioning the joint
+  Gaussian of (x_{t-1}, x_t) | x0: x_{t-1} ~ N(m_{t-1}, v_{t-1}), x_t = mu + A (x_{t-1} - mu) + N(0, lam^2 (1 - A^2)),
+  A = exp(-theta_t dt). Posterior mean m_{t-1} + Cov / Var(x_t) (x_t - m_t), var v_{t-1} - Cov^2 / Var(x_t)."""
+  lam2 = float(sde.lambda_) ** 2
+  dt = float(sde.dt)
+  rng = np.random.default_rng(0)
+  x0, mu, xt = rng.normal(size=(3, 8))
+  for t in (1, 2, 37, 100):
+    a = math.exp(-float(sde.thetas[t]) * dt)
+    m_prev = mu + (x0 - mu) * math.exp(-float(sde.thetas_cumsum[t - 1]) * dt)
+    v_prev = lam2 * (1 - math.exp(-2 * float(sde.thetas_cumsum[t - 1]) * dt))
+    m_t = mu + a * (m_prev - mu)
+    var_t = a * a * v_prev + lam2 * (1 - a * a)
+    cov = a * v_prev
+    post_mean = m_prev + cov / var_t * (xt - m_t)
+    post_var = v_prev - cov ** 2 / var_t
+    got = daclip.optimal_reverse_step(jnp.asarray(xt), jnp.asarray(x0), jnp.asarray(mu), t, sde)
+    np.testing.assert_allclose(np.asarray(got), post_mean, rtol=2e-4, atol=2e-5)
+    if t > 1:   # at t = 1 the posterior is a point mass (v_0 = 0); the official floor keeps it tiny
+      np.testing.assert_allclose(float(daclip.optimal_reverse_std(t, sde)) ** 2, post_var, rtol=2e-3)
+  # Its marginal var also matches the simulation variance v_t = lam^2 (1 - B^2) at t.
+  np.testing.assert_allclose(var_t, float(sde.sigma_bars[100]) ** 2, rtol=1e-4)
+  # Per-sample times broadcast: [B] t against [B, H, W, C] images.
+  x = jnp.ones((2, 4, 4, 1))
+  out = daclip.optimal_reverse_step(x, 0 * x, 0.5 * x, jnp.asarray([1, 100]), sde)
+  chex.assert_shape(out, (2, 4, 4, 1))
+
+
+def test_perfect_noise_makes_the_matching_loss_zero_at_the_first_step(sde):
+  # At t = 1 the optimal step returns x0 exactly (C = 1); x0_from_noise with the true noise recovers x0 at any t.
+  rng = np.random.default_rng(1)
+  x0, mu, z = (jnp.asarray(rng.random((2, 4, 4, 1)), jnp.float32) for _ in range(3))
+  t = jnp.asarray([1, 60])
+  xt = daclip.irsde_mean(x0, mu, t, sde) + sde.sigma_bars[t][:, None, None, None] * z
+  np.testing.assert_allclose(np.asarray(daclip.x0_from_noise(xt, z, mu, t, sde)), np.asarray(x0), atol=2e-4)
+  np.testing.assert_allclose(np.asarray(daclip.optimal_reverse_step(xt, x0, mu, 1, sde))[0], np.asarray(x0)[0],
+                             atol=1e-5)
+  # The L1 matching loss is |reverse_sde_mean - x*| averaged; with the true noise it is the Euler error of
+  # one step only: small next to the loss of a zero prediction.
+  true_loss = float(daclip.matching_loss(z, xt, x0, mu, t, sde))
+  zero_loss = float(daclip.matching_loss(jnp.zeros_like(z), xt, x0, mu, t, sde))
+  assert true_loss < 0.2 * zero_loss
+
+
+def _tiny_clip():
+  cfg = ml_collections.ConfigDict(dict(embed_dim=8, image=dict(name="vit", patch_size=4, width=16, depth=3, heads=2),
+                                       text=dict(name="transformer", max_len=6, width=16, depth=1, heads=2)))
+  model = clip.create_clip(cfg, 12)
+  params = model.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1)), jnp.ones((2, 6), jnp.int32))["params"]
+  return model, params
+
+
+def test_zero_init_controller_gives_the_frozen_encoder_output():
+  clip_model, clip_params = _tiny_clip()
+  model = daclip.daclip_from_clip(clip_model)
+  params = daclip.init_daclip_params(model, clip_params, (8, 8, 1))
+  x = jnp.asarray(np.random.default_rng(0).random((3, 8, 8, 1)), jnp.float32)
+  e_c, e_d = jax.jit(model.apply)({"params": params}, x)
+  chex.assert_shape([e_c, e_d], (3, 8))
+  frozen = jax.jit(lambda p, x: clip_model.apply({"params": p}, x, method=clip.CLIP.encode_image,
+                                                 normalize=False))(clip_params, x)
+  np.testing.assert_allclose(np.asarray(e_c), np.asarray(frozen), rtol=1e-6, atol=1e-7)   # zero controls
+  np.testing.assert_allclose(np.asarray(e_d), np.asarray(frozen), rtol=1e-6, atol=1e-7)   # an exact copy at init
+  # Non-zero projections change e_c; only the controller side gets gradients (the encoder is frozen).
+  batch = {"image": x, "caption_emb": clip.l2_normalize(jnp.eye(3, 8)),
+           "degradation_emb": clip.l2_normalize(jnp.eye(3, 8)[::-1])}
+  grads = jax.jit(jax.grad(lambda p: daclip.controller_loss(p, model, batch)[0]))(params)
+  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree_util.tree_leaves(grads["encoder"]))
+  assert float(jnp.abs(grads["control_proj_0"]["kernel"]).max()) > 0
+  with pytest.raises(ValueError, match="ViT"):
+    daclip.daclip_from_clip(clip.create_clip(ml_collections.ConfigDict(dict(
+        embed_dim=8, image=dict(name="cnn", features=(4,), dense=8), text=dict(name="transformer"))), 12))
+
+
+def test_controls_are_added_in_reversed_block_order():
+  """The controller's block-i control goes after frozen block L-1-i (official `control.pop()`): with only the
+  last projection non-zero, the frozen encoder's first block is the one that sees it."""
+  clip_model, clip_params = _tiny_clip()
+  model = daclip.daclip_from_clip(clip_model)
+  params = daclip.init_daclip_params(model, clip_params, (8, 8, 1))
+  params["control_proj_2"] = {"kernel": jnp.zeros((16, 16)), "bias": jnp.ones((16,))}    # control = +1 everywhere
+  x = jnp.asarray(np.random.default_rng(0).random((2, 8, 8, 1)), jnp.float32)
+  e_c, _ = model.apply({"params": params}, x)
+  vit = clip_model.image_encoder
+  ones = jnp.ones((2, 5, 16))
+  want = vit.apply({"params": clip_params["image_encoder"]}, x, controls=[ones, 0 * ones, 0 * ones])
+  np.testing.assert_allclose(np.asarray(e_c), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_controller_loss_by_hand_and_train_step_lowers_it():
+  clip_model, clip_params = _tiny_clip()
+  model = daclip.daclip_from_clip(clip_model)
+  params = daclip.init_daclip_params(model, clip_params, (8, 8, 1))
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.random((8, 8, 8, 1)), jnp.float32)
+  cap = clip.l2_normalize(jnp.asarray(rng.normal(size=(8, 8)), jnp.float32))
+  deg = clip.l2_normalize(jnp.asarray(rng.normal(size=(8, 8)), jnp.float32))
+  batch = {"image": x, "caption_emb": cap, "degradation_emb": deg}
+  loss, m = daclip.controller_loss(params, model, batch)
+  e_c, e_d = model.apply({"params": params}, x)
+  scale = math.exp(float(params["logit_scale"]))
+  want = clip.clip_loss(clip.l2_normalize(e_c), cap, scale) + clip.clip_loss(clip.l2_normalize(e_d), deg, scale)
+  np.testing.assert_allclose(float(loss), float(want), atol=1e-5)
+  np.testing.assert_allclose(float(m["content_loss"] + m["degradation_loss"]), float(loss), atol=1e-5)
+  opt = ml_collections.ConfigDict(dict(learning_rate=3e-3, schedule="constant", weight_decay=0.0))
+  state = TrainState.create(params, daclip.make_controller_optimizer(opt, 20, params))
+  step = jax.jit(chex.assert_max_traces(daclip.make_controller_train_step(model), n=1))
+  losses = []
+  for _ in range(6):
+    state, metrics = step(state, batch, jax.random.key(0))
+    losses.append(float(metrics["loss"]))
+  assert losses[-1] < losses[0]
+  chex.assert_trees_all_equal(state.params["encoder"], params["encoder"])        # frozen: bit-identical
+  with pytest.raises(KeyError, match="degradation_emb"):
+    daclip.controller_loss(params, model, {"image": x, "caption_emb": cap})
+
+
+def test_degradation_suite_is_deterministic_and_named():
+  x, _ = daclip.load_clean_digits(dataset="digits", size=16)
+  chex.assert_shape(x, (1797, 16, 16, 1))
+  assert len(daclip.DEGRADATIONS) >= 6
+  suite = daclip.make_suite(x[:21], seed=3, types=np.arange(21) % 7)
+  again = daclip.make_suite(x[:21], seed=3, types=np.arange(21) % 7)
+  np.testing.assert_array_equal(suite["lq"], again["lq"])
+  assert suite["lq"].min() >= 0 and suite["lq"].max() <= 1 and suite["lq"].dtype == np.float32
+  gt, lq = suite["gt"], suite["lq"]
+  # hazy: x t + A (1 - t) with t <= 0.6, A >= 0.7 lifts the black background to >= 0.28.
+  assert lq[1].min() >= 0.7 * 0.4 - 1e-6
+  # low-light: at most 0.35 of the peak.
+  assert lq[3].max() <= 0.35 + 1e-6
+  # uncompleted: some pixels set to exactly 1 that were not.
+  assert np.any((lq[6] == 1.0) & (gt[6] < 1.0))
+  # every type changes the image
+  assert all(np.abs(lq[i] - gt[i]).mean() > 1e-3 for i in range(7))
+  assert daclip.degradation_captions([0, 4]) == ["motion-blurry", "noisy"]
+  with pytest.raises(ValueError, match="unknown degradation"):
+    daclip.degrade_one(x[0], "foggy", np.random.default_rng(0))
+  with pytest.raises(ValueError, match="one degradation per image"):
+    daclip.degrade(x[:3], [0, 1])
+
+
+def test_restore_shapes_and_errors(sde):
+  net = daclip.create_restorer(ml_collections.ConfigDict(dict(base_channels=8, channel_mults=(1,),
+                                                              num_res_blocks=1, attention_levels=(0,), num_heads=2,
+                                                              out_channels=1, num_groups=4)))
+  x = jnp.zeros((2, 8, 8, 1))
+  e = jnp.zeros((2, 8))
+  params = net.init(jax.random.key(0), jnp.zeros((2, 8, 8, 2)), jnp.ones((2,)), cond=e, context=e[:, None])["params"]
+  small = daclip.irsde_schedule(T=3)
+  out = jax.jit(lambda k, p, lq, c, d: daclip.restore(k, p, lq, model=net, schedule=small, e_c=c, e_d=d))(
+      jax.random.key(0), params, x + 0.5, e, e)
+  chex.assert_shape(out, (2, 8, 8, 1))
+  assert np.isfinite(np.asarray(out)).all()
+  with pytest.raises(ValueError, match="e_c must be"):
+    daclip.restore(jax.random.key(0), params, x, model=net, schedule=small, e_c=jnp.zeros((3, 8)), e_d=e)
+  with pytest.raises(ValueError, match="method"):
+    daclip.restore(jax.random.key(0), params, x, model=net, schedule=small, method="ode")
