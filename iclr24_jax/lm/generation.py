@@ -76,14 +76,52 @@ def process_logits(logits: jax.Array, temperature: float = 1.0, top_k: int = 0, 
     kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
     logits = jnp.where(logits < kth, neg, logits)
   if top_p < 1.0:
-    order = jnp.argsort(-logits, axis=-1)
-    sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    logits = jnp.where(nucleus_mask(logits, top_p), logits, neg)
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+# Candidates looked at first by `nucleus_mask`: when they hold the nucleus (the usual case) the full sort of
+# the vocabulary is skipped. Measured on SmolLM2 (V = 49152, 2 CPU cores): a full argsort costs ~10 ms per
+# sampled token, about a third of a decoding step; top-256 a small fraction of that.
+NUCLEUS_CANDIDATES = 256
+
+
+def nucleus_mask(logits: jax.Array, top_p: float, candidates: int = NUCLEUS_CANDIDATES) -> jax.Array:
+  """The top-p (nucleus) set: the smallest set of most likely tokens whose probability reaches `top_p`.
+
+  The `candidates` most likely tokens are found with `lax.top_k`; when their mass reaches `top_p` in every
+  row the nucleus lies among them (every later token has at least that mass before it) and the full sort
+  is skipped (`lax.cond`); otherwise the whole vocabulary is sorted. Both paths give the same set (up to
+  the float rounding of the cumulative sums).
+
+  Args:
+    logits: [B, V] float32 (may hold -inf).
+    top_p: nucleus mass in (0, 1).
+    candidates: tokens examined by the fast path.
+
+  Returns:
+    [B, V] bool, true for kept tokens (the most likely token is always kept).
+  """
+  b, v = logits.shape
+  lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+  rows = jnp.arange(b)[:, None]
+
+  def keep_from_sorted(sorted_logits, order):
+    probs = jnp.exp(sorted_logits - lse)
     before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly before each token
     keep_sorted = before < top_p  # the first token is always kept
-    keep = jnp.zeros_like(keep_sorted).at[jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
-    logits = jnp.where(keep, logits, neg)
-  return jax.nn.log_softmax(logits, axis=-1)
+    return jnp.zeros((b, v), bool).at[rows, order].set(keep_sorted)
+
+  def full_sort():
+    order = jnp.argsort(-logits, axis=-1)
+    return keep_from_sorted(jnp.take_along_axis(logits, order, axis=-1), order)
+
+  k = min(int(candidates), v)
+  if k >= v:
+    return full_sort()
+  top_vals, top_idx = jax.lax.top_k(logits, k)
+  covered = jnp.all(jnp.sum(jnp.exp(top_vals - lse), axis=-1) >= top_p)
+  return jax.lax.cond(covered, lambda: keep_from_sorted(top_vals, top_idx), full_sort)
 
 
 def sample_token(key: jax.Array, logits: jax.Array, temperature: float = 0.0, top_k: int = 0,
