@@ -66,3 +66,9 @@ __all__ += [
     "annotate", "cache", "choice_logprobs", "debiased_preference", "score_suffixes", "SmolLMJudge", "FakeJudge",
     "ConstantJudge", "chatml_to_messages", "GenerationCache", "cache_key", "cached_map",
 ]
+
+# KL to a frozen reference and T5 with embeddings / prefixes (issue 19).
+from iclr24_jax.lm.generation import nucleus_mask  # noqa: E402
+from iclr24_jax.lm.train import default_loss, kl_regularized_loss, target_logits, token_kl  # noqa: E402
+
+__all__ += ["kl_regularized_loss", "token_kl", "target_logits", "default_loss", "nucleus_mask"]
