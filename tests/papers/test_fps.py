@@ -303,6 +303,154 @@ def test_gaussian_prior_matches_kalman_filter(filter_fn):
   assert (a @ p_ref @ a.T)[0, 0] < 0.5 * (a @ COV0 @ a.T)[0, 0]
 
 
+# ----------------------------------------------------- the exact posterior: noise tracking and telescoping
+
+
+def _prior(dim):
+  rng = np.random.default_rng(10 + dim)
+  l = rng.standard_normal((dim, dim))
+  return rng.standard_normal(dim) * 0.5, l @ l.T + 0.5 * np.eye(dim)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_noise_tracking_kalman_is_the_exact_posterior(dim):
+  # All y_t = A x_t + sqrt(abar_t) sigma n share n: carrying n in the state gives p(x_0 | y) exactly, for the
+  # bridge's sequences AND for arbitrary ones ending at y (the y_t, t > 0, carry no information about x_0).
+  # FPS's HMM with the SAME exact kernel (only the emissions differ) is several times too narrow along A.
+  mean0, cov0 = _prior(dim)
+  a = np.array([[1.0, 0.5][:dim]])
+  op = fps.Dense(a)
+  sigma, y = 0.25, np.array([0.9])
+  _, a_t, a_s = samplers.sampling_grid(SCHED, 100)
+  y_start, ys = jax.vmap(lambda k: fps.measurement_sequence(k, op, jnp.asarray(y, jnp.float32), a_t, a_s, 0.95))(
+      jax.random.split(jax.random.key(0), 3))
+  rng = np.random.default_rng(1)
+  arb = np.concatenate([rng.standard_normal((3, 99, 1)) * 3, np.broadcast_to(y, (3, 1, 1))], 1)
+  pm, pc = fps.gaussian_posterior(mean0, cov0, a, y, sigma)
+  for y0, seq in ((y_start, ys), (rng.standard_normal((3, 1)), arb)):
+    seq = np.asarray(seq, np.float64)
+    seq[:, -1] = y
+    m, p = fps.noise_tracking_kalman(mean0, cov0, a, sigma, y0, seq, a_t, a_s)
+    chex.assert_shape(m, (3, dim))
+    np.testing.assert_allclose(m, np.broadcast_to(pm, m.shape), rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(p, pc, rtol=1e-7, atol=1e-10)
+    ms, p_fps = fps.kalman_reference(mean0, cov0, a, sigma, y0, seq, a_t, a_s, sampler="exact")
+    ratio = (a @ p_fps @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0]
+    assert ratio < 0.5, ratio     # FPS's emission model alone makes the posterior over-confident
+  # Closed form for one (almost) noiseless step, D = k = 1, A = 1, y_start = y = 1: y = x_0 + sigma n with
+  # x_0 ~ N(0, s0), n ~ N(0, 1): posterior variance s0 sigma^2 / (s0 + sigma^2), mean s0 y / (s0 + sigma^2).
+  if dim == 1:
+    m1, p1 = fps.noise_tracking_kalman(np.zeros(1), np.eye(1) * 2.0, np.eye(1), 0.5, np.ones(1), np.ones((1, 1)),
+                                       np.array([1.0 - 1e-12]), np.array([1.0]))
+    np.testing.assert_allclose(p1[0, 0], 2.0 * 0.25 / 2.25, rtol=1e-6)
+    np.testing.assert_allclose(m1[0], 2.0 / 2.25, rtol=1e-6)
+
+
+def test_measurement_sequence_cross_step_covariance():
+  # For 0 < c < 1 the bridge is e_s = sqrt(1 - c) e_t + sqrt(c) A z on e = (y_t - sqrt(abar) y) / sqrt(1 - abar),
+  # with Cov(e) = A A^T at every step, so Cov(y_i, y_j) = sqrt((1 - abar_i)(1 - abar_j)) (1 - c)^{|i-j|/2} A A^T.
+  op = fps.Dense(np.array([[1.0, 0.5], [0.0, 2.0]]))
+  a = np.asarray(op.a, np.float64)
+  c, n = 0.5, 8000
+  _, a_t, a_s = samplers.sampling_grid(SCHED, 20)
+  y = jnp.array([0.7, -1.2])
+  _, ys = jax.jit(jax.vmap(lambda k: fps.measurement_sequence(k, op, y, a_t, a_s, c)))(
+      jax.random.split(jax.random.key(2), n))
+  ys = np.asarray(ys, np.float64)
+  ab = np.asarray(a_s, np.float64)
+  aat = a @ a.T
+  for i, j in ((8, 8), (8, 9), (8, 11)):
+    emp = (ys[:, i] - ys[:, i].mean(0)).T @ (ys[:, j] - ys[:, j].mean(0)) / (n - 1)
+    ref = np.sqrt((1 - ab[i]) * (1 - ab[j])) * (1 - c) ** (abs(i - j) / 2) * aat
+    vi, vj = (1 - ab[i]) * np.diag(aat), (1 - ab[j]) * np.diag(aat)
+    se = np.sqrt((np.outer(vi, vj) + ref ** 2) / n)
+    assert np.all(np.abs(emp - ref) < 5 * se), (i, j, emp, ref)
+
+
+@pytest.fixture(scope="module")
+def weights_fn():
+  """f(keys [R], rates [N], tele, op, y_start, ys) -> (particles [R, M, D], log_evidence [R], ess [R, N]) on a
+  moderate-noise grid (abar from 0.6 to 1, sigma = 2): there rho = v |A|^2 / (abar_t sigma^2) <= 0.37 for both
+  kernels, so the telescoping weights have a light tail (their variance is infinite for rho >= 1, as on the full
+  grid where abar_T sigma^2 ~ 1e-5; see the README) and M = 2048 is in the asymptotic regime."""
+  times, a_t, a_s = samplers.sampling_grid(SCHED, 100)
+  keep = np.asarray(a_t) >= 0.6
+  times, a_t, a_s = times[keep], a_t[keep], a_s[keep]
+  fns = {}
+
+  def get(dim):
+    if dim not in fns:
+      mean0, cov0 = _prior(dim)
+      den = gmm_lib.gmm_denoiser(gmm_lib.GaussianMixture(
+          jnp.ones(1), jnp.asarray(mean0[None], jnp.float32), jnp.asarray(cov0[None], jnp.float32)), SCHED)
+
+      def run(keys, rates, tele, op, y_start, ys):
+        def one(k):
+          x, info = fps.particle_filter(k, den, op, y_start, ys, times, a_t, a_s, 2.0, 2048,
+                                        resampling="systematic", rates=rates, weights=tele)
+          return x, info["log_evidence"], info["ess"]
+        return jax.vmap(one)(keys)
+
+      fns[dim] = jax.jit(run)
+    return fns[dim]
+
+  return get, (a_t, a_s)
+
+
+@pytest.mark.parametrize("dim", [1, 2])
+def test_telescoping_weights_target_the_exact_posterior(weights_fn, dim):
+  # The telescoping weights make the particles sample p_chain(x_0) N(y; A x_0, sigma^2): the exact posterior with
+  # the sampler's own output law as prior (closed form: `telescoping_reference`); the log-evidence estimates
+  # log p_chain(y). FPS's weights on the same sequence miss it (their limit is `kalman_reference`). Both kernels.
+  get, (a_t, a_s) = weights_fn
+  fn = get(dim)
+  mean0, cov0 = _prior(dim)
+  a = np.array([[1.0, 0.5][:dim]])
+  op = fps.Dense(a)
+  y = np.array([1.4])
+  y_start, ys = fps.measurement_sequence(jax.random.key(7), op, jnp.asarray(y, jnp.float32), a_t, a_s, 0.95)
+  reps = 8
+  for sampler in ("ddpm", "ddim"):
+    rates = fps.kernel_rates(sampler, 0.95, a_t, a_s)
+    tm, tp = fps.telescoping_reference(mean0, cov0, a, 2.0, y, a_t, a_s, sampler=sampler)
+    cm, cp = fps.chain_moments(mean0, cov0, a_t, a_s, sampler=sampler)
+    s = a @ cp @ a.T + 4.0 * np.eye(1)
+    log_py = float(-0.5 * (y - a @ cm) @ np.linalg.solve(s, y - a @ cm) - 0.5 * np.linalg.slogdet(2 * np.pi * s)[1])
+    z = {}
+    for tele in (1.0, 0.0):
+      x, log_z, _ = fn(jax.random.split(jax.random.key(dim), reps), rates, jnp.float32(tele), op, y_start, ys)
+      x = np.asarray(x, np.float64)
+      means, covs = x.mean(1), np.stack([np.cov(xi.T).reshape(dim, dim) for xi in x])
+      z_mean = (means.mean(0) - tm) / (means.std(0, ddof=1) / np.sqrt(reps) + 1e-12)
+      z_cov = (covs.mean(0) - tp) / (covs.std(0, ddof=1) / np.sqrt(reps) + 1e-12)
+      z[tele] = max(np.abs(z_mean).max(), np.abs(z_cov).max())
+      if tele:
+        lz = np.asarray(log_z, np.float64)
+        assert abs(lz.mean() - log_py) < 5 * lz.std(ddof=1) / np.sqrt(reps) + 0.02, (lz, log_py)
+    assert z[1.0] < 5, (sampler, z)
+    assert z[0.0] > 5, (sampler, z)    # the test tells the two weightings apart
+
+
+def test_telescoping_limit_is_exact_for_fine_ddpm_and_fps_is_not():
+  # M -> infinity, 1000 DDPM steps, exact denoiser: the telescoping limit is the exact posterior to < 1% in
+  # Var(A x) and to 0.01 posterior std in the mean; FPS's limit (averaged over 20 bridge sequences) is < 0.3x.
+  mean0, cov0 = _prior(2)
+  a = np.array([[1.0, 0.5]])
+  op = fps.Dense(a)
+  _, a_t, a_s = samplers.sampling_grid(SCHED, 1000)
+  for sigma in (0.25, 1.0):
+    y = np.array([0.9])
+    pm, pc = fps.gaussian_posterior(mean0, cov0, a, y, sigma)
+    tm, tp = fps.telescoping_reference(mean0, cov0, a, sigma, y, a_t, a_s, sampler="ddpm")
+    np.testing.assert_allclose((a @ tp @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0], 1.0, atol=0.01)
+    assert np.linalg.norm(tm - pm) < 0.01 * np.sqrt(np.trace(pc))
+    y0, ys = jax.vmap(lambda k: fps.measurement_sequence(k, op, jnp.asarray(y, jnp.float32), a_t, a_s, 0.95))(
+        jax.random.split(jax.random.key(3), 20))
+    ms, p = fps.kalman_reference(mean0, cov0, a, sigma, y0, ys, a_t, a_s, sampler="ddpm")
+    _, cov = fps.moments_over_sequences(ms, p)
+    assert (a @ cov @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0] < 0.3
+
+
 def test_sample_traces_once_and_shapes():
   op = fps.Dense(np.array([[1.0, 0.5]]))
 
@@ -310,7 +458,7 @@ def test_sample_traces_once_and_shapes():
   @chex.assert_max_traces(n=1)
   def f(key, y):
     return fps.sample(key, DEN, SCHED, op, y, 0.3, 6, 8, c=0.95, sampler="ddim", resampling="stratified",
-                      ess_threshold=0.5, return_info=True)
+                      ess_threshold=0.5, return_info=True, weights="telescoping")
 
   x, info = f(jax.random.key(0), jnp.array([0.4]))
   x2, _ = f(jax.random.key(1), jnp.array([-0.4]))
@@ -407,6 +555,17 @@ def test_clear_errors():
     call(y=jnp.array([jnp.nan]))
   with pytest.raises(ValueError, match="ess_threshold"):
     call(ess_threshold=1.5)
+  with pytest.raises(ValueError, match="unknown weights"):
+    call(weights="tempered")
+  with pytest.raises(ValueError, match="sigma must be > 0"):
+    fps.noise_tracking_kalman(np.zeros(2), np.eye(2), np.ones((1, 2)), 0.0, np.zeros(1), np.zeros((3, 1)),
+                              np.full(3, 0.5), np.ones(3))
+  with pytest.raises(ValueError, match="one measurement per step"):
+    fps.noise_tracking_kalman(np.zeros(2), np.eye(2), np.ones((1, 2)), 0.1, np.zeros(1), np.zeros((2, 1)),
+                              np.full(3, 0.5), np.ones(3))
+  with pytest.raises(ValueError, match="unknown sampler"):
+    fps.telescoping_reference(np.zeros(2), np.eye(2), np.ones((1, 2)), 0.1, np.zeros(1), np.full(3, 0.5),
+                              np.ones(3), sampler="euler")
   with pytest.raises(TypeError, match="fps operator"):
     fps.sample(jax.random.key(0), DEN, SCHED, np.eye(2), jnp.zeros(2), 0.1, 2, 3)
   with pytest.raises(ValueError, match="divide"):
