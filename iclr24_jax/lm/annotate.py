@@ -216,22 +216,31 @@ class SmolLMJudge:
     ids = self.generate_ids(encoded, max_new_tokens, self.bias_for(kind), batch_size)
     return [self.tokenizer.decode(x).strip() for x in ids]
 
-  def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str],
-                      batch_size: int | None = None) -> np.ndarray:
+  def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str], batch_size: int | None = None,
+                      answer_prefixes: Sequence[str] | None = None) -> np.ndarray:
     """log p(option | rendered prompt) for every prompt and option (`lm.choice_logprobs`; no logit bias).
 
     Args:
       prompts: P ChatML prompts (rendered with the chat template, so options start the assistant's answer).
       options: O answer strings, e.g. ["Output (a)", "Output (b)"].
       batch_size: prompts per compiled call (default: the judge's).
+      answer_prefixes: optional P strings already written in the assistant's turn before the option (e.g. a
+        generated explanation); the options are scored after them.
 
     Returns:
       [P, O] float64 summed log-probabilities.
     """
     prompts = _check_prompts(prompts)
     rendered = [self.render(p) for p in prompts]
+    if answer_prefixes is not None:
+      answer_prefixes = _check_prompts(answer_prefixes)
+      if len(answer_prefixes) != len(prompts):
+        raise ValueError(f"{len(answer_prefixes)} answer_prefixes for {len(prompts)} prompts.")
+      rendered = [r + a for r, a in zip(rendered, answer_prefixes)]
+    # A finer width ladder than generation's (128-token steps): scoring is prefill-bound, padding is the waste.
+    widths = tuple(w for w in scoring.CHOICE_WIDTHS if w <= max(self.widths)) or self.widths
     out = scoring.choice_logprobs(self.params, self.config, self.tokenizer, rendered, options,
-                                  batch_size=int(batch_size or self.batch_size), widths=self.widths)
+                                  batch_size=int(batch_size or self.batch_size), widths=widths)
     self.num_calls += math.ceil(len(prompts) / int(batch_size or self.batch_size))
     return out
 
@@ -316,9 +325,15 @@ class FakeJudge:
     self.calls.append((kind, len(prompts), int(max_new_tokens)))
     return [self.answer(p, kind) for p in prompts]
 
-  def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str], batch_size: int | None = None) -> np.ndarray:
-    """[P, O] log-probabilities (each row log-normalised over the options)."""
+  def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str], batch_size: int | None = None,
+                      answer_prefixes: Sequence[str] | None = None) -> np.ndarray:
+    """[P, O] log-probabilities (each row log-normalised over the options); an answer prefix is appended to
+    its prompt before hashing and before `preference` sees it."""
     prompts = _check_prompts(prompts)
+    if answer_prefixes is not None:
+      if len(answer_prefixes) != len(prompts):
+        raise ValueError(f"{len(answer_prefixes)} answer_prefixes for {len(prompts)} prompts.")
+      prompts = [p + a for p, a in zip(prompts, answer_prefixes)]
     options = list(options)
     if not options:
       raise ValueError("choice_logprobs needs at least one option.")
@@ -348,7 +363,8 @@ class ConstantJudge:
   def __call__(self, prompts: Sequence[str], max_new_tokens: int) -> list[str]:
     return [self.answer for _ in _check_prompts(prompts)]
 
-  def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str], batch_size: int | None = None) -> np.ndarray:
-    """[P, O]: 0 where the option is the constant answer, `other_logprob` elsewhere."""
+  def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str], batch_size: int | None = None,
+                      answer_prefixes: Sequence[str] | None = None) -> np.ndarray:
+    """[P, O]: 0 where the option is the constant answer, `other_logprob` elsewhere (prefixes ignored)."""
     row = np.array([0.0 if o == self.answer else self.other_logprob for o in options], np.float64)
     return np.tile(row, (len(_check_prompts(prompts)), 1))

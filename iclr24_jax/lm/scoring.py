@@ -178,16 +178,23 @@ def score_continuations(params: llama.Params, config: llama.LlamaConfig, tokeniz
 # ------------------------------------------------------------------------------- choices after a shared prompt
 
 # Padded prompt widths of `choice_logprobs` (tokens): a run compiles one program per width it meets.
-CHOICE_WIDTHS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+CHOICE_WIDTHS = (64, *range(128, 2049, 128), 2560, 3072, 4096, 6144, 8192)
+# A common token prefix of at least this many tokens is prefilled once per call (rounded down to a multiple of
+# PREFIX_MULTIPLE so that calls share compiled shapes).
+MIN_SHARED_PREFIX = 32
+PREFIX_MULTIPLE = 16
 
 
 def choice_logprobs_ids(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Array,
-                        prompt_mask: jax.Array, option_ids: jax.Array, option_mask: jax.Array) -> jax.Array:
+                        prompt_mask: jax.Array, option_ids: jax.Array, option_mask: jax.Array,
+                        prefix_ids: jax.Array | None = None) -> jax.Array:
   """Total log-probability of every option as the continuation of every prompt (pure; jit it).
 
   The prompts are prefilled once into a KV cache; the cache is then repeated O times (one copy per option)
   and all P * O option sequences are scored in one more forward pass that attends to it. The prompt is never
-  recomputed per option.
+  recomputed per option. With `prefix_ids`, the tokens every prompt starts with are prefilled once (batch 1)
+  and their cache is shared by all P rows before the prompts' own tokens (the padding between the two is
+  masked and positions count real tokens only, so the result is the same as prefilling prefix + prompt).
 
   Args:
     params, config: the LM.
@@ -196,15 +203,23 @@ def choice_logprobs_ids(params: llama.Params, config: llama.LlamaConfig, prompt_
     prompt_mask: [P, Tp] bool, real prompt tokens.
     option_ids: [O, To] int ids, right-padded; each row has at least one real token.
     option_mask: [O, To] bool, real option tokens.
+    prefix_ids: optional [K] ids shared by every prompt, before `prompt_ids`.
 
   Returns:
-    [P, O] float32: sum_j log p(option_o[j] | prompt_p, option_o[:j]) over the real option tokens.
+    [P, O] float32: sum_j log p(option_o[j] | prefix, prompt_p, option_o[:j]) over the real option tokens.
   """
   p, tp = prompt_ids.shape
   o, to = option_ids.shape
   kv = config.num_kv_heads
   dtype = llama.param_dtype(params)
-  cache = llama.init_cache(config, p, tp + to, dtype=dtype)
+  if prefix_ids is None:
+    cache = llama.init_cache(config, p, tp + to, dtype=dtype)
+  else:
+    k_len = prefix_ids.shape[0]
+    shared = llama.init_cache(config, 1, k_len + tp + to, dtype=dtype)
+    _, shared = llama.hidden_states(params, config, prefix_ids[None], cache=shared)
+    cache = llama.KVCache(k=[jnp.tile(x, (p, 1, 1)) for x in shared.k], v=[jnp.tile(x, (p, 1, 1)) for x in shared.v],
+                          mask=jnp.tile(shared.mask, (p, 1)), index=shared.index, length=jnp.tile(shared.length, p))
   # 1. Prefill: the prompts' keys/values and the distribution of each option's first token.
   logits0, cache = llama.forward(params, config, prompt_ids, prompt_mask, cache=cache, last_only=True)  # [P, V]
   first = logprobs_from_logits(jnp.repeat(logits0, o, axis=0), jnp.tile(option_ids[:, 0], p))  # [P*O]
@@ -229,7 +244,7 @@ def choice_logprobs_ids(params: llama.Params, config: llama.LlamaConfig, prompt_
 
 @functools.lru_cache(maxsize=16)
 def _jitted_choice_logprobs(config: llama.LlamaConfig):
-  return jax.jit(lambda params, pi, pm, oi, om: choice_logprobs_ids(params, config, pi, pm, oi, om))
+  return jax.jit(lambda params, pi, pm, oi, om, pre: choice_logprobs_ids(params, config, pi, pm, oi, om, pre))
 
 
 def _pick_width(n: int, widths: Sequence[int], limit: int) -> int:
@@ -261,7 +276,8 @@ def _check_texts(texts, name: str) -> list[str]:
 
 def choice_logprobs(params: llama.Params, config: llama.LlamaConfig, tokenizer: tok_lib.Tokenizer,
                     prompts: Sequence[str], options: Sequence[str], *, batch_size: int = 8,
-                    widths: Sequence[int] = CHOICE_WIDTHS, add_bos: bool | None = None) -> np.ndarray:
+                    widths: Sequence[int] = CHOICE_WIDTHS, add_bos: bool | None = None,
+                    share_prefix: bool = True) -> np.ndarray:
   """log p(option | prompt) for every prompt and every option (multi-token options allowed).
 
   Each prompt and each option is tokenized on its own (the option ids follow the prompt ids, as
@@ -269,8 +285,10 @@ def choice_logprobs(params: llama.Params, config: llama.LlamaConfig, tokenizer: 
   as targets, i.e. sum of `token_logprobs(prompt + option)` minus the prompt's. Prompts are sorted by length,
   left-padded to a width from `widths` and batched `batch_size` at a time (a short last batch is padded to a
   power of two with dummy rows); options are right-padded to a power of two (>= 4). So a loop over many calls
-  compiles one program per (rows, width, option width, number of options). Every call is one jitted program:
-  one prefill of the prompts, their KV cache reused for all options.
+  compiles one program per (rows, width, option width, number of options, shared-prefix length). Every call
+  is one jitted program: one prefill of the prompts, their KV cache reused for all options. When all prompts
+  of a call start with the same >= 32 tokens (a judge's template), that prefix is prefilled once and shared
+  (`share_prefix`; same numbers, less compute).
 
   Args:
     params, config, tokenizer: the LM (pass `llama.fuse_params(params)` for speed).
@@ -279,6 +297,7 @@ def choice_logprobs(params: llama.Params, config: llama.LlamaConfig, tokenizer: 
     batch_size: prompts per compiled call.
     widths: allowed padded prompt lengths (tokens).
     add_bos: prepend BOS to each prompt (default: the tokenizer's setting).
+    share_prefix: prefill the prompts' common token prefix once.
 
   Returns:
     [P, O] float64 numpy array of summed log-probabilities (nats).
@@ -304,17 +323,40 @@ def choice_logprobs(params: llama.Params, config: llama.LlamaConfig, tokenizer: 
       raise ValueError(f"prompt {i} encodes to no tokens: an option's first token needs context (pass a "
                        "non-empty prompt or add_bos=True).")
   fn = _jitted_choice_logprobs(config)
+  k = common_prefix_length(enc) if share_prefix and len(enc) > 1 else 0
+  k = (k // PREFIX_MULTIPLE) * PREFIX_MULTIPLE if k >= MIN_SHARED_PREFIX else 0
+  prefix = np.asarray(enc[0][:k], np.int32) if k else None
+  enc = [e[k:] for e in enc]
   order = np.argsort([len(e) for e in enc], kind="stable")
-  limit = config.max_seq_len - to
+  limit = config.max_seq_len - to - k
   for start in range(0, len(order), batch_size):
     idx = order[start:start + batch_size]
     rows = [enc[i] for i in idx]
     width = _pick_width(max(len(r) for r in rows), tuple(sorted(widths)), limit)
     rows = rows + [rows[0]] * (_batch_rows(len(rows), batch_size) - len(rows))
     ids, mask = tok_lib.pad_sequences(rows, tokenizer.pad_id, max_len=width, padding="left")
-    lp = np.asarray(jax.device_get(fn(params, ids, mask, opt_ids, opt_mask)), np.float64)
+    lp = np.asarray(jax.device_get(fn(params, ids, mask, opt_ids, opt_mask, prefix)), np.float64)
     out[idx] = lp[:len(idx)]
   return out
+
+
+def common_prefix_length(seqs: Sequence[Sequence[int]]) -> int:
+  """Length of the longest token prefix shared by every sequence, leaving at least one token in each.
+
+  Args:
+    seqs: token-id lists.
+
+  Returns:
+    int K with seqs[i][:K] equal for all i and K < min(len(seqs[i])).
+  """
+  if not seqs:
+    return 0
+  shortest = min(len(x) for x in seqs)
+  first = seqs[0]
+  k = 0
+  while k < shortest - 1 and all(x[k] == first[k] for x in seqs):
+    k += 1
+  return k
 
 
 def score_suffixes(params: llama.Params, config: llama.LlamaConfig, tokenizer: tok_lib.Tokenizer, prefix: str,

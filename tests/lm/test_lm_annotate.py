@@ -50,6 +50,21 @@ def test_choice_logprobs_equals_token_logprobs_difference_tiny(tiny):
   np.testing.assert_allclose(lm.choice_logprobs(lm.fuse_params(params), cfg, tok, PROMPTS, OPTIONS), lp, atol=1e-4)
 
 
+def test_shared_prefix_is_prefilled_once_with_the_same_numbers(tiny):
+  params, cfg, tok = tiny
+  template = "System: you judge two outputs carefully and fairly. Read the instruction, then both outputs. "
+  prompts = [template + "Instruction: say hi. Output: hi", template + "Instruction: count. Output: 1 2 3 4 5",
+             template + "x"]
+  enc = [tok.encode(p) for p in prompts]
+  k = scoring.common_prefix_length(enc)
+  assert k >= scoring.MIN_SHARED_PREFIX + scoring.PREFIX_MULTIPLE  # the shared path is taken (K rounded to 16)
+  assert scoring.common_prefix_length([[1, 2, 3], [1, 2, 3]]) == 2  # always leaves one token per prompt
+  shared = lm.choice_logprobs(params, cfg, tok, prompts, OPTIONS, batch_size=2)
+  plain = lm.choice_logprobs(params, cfg, tok, prompts, OPTIONS, batch_size=2, share_prefix=False)
+  np.testing.assert_allclose(shared, plain, atol=1e-4, rtol=0)
+  np.testing.assert_allclose(shared, _reference(params, cfg, tok, prompts, OPTIONS), atol=1e-4, rtol=0)
+
+
 def test_choice_logprobs_compiles_once_per_bucket(tiny):
   params, cfg, tok = tiny
   fn = scoring._jitted_choice_logprobs(cfg)

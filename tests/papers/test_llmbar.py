@@ -1,4 +1,5 @@
 """Tests for iclr24_jax.papers.llmbar: parsing, scoring, prompts, swap mapping, cache, evaluation, experiment."""
+import functools
 import hashlib
 import json
 import os
@@ -12,6 +13,7 @@ from iclr24_jax.papers.llmbar import data as data_lib
 from iclr24_jax.papers.llmbar import evaluator, model, prompts
 
 GOOD, BAD = "GOOD answer that follows the instruction", "bad answer"
+_gen_eval = functools.partial(llmbar.evaluate, judge_mode="generate")  # the paper's protocol: parsed text
 
 
 def _inst(label: int, i: int = 0, subset: str = "Natural") -> llmbar.Instance:
@@ -121,7 +123,7 @@ def test_always_a_judge_is_exactly_half_and_never_agrees():
   assert r["accuracy"] == 0.5 and r["agreement"] == 0.0
   # The same through evaluate with a constant judge on instances of both labels.
   insts = [_inst(1 + (i % 3 == 0), i) for i in range(9)]
-  res = llmbar.evaluate(llmbar.ConstantJudge("Output (a)"), insts, "vanilla")
+  res = _gen_eval(llmbar.ConstantJudge("Output (a)"), insts, "vanilla")
   assert res["accuracy"] == 0.5 and res["agreement"] == 0.0 and res["position_a_rate"] == 1.0
   np.testing.assert_array_equal(res["winners_original"], 1)
   np.testing.assert_array_equal(res["winners_swapped"], 2)
@@ -328,22 +330,22 @@ def test_rating_ties_and_failures():
   insts = [_inst(1, 0), _inst(2, 1)]
   tie = llmbar.ConstantJudge("5")
   # 'zero': a tie is 0 in both orders -> no order right, no agreement.
-  r = llmbar.evaluate(tie, insts, "rating")
+  r = _gen_eval(tie, insts, "rating")
   assert r["accuracy"] == 0.0 and r["agreement"] == 0.0
   # 'official': a tie counts as (2, 1): exactly one order right for either label -> 0.5, agreement 0.
-  r = llmbar.evaluate(tie, insts, "rating", rating_ties="official")
+  r = _gen_eval(tie, insts, "rating", rating_ties="official")
   assert r["accuracy"] == 0.5 and r["agreement"] == 0.0
   bad = llmbar.ConstantJudge("great!")
-  assert llmbar.evaluate(bad, insts, "rating")["failure_rate"] == 1.0
-  assert llmbar.evaluate(bad, insts, "rating", rating_ties="official")["accuracy"] == 0.5
+  assert _gen_eval(bad, insts, "rating")["failure_rate"] == 1.0
+  assert _gen_eval(bad, insts, "rating", rating_ties="official")["accuracy"] == 0.5
   with pytest.raises(ValueError, match="rating_ties"):
-    llmbar.evaluate(tie, insts, "rating", rating_ties="coin")
+    _gen_eval(tie, insts, "rating", rating_ties="coin")
 
 
 def test_fake_judge_is_deterministic_and_bad_judges_fail_clearly():
   insts = [_inst(1 + (i % 2), i) for i in range(10)]
-  a = llmbar.evaluate(llmbar.FakeJudge(seed=3), insts, "cot")
-  b = llmbar.evaluate(llmbar.FakeJudge(seed=3), insts, "cot")
+  a = _gen_eval(llmbar.FakeJudge(seed=3), insts, "cot")
+  b = _gen_eval(llmbar.FakeJudge(seed=3), insts, "cot")
   np.testing.assert_array_equal(a["winners_original"], b["winners_original"])
   np.testing.assert_array_equal(a["winners_swapped"], b["winners_swapped"])
   assert a["failure_rate"] == 0.0
@@ -377,11 +379,11 @@ def test_evaluate_cache_reuse_and_resume(tmp_path):
   insts = [_inst(1 + (i % 2), i) for i in range(12)]
   cache = llmbar.GenerationCache(tmp_path / "gen.jsonl")
   j1 = llmbar.FakeJudge(seed=1)
-  first = llmbar.evaluate(j1, insts, "rules_metrics", cache=cache, chunk_size=5)
+  first = _gen_eval(j1, insts, "rules_metrics", cache=cache, chunk_size=5)
   assert sum(n for _, n, _ in j1.calls) == 12 + 24
   # A second run (fresh cache object from the file) makes no judge calls and gives the same winners.
   j2 = llmbar.FakeJudge(seed=1)
-  again = llmbar.evaluate(j2, insts, "rules_metrics", cache=llmbar.GenerationCache(tmp_path / "gen.jsonl"))
+  again = _gen_eval(j2, insts, "rules_metrics", cache=llmbar.GenerationCache(tmp_path / "gen.jsonl"))
   assert j2.calls == []
   np.testing.assert_array_equal(first["winners_original"], again["winners_original"])
 
@@ -394,14 +396,143 @@ def test_evaluate_cache_reuse_and_resume(tmp_path):
 
   path = tmp_path / "resume.jsonl"
   with pytest.raises(KeyboardInterrupt):
-    llmbar.evaluate(Dies(seed=1), insts, "vanilla", cache=llmbar.GenerationCache(path), chunk_size=8)
+    _gen_eval(Dies(seed=1), insts, "vanilla", cache=llmbar.GenerationCache(path), chunk_size=8)
   j3 = llmbar.FakeJudge(seed=1)
-  resumed = llmbar.evaluate(j3, insts, "vanilla", cache=llmbar.GenerationCache(path), chunk_size=8)
+  resumed = _gen_eval(j3, insts, "vanilla", cache=llmbar.GenerationCache(path), chunk_size=8)
   assert sum(n for _, n, _ in j3.calls) == 24 - 8
-  direct = llmbar.evaluate(llmbar.FakeJudge(seed=1), insts, "vanilla")
+  direct = _gen_eval(llmbar.FakeJudge(seed=1), insts, "vanilla")
   np.testing.assert_array_equal(resumed["winners_swapped"], direct["winners_swapped"])
   with pytest.raises(ValueError, match="model id"):
     llmbar.evaluate(lambda p, n: ["Output (a)"] * len(p), insts[:1], "vanilla", cache=cache)
+
+
+# ------------------------------------------------------------------------------- log-probability mode
+
+
+class OracleScorer(OracleJudge):
+  """Text like OracleJudge; option scores: +signal nats for the option naming the GOOD output, +bias nats for
+  any option naming position (a) (a positional bias larger than the signal); ratings: signal * digit / 9 for a
+  GOOD output, -signal * digit / 9 otherwise. Rows are log-normalised over the options."""
+
+  def __init__(self, signal=2.0, bias=5.0):
+    super().__init__()
+    self.signal, self.bias = signal, bias
+    self.scored = []
+
+  def choice_logprobs(self, prompts_, options, batch_size=None, answer_prefixes=None):
+    self.scored.append((len(prompts_), tuple(options), answer_prefixes is not None))
+    rows = []
+    for p in prompts_:
+      if options[0] == "0":
+        shown = re.search(r"# Output:\n(.*?)\n\n#", p, re.S).group(1)
+        sign = 1.0 if "GOOD" in shown else -1.0
+        rows.append([sign * self.signal * int(o) / 9 for o in options])
+      else:
+        a, b = _shown(p)
+        rows.append([self.signal * ("GOOD" in (a if "(a)" in o else b)) + self.bias * ("(a)" in o) for o in options])
+    rows = np.array(rows)
+    return rows - np.logaddexp.reduce(rows, axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("name", sorted(llmbar.STRATEGIES))
+def test_logprob_mode_recovers_a_known_preference_under_positional_bias(name):
+  """Every strategy in 'logprob' mode: a 5-nat bias toward (a) dominates every raw per-order pick (raw accuracy
+  exactly 50%, (a) picked 100%), and the order-averaged log-odds recover the 2-nat preference exactly."""
+  insts = [_inst(1 + (i % 2), i) for i in range(6)]
+  judge = OracleScorer()
+  res = llmbar.evaluate(judge, insts, name, judge_mode="logprob")
+  assert res["judge_mode"] == "logprob" and res["accuracy"] == 1.0 and res["failure_rate"] == 0.0
+  s = llmbar.STRATEGIES[name]
+  gold_sign = np.where(res["labels"] == 1, 1.0, -1.0)
+  if s.kind == "rating":  # E[score] = sum_d d p(d) with p proportional to exp(+-2 d / 9): symmetric, +-Delta
+    probs = np.exp(2 * np.arange(10) / 9)
+    e_good = float(probs @ np.arange(10) / probs.sum())
+    np.testing.assert_allclose(res["preference"], gold_sign * (e_good - (9 - e_good)), atol=1e-9)
+  else:
+    np.testing.assert_allclose(res["preference"], gold_sign * 2.0, atol=1e-6)  # (m0 - m1) / 2 = (7 - 3) / 2
+    np.testing.assert_allclose(res["margins"][:, 0], np.where(res["labels"] == 1, 7.0, 3.0), atol=1e-6)
+    assert res["raw_accuracy"] == 0.5 and res["raw_agreement"] == 0.0 and res["position_a_rate"] == 1.0
+    assert res["mean_position_bias"] == pytest.approx(5.0)
+  kinds = [k for k, _ in judge.calls]
+  assert kinds[:len(s.aux)] == list(s.aux)  # the auxiliary texts are still generated
+  if s.answer == "cot":  # the explanation is generated, then the verdict scored after it
+    assert "cot" in kinds and all(prefixed for _, _, prefixed in judge.scored[:1])
+
+
+def test_logprob_mode_always_a_judge_is_a_tie_everywhere():
+  """The always-"(a)" judge: debiased log-odds exactly 0 on every pair, so every judgement is a tie, counted as
+  the official code counts an unparseable answer (None): accuracy 0 and agreement 100% only in the official
+  formula's degenerate sense (None == None; ours: 0). Its raw per-order picks are "(a)" in both orders: accuracy
+  exactly 50%, agreement 0%, first-position rate 100%."""
+  insts = [_inst(1 + (i % 2), i) for i in range(8)]
+  for judge in (llmbar.ConstantJudge("Output (a)"),
+                llmbar.FakeJudge(preference=lambda p, o: 3.0 * o.endswith("(a)"), noise=0.0)):
+    res = llmbar.evaluate(judge, insts, "vanilla", judge_mode="logprob")
+    np.testing.assert_array_equal(res["preference"], 0.0)
+    assert res["failure_rate"] == 1.0 and res["accuracy"] == 0.0 and res["agreement"] == 0.0
+    assert res["raw_accuracy"] == 0.5 and res["raw_agreement"] == 0.0 and res["position_a_rate"] == 1.0
+    official = llmbar.evaluate(judge, insts, "vanilla", judge_mode="logprob", count_failures_as_agreement=True)
+    assert official["agreement"] == 1.0 and official["accuracy"] == 0.0
+  # a tie threshold: preferences below tau are ties, above it are picks
+  near = OracleScorer(signal=1e-3, bias=0.0)
+  assert llmbar.evaluate(near, insts, "vanilla", judge_mode="logprob", tie_tau=1e-2)["failure_rate"] == 1.0
+  assert llmbar.evaluate(near, insts, "vanilla", judge_mode="logprob", tie_tau=1e-4)["accuracy"] == 1.0
+
+
+def test_logprob_mode_errors_and_auto():
+  with pytest.raises(ValueError, match="choice_logprobs"):
+    llmbar.evaluate(OracleJudge(), [_inst(1)], "vanilla", judge_mode="logprob")
+  with pytest.raises(ValueError, match="judge_mode"):
+    llmbar.evaluate(OracleJudge(), [_inst(1)], "vanilla", judge_mode="parse")
+  assert llmbar.evaluate(OracleJudge(), [_inst(1)], "vanilla")["judge_mode"] == "generate"  # auto: cannot score
+  assert llmbar.evaluate(OracleScorer(), [_inst(1)], "vanilla")["judge_mode"] == "logprob"  # auto: can
+
+
+def test_cot_explanation_and_choice_cache(tmp_path):
+  assert evaluator.cot_explanation("It is concise. Therefore, Output (b) is better.") == "It is concise."
+  assert evaluator.cot_explanation("Output (a) is better.") == ""
+  assert evaluator.cot_explanation("No verdict at all ") == "No verdict at all"
+  insts = [_inst(1 + (i % 2), i) for i in range(5)]
+  cache = llmbar.GenerationCache(tmp_path / "c.jsonl")
+  first = llmbar.evaluate(OracleScorer(), insts, "cot", judge_mode="logprob", cache=cache)
+  judge = OracleScorer()
+  again = llmbar.evaluate(judge, insts, "cot", judge_mode="logprob",
+                          cache=llmbar.GenerationCache(tmp_path / "c.jsonl"))
+  assert judge.calls == [] and judge.scored == []  # explanations and scores both come from the cache
+  np.testing.assert_array_equal(first["preference"], again["preference"])
+
+
+def test_logprob_margin_is_the_difference_of_lm_choice_logprobs(tiny_judge):
+  from iclr24_jax import lm
+  insts = [_inst(1, 0), _inst(2, 1), _inst(1, 2)]
+  res = llmbar.evaluate(tiny_judge, insts, "vanilla", judge_mode="logprob")
+  prompts = [tiny_judge.render(llmbar.build_prompt("vanilla", inst, o)) for o in (0, 1) for inst in insts]
+  lp = lm.choice_logprobs(tiny_judge.params, tiny_judge.config, tiny_judge.tokenizer, prompts,
+                          ["Output (a)", "Output (b)"], share_prefix=False)
+  m = lp[:, 0] - lp[:, 1]
+  np.testing.assert_allclose(res["margins"], np.stack([m[:3], m[3:]], 1), atol=1e-4)
+  np.testing.assert_allclose(res["preference"], (m[:3] - m[3:]) / 2, atol=1e-4)
+
+
+def test_intervals_hand_values():
+  from iclr24_jax.papers.llmbar import scoring as sc
+  # credit = (right original + right swapped) / 2
+  np.testing.assert_array_equal(sc.item_correctness([1, 2, 1], [1, 1, 0], [1, 2, 2]), [1.0, 0.5, 0.0])
+  assert sc.first_position_rate([1, 2, 1], [2, 2, 1]) == pytest.approx(4 / 6)  # (a): 2 original + 2 swapped
+  ones, zeros = np.ones(10), np.zeros(12)
+  per = {"Natural": ones, "Neighbor": zeros, "GPTInst": ones, "GPTOut": zeros, "Manual": zeros}
+  ci = sc.subset_bootstrap(per)
+  assert ci["Natural"] == (1.0, 1.0) and ci["Adversarial"] == (0.25, 0.25)  # mean of 4 subsets, no spread
+  gap = sc.bootstrap_gap(per, "Natural", per, "Adversarial", paired=False)
+  assert gap["diff"] == pytest.approx(0.75) and gap["holds"] == "yes" and gap["lo"] == pytest.approx(0.75)
+  assert sc.bootstrap_gap(per, "Adversarial", per, "Natural", paired=False)["holds"] == "no"
+  rng = np.random.default_rng(0)
+  coin = {"Natural": rng.integers(0, 2, 40).astype(float)}
+  same = sc.bootstrap_gap(coin, "Natural", coin, "Natural", paired=True)
+  assert same["diff"] == 0.0 and same["lo"] == 0.0 == same["hi"] and same["holds"] == "inconclusive"
+  noisy = sc.bootstrap_gap(coin, "Natural", {"Natural": rng.integers(0, 2, 40).astype(float)}, "Natural",
+                           paired=True)
+  assert noisy["lo"] < 0 < noisy["hi"] and noisy["holds"] == "inconclusive"  # two coins: no difference
 
 
 # ---------------------------------------------------------------------------------------------- data

@@ -19,6 +19,7 @@ and the swapped answer is mapped back to output ids before scoring.
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -83,6 +84,13 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 
 # Official token budgets (evaluators/config/*.json) per call kind.
 OFFICIAL_MAX_NEW_TOKENS = dict(P.OFFICIAL_MAX_NEW_TOKENS)
+
+# Log-probability mode (ours, issue 21): the scored answers and the tie threshold.
+ANSWER_OPTIONS = ("Output (a)", "Output (b)")  # a direct answer, as the prompts ask for it
+COT_OPTIONS = ("Therefore, Output (a) is better.", "Therefore, Output (b) is better.")  # the CoT prompts' ending
+RATING_OPTIONS = tuple(str(i) for i in range(10))  # a rating answer: one digit 0-9
+DEFAULT_TIE_TAU = 1e-4  # nats: below float32 noise of a ~1k-token forward, above an exact tie
+JUDGE_MODES = ("generate", "logprob", "auto")
 
 
 def get_strategy(strategy: str | Strategy) -> Strategy:
@@ -251,6 +259,158 @@ def _progress_hook(progress, counter):
   return hook
 
 
+# ---------------------------------------------------------------------------------- log-probability judging
+
+
+def resolve_judge_mode(judge: Judge, judge_mode: str) -> str:
+  """'generate' or 'logprob' ('auto': 'logprob' when the judge can score options, else 'generate')."""
+  if judge_mode not in JUDGE_MODES:
+    raise ValueError(f"judge_mode must be one of {JUDGE_MODES}, got {judge_mode!r}.")
+  can_score = callable(getattr(judge, "choice_logprobs", None))
+  if judge_mode == "auto":
+    return "logprob" if can_score else "generate"
+  if judge_mode == "logprob" and not can_score:
+    raise ValueError(f"judge_mode='logprob' needs a judge with choice_logprobs(prompts, options); "
+                     f"{type(judge).__name__} has none (use judge_mode='generate').")
+  return judge_mode
+
+
+_SEP = "\x00<answer-prefix>\x00"
+
+
+def call_choice(judge: Judge, prompts: Sequence[str], options: Sequence[str],
+                cache: cache_lib.GenerationCache | None = None, model_id: str | None = None, chunk_size: int = 64,
+                answer_prefixes: Sequence[str] | None = None, progress: metrics_lib.Progress | None = None,
+                counter: list | None = None) -> np.ndarray:
+  """`judge.choice_logprobs` over prompts with caching and resumability (see `call_judge`).
+
+  Args:
+    judge: has `choice_logprobs(prompts, options, answer_prefixes=None) -> [P, O]`.
+    prompts: P ChatML prompts.
+    options: O answer strings (the same for every prompt).
+    cache, model_id, chunk_size, progress, counter: as in `call_judge`.
+    answer_prefixes: optional P texts already in the assistant's turn (e.g. a CoT explanation).
+
+  Returns:
+    [P, O] float64 log-probabilities.
+  """
+  if isinstance(prompts, str):
+    raise TypeError("call_choice takes a list of prompts, got one str; wrap it in a list.")
+  prompts, options = list(prompts), list(options)
+  if answer_prefixes is not None and len(answer_prefixes) != len(prompts):
+    raise ValueError(f"{len(answer_prefixes)} answer_prefixes for {len(prompts)} prompts.")
+  if not prompts:
+    return np.zeros((0, len(options)))
+  model_id = model_id or getattr(judge, "model_id", None)
+  fn_settings = getattr(judge, "scoring_settings", None)
+  settings = {"mode": "logprob", "options": options, **(dict(fn_settings()) if callable(fn_settings) else {})}
+  texts = prompts if answer_prefixes is None else [p + _SEP + a for p, a in zip(prompts, answer_prefixes)]
+
+  def fn(chunk: list[str]):
+    if answer_prefixes is None:
+      out = judge.choice_logprobs(chunk, options)
+    else:
+      parts = [t.split(_SEP, 1) for t in chunk]
+      out = judge.choice_logprobs([p for p, _ in parts], options, answer_prefixes=[a for _, a in parts])
+    out = np.asarray(out, np.float64)
+    if out.shape != (len(chunk), len(options)) or not np.all(np.isfinite(out)):
+      raise ValueError(f"choice_logprobs must return finite [{len(chunk)}, {len(options)}] values, got shape "
+                       f"{out.shape}.")
+    return list(out)
+
+  vals = cache_lib.cached_map(fn, texts, cache, model_id, settings, chunk_size, meta={"kind": "choice"},
+                              on_chunk=_progress_hook(progress, counter))
+  return np.asarray(vals, np.float64).reshape(len(prompts), len(options))
+
+
+def cot_explanation(completion: str) -> str:
+  """The explanation part of a CoT answer: the text before its verdict ("Therefore, ..." or "Output (x) is
+  better."), stripped. Log-probability mode scores the two verdicts after it."""
+  cut = len(completion)
+  for pat in (r"Therefore", *P.COT_PATTERNS.values()):
+    m = re.search(pat, completion)
+    if m:
+      cut = min(cut, m.start())
+  return completion[:cut].strip()
+
+
+def _margins(judge, prompts, answer, call, cache, model_id, chunk_size, progress, counter):
+  """[P, 2] log-probabilities of the (a)/(b) verdicts and the CoT completions (None for direct answers)."""
+  if answer == "direct":
+    return call_choice(judge, prompts, ANSWER_OPTIONS, cache, model_id, chunk_size, None, progress, counter), None
+  if answer != "cot":
+    raise ValueError(f"no log-probability verdict for answer kind {answer!r}.")
+  completions = call(prompts, "cot")
+  expl = [cot_explanation(c) for c in completions]
+  lp = np.zeros((len(prompts), 2))
+  for empty in (True, False):  # after an explanation the verdict starts with a space
+    idx = [i for i, e in enumerate(expl) if (e == "") == empty]
+    if idx:
+      opts = COT_OPTIONS if empty else tuple(" " + o for o in COT_OPTIONS)
+      lp[idx] = call_choice(judge, [prompts[i] for i in idx], opts, cache, model_id, chunk_size,
+                            [expl[i] for i in idx], progress, counter)
+  return lp, completions
+
+
+def _picks(pref: np.ndarray, tau: float, first: int = 1) -> np.ndarray:
+  """1/2 by the sign of a preference for `first`'s side, 0 for a tie (|pref| < tau or exactly 0)."""
+  second = 3 - first
+  tie = (np.abs(pref) < tau) | (pref == 0)
+  return np.where(tie, 0, np.where(pref > 0, first, second)).astype(np.int64)
+
+
+def _judge_by_logprob(judge, instances, s, prompts, call, cache, model_id, chunk_size, progress, counter, records,
+                      tau) -> dict:
+  from iclr24_jax import lm  # the annotator kit's debiasing (a pure function of the two orders' log-probs)
+  n = len(instances)
+  labels = np.array([inst.label for inst in instances], np.int64)
+  if s.kind == "rating":
+    lp = call_choice(judge, prompts, RATING_OPTIONS, cache, model_id, chunk_size, None, progress, counter)
+    probs = np.exp(lp - np.logaddexp.reduce(lp, axis=1, keepdims=True))  # renormalised over the 10 digits
+    expected = probs @ np.arange(10.0)
+    e1, e2 = expected[:n], expected[n:]
+    pref = e1 - e2  # Deviation: the expected score replaces the parsed integer; no positions, so no debiasing
+    w = _picks(pref, tau)
+    for i in range(n):
+      records[i].update(expected_scores=[float(e1[i]), float(e2[i])], winners=[int(w[i])] * 2,
+                        preference=float(pref[i]))
+    return {"strategy": s.name, "judge_mode": "logprob", "labels": labels, "winners_original": w,
+            "winners_swapped": w.copy(), "raw_original": w.copy(), "raw_swapped": w.copy(), "preference": pref,
+            "margins": np.stack([e1, e2], 1), "mean_position_bias": 0.0}
+  lp, completions = _margins(judge, prompts, s.answer, call, cache, model_id, chunk_size, progress, counter)
+  lp_orig, lp_swap = lp[:n].copy(), lp[n:].copy()
+  if s.kind == "swap":
+    # Swap-and-synthesize: where the raw per-order picks conflict, the synthesis prompts (both orders) see both
+    # explanations and their verdict log-probabilities replace the stage-1 ones.
+    r0 = _picks(lp_orig[:, 0] - lp_orig[:, 1], tau, 1)
+    r1 = _picks(lp_swap[:, 0] - lp_swap[:, 1], tau, 2)
+    conflict = [i for i in range(n) if {int(r0[i]), int(r1[i])} == {1, 2}]
+    if conflict:
+      aux = {i: {"completions": (completions[i], completions[n + i]), "winners": (int(r0[i]), int(r1[i]))}
+             for i in conflict}
+      sp = [build_prompt(s, instances[i], o, aux[i], stage="synthesize") for o in (0, 1) for i in conflict]
+      progress.total += len(sp)
+      slp, scompl = _margins(judge, sp, s.synth_answer, call, cache, model_id, chunk_size, progress, counter)
+      m = len(conflict)
+      for j, i in enumerate(conflict):
+        records[i]["stage1_margins"] = [float(lp_orig[i, 0] - lp_orig[i, 1]), float(lp_swap[i, 0] - lp_swap[i, 1])]
+        if scompl is not None:
+          records[i]["synthesis"] = [scompl[j], scompl[m + j]]
+        lp_orig[i], lp_swap[i] = slp[j], slp[m + j]
+  m0, m1 = lp_orig[:, 0] - lp_orig[:, 1], lp_swap[:, 0] - lp_swap[:, 1]
+  pref = np.asarray(lm.debiased_preference(lp_orig, lp_swap), np.float64)  # (m0 - m1) / 2
+  w = _picks(pref, tau)
+  r0, r1 = _picks(m0, tau, 1), _picks(m1, tau, 2)  # raw picks; swapped order mapped back
+  for i in range(n):
+    records[i].update(margins=[float(m0[i]), float(m1[i])], preference=float(pref[i]), winners=[int(w[i])] * 2,
+                      raw_winners=[int(r0[i]), int(r1[i])])
+    if completions is not None:
+      records[i]["completions"] = [completions[i], completions[n + i]]
+  return {"strategy": s.name, "judge_mode": "logprob", "labels": labels, "winners_original": w,
+          "winners_swapped": w.copy(), "raw_original": r0, "raw_swapped": r1, "preference": pref,
+          "margins": np.stack([m0, m1], 1), "mean_position_bias": float(np.mean((m0 + m1) / 2))}
+
+
 def _winners_from_ratings(s1: int | None, s2: int | None, ties: str) -> tuple[int, int]:
   if s1 is not None and s2 is not None and s1 != s2:
     w = 1 if s1 > s2 else 2
@@ -265,11 +425,24 @@ def _winners_from_ratings(s1: int | None, s2: int | None, ties: str) -> tuple[in
 def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strategy,
              max_new_tokens: Mapping[str, int] | None = None, cache: cache_lib.GenerationCache | None = None,
              model_id: str | None = None, rating_ties: str = "zero", rating_strict: bool = True,
-             count_failures_as_agreement: bool = False, chunk_size: int = 64, verbose: bool = False) -> dict:
+             count_failures_as_agreement: bool = False, chunk_size: int = 64, verbose: bool = False,
+             judge_mode: str = "auto", tie_tau: float = DEFAULT_TIE_TAU) -> dict:
   """Runs an evaluator (judge + strategy) on instances in both orders and scores it.
 
+  Two judge modes. 'generate' (the paper's protocol): the judge writes its answer and the official regexes
+  parse it. 'logprob' (ours, issue 21): the judge still generates what a strategy needs first (metrics,
+  reference, a CoT explanation), but its verdict is read from log-probabilities: in each order the margin
+  m_o = log p("Output (a)") - log p("Output (b)") after the prompt (`lm.choice_logprobs`, one prefill per
+  prompt; CoT: the explanation then "Therefore, Output (x) is better."; rating: the expected score over the
+  digits 0-9). The judgement of a pair is the order-averaged log-odds for output_1, `lm.debiased_preference`
+  = (m_original - m_swapped) / 2, so a purely positional judge gets 0. Its sign is the pick in both orders; a
+  tie (|preference| < tie_tau) counts as the official code counts an unparseable answer (None: wrong, and
+  None == None in the official agreement). The raw per-order picks (sign of m_o) give 'raw_accuracy',
+  'raw_agreement' and 'position_a_rate'.
+
   Args:
-    judge: `judge(prompts: list[str], max_new_tokens) -> list[str]`; see `model.py`.
+    judge: `judge(prompts: list[str], max_new_tokens) -> list[str]`; see `model.py`. For 'logprob' it also
+      has `choice_logprobs(prompts, options, answer_prefixes=None) -> [P, O]`.
     instances: N LLMBar instances.
     strategy: a name in STRATEGIES.
     max_new_tokens: per call kind ('metrics', 'reference', 'direct', 'cot', 'rating'); missing kinds use the
@@ -282,14 +455,20 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
     count_failures_as_agreement: see `scoring.score`.
     chunk_size: prompts per judge call (and per cache write).
     verbose: print progress to stderr.
+    judge_mode: 'generate', 'logprob', or 'auto' (= 'logprob' when the judge has `choice_logprobs`).
+    tie_tau: logprob mode: |preference| below this (nats; expected-score points for rating) is a tie.
 
   Returns:
-    {'strategy', 'labels' [N], 'winners_original' [N], 'winners_swapped' [N] (mapped back; 0 = failure/tie),
-    'accuracy', 'agreement', ... (see `scoring.score`), 'position_a_rate' (share of judgements picking the
-    output shown as (a)), 'records': per-instance dicts (uid, subset, label,
-    aux texts, completions, winners), 'num_generations', 'seconds'}.
+    {'strategy', 'judge_mode', 'labels' [N], 'winners_original' [N], 'winners_swapped' [N] (mapped back;
+    0 = failure/tie), 'raw_original' / 'raw_swapped' [N] (logprob mode: the per-order picks before
+    debiasing; generate mode: the winners), 'accuracy', 'agreement', ... (see `scoring.score`), 'raw_accuracy',
+    'raw_agreement', 'position_a_rate' (share of the raw judgements picking the output shown as (a)),
+    logprob mode: 'preference' [N], 'margins' [N, 2] (m_original, m_swapped), 'mean_position_bias' (nats);
+    'records': per-instance dicts (uid, subset, label, aux texts, completions, winners, margins),
+    'num_generations' (judge calls' prompts, generated or scored), 'seconds'}.
   """
   s = get_strategy(strategy)
+  judge_mode = resolve_judge_mode(judge, judge_mode)
   if rating_ties not in ("zero", "official"):
     raise ValueError(f"rating_ties must be 'zero' or 'official', got {rating_ties!r}.")
   instances = list(instances)
@@ -318,6 +497,17 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
 
   # 2. Judging in both orders (rating: one prompt per output).
   prompts = [build_prompt(s, inst, o, aux_texts[i]) for o in (0, 1) for i, inst in enumerate(instances)]
+  if judge_mode == "logprob":
+    result = _judge_by_logprob(judge, instances, s, prompts, call, cache, model_id, chunk_size, progress, counter,
+                               records, tie_tau)
+    progress.update(counter[0], force=True)
+    result.update(scoring.score(result["labels"], result["winners_original"], result["winners_swapped"],
+                                count_failures_as_agreement))
+    raw = scoring.score(result["labels"], result["raw_original"], result["raw_swapped"], count_failures_as_agreement)
+    result.update(raw_accuracy=raw["accuracy"], raw_agreement=raw["agreement"],
+                  position_a_rate=scoring.first_position_rate(result["raw_original"], result["raw_swapped"]),
+                  records=records, num_generations=counter[0], seconds=time.perf_counter() - t0)
+    return result
   outs = call(prompts, s.answer)
   first, second = outs[:n], outs[n:]
   w_orig = np.zeros(n, np.int64)
@@ -354,27 +544,31 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
   labels = np.array([inst.label for inst in instances], np.int64)
   for i in range(n):
     records[i]["winners"] = [int(w_orig[i]), int(w_swap[i])]
-  result = {"strategy": s.name, "labels": labels, "winners_original": w_orig, "winners_swapped": w_swap}
+  result = {"strategy": s.name, "judge_mode": "generate", "labels": labels, "winners_original": w_orig,
+            "winners_swapped": w_swap, "raw_original": w_orig, "raw_swapped": w_swap}
   result.update(scoring.score(labels, w_orig, w_swap, count_failures_as_agreement))
+  result.update(raw_accuracy=result["accuracy"], raw_agreement=result["agreement"])
   # Positional bias: share of the 2N judgements that picked the output shown as (a) (original pick 1, or a
   # swapped pick mapped back to 2). 1.0 = the always-"(a)" judge.
-  result["position_a_rate"] = float((np.sum(w_orig == 1) + np.sum(w_swap == 2)) / (2 * n))
+  result["position_a_rate"] = scoring.first_position_rate(w_orig, w_swap)
   result.update(records=records, num_generations=counter[0], seconds=time.perf_counter() - t0)
   return result
 
 
 def evaluate_subsets(judge: Judge, data: Mapping[str, Sequence[Instance]], strategy: str | Strategy,
-                     **kwargs) -> dict:
+                     n_boot: int = 2000, boot_seed: int = 0, **kwargs) -> dict:
   """`evaluate` on every subset at once (one pass, so batches mix subsets) and per-subset scores.
 
   Args:
     judge: the judge.
     data: {subset: instances}.
     strategy: the strategy.
+    n_boot, boot_seed: bootstrap resamples and seed of the accuracy intervals.
     **kwargs: passed to `evaluate`.
 
   Returns:
-    {'all': evaluate(...) over everything, 'subsets': scoring.score_subsets(...) incl. 'Adversarial'}.
+    {'all': evaluate(...) over everything, 'subsets': scoring.subset_report(...) incl. 'Adversarial' (score,
+    bootstrap 95% interval 'ci', raw picks' accuracy/agreement, first-position rate)}.
   """
   names = list(data)
   flat = [inst for name in names for inst in data[name]]
@@ -382,8 +576,10 @@ def evaluate_subsets(judge: Judge, data: Mapping[str, Sequence[Instance]], strat
   per, start = {}, 0
   for name in names:
     k = len(data[name])
-    per[name] = {"labels": res["labels"][start:start + k], "winners_original": res["winners_original"][start:start + k],
-                 "winners_swapped": res["winners_swapped"][start:start + k]}
+    per[name] = {f: res[f][start:start + k] for f in ("labels", "winners_original", "winners_swapped",
+                                                       "raw_original", "raw_swapped")}
     start += k
   cfa = kwargs.get("count_failures_as_agreement", False)
-  return {"all": res, "subsets": scoring.score_subsets({k: v for k, v in per.items() if len(v["labels"])}, cfa)}
+  report = scoring.subset_report({k: v for k, v in per.items() if len(v["labels"])}, cfa, n_boot=n_boot,
+                                 seed=boot_seed)
+  return {"all": res, "subsets": report}

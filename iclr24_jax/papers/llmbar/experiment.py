@@ -21,6 +21,7 @@ from iclr24_jax.lm import cache as cache_lib
 from iclr24_jax.papers.llmbar import data as data_lib
 from iclr24_jax.papers.llmbar import evaluator
 from iclr24_jax.papers.llmbar import model as model_lib
+from iclr24_jax.papers.llmbar import scoring as scoring_lib
 
 # The paper's numbers (Table 2 / the official statistics.json files, princeton-nlp/LLMBar @ caa7bee):
 # {evaluator: {subset: (accuracy %, positional agreement %)}}; 'Adversarial' = mean of the four subsets.
@@ -36,7 +37,7 @@ PAPER_FOR = {"vanilla": "GPT-4 Vanilla", "rules_metrics_reference": "GPT-4 Rules
 
 # The reproduction's fixed sample and budgets (see README: a full 419-instance Rules+Metrics+Reference pass
 # does not fit the ~6 minute CPU budget; the config's default runs all 419).
-REPRO_PER_SUBSET = 8
+REPRO_PER_SUBSET = 20  # stratified pairs per subset (100 of 419); 0 = all 419 (see README: CPU cost)
 REPRO_SEED = 0
 REPRO_MAX_NEW_TOKENS = {"direct": 5, "cot": 96, "metrics": 64, "reference": 96, "rating": 3}
 
@@ -55,8 +56,16 @@ def make_judge(model_config: Any):
 
 
 def _to_percent_table(subsets: dict) -> dict:
-  return {k: {"accuracy": 100 * v["accuracy"], "agreement": 100 * v["agreement"], "n": v["n"]}
-          for k, v in subsets.items()}
+  out = {}
+  for k, v in subsets.items():
+    row = {"accuracy": 100 * v["accuracy"], "agreement": 100 * v["agreement"], "n": v["n"]}
+    for f in ("raw_accuracy", "raw_agreement", "position_a_rate"):
+      if f in v:
+        row[f] = 100 * v[f]
+    if "ci" in v:
+      row["ci"] = [100 * v["ci"][0], 100 * v["ci"][1]]
+    out[k] = row
+  return out
 
 
 def plot_subsets(tables: dict[str, dict], path: str, title: str = "") -> str:
@@ -93,12 +102,14 @@ def run(config: Any, workdir: str) -> dict:
   """Evaluates config.model with config.strategy on LLMBar (both orders, cached); writes results.json and a plot.
 
   Args:
-    config: see configs/llmbar.py.
-    workdir: output folder (also holds the generation cache unless config.cache_dir is set).
+    config: see configs/llmbar.py (judge_mode 'logprob' | 'generate' | 'auto', tie_tau, bootstrap).
+    workdir: output folder (also holds the generation/score cache unless config.cache_dir is set).
 
   Returns:
-    {'strategy', 'judge', 'subsets': {subset: {'accuracy', 'agreement', 'n'} in %}, 'accuracy', 'agreement',
-    'failure_rate', 'num_generations', 'cache_hits', 'seconds', ...}.
+    {'strategy', 'judge', 'judge_mode', 'subsets': {subset: {'accuracy', 'agreement', 'n', 'ci' [lo, hi],
+    'raw_accuracy', 'raw_agreement', 'position_a_rate'} in %}, 'accuracy', 'agreement', 'failure_rate',
+    'position_a_rate', 'mean_position_bias' (logprob mode), 'num_generations', 'cache_hits', 'seconds',
+    'credit': {subset: per-pair credit list} (for paired comparisons), ...}.
   """
   os.makedirs(workdir, exist_ok=True)
   data = data_lib.load(config.data.data_dir or None, list(config.data.subsets) or None)
@@ -106,149 +117,125 @@ def run(config: Any, workdir: str) -> dict:
   judge = make_judge(config.model)
   cache_path = os.path.join(config.cache_dir or workdir, "generations.jsonl")
   cache = cache_lib.GenerationCache(cache_path) if config.use_cache else None
+  boot = config.get("bootstrap", {"n_boot": 2000, "seed": 0})
   t0 = time.perf_counter()
   res = evaluator.evaluate_subsets(judge, data, config.strategy, max_new_tokens=dict(config.max_new_tokens),
                                    cache=cache, rating_ties=config.rating_ties, rating_strict=config.rating_strict,
                                    count_failures_as_agreement=config.count_failures_as_agreement,
-                                   chunk_size=config.log_every, verbose=config.verbose)
+                                   chunk_size=config.log_every, verbose=config.verbose,
+                                   judge_mode=config.get("judge_mode", "auto"),
+                                   tie_tau=config.get("tie_tau", evaluator.DEFAULT_TIE_TAU),
+                                   n_boot=int(boot["n_boot"]), boot_seed=int(boot["seed"]))
   seconds = time.perf_counter() - t0
   full = res["all"]
   table = _to_percent_table(res["subsets"])
+  credit, start = {}, 0
+  item_credit = scoring_lib.item_correctness(full["labels"], full["winners_original"], full["winners_swapped"])
+  for name in data:
+    credit[name] = item_credit[start:start + len(data[name])].tolist()
+    start += len(data[name])
   results = {"strategy": config.strategy, "paper_name": evaluator.get_strategy(config.strategy).paper_name,
-             "judge": getattr(judge, "model_id", config.model.name), "subsets": table,
-             "accuracy": full["accuracy"], "agreement": full["agreement"], "failure_rate": full["failure_rate"],
-             "position_a_rate": full["position_a_rate"],
+             "judge": getattr(judge, "model_id", config.model.name), "judge_mode": full["judge_mode"],
+             "subsets": table, "accuracy": full["accuracy"], "agreement": full["agreement"],
+             "failure_rate": full["failure_rate"], "position_a_rate": full["position_a_rate"],
+             "raw_accuracy": full["raw_accuracy"], "raw_agreement": full["raw_agreement"],
+             "mean_position_bias": full.get("mean_position_bias"), "tie_tau": config.get("tie_tau", None),
              "n": full["n"], "num_generations": full["num_generations"], "seconds": seconds,
              "cache_hits": cache.hits if cache else 0, "cache_path": cache_path if cache else None,
-             "max_new_tokens": dict(config.max_new_tokens), "per_subset": config.data.per_subset}
-  if config.margins and isinstance(judge, model_lib.SmolLMJudge):
-    results["margins"] = debiased_margins(judge, data, config.strategy, full["records"])
+             "max_new_tokens": dict(config.max_new_tokens), "per_subset": config.data.per_subset, "credit": credit}
   metrics_lib.write_results(workdir, {"records": full["records"]}, filename="records.json")
-  tables = {f"ours: {config.strategy}": table}
+  tables = {f"ours: {config.strategy} ({full['judge_mode']})": table}
   ref = PAPER.get(PAPER_FOR.get(config.strategy, "GPT-4 Vanilla"))
   tables[PAPER_FOR.get(config.strategy, "GPT-4 Vanilla") + " (paper)"] = {
       k: {"accuracy": a, "agreement": g} for k, (a, g) in ref.items()}
   results["plot"] = plot_subsets(tables, os.path.join(workdir, "subsets.png"),
-                                 title=f"LLMBar, {results['judge']}, {config.strategy}")
+                                 title=f"LLMBar, {results['judge']}, {config.strategy}, {full['judge_mode']}")
   metrics_lib.write_results(workdir, results)
   return results
 
 
-def debiased_margins(judge: model_lib.SmolLMJudge, data: dict, strategy: str, records: list[dict]) -> dict:
-  """Our diagnostic for direct-answer strategies: the judge's a-vs-b log-odds in both orders.
-
-  margin_o = log p(a) - log p(b) at the answer token in order o; the position-debiased preference for output_1
-  is margin_original - margin_swapped (output_1 is (a) in the original order and (b) in the swapped one), i.e.
-  the hard answer of averaging the two orders' log-odds. Its accuracy per subset shows whether the judge has
-  any signal beneath its positional bias.
-
-  Args:
-    judge: a SmolLMJudge.
-    data: {subset: instances} (the same the records came from, in the same order).
-    strategy: a direct-answer comparison strategy.
-    records: evaluate()'s records (aux texts are reused).
-
-  Returns:
-    {'subsets': {subset: {'debiased_accuracy' %, 'mean_margin' (positional bias, nats), 'n'}},
-     'Adversarial': mean of the adversarial subsets' debiased accuracy}.
-  """
-  s = evaluator.get_strategy(strategy)
-  if s.kind != "compare" or s.answer != "direct":
-    raise ValueError(f"margins need a direct-answer comparison strategy, got {strategy!r}.")
-  flat = [inst for name in data for inst in data[name]]
-  prompts = [evaluator.build_prompt(s, inst, o, rec["aux"]) for o in (0, 1) for inst, rec in zip(flat, records)]
-  m = judge.answer_margins(prompts)
-  n = len(flat)
-  m0, m1 = m[:n], m[n:]
-  pref = m0 - m1
-  pick = np.where(pref > 0, 1, np.where(pref < 0, 2, 0))
-  labels = np.array([inst.label for inst in flat])
-  out, start = {}, 0
-  for name in data:
-    k = len(data[name])
-    sl = slice(start, start + k)
-    out[name] = {"debiased_accuracy": float(100 * np.mean(pick[sl] == labels[sl])),
-                 "mean_margin": float(np.mean(np.concatenate([m0[sl], m1[sl]]))), "n": k}
-    start += k
-  adv = [out[k]["debiased_accuracy"] for k in data_lib.ADVERSARIAL if k in out]
-  if adv:
-    out["Adversarial"] = {"debiased_accuracy": float(np.mean(adv))}
-  return out
-
-
-def _repro_config(strategy: str, per_subset: int, margins: bool):
-  from iclr24_jax.configs import llmbar as cfg_mod
+def _repro_config(strategy: str, per_subset: int):
+  from configs import llmbar as cfg_mod
   c = cfg_mod.get_config(strategy)
   c.data.per_subset = per_subset
   c.max_new_tokens = dict(REPRO_MAX_NEW_TOKENS)
   c.seed = REPRO_SEED
-  c.margins = margins and strategy == "vanilla"
+  c.judge_mode = "logprob"
   return c
 
 
-def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None, margins: bool = False) -> list[dict]:
-  """SmolLM2-135M-Instruct with Vanilla and Rules+Metrics+Reference next to the paper's GPT-4/ChatGPT table.
+def _ci(t: dict) -> str:
+  return f"{t['accuracy']:.1f} [{t['ci'][0]:.1f}, {t['ci'][1]:.1f}]"
+
+
+def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -> list[dict]:
+  """SmolLM2-135M-Instruct as a log-probability judge, Vanilla and Rules+Metrics+Reference, vs the paper.
+
+  Both strategies run in 'logprob' mode (order-debiased log-odds of "Output (a)" vs "Output (b)", ties below
+  tau as unparseable answers); the auxiliary metrics and reference are still generated (greedy, budgets
+  REPRO_MAX_NEW_TOKENS). Claims are judged with bootstrap 95% intervals over pairs (`scoring.bootstrap_gap`):
+  'yes' where the interval of the difference lies beyond 0 in the claimed direction, 'inconclusive' where it
+  contains 0, 'no' where it lies beyond 0 against the claim.
 
   Args:
     workdir: output folder (each strategy's cache lives in it, so a rerun resumes).
-    fast: 1 instance per subset, Vanilla only (a smoke run).
-    per_subset: instances per subset (default REPRO_PER_SUBSET = 8, a fixed stratified sample with seed 0;
-      0 = all 419, which takes far longer than the 6-minute budget on 2 CPU cores).
-    margins: add our position-debiased log-odds diagnostic for Vanilla (one more forward pass per prompt;
-      off by default to stay within the budget).
+    fast: a stratified 2 pairs per subset (10 of 419), a smoke run.
+    per_subset: pairs per subset (default: 0 = all 419, as issue 21 asks).
 
   Returns:
     Reproduction rows (paper, experiment, metric, ours, paper_value, holds, notes, plots).
   """
-  k = 1 if fast else (REPRO_PER_SUBSET if per_subset is None else per_subset)
-  strategies = ("vanilla",) if fast else ("vanilla", "rules_metrics_reference")
-  rows, tables, plots = [], {}, []
-  sample = "all 419" if k <= 0 else f"stratified {k}/subset (seed {REPRO_SEED}; {5 * k} of 419)"
-  for strategy in strategies:
-    cfg = _repro_config(strategy, k, margins and not fast)
-    res = run(cfg, os.path.join(workdir, strategy))
-    plots.append(res["plot"])
+  k = 2 if fast else (REPRO_PER_SUBSET if per_subset is None else per_subset)
+  sample = "all 419 pairs" if k <= 0 else f"stratified {k}/subset (seed {REPRO_SEED})"
+  rows, tables, res_by = [], {}, {}
+  for strategy in ("vanilla", "rules_metrics_reference"):
+    res = run(_repro_config(strategy, k), os.path.join(workdir, strategy))
+    res_by[strategy] = res
     t = res["subsets"]
-    tables[f"SmolLM2 {strategy}"] = t
+    tables[f"SmolLM2 {strategy} (logprob)"] = t
     ref = PAPER[PAPER_FOR[strategy]]
-    budget = ", ".join(f"{a}={b}" for a, b in REPRO_MAX_NEW_TOKENS.items() if a in ("direct", "metrics", "reference"))
-    note = (f"SmolLM2-135M-Instruct, greedy, logit bias; {sample}; max_new_tokens {budget}; "
-            f"failure rate {100 * res['failure_rate']:.1f}%; picked the output shown as (a) in "
-            f"{100 * res['position_a_rate']:.0f}% of judgements; {res['num_generations']} generations in "
-            f"{res['seconds']:.0f}s ({res['cache_hits']} cached)")
+    note = (f"SmolLM2-135M-Instruct, log-probability judge (order-debiased log-odds, tie tau {res['tie_tau']:g} "
+            f"nats); {sample}; bootstrap 95% interval over pairs; raw per-order picks: accuracy "
+            f"{100 * res['raw_accuracy']:.1f}%, agreement {100 * res['raw_agreement']:.1f}%, first position "
+            f"(a) picked in {100 * res['position_a_rate']:.1f}% of raw judgements (mean bias "
+            f"{res['mean_position_bias']:+.2f} nats toward (a)); ties {100 * res['failure_rate']:.1f}%; "
+            f"{res['num_generations']} judge prompts in {res['seconds']:.0f}s ({res['cache_hits']} cached)")
     for subset in ("Natural", "Adversarial"):
-      rows.append({"paper": "llmbar", "experiment": f"{strategy}, {subset}", "metric": "accuracy % (both orders)",
-                   "ours": t[subset]["accuracy"],
+      rows.append({"paper": "llmbar", "experiment": f"{strategy}, {subset}", "metric": "accuracy % [95% CI]",
+                   "ours": _ci(t[subset]),
                    "paper_value": f"GPT-4 {ref[subset][0]} (ChatGPT Vanilla {PAPER['ChatGPT Vanilla'][subset][0]})",
-                   "holds": None, "notes": note + f"; agreement {t[subset]['agreement']:.1f}% (GPT-4 "
-                                                  f"{ref[subset][1]})", "plots": [res["plot"]]})
-    gap = t["Natural"]["accuracy"] - t["Adversarial"]["accuracy"]
-    always_a = res["position_a_rate"] == 1.0
-    rows.append({"paper": "llmbar", "experiment": f"{strategy}: Adversarial harder than Natural",
-                 "metric": "Natural - Adversarial accuracy (pts)", "ours": gap,
-                 "paper_value": f"> 0 (GPT-4 {ref['Natural'][0] - ref['Adversarial'][0]:.1f})",
-                 "holds": None if (fast or always_a) else bool(gap > 0),
-                 "notes": ("the judge answered 'Output (a)' in every order (agreement 0, accuracy exactly 50%): "
-                           "pure positional bias, so the generated answers cannot rank the subsets"
-                           if always_a else f"{sample}; small samples, so a gap of a few points is noise")})
-    if "margins" in res:
-      mg = res["margins"]
-      gap_m = mg["Natural"]["debiased_accuracy"] - mg["Adversarial"]["debiased_accuracy"]
-      rows.append({"paper": "llmbar", "experiment": f"{strategy}: position-debiased a-vs-b log-odds (ours)",
-                   "metric": "Natural / Adversarial accuracy %",
-                   "ours": f"{mg['Natural']['debiased_accuracy']:.1f} / {mg['Adversarial']['debiased_accuracy']:.1f}",
-                   "paper_value": "adversarial harder (lower) than Natural", "holds": bool(gap_m > 0),
-                   "notes": ("our diagnostic, not the paper's metric: sign of [log p(a)-log p(b)] original minus "
-                             "swapped at the answer token; mean positional margin "
-                             f"{np.mean([v['mean_margin'] for kk, v in mg.items() if 'mean_margin' in v]):.2f} nats "
-                             f"toward (a); {sample}")})
-  for name in ("GPT-4 Vanilla", "ChatGPT Vanilla"):
-    tables[name + " (paper)"] = {s: {"accuracy": a, "agreement": g} for s, (a, g) in PAPER[name].items()}
-  plots.append(plot_subsets(tables, os.path.join(workdir, "llmbar_vs_paper.png"),
-                            title=f"LLMBar: SmolLM2-135M ({sample}) vs the paper"))
+                   "holds": None, "notes": note + f"; GPT-4 agreement {ref[subset][1]}"})
+    credit = res["credit"]
+    gap = scoring_lib.bootstrap_gap(credit, "Natural", credit, "Adversarial", paired=False, seed=REPRO_SEED)
+    rows.append(_claim_row(f"{strategy}: Adversarial harder than Natural", "Natural - Adversarial accuracy (pts)",
+                           gap, f"> 0 (GPT-4 {ref['Natural'][0] - ref['Adversarial'][0]:.1f})", sample,
+                           "unpaired: pairs resampled within each subset; Adversarial = mean of the 4 subsets"))
+  c_v, c_r = res_by["vanilla"]["credit"], res_by["rules_metrics_reference"]["credit"]
+  for group in ("Adversarial", "Natural"):
+    g_paper = PAPER["GPT-4 Rules+Metrics+Reference"][group][0] - PAPER["GPT-4 Vanilla"][group][0]
+    gap = scoring_lib.bootstrap_gap(c_r, group, c_v, group, paired=True, seed=REPRO_SEED)
+    rows.append(_claim_row(f"Rules+Metrics+Reference improves over Vanilla, {group}",
+                           "RMR - Vanilla accuracy (pts)", gap, f"> 0 (GPT-4 {g_paper:+.1f})", sample,
+                           "paired by pair (same pairs, both strategies)"))
+  for name in ("GPT-4 Vanilla", "GPT-4 Rules+Metrics+Reference", "ChatGPT Vanilla"):
+    tables[name + " (paper)"] = {s_: {"accuracy": a, "agreement": g} for s_, (a, g) in PAPER[name].items()}
+  plot = plot_subsets(tables, os.path.join(workdir, "llmbar_vs_paper.png"),
+                      title=f"LLMBar: SmolLM2-135M log-prob judge ({sample}) vs the paper")
   for r in rows:
-    r["plots"] = plots[-1:]
+    r["plots"] = [plot]
   return rows
+
+
+def _claim_row(experiment: str, metric: str, gap: dict, paper_value: str, sample: str, how: str) -> dict:
+  holds = gap["holds"]
+  why = {"yes": "the 95% interval lies above 0", "inconclusive": "the 95% interval contains 0",
+         "no": ("the 95% interval lies below 0: for this judge the claim fails (the scores are the model's own "
+                "log-probabilities, equal to an uncached forward to 1e-4, and the protocol's scorer reproduces "
+                "the official statistics, so this is not a scoring bug)")}[holds]
+  return {"paper": "llmbar", "experiment": experiment, "metric": metric,
+          "ours": f"{100 * gap['diff']:+.1f} [{100 * gap['lo']:+.1f}, {100 * gap['hi']:+.1f}]",
+          "paper_value": paper_value, "holds": holds,
+          "notes": f"bootstrap 95% interval (2000 resamples; {how}); {why}; {sample}"}
 
 
 def benchmark(quick: bool = True) -> list[dict]:
