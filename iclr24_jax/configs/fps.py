@@ -29,7 +29,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.num_steps = 100               # sampler steps (the official code runs 1000)
   # Exactness study: exact GMM denoiser, exact GMM posterior (see experiment.exactness_study).
   c.exactness = ml_collections.ConfigDict(dict(
-      dims=(2, 8), particles=(1, 5, 50, 500), full_grid_max_particles=50, rates=(0.5, 0.95, 1.0),
+      dims=(2, 8), particles=(1, 5, 50, 500), full_grid_max_particles=50, sweep_max_particles=50,
+      rates=(0.5, 0.95, 1.0), weights=("fps", "telescoping"), num_seeds=4,
       samplers=("ddpm", "ddim"), sigma=0.25, sigma_small=0.05, num_runs=(512, 256), num_steps=100,
       dps_zetas=(0.03, 0.1, 0.3, 1.0, 3.0),
       ring_y=1.5, obs_dim_8d=2, gaussian_sigmas=(0.05, 0.25, 1.0), gaussian_steps=(100, 1000),
@@ -41,7 +42,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.images = ml_collections.ConfigDict(dict(
       tasks=TASKS, num_images=12, samples_per_image=4, sigma=0.05, box_size=8, sr_factor=4, blur_kernel=5,
       blur_std=1.0, motion_kernel=5, motion_angle=45.0, motion_length=5.0, dps_zetas=(0.3, 1.0, 3.0, 10.0),
-      methods=("fps", "fps_ddpm", "dps", "ddim", "pinv")))   # add "fps_m1" for the particle-free FPS
+      methods=("fps", "fps_ddpm", "fps_tele", "dps", "ddim", "pinv"),   # add "fps_m1" for the particle-free FPS
+      telescoping_tasks=("inpainting", "super_resolution")))   # where "fps_tele" (telescoping weights) runs
   # The diffusion prior of the image tasks (diffusion core MLP denoiser; see model.py), cached by config hash.
   c.data = ml_collections.ConfigDict(dict(name="digits", data_dir="", image_size=16))
   c.model = ml_collections.ConfigDict(dict(name="mlp", hidden=512, num_blocks=3, time_embed_dim=128,

@@ -619,6 +619,25 @@ def test_prior_train_step_lowers_loss():
   assert float(loss(state.params)) < float(loss(state0.params))
 
 
+def test_range_verdict_and_library_metrics():
+  # mean +- 2 se of [0.9, 1.0, 1.1] = 1.0 +- 0.115: inside [0.8, 1.25] -> yes; [0.2, 0.21, 0.22] -> no;
+  # [0.7, 0.8, 0.9] = 0.8 +- 0.115 straddles 0.8 -> inconclusive; one value has no se.
+  assert experiment.range_verdict([0.9, 1.0, 1.1]) == "yes"
+  assert experiment.range_verdict([0.2, 0.21, 0.22]) == "no"
+  assert experiment.range_verdict([0.7, 0.8, 0.9]) == "inconclusive"
+  assert experiment.range_verdict([1.3]) == "no"
+  # posterior_metrics on the library's mixture: 3 points at the means of a 2-component mixture with weights
+  # (0.25, 0.75): fractions (1/3, 2/3) -> TV = |1/3 - 1/4| = 1/12.
+  g = gmm_lib.GaussianMixture(jnp.array([0.25, 0.75]), jnp.array([[0.0, 0.0], [4.0, 0.0]]),
+                              jnp.stack([jnp.eye(2) * 0.1] * 2))
+  post = experiment.PosteriorSummary(g)
+  x = np.array([[0.0, 0.0], [4.0, 0.0], [4.0, 0.1]])
+  met = experiment.posterior_metrics(post, x, [x], np.eye(2))
+  np.testing.assert_allclose(met["weight_tv"], 1 / 12, rtol=1e-6)
+  np.testing.assert_allclose(met["sw"], 0.0, atol=1e-6)    # identical clouds
+  np.testing.assert_allclose(post.mean, [3.0, 0.0], rtol=1e-6)
+
+
 def test_run_tiny_smoke(tmp_path):
   cfg = fps_config.get_config("tiny")
   res = experiment.run(cfg, str(tmp_path), progress=False)
@@ -626,8 +645,14 @@ def test_run_tiny_smoke(tmp_path):
   for p in res["exactness"]["plots"] + res["gaussian_limit"]["plots"]:
     assert os.path.exists(p)
   r2 = res["exactness"]["dims"][2]
-  assert set(r2["fps"]) == {"ddpm c=0.95", "ddpm c=0.95 sigma=0.05"}
+  assert set(r2["fps"]) == {"ddpm c=0.95", "ddpm c=0.95 sigma=0.05", "ddpm c=0.95 telescoping",
+                            "ddpm c=0.95 telescoping sigma=0.05"}
   assert all(np.isfinite(v) for v in r2["fps"]["ddpm c=0.95"][4].values())
+  seeds = r2["fps_seeds"]["ddpm c=0.95 telescoping"][4]
+  assert all(len(v) == cfg.exactness.num_seeds and np.all(np.isfinite(v)) for v in seeds.values())
+  # the Gaussian limit: the noise-tracking filter is the exact posterior on FPS's own sequences
+  nt = [r for r in res["gaussian_limit"]["rows"] if r["filter"] == "noise_tracking"]
+  assert nt and all(abs(r["obs_var_ratio"] - 1) < 1e-6 for r in nt)
 
 
 @pytest.mark.slow

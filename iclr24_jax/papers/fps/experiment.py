@@ -19,13 +19,14 @@ import numpy as np
 from iclr24_jax.common import bench
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
+from iclr24_jax.common import stats
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import metrics as dm
 from iclr24_jax.diffusion import samplers, schedules, unet
 from iclr24_jax.papers.fps import baselines, exact, model as model_lib, operators, smc
 
 PAPER = "fps"
-IMAGE_METHODS = ("fps", "fps_ddpm", "fps_ddim", "fps_m1", "dps", "ddim", "pinv")
+IMAGE_METHODS = ("fps", "fps_ddpm", "fps_ddim", "fps_m1", "fps_tele", "dps", "ddim", "pinv")
 
 
 def compile_call(fn, *args, fast_compile: bool = True):
@@ -48,27 +49,29 @@ def compile_call(fn, *args, fast_compile: bool = True):
 
 def fps_runs_fn(denoiser, schedule, operator, num_particles: int, num_steps: int, clip_x0=None,
                 resampling: str = "multinomial"):
-  """A jitted f(keys [C, R], y [C, *y_shape], sigma [C], c [C], rates [C, N]) -> (x [C, R, M, *x_shape], ess [C, R]).
+  """A jitted f(keys [C, R], y [C, *y_shape], sigma [C], c [C], rates [C, N], tele [C])
+  -> (x [C, R, M, *x_shape], ess [C, R]).
 
-  Each of the C configurations (a measurement, a noise level, a bridge c-rate and kernel rates -- so DDPM and the
-  c-rate DDIM share one program) runs R independent FPS samplers with M = `num_particles` particles; a run returns
-  its final (equally weighted) particles -- the official code returns the first one -- and its mean ESS / M.
+  Each of the C configurations (a measurement, a noise level, a bridge c-rate, kernel rates and the weights: tele
+  = 0 FPS's, 1 telescoping -- so both kernels and both weightings share one program) runs R independent FPS
+  samplers with M = `num_particles` particles; a run returns its final (equally weighted) particles -- the official
+  code returns the first one -- and its mean ESS / M.
   """
   times, a_t, a_s = samplers.sampling_grid(schedule, num_steps)
 
-  def one(key, y, sigma, c, rates):
+  def one(key, y, sigma, c, rates, tele):
     key_y, key_f = jax.random.split(key)
     y_start, ys = smc.measurement_sequence(key_y, operator, y, a_t, a_s, c)
     x, info = smc.particle_filter(key_f, denoiser, operator, y_start, ys, times, a_t, a_s, sigma, num_particles,
-                                  rates=rates, resampling=resampling, clip_x0=clip_x0)
+                                  rates=rates, resampling=resampling, clip_x0=clip_x0, weights=tele)
     return x, jnp.mean(info["ess"]) / num_particles
 
   flat = jax.vmap(one)   # one vmap over C * R runs (a nested vmap compiles about twice as slowly on CPU)
 
-  def run(keys, y, sigma, c, rates):
+  def run(keys, y, sigma, c, rates, tele):
     n_c, n_r = keys.shape
     rep = lambda a: jnp.repeat(a, n_r, axis=0)  # noqa: E731
-    x, ess = flat(keys.reshape(-1), rep(y), rep(sigma), rep(c), rep(rates))
+    x, ess = flat(keys.reshape(-1), rep(y), rep(sigma), rep(c), rep(rates), rep(tele))
     return x.reshape((n_c, n_r) + x.shape[1:]), ess.reshape(n_c, n_r)
 
   return jax.jit(run)
@@ -80,61 +83,88 @@ def dps_runs_fn(denoiser, schedule, operator, num_samples: int, num_steps: int, 
                                                                num_steps, z, clip_x0=clip_x0)))
 
 
-class _NumpyMixture:
-  """A GaussianMixture in float64 numpy (metrics and exact draws without compiling anything)."""
+_sliced_w2 = jax.jit(dm.sliced_wasserstein, static_argnames=("num_projections", "p"))
+NUM_PROJECTIONS = 256
+KEY_DIRECTIONS = 7    # the sliced W2's directions: jax.random.key(7), the same for every sampler
+
+
+class PosteriorSummary:
+  """What the metrics need of an exact posterior mixture: the mixture itself and its moments (float64)."""
 
   def __init__(self, gmm: gmm_lib.GaussianMixture):
+    self.gmm = gmm
     self.weights = np.asarray(gmm.weights, np.float64)
-    self.weights = self.weights / self.weights.sum()
-    self.means = np.asarray(gmm.means, np.float64)
-    self.covs = np.asarray(gmm.covs, np.float64)
-    self.chol = np.linalg.cholesky(self.covs)
-    self.mean = self.weights @ self.means
-    second = np.einsum("k,kij->ij", self.weights, self.covs + np.einsum("ki,kj->kij", self.means, self.means))
-    self.cov = second - np.outer(self.mean, self.mean)
+    self.mean = np.asarray(gmm.mean(), np.float64)
+    self.cov = np.asarray(gmm.covariance(), np.float64)
 
-  def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-    comp = rng.choice(len(self.weights), size=n, p=self.weights)
-    z = rng.standard_normal((n, self.means.shape[1]))
-    return self.means[comp] + np.einsum("nij,nj->ni", self.chol[comp], z)
-
-  def frequencies(self, x: np.ndarray) -> np.ndarray:
-    """[K] fraction of points whose most responsible component is k."""
-    logp = np.empty((x.shape[0], len(self.weights)))
-    for k in range(len(self.weights)):
-      sol = np.linalg.solve(self.chol[k], (x - self.means[k]).T)           # [D, N]
-      logp[:, k] = (np.log(max(self.weights[k], 1e-300)) - 0.5 * np.sum(sol ** 2, 0)
-                    - np.sum(np.log(np.diagonal(self.chol[k]))))
-    return np.bincount(np.argmax(logp, 1), minlength=len(self.weights)) / x.shape[0]
+  def draws(self, key: jax.Array, num: int, n: int) -> list[np.ndarray]:
+    """`num` independent exact draws [n, D] (the library's `GaussianMixture.sample`)."""
+    return [np.asarray(self.gmm.sample(k, n), np.float64) for k in jax.random.split(key, num)]
 
 
-def _sliced_w2(x: np.ndarray, ref: np.ndarray, directions: np.ndarray) -> float:
-  """Sliced W2 between equal-size clouds [R, D] on fixed unit directions [P, D] (as diffusion.metrics)."""
-  px, py = np.sort(x @ directions.T, 0), np.sort(ref @ directions.T, 0)
-  return float(np.sqrt(np.mean((px - py) ** 2)))
+def posterior_metrics(post: PosteriorSummary, x, refs, a, x_pooled=None) -> dict[str, float]:
+  """Errors of samples against the exact posterior mixture and its draws refs (list of [R, D]).
 
-
-def posterior_metrics(post: _NumpyMixture, x, refs, directions, a, x_pooled=None) -> dict[str, float]:
-  """Errors of samples against the exact posterior mixture `post` and its draws refs [n_ref, R, D] (float64 numpy).
-
-  x [R, D] holds one sample per run (used for the sliced W2 to `ref`); x_pooled [R * M, D] (default x) holds every
+  x [R, D] holds one sample per run (used for the sliced W2 to the refs); x_pooled [R * M, D] (default x) holds every
   final particle of every run -- exchangeable with the first, so its moments and mixture fractions estimate the
   same output distribution with less noise. Metrics: mean_err ||mean - E[x | y]||; cov_err
   ||Cov - Cov[x | y]||_F / ||Cov[x | y]||_F; weight_tv: total variation between the fractions of samples assigned
-  (most responsible component) to each posterior component and the posterior weights; obs_var_ratio:
-  tr(A Cov A^T) / tr(A Cov[x | y] A^T), the spread of the measured coordinates; sw: sliced W2 of x to each exact
-  draw in `refs` on the fixed `directions` [P, D], averaged over the draws (one draw's mixture fractions make a
-  single distance noisy).
+  (most responsible component, `diffusion.metrics.component_frequencies`) to each posterior component and the
+  posterior weights; obs_var_ratio: tr(A Cov A^T) / tr(A Cov[x | y] A^T), the spread of the measured coordinates;
+  sw: `diffusion.metrics.sliced_wasserstein` of x to each ref on fixed directions, averaged over the refs (one
+  draw's mixture fractions make a single distance noisy).
   """
   x = np.asarray(x, np.float64)
   xp = x if x_pooled is None else np.asarray(x_pooled, np.float64)
   a = np.asarray(a, np.float64)
   cov_hat = np.cov(xp, rowvar=False)
+  freq = np.asarray(dm.component_frequencies(post.gmm, jnp.asarray(xp, jnp.float32)), np.float64)
+  key = jax.random.key(KEY_DIRECTIONS)
+  sw = [float(_sliced_w2(jnp.asarray(x, jnp.float32), jnp.asarray(r[:len(x)], jnp.float32), key,
+                         num_projections=NUM_PROJECTIONS)) for r in refs]
   return {"mean_err": float(np.linalg.norm(xp.mean(0) - post.mean)),
           "cov_err": float(np.linalg.norm(cov_hat - post.cov) / np.linalg.norm(post.cov)),
-          "weight_tv": float(0.5 * np.sum(np.abs(post.frequencies(xp) - post.weights))),
+          "weight_tv": float(0.5 * np.sum(np.abs(freq - post.weights))),
           "obs_var_ratio": float(np.trace(a @ cov_hat @ a.T) / np.trace(a @ post.cov @ a.T)),
-          "sw": float(np.mean([_sliced_w2(x, np.asarray(r, np.float64), directions) for r in refs]))}
+          "sw": float(np.mean(sw))}
+
+
+SEED_KEYS = ("weight_tv", "obs_var_ratio", "sw_ratio", "cov_err")
+
+
+def seed_metrics(post: PosteriorSummary, x_runs, refs, a, num_seeds: int, floor_sw: float) -> dict[str, list]:
+  """Per-seed metrics: the R independent runs split into `num_seeds` equal groups, each judged like a sampler.
+
+  Args:
+    x_runs: [R, M, D] (or [R, D]: one sample per run) final particles of R independent runs.
+    refs: list of exact draws [R, D]; each group g uses the same rows of every ref.
+    floor_sw: the exact-vs-exact sliced W2 at the group size (see `group_floor`).
+
+  Returns:
+    {metric: [num_seeds] values} for SEED_KEYS (sw_ratio = group SW / floor_sw).
+  """
+  x_runs = np.asarray(x_runs, np.float64)
+  if x_runs.ndim == 2:
+    x_runs = x_runs[:, None]
+  groups = np.array_split(np.arange(x_runs.shape[0]), num_seeds)
+  out = {k: [] for k in SEED_KEYS}
+  for g in groups:
+    met = posterior_metrics(post, x_runs[g, 0], [r[g] for r in refs], a,
+                            x_pooled=x_runs[g].reshape(-1, x_runs.shape[-1]))
+    met["sw_ratio"] = met["sw"] / floor_sw
+    for k in SEED_KEYS:
+      out[k].append(met[k])
+  return out
+
+
+def group_floor(refs, num_seeds: int) -> float:
+  """Exact-vs-exact sliced W2 at the seed-group size: each group of draw i against the same group of draw j != i."""
+  key = jax.random.key(KEY_DIRECTIONS)
+  groups = np.array_split(np.arange(refs[0].shape[0]), num_seeds)
+  vals = [float(_sliced_w2(jnp.asarray(refs[i][g], jnp.float32), jnp.asarray(refs[j][g], jnp.float32), key,
+                           num_projections=NUM_PROJECTIONS))
+          for g in groups for i in range(len(refs)) for j in range(len(refs)) if i != j]
+  return float(np.mean(vals))
 
 
 def gmm_problem(dim: int, cfg: Any):
@@ -156,15 +186,25 @@ def gmm_problem(dim: int, cfg: Any):
       f"{dim}-D GMM (K=4), y = A x + sigma n with A [{k}, {dim}] Gaussian"
 
 
+def _config_label(sampler: str, c: float, weights: str, small_sigma: float | None = None) -> str:
+  label = f"{sampler} c={c}" + (" telescoping" if weights == "telescoping" else "")
+  return label + (f" sigma={small_sigma}" if small_sigma is not None else "")
+
+
 def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
-  """FPS (DDPM and c-rate DDIM kernels, c-rates, particle counts) and DPS against the exact GMM posterior.
+  """FPS (DDPM and c-rate DDIM kernels, c-rates, particle counts, FPS's and the telescoping weights) and DPS against
+  the exact GMM posterior.
 
   For every dimension: C configurations x R independent runs; each run contributes one sample (its first
-  particle), so every configuration is judged on R samples of its output distribution, against R exact
-  posterior samples; the same metrics on a second exact draw give the Monte Carlo floor.
+  particle) to the sliced W2 and all its particles to the moments and mixture fractions; the same metrics on other
+  exact draws give the Monte Carlo floor. The R runs are also split into `num_seeds` groups judged separately
+  (per-seed values for `common.stats`). The c sweep (rates other than 0.95) runs up to `sweep_max_particles`,
+  the small-sigma configurations up to `full_grid_max_particles`; the telescoping weights run at c = 0.95.
   """
   e = cfg.exactness
   sched = schedules.from_config(cfg.schedule)
+  n_seeds = int(e.num_seeds)
+  weights_list = tuple(e.get("weights", ("fps",)))
   out: dict[str, Any] = {"dims": {}}
   for di, dim in enumerate(e.dims):
     runs = int(e.num_runs[min(di, len(e.num_runs) - 1)])
@@ -172,44 +212,54 @@ def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
     den = gmm_lib.gmm_denoiser(prior, sched)
     _, a_t, a_s = samplers.sampling_grid(sched, int(e.num_steps))
     sigmas = {"main": float(e.sigma), "small": float(e.sigma_small)}
-    posts = {n: _NumpyMixture(exact.gmm_posterior(prior, op, y_of(s), s)) for n, s in sigmas.items()}
-    rng_ref = np.random.default_rng(1000 + dim)
-    refs = {n: [p.sample(rng_ref, runs) for _ in range(5)] for n, p in posts.items()}
-    directions = np.asarray(dm.random_directions(jax.random.key(7), 256, int(dim)), np.float64)
+    posts = {n: PosteriorSummary(exact.gmm_posterior(prior, op, y_of(s), s)) for n, s in sigmas.items()}
+    refs = {n: p.draws(jax.random.key(1000 + int(dim) + 17 * i), 5, runs) for i, (n, p) in enumerate(posts.items())}
     a_mat = np.asarray(op.matrix())
     # The Monte Carlo floor: each exact draw judged like a sampler against the other four (averaged over the five).
-    floors = {}
+    floors, seed_floors, floor_seeds = {}, {}, {}
     for n in sigmas:
-      per = [posterior_metrics(posts[n], refs[n][i], refs[n][:i] + refs[n][i + 1:], directions, a_mat)
+      per = [posterior_metrics(posts[n], refs[n][i], refs[n][:i] + refs[n][i + 1:], a_mat)
              for i in range(len(refs[n]))]
       floors[n] = {k: float(np.mean([m[k] for m in per])) for k in per[0]}
-    # Configurations: (label, sampler, c, sigma name); above `full_grid_max_particles` not the small-sigma ones.
-    all_configs = [(f"{smp} c={c}", smp, float(c), "main") for smp in e.samplers for c in e.rates]
-    all_configs += [(f"{smp} c=0.95 sigma={sigmas['small']}", smp, 0.95, "small") for smp in e.samplers]
-    res = {"description": desc, "runs": runs, "num_steps": int(e.num_steps), "sigmas": sigmas,
+      seed_floors[n] = group_floor(refs[n], n_seeds)
+      floor_seeds[n] = seed_metrics(posts[n], refs[n][0], refs[n][1:], a_mat, n_seeds, seed_floors[n])
+    # Configurations: (label, sampler, c, sigma name, weights).
+    all_configs = []
+    for smp in e.samplers:
+      for w in weights_list:
+        for c in e.rates:
+          if w == "fps" or float(c) == 0.95:
+            all_configs.append((_config_label(smp, float(c), w), smp, float(c), "main", w))
+        all_configs.append((_config_label(smp, 0.95, w, sigmas["small"]), smp, 0.95, "small", w))
+    res = {"description": desc, "runs": runs, "num_steps": int(e.num_steps), "sigmas": sigmas, "num_seeds": n_seeds,
            "posterior_weights": {n: p.weights.round(4).tolist() for n, p in posts.items()},
-           "floor": floors, "fps": {}, "dps": {}, "samples": {}}
+           "floor": floors, "floor_seeds": floor_seeds, "fps": {}, "fps_seeds": {}, "dps": {}, "samples": {}}
     for m in e.particles:
       t0 = time.perf_counter()
-      configs = [cf for cf in all_configs if int(m) <= int(e.full_grid_max_particles) or cf[3] == "main"]
+      configs = [cf for cf in all_configs
+                 if (cf[3] == "main" or int(m) <= int(e.full_grid_max_particles))
+                 and (cf[2] == 0.95 or int(m) <= int(e.sweep_max_particles))]
       fn = fps_runs_fn(den, sched, op, int(m), int(e.num_steps))
       keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(jax.random.key(dim * 7919 + int(m)), i), runs)
                       )(jnp.arange(len(configs)))
-      ys = jnp.stack([y_of(sigmas[s]) for _, _, _, s in configs])
-      sig = jnp.asarray([sigmas[s] for _, _, _, s in configs], jnp.float32)
-      cs = jnp.asarray([c for _, _, c, _ in configs], jnp.float32)
-      rates = jnp.stack([smc.kernel_rates(smp, c, a_t, a_s) for _, smp, c, _ in configs])
-      args = (keys, ys, sig, cs, rates)
+      ys = jnp.stack([y_of(sigmas[cf[3]]) for cf in configs])
+      sig = jnp.asarray([sigmas[cf[3]] for cf in configs], jnp.float32)
+      cs = jnp.asarray([cf[2] for cf in configs], jnp.float32)
+      rates = jnp.stack([smc.kernel_rates(cf[1], cf[2], a_t, a_s) for cf in configs])
+      tele = jnp.asarray([float(cf[4] == "telescoping") for cf in configs], jnp.float32)
+      args = (keys, ys, sig, cs, rates, tele)
       small = int(m) * runs * len(configs) * int(e.num_steps) <= float(e.fast_compile_below)
       xs, ess = jax.device_get(compile_call(fn, *args, fast_compile=small)(*args))
-      for i, (label, smp, c, sname) in enumerate(configs):
-        met = posterior_metrics(posts[sname], xs[i][:, 0], refs[sname][1:], directions, a_mat,
+      for i, (label, smp, c, sname, w) in enumerate(configs):
+        met = posterior_metrics(posts[sname], xs[i][:, 0], refs[sname][1:], a_mat,
                                 x_pooled=xs[i].reshape(-1, xs.shape[-1]))
         met["sw_ratio"] = met["sw"] / floors[sname]["sw"]
         met["mean_ess_fraction"] = float(np.mean(ess[i]))
         res["fps"].setdefault(label, {})[int(m)] = met
-        if dim == 2 and sname == "main" and c == 0.95:
-          res["samples"][f"FPS {smp} M={m}"] = np.asarray(xs[i][:, 0])
+        res["fps_seeds"].setdefault(label, {})[int(m)] = seed_metrics(posts[sname], xs[i], refs[sname][1:], a_mat,
+                                                                      n_seeds, seed_floors[sname])
+        if dim == 2 and sname == "main" and c == 0.95 and smp == "ddpm":
+          res["samples"][f"FPS {smp}{' tele' if w == 'telescoping' else ''} M={m}"] = np.asarray(xs[i][:, 0])
       if progress:
         print(f"[fps] exactness {dim}-D M={m}: {len(configs)} configs x {runs} runs in "
               f"{time.perf_counter() - t0:.1f}s", flush=True)
@@ -224,11 +274,13 @@ def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
       by_zeta = {}
       for i, (z, sn) in enumerate(dconf):
         if sn == sname:
-          met = posterior_metrics(posts[sname], xd[i], refs[sname][1:], directions, a_mat)
+          met = posterior_metrics(posts[sname], xd[i], refs[sname][1:], a_mat)
           met["sw_ratio"] = met["sw"] / floors[sname]["sw"]
           by_zeta[float(z)] = (met, i)
       best = min(by_zeta, key=lambda z: by_zeta[z][0]["sw"])
       res["dps"][sname] = {"best_zeta": best, "best": by_zeta[best][0],
+                           "best_seeds": seed_metrics(posts[sname], xd[by_zeta[best][1]], refs[sname][1:], a_mat,
+                                                      n_seeds, seed_floors[sname]),
                            "by_zeta": {str(z): m for z, (m, _) in by_zeta.items()}}
       if dim == 2 and sname == "main":
         res["samples"][f"DPS zeta={best}"] = np.asarray(xd[by_zeta[best][1]])
@@ -255,7 +307,8 @@ def plot_exactness(out: dict, cfg: Any, path: str) -> str:
       for label, per_m in res["fps"].items():
         ms = sorted(per_m)
         small = "sigma=" in label
-        ax.plot(ms, [per_m[m][key] for m in ms], marker="o", ms=3, lw=1, ls=":" if small else "-",
+        ls = ":" if small else ("-." if "telescoping" in label else "-")
+        ax.plot(ms, [per_m[m][key] for m in ms], marker="o", ms=3, lw=1, ls=ls,
                 label=("FPS " + label) if not small else f"FPS {label.split(' sigma')[0]}, small sigma")
       best = res["dps"]["main"]["best_zeta"]
       ax.axhline(res["dps"]["main"]["best"][key], color="k", ls="--", lw=1, label=f"DPS (best zeta={best})")
@@ -295,8 +348,13 @@ def gaussian_limit_study(cfg: Any, workdir: str) -> dict:
   2-D Gaussian prior, A = [1, 0.5], one ground truth; for each noise level sigma, number of steps N and c-rate, S
   measurement sequences are drawn and each is filtered exactly; the equal mixture over sequences (law of total
   variance) is FPS's output distribution at M = infinity with the exact denoiser. Its mean / covariance, and the
-  variance of the measured coordinate A x, are compared with the exact posterior. A = 0 (no measurement) gives the
-  sampler's own error (the chain's output vs the prior). The c sweep (`exactness.rates`) runs at the largest N.
+  variance of the measured coordinate A x, are compared with the exact posterior. Rows (key 'filter'):
+    'fps': FPS's HMM (`exact.kalman_reference`) with the 'ddpm' / 'ddim' kernel, and with the exact reverse kernel
+      ('exact': only the emission model differs from the next row);
+    'noise_tracking': `exact.noise_tracking_kalman` on the same sequences (the exact posterior, ratio 1);
+    'telescoping': the M -> infinity limit of weights='telescoping' (`exact.telescoping_reference`);
+    'none' (sigma None): A = 0, the sampler's own error (the chain's output law vs the prior).
+  The c sweep (`exactness.rates`) runs at the largest N.
   """
   e = cfg.exactness
   sched = schedules.from_config(cfg.schedule)
@@ -318,9 +376,8 @@ def gaussian_limit_study(cfg: Any, workdir: str) -> dict:
     for c in (e.rates if n_steps == big else (0.95,)):
       c = float(c)
       for sampler in ("ddpm", "ddim"):
-        m, p = exact.kalman_reference(mean0, cov0, a * 0, 1.0, np.zeros(1), np.zeros((n_steps, 1)),
-                                      a_t, a_s, sampler=sampler, c=c)
-        rows.append({"steps": n_steps, "sampler": sampler, "c": c, "sigma": None,
+        m, p = exact.chain_moments(mean0, cov0, a_t, a_s, sampler=sampler, c=c)
+        rows.append({"steps": n_steps, "filter": "none", "sampler": sampler, "c": c, "sigma": None,
                      "mean_err": float(np.linalg.norm(m - mean0)),
                      "cov_rel_err": float(np.linalg.norm(p - cov0) / np.linalg.norm(cov0)),
                      "obs_var_ratio": float((a @ p @ a.T)[0, 0] / (a @ cov0 @ a.T)[0, 0])})
@@ -329,30 +386,49 @@ def gaussian_limit_study(cfg: Any, workdir: str) -> dict:
         pm, pc = exact.gaussian_posterior(mean0, cov0, a, y, sigma)
         y0, ys = jax.device_get(seqs(jax.random.split(jax.random.key(5), int(e.gaussian_sequences)),
                                      jnp.asarray(y, jnp.float32), c, a_t, a_s))
-        for sampler in ("ddpm", "ddim"):
+        ys = np.asarray(ys, np.float64)
+        ys[:, -1] = y           # the float32 bridge ends at y up to rounding; the float64 filters see y itself
+        post_std = float(np.sqrt(np.trace(pc)))
+
+        def summary(filt, sampler, mu, cov):
+          return {"steps": n_steps, "filter": filt, "sampler": sampler, "c": c, "sigma": float(sigma),
+                  "mean_err": float(np.linalg.norm(mu - pm)),
+                  "mean_err_over_post_std": float(np.linalg.norm(mu - pm) / post_std),
+                  "cov_rel_err": float(np.linalg.norm(cov - pc) / np.linalg.norm(pc)),
+                  "obs_var_fps": float((a @ cov @ a.T)[0, 0]), "obs_var_exact": float((a @ pc @ a.T)[0, 0]),
+                  "obs_var_ratio": float((a @ cov @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0])}
+
+        # FPS's HMM (independent emissions) with each sampler's kernel and with the exact reverse kernel.
+        for sampler in ("ddpm", "ddim", "exact"):
           ms, p = exact.kalman_reference(mean0, cov0, a, sigma, y0, ys, a_t, a_s, sampler=sampler, c=c)
-          mu, cov = exact.moments_over_sequences(ms, p)
-          post_std = float(np.sqrt(np.trace(pc)))
-          rows.append({"steps": n_steps, "sampler": sampler, "c": c, "sigma": float(sigma),
-                       "mean_err": float(np.linalg.norm(mu - pm)),
-                       "mean_err_over_post_std": float(np.linalg.norm(mu - pm) / post_std),
-                       "cov_rel_err": float(np.linalg.norm(cov - pc) / np.linalg.norm(pc)),
-                       "obs_var_fps": float((a @ cov @ a.T)[0, 0]), "obs_var_exact": float((a @ pc @ a.T)[0, 0]),
-                       "obs_var_ratio": float((a @ cov @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0])})
+          row = summary("fps", sampler, *exact.moments_over_sequences(ms, p))
+          rows.append(row)
+        # The filter that knows the y_t share one noise draw (exact kernel): the exact posterior on every sequence.
+        ms, p = exact.noise_tracking_kalman(mean0, cov0, a, sigma, y0, ys, a_t, a_s)
+        rows.append(summary("noise_tracking", "exact", *exact.moments_over_sequences(ms, p)))
+        # The telescoping weights' M -> infinity limit (independent of the sequences).
+        for sampler in ("ddpm", "ddim"):
+          rows.append(summary("telescoping", sampler,
+                              *exact.telescoping_reference(mean0, cov0, a, sigma, y, a_t, a_s, sampler=sampler, c=c)))
   path = os.path.join(workdir, "gaussian_limit.png")
   fig, axes = metrics_lib.new_figure(ncols=2, size=(3.8, 3.0))
   for sampler, ax in zip(("ddpm", "ddim"), axes[0]):
     curves = sorted({(r["steps"], r["c"]) for r in rows if r["sampler"] == sampler})
     for n_steps, c in curves:
-      pts = [(r["sigma"], r["obs_var_ratio"]) for r in rows if r["sampler"] == sampler and r["steps"] == n_steps
-             and r["c"] == c and r["sigma"] is not None]
-      ax.plot(*zip(*pts), marker="o", ms=3, label=f"{n_steps} steps, c={c}")
+      for filt, ls in (("fps", "-"), ("telescoping", "-.")):
+        pts = [(r["sigma"], r["obs_var_ratio"]) for r in rows if r["sampler"] == sampler and r["steps"] == n_steps
+               and r["c"] == c and r["sigma"] is not None and r["filter"] == filt]
+        if pts and (filt == "fps" or c == 0.95):
+          ax.plot(*zip(*pts), marker="o", ms=3, ls=ls, label=f"{filt}, {n_steps} steps, c={c}")
+    big_nt = [(r["sigma"], r["obs_var_ratio"]) for r in rows if r["filter"] == "noise_tracking"
+              and r["steps"] == big and r["c"] == 0.95]
+    ax.plot(*zip(*big_nt), marker="x", color="k", ls="none", label="noise-tracking Kalman (exact)")
     ax.axhline(1.0, color="gray", ls=":", lw=1, label="exact")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("measurement noise sigma")
     ax.set_ylabel("Var(A x) FPS(M = inf) / exact")
-    ax.set_title(f"FPS-{sampler.upper()}, Gaussian prior, exact denoiser", fontsize=9)
+    ax.set_title(f"{sampler.upper()} kernel, Gaussian prior, exact denoiser, M = inf", fontsize=9)
     ax.legend(fontsize=6)
   metrics_lib.save_figure(fig, path)
   return {"rows": rows, "plots": [path], "prior_mean": mean0.tolist(), "prior_cov": cov0.tolist()}
@@ -379,19 +455,6 @@ def make_operator(task: str, icfg: Any, shape: tuple[int, ...]) -> operators.Lin
   raise ValueError(f"unknown image task '{task}'; choose inpainting, super_resolution, gaussian_blur, motion_blur.")
 
 
-def psnr_ssim(x, truth) -> tuple[np.ndarray, np.ndarray]:
-  """PSNR (dB) and SSIM per image for [N, S, S, 1] arrays in [-1, 1] (compared in [0, 1])."""
-  from skimage.metrics import structural_similarity
-  a = np.clip((np.asarray(x, np.float64) + 1) / 2, 0, 1)
-  b = np.clip((np.asarray(truth, np.float64) + 1) / 2, 0, 1)
-  mse = np.mean((a - b) ** 2, axis=(1, 2, 3))
-  psnr = 10 * np.log10(1.0 / np.maximum(mse, 1e-10))
-  win = min(7, a.shape[1] - (1 - a.shape[1] % 2))
-  ssim = np.array([structural_similarity(a[i, ..., 0], b[i, ..., 0], data_range=1.0, win_size=win)
-                   for i in range(a.shape[0])])
-  return psnr, ssim
-
-
 def sample_scores(samples, x_true, op, y) -> dict[str, float]:
   """PSNR / SSIM of samples [n, k, S, S, 1] (k samples per image) against x_true [n, S, S, 1].
 
@@ -402,7 +465,7 @@ def sample_scores(samples, x_true, op, y) -> dict[str, float]:
   """
   samples = np.asarray(samples)
   n, k = samples.shape[:2]
-  p, s = psnr_ssim(samples.reshape((n * k,) + samples.shape[2:]), np.repeat(x_true, k, axis=0))
+  p, s = metrics_lib.psnr_ssim(samples.reshape((n * k,) + samples.shape[2:]), np.repeat(x_true, k, axis=0))
   p, s = p.reshape(n, k), s.reshape(n, k)
   se = lambda v: float(np.std(v, ddof=1) / np.sqrt(n)) if n > 1 else 0.0  # noqa: E731
   res = np.linalg.norm((np.asarray(op.forward(jnp.asarray(samples))) - np.asarray(y)[:, None]).reshape(n, k, -1),
@@ -412,7 +475,7 @@ def sample_scores(samples, x_true, op, y) -> dict[str, float]:
          "psnr_first": float(p[:, 0].mean()), "samples_per_image": int(k),
          "measurement_residual": float(res.mean())}
   if k > 1:
-    pa, sa = psnr_ssim(samples.mean(1), x_true)
+    pa, sa = metrics_lib.psnr_ssim(samples.mean(1), x_true)
     out.update(psnr_avg=float(pa.mean()), ssim_avg=float(sa.mean()))
   return out
 
@@ -447,10 +510,14 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
   # FPS variants: name -> (particles, sampler). 'fps' is the configured sampler with M = fps.num_particles;
   # 'fps_ddpm' / 'fps_ddim' force a kernel (skipped when it is the configured one: identical to 'fps');
   # 'fps_m1' is the particle-free FPS (M = 1) with the configured sampler.
+  # 'fps_tele' is the configured sampler with the telescoping weights (beyond the paper), on the tasks in
+  # images.telescoping_tasks.
   m_cfg = int(fc.num_particles)
-  variants = {"fps": (m_cfg, fc.sampler), "fps_ddpm": (m_cfg, "ddpm"), "fps_ddim": (m_cfg, "ddim"),
-              "fps_m1": (1, fc.sampler)}
-  variants = {name: v for name, v in variants.items() if name in methods and name != f"fps_{fc.sampler}"}
+  all_variants = {"fps": (m_cfg, fc.sampler, 0.0), "fps_ddpm": (m_cfg, "ddpm", 0.0),
+                  "fps_ddim": (m_cfg, "ddim", 0.0), "fps_m1": (1, fc.sampler, 0.0),
+                  "fps_tele": (m_cfg, fc.sampler, 1.0)}
+  all_variants = {name: v for name, v in all_variants.items() if name in methods and name != f"fps_{fc.sampler}"}
+  tele_tasks = tuple(ic.get("telescoping_tasks", ic.tasks))
   recon_all = {}
   ddim_x = None
   if "ddim" in methods:   # unconditional samples ignore y: one set serves every task
@@ -463,6 +530,7 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
     key = jax.random.key(cfg.seed * 1000 + ti)
     y = jax.vmap(op.measure, (0, 0, None))(jax.random.split(key, n), jnp.asarray(x_true), float(ic.sigma))
     samples, ess_info = {}, {}
+    variants = {nm: v for nm, v in all_variants.items() if nm != "fps_tele" or task in tele_tasks}
     if "pinv" in methods:
       # truncated-SVD pseudo-inverse: singular values below sigma (relative to the largest) are dropped
       samples["pinv"] = np.clip(np.asarray(op.pseudo_inverse(y, rcond=float(ic.sigma))), -1, 1)[:, None]
@@ -476,8 +544,9 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
           jnp.arange(c_total))                                   # [C, k runs]
       rates = jnp.concatenate([jnp.broadcast_to(smc.kernel_rates(variants[nm][1], float(fc.c), a_t, a_s),
                                                 (n, steps)) for nm in names])
+      tele = jnp.repeat(jnp.asarray([variants[nm][2] for nm in names], jnp.float32), n)
       args = (keys, jnp.tile(y, (len(names),) + (1,) * (y.ndim - 1)), jnp.full((c_total,), float(ic.sigma)),
-              jnp.full((c_total,), float(fc.c)), rates)
+              jnp.full((c_total,), float(fc.c)), rates, tele)
       x, ess = jax.device_get(compile_call(fn, *args)(*args))   # x [C, k, M, ...]
       for j, nm in enumerate(names):
         samples[nm] = np.asarray(x[j * n:(j + 1) * n, :, 0])   # the first particle of each run: [n, k, ...]
@@ -490,7 +559,7 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
                jnp.tile(y, (len(zetas),) + (1,) * (y.ndim - 1)), jnp.repeat(jnp.asarray(zetas, jnp.float32), n))
       xd = np.asarray(compile_call(dfn, *dargs)(*dargs))          # [zetas * n, k, ...]
       by_zeta = {z: xd[j * n:(j + 1) * n] for j, z in enumerate(zetas)}
-      dps_scores = {z: float(np.mean(psnr_ssim(v[:, 0], x_true)[0])) for z, v in by_zeta.items()}
+      dps_scores = {z: float(np.mean(metrics_lib.psnr(v[:, 0], x_true))) for z, v in by_zeta.items()}
       samples["dps"] = by_zeta[max(dps_scores, key=dps_scores.get)]
     scores = {name: sample_scores(xs_, x_true, op, y) for name, xs_ in samples.items()}
     out["tasks"][task] = {"scores": scores, "dps_psnr_by_zeta": dps_scores,
@@ -563,8 +632,34 @@ def _fps_line(per_m: dict, key: str) -> str:
   return ", ".join(f"M={m}: {per_m[m][key]:.3g}" for m in sorted(per_m))
 
 
+CRITERION = (0.8, 1.25)   # Var(A x) / exact counted as "the exact spread"
+
+
+def range_verdict(values, lo: float = CRITERION[0], hi: float = CRITERION[1], z: float = 2.0) -> str:
+  """'yes' if mean +- z se of the per-seed values lies inside [lo, hi], 'no' if entirely outside, else
+  'inconclusive' (the range analogue of `common.stats.verdict`; a single value needs no se)."""
+  m, se = stats.mean_se(values)
+  if m - z * se >= lo and m + z * se <= hi:
+    return "yes"
+  if m + z * se < lo or m - z * se > hi:
+    return "no"
+  return "inconclusive"
+
+
+def _seeds_str(values) -> str:
+  m, se = stats.mean_se(values)
+  return f"{stats.fmt_mean_se(m, se)} ({len(values)} seeds)"
+
+
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """The exactness table (2-D / 8-D), the Gaussian M -> infinity limit, and the digits image tasks."""
+  """The exactness table (2-D / 8-D, FPS's and the telescoping weights), the Gaussian M -> infinity limit (FPS's
+  HMM, the noise-tracking Kalman filter, the telescoping limit), and the digits image tasks.
+
+  Claims are judged with `common.stats` on seeds (the independent runs split into `exactness.num_seeds` groups);
+  the image comparisons are paired over test images (bootstrap). 'no' is written only where a closed-form reference
+  rules out a bug: the Gaussian prior's exact limits (`exact.noise_tracking_kalman` = the exact posterior to 1e-9 on
+  the same sequences; `exact.kalman_reference` = FPS's limit, which the particle filter matches in the tests).
+  """
   from iclr24_jax.configs import fps as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   cfg = cfg_mod.get_config("")
@@ -579,78 +674,139 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   rows: list[dict] = []
   ex = res["exactness"]
   plots_ex = ex["plots"]
+  gl = res["gaussian_limit"]
+  big = max(x["steps"] for x in gl["rows"])
   judge = (lambda v: v) if not fast else (lambda v: None)
+  lo_c, hi_c = CRITERION
+  ref_note = ("reference that rules out a bug: for a Gaussian prior the exact limits are closed forms -- FPS's HMM "
+              "(Kalman filter, matched by the particle filter in the tests) is over-confident while the noise-tracking "
+              "Kalman filter on the same sequences is the exact posterior (ratio 1.000); see the Gaussian rows")
   for dim, r in ex["dims"].items():
-    main = r["fps"].get("ddpm c=0.95")
+    main, main_s = r["fps"]["ddpm c=0.95"], r["fps_seeds"]["ddpm c=0.95"]
+    tele, tele_s = r["fps"].get("ddpm c=0.95 telescoping"), r["fps_seeds"].get("ddpm c=0.95 telescoping")
     ms = sorted(main)
     lo, hi = ms[0], ms[-1]
     floor = r["floor"]["main"]
     best = r["dps"]["main"]["best_zeta"]
-    dps = r["dps"]["main"]["best"]
-    common = f"{r['description']}, sigma={r['sigmas']['main']}, {r['num_steps']} DDPM steps, {r['runs']} runs"
-    rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: FPS-DDPM (c=0.95) as particles grow",
-                 "metric": f"mixture-weight TV to the exact posterior at M={hi} (M={lo})",
-                 "ours": main[hi]["weight_tv"],
-                 "paper_value": "asymptotically exact as the particle count rises (Sec. 3, Thm.); error falls with M",
-                 "holds": judge(bool(main[hi]["weight_tv"] < main[lo]["weight_tv"])),
-                 "notes": (f"{common}. TV {_fps_line(main, 'weight_tv')} (floor {floor['weight_tv']:.3f}); "
-                           f"SW/floor {_fps_line(main, 'sw_ratio')}; rel. cov err {_fps_line(main, 'cov_err')} "
-                           f"(floor {floor['cov_err']:.3f}); exact weights {r['posterior_weights']['main']}"),
-                 "plots": plots_ex})
-    rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: FPS-DDPM M={hi} vs the exact posterior",
-                 "metric": "sliced W2 / exact-vs-exact floor", "ours": main[hi]["sw_ratio"],
-                 "paper_value": "FPS samples the exact posterior for M -> infinity (ratio -> 1)",
-                 "holds": judge(bool(main[hi]["sw_ratio"] < 1.5)),
-                 "notes": (f"criterion ratio < 1.5 (floor = exact draws of the same size judged the same way, so "
-                           f"sampling noise alone gives about 1); rel. cov err {main[hi]['cov_err']:.3f} (floor {floor['cov_err']:.3f}), "
-                           f"mean err {main[hi]['mean_err']:.3f} (floor {floor['mean_err']:.3f}); mean ESS/M "
-                           f"{main[hi]['mean_ess_fraction']:.2f}"),
-                 "plots": plots_ex})
-    rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: spread of the measured coordinates, FPS-DDPM M={hi}",
-                 "metric": "tr Cov(A x) FPS / exact", "ours": main[hi]["obs_var_ratio"],
-                 "paper_value": "FPS samples the exact posterior (ratio 1)",
-                 "holds": judge(bool(0.8 < main[hi]["obs_var_ratio"] < 1.25)),
-                 "notes": (f"criterion 0.8-1.25; ratio {_fps_line(main, 'obs_var_ratio')}; at sigma="
-                           f"{r['sigmas']['small']}: {_fps_line(r['fps'][next(k for k in r['fps'] if k.startswith('ddpm c=0.95 sigma'))], 'obs_var_ratio')}"
-                           f"; DPS {dps['obs_var_ratio']:.3g}; exact-vs-exact draw {floor['obs_var_ratio']:.3f}"),
-                 "plots": plots_ex})
-    rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (best zeta={best})",
-                 "metric": "sliced W2 / floor (FPS; DPS in notes)", "ours": main[hi]["sw_ratio"],
-                 "paper_value": "FPS is more accurate than DPS-style guidance",
-                 "holds": judge(bool(main[hi]["sw_ratio"] < dps["sw_ratio"])),
-                 "notes": (f"DPS SW/floor {dps['sw_ratio']:.3g}, weight TV {dps['weight_tv']:.3f}, rel. cov err "
-                           f"{dps['cov_err']:.3f}; zeta grid {list(cfg.exactness.dps_zetas)} chosen by SW to the exact "
-                           "posterior (an oracle choice that favours DPS)"),
-                 "plots": plots_ex})
+    dps, dps_s = r["dps"]["main"]["best"], r["dps"]["main"]["best_seeds"]
+    n_s = r["num_seeds"]
+    common = (f"{r['description']}, sigma={r['sigmas']['main']}, {r['num_steps']} DDPM steps, {r['runs']} runs "
+              f"(= {n_s} seeds of {r['runs'] // n_s})")
+    row = stats.compare_row(
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM (c=0.95) mixture weights as particles grow",
+        metric=f"mixture-weight TV to the exact posterior, M={hi} vs M={lo}", a=main_s[hi]["weight_tv"],
+        b=main_s[lo]["weight_tv"], name_a=f"M={hi}", name_b=f"M={lo}", direction="less", paired=False,
+        paper_value="asymptotically exact as the particle count rises (Sec. 3, Thm.); error falls with M",
+        notes=(f"{common}. Pooled TV {_fps_line(main, 'weight_tv')} (floor {floor['weight_tv']:.3f}); telescoping "
+               f"{_fps_line(tele, 'weight_tv') if tele else '-'}; exact weights {r['posterior_weights']['main']}"),
+        plots=plots_ex)
+    row["holds"] = judge(row["holds"])
+    rows.append(row)
+    for name, per_m, per_s, claim in (
+        ("FPS-DDPM, paper weights", main, main_s,
+         "FPS samples the exact posterior for M -> infinity with exact scores (ratio 1)"),
+        ("FPS-DDPM, telescoping weights (beyond the paper)", tele, tele_s,
+         "the corrected filter is asymptotically exact (criterion: reaches 0.8-1.25 at this M)")):
+      if per_m is None:
+        continue
+      verdict = range_verdict(per_s[hi]["obs_var_ratio"])
+      rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: spread along A, {name}, M={hi}",
+                   "metric": "tr Cov(A x) / exact (per seed)",
+                   "ours": f"{_seeds_str(per_s[hi]['obs_var_ratio'])}; pooled {per_m[hi]['obs_var_ratio']:.3f}",
+                   "paper_value": claim, "holds": judge(verdict),
+                   "notes": (f"criterion {lo_c}-{hi_c} (mean +- 2 se over seeds inside / outside); pooled ratio "
+                             f"{_fps_line(per_m, 'obs_var_ratio')}; SW/floor {_fps_line(per_m, 'sw_ratio')}; "
+                             f"weight TV {_fps_line(per_m, 'weight_tv')}; mean ESS/M {_fps_line(per_m, 'mean_ess_fraction')}; "
+                             f"exact-vs-exact draw {floor['obs_var_ratio']:.3f}; DPS (zeta {best}) {dps['obs_var_ratio']:.3g}"
+                             + (f"; {ref_note}" if verdict == "no" and "paper" in name else "")
+                             + ("; finite-M shortfall: the telescoping increments have infinite variance where the "
+                                "kernel variance exceeds abar_t sigma^2 (early steps), so convergence in M is slow; its "
+                                "M = infinity limit is exact (Gaussian rows)" if "telescoping" in name else "")),
+                   "plots": plots_ex})
+    row = stats.compare_row(
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs the exact posterior (sliced W2)",
+        metric="sliced W2 / exact-vs-exact floor (per seed), vs the criterion 1.5", a=main_s[hi]["sw_ratio"], b=1.5,
+        name_a=f"FPS M={hi}", name_b="criterion", direction="less",
+        paper_value="FPS samples the exact posterior for M -> infinity (ratio -> 1)",
+        notes=(f"floor = exact draws of the seed-group size judged the same way; pooled SW/floor {main[hi]['sw_ratio']:.3g}; "
+               f"telescoping {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}; rel. cov err "
+               f"{main[hi]['cov_err']:.3f} (floor {floor['cov_err']:.3f}); mean ESS/M {main[hi]['mean_ess_fraction']:.2f}"),
+        plots=plots_ex)
+    row["holds"] = judge(row["holds"])
+    rows.append(row)
+    row = stats.compare_row(
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (best zeta={best})",
+        metric="sliced W2 / floor (per seed)", a=main_s[hi]["sw_ratio"], b=dps_s["sw_ratio"],
+        name_a=f"FPS M={hi}", name_b="DPS", direction="less", paired=False,
+        paper_value="FPS is more accurate than DPS-style guidance",
+        notes=(f"DPS pooled SW/floor {dps['sw_ratio']:.3g}, weight TV {dps['weight_tv']:.3f}, rel. cov err "
+               f"{dps['cov_err']:.3f}, Var(A x)/exact {dps['obs_var_ratio']:.3g}; zeta grid "
+               f"{list(cfg.exactness.dps_zetas)} chosen by SW to the exact posterior (an oracle choice that favours "
+               f"DPS); telescoping M={hi}: {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}"),
+        plots=plots_ex)
+    row["holds"] = judge(row["holds"])
+    rows.append(row)
     for label, per_m in r["fps"].items():
-      if label == "ddpm c=0.95":
+      if label in ("ddpm c=0.95", "ddpm c=0.95 telescoping"):
         continue
       rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: FPS {label}",
-                   "metric": f"sliced W2 / floor at M={max(per_m)}", "ours": per_m[max(per_m)]["sw_ratio"],
+                   "metric": f"Var(A x) / exact at M={max(per_m)}", "ours": per_m[max(per_m)]["obs_var_ratio"],
                    "paper_value": "(c = 0.95 and the c-rate DDIM kernel are the official defaults)", "holds": None,
-                   "notes": (f"SW/floor {_fps_line(per_m, 'sw_ratio')}; weight TV {_fps_line(per_m, 'weight_tv')}; "
-                             f"rel. cov err {_fps_line(per_m, 'cov_err')}; Var(A x) / exact "
-                             f"{_fps_line(per_m, 'obs_var_ratio')}"),
+                   "notes": (f"Var(A x) / exact {_fps_line(per_m, 'obs_var_ratio')}; SW/floor "
+                             f"{_fps_line(per_m, 'sw_ratio')}; weight TV {_fps_line(per_m, 'weight_tv')}; "
+                             f"rel. cov err {_fps_line(per_m, 'cov_err')}"),
                    "plots": plots_ex})
-  gl = res["gaussian_limit"]
-  big = max(x["steps"] for x in gl["rows"])
-  for r in gl["rows"]:
-    if r["sigma"] is None or r["steps"] != big or r["c"] != 0.95:
-      continue
-    ctrl = next(x for x in gl["rows"] if x["sigma"] is None and x["steps"] == big and x["sampler"] == r["sampler"]
-                and x["c"] == r["c"])
-    sweep = [x for x in gl["rows"] if x["sigma"] == r["sigma"] and x["steps"] == big and x["sampler"] == r["sampler"]]
-    rows.append({"paper": PAPER, "experiment": f"Gaussian prior, M = infinity (exact Kalman filter of FPS's HMM), "
-                 f"FPS-{r['sampler'].upper()} c=0.95, {big} steps, sigma={r['sigma']}",
-                 "metric": "Var(A x) of FPS's output / exact posterior", "ours": r["obs_var_ratio"],
+  # Gaussian prior, M = infinity (closed forms; no Monte Carlo error beyond the average over measurement sequences).
+  n_seq = cfg.exactness.gaussian_sequences
+
+  def grow(filt, sampler, sigma, steps=big, c=0.95):
+    return next(x for x in gl["rows"] if x["filter"] == filt and x["sampler"] == sampler and x["sigma"] == sigma
+                and x["steps"] == steps and x["c"] == c)
+
+  small_steps = min(x["steps"] for x in gl["rows"])
+  for sigma in sorted({x["sigma"] for x in gl["rows"] if x["sigma"] is not None}):
+    f = grow("fps", "ddpm", sigma)
+    ctrl = next(x for x in gl["rows"] if x["sigma"] is None and x["steps"] == big and x["sampler"] == "ddpm"
+                and x["c"] == 0.95)
+    sweep = [x for x in gl["rows"] if x["sigma"] == sigma and x["steps"] == big and x["filter"] == "fps"
+             and x["sampler"] == "ddpm"]
+    v = range_verdict([f["obs_var_ratio"]])
+    rows.append({"paper": PAPER, "experiment": f"Gaussian prior, M = infinity: FPS's HMM (Kalman), DDPM kernel, "
+                 f"c=0.95, {big} steps, sigma={sigma}",
+                 "metric": "Var(A x) of FPS's output / exact posterior", "ours": f["obs_var_ratio"],
                  "paper_value": "asymptotically exact for M -> infinity with exact scores (ratio 1)",
-                 "holds": judge(bool(0.8 < r["obs_var_ratio"] < 1.25)),
-                 "notes": (f"criterion 0.8-1.25; no particle error (M = infinity), averaged over "
-                           f"{cfg.exactness.gaussian_sequences} measurement sequences; rel. covariance error {r['cov_rel_err']:.3f}, mean err / "
-                           f"posterior std {r['mean_err_over_post_std']:.3f}; ratio by c: "
-                           + ", ".join(f"c={x['c']}: {x['obs_var_ratio']:.3g}" for x in sweep)
-                           + f"; sampler-only (A = 0) rel. covariance error {ctrl['cov_rel_err']:.3f}, Var(A x) "
-                           f"ratio {ctrl['obs_var_ratio']:.3f}"),
+                 "holds": judge(v),
+                 "notes": (f"criterion {lo_c}-{hi_c}; closed form averaged over {n_seq} measurement sequences; "
+                           f"mean err / posterior std {f['mean_err_over_post_std']:.3f}; same HMM with the c-rate DDIM "
+                           f"kernel {grow('fps', 'ddim', sigma)['obs_var_ratio']:.3g}, with the EXACT reverse kernel "
+                           f"{grow('fps', 'exact', sigma)['obs_var_ratio']:.3g} (so the kernel is not the cause); "
+                           f"noise-tracking Kalman on the same sequences {grow('noise_tracking', 'exact', sigma)['obs_var_ratio']:.6f}; "
+                           f"by c: " + ", ".join(f"c={x['c']}: {x['obs_var_ratio']:.3g}" for x in sweep)
+                           + f"; at {small_steps} steps {grow('fps', 'ddpm', sigma, small_steps)['obs_var_ratio']:.3g} "
+                           f"(more steps, more over-confident); sampler-only (A = 0) rel. cov error "
+                           f"{ctrl['cov_rel_err']:.3f}" + (f"; {ref_note}" if v == "no" else "")),
+                 "plots": gl["plots"]})
+    nt = grow("noise_tracking", "exact", sigma)
+    ok = abs(nt["obs_var_ratio"] - 1) < 1e-6 and nt["mean_err_over_post_std"] < 1e-6
+    rows.append({"paper": PAPER, "experiment": f"Gaussian prior: noise-tracking Kalman filter (state (x_t, n)), "
+                 f"{big} steps, sigma={sigma}",
+                 "metric": "Var(A x) / exact posterior (same sequences as FPS's row)", "ours": nt["obs_var_ratio"],
+                 "paper_value": "(beyond the paper) the shared-noise model is the exact posterior (ratio 1)",
+                 "holds": judge("yes" if ok else "no"),
+                 "notes": (f"mean err / posterior std {nt['mean_err_over_post_std']:.2e}, rel. cov err "
+                           f"{nt['cov_rel_err']:.2e}; FPS's HMM differs only in its emissions (independent "
+                           f"N(y_t; A x_t, abar_t sigma^2) per step) and gives {f['obs_var_ratio']:.3g}"),
+                 "plots": gl["plots"]})
+    t_ddpm, t_ddim = grow("telescoping", "ddpm", sigma), grow("telescoping", "ddim", sigma)
+    rows.append({"paper": PAPER, "experiment": f"Gaussian prior, M = infinity: telescoping weights (beyond the paper), "
+                 f"DDPM kernel, {big} steps, sigma={sigma}",
+                 "metric": "Var(A x) / exact posterior", "ours": t_ddpm["obs_var_ratio"],
+                 "paper_value": "(beyond the paper) the corrected filter is asymptotically exact",
+                 "holds": judge(range_verdict([t_ddpm["obs_var_ratio"]])),
+                 "notes": (f"criterion {lo_c}-{hi_c}; closed form (p_chain(x_0) N(y; A x_0, sigma^2)); mean err / "
+                           f"posterior std {t_ddpm['mean_err_over_post_std']:.3g}; with the c-rate DDIM kernel "
+                           f"{t_ddim['obs_var_ratio']:.3g} (the kernel's own bias: its chain output misses the prior); at "
+                           f"{small_steps} steps {grow('telescoping', 'ddpm', sigma, small_steps)['obs_var_ratio']:.3g}"),
                  "plots": gl["plots"]})
   im = res["images"]
   fc = cfg.fps
@@ -660,25 +816,37 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
            f"samples, {im['num_steps']} steps")
     fps_name = f"FPS ({fc.sampler.upper()} kernel, c={fc.c}, M={fc.num_particles})"
     for metric, unit in (("psnr", "dB"), ("ssim", "")):
-      diff = ""
-      holds = None
+      others = ("; mean over samples (+- se over images): " + "; ".join(
+          f"{k} {v[metric]:.3g}+-{v[metric + '_se']:.2g}" for k, v in sc.items())
+          + "; of the mean of the samples (an E[x|y] estimate): " + "; ".join(
+          f"{k} {v[metric + '_avg']:.3g}" for k, v in sc.items() if metric + "_avg" in v)
+          + f"; DPS zeta {t['dps_best_zeta']} picked by PSNR to the truth (oracle); mean ESS/M "
+          + ", ".join(f"{k} {v:.2f}" for k, v in t["mean_ess_fraction"].items())
+          + f"; prior {'cached' if im['prior'].get('cached') else 'trained'}")
+      holds, ours = None, sc["fps"][metric]
       if "dps" in sc:
-        d = np.asarray(sc["fps"][f"{metric}_per_image"]) - np.asarray(sc["dps"][f"{metric}_per_image"])
-        se = float(np.std(d, ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0
-        diff = f"FPS - DPS = {d.mean():+.3g} +- {se:.2g} (paired over images); "
-        holds = judge(bool(d.mean() >= 0))
+        bd = stats.bootstrap_diff(sc["fps"][f"{metric}_per_image"], sc["dps"][f"{metric}_per_image"])
+        holds = judge(bd["holds"])
+        ours = (f"FPS {sc['fps'][metric]:.4g} vs DPS {sc['dps'][metric]:.4g}; diff {bd['diff']:+.3g} "
+                f"[{bd['lo']:+.3g}, {bd['hi']:+.3g}] (95% bootstrap over {bd['n']} images, paired)")
       rows.append({"paper": PAPER, "experiment": exp, "metric": f"{metric.upper()} {unit} of {fps_name}".replace("  ", " "),
-                   "ours": sc["fps"][metric],
+                   "ours": ours,
                    "paper_value": "FPS better than DPS-style guidance (paper Tables 1-2, FFHQ / ImageNet 256x256)",
-                   "holds": holds,
-                   "notes": diff + "mean over samples (+- se over images): " + "; ".join(
-                       f"{k} {v[metric]:.3g}+-{v[metric + '_se']:.2g}" for k, v in sc.items())
-                   + "; of the mean of the samples (an E[x|y] estimate): " + "; ".join(
-                       f"{k} {v[metric + '_avg']:.3g}" for k, v in sc.items() if metric + "_avg" in v)
-                   + f"; DPS zeta {t['dps_best_zeta']} picked by PSNR to the truth (oracle); mean ESS/M "
-                   + ", ".join(f"{k} {v:.2f}" for k, v in t["mean_ess_fraction"].items())
-                   + f"; prior {'cached' if im['prior'].get('cached') else 'trained'}",
-                   "plots": im["plots"]})
+                   "holds": holds, "notes": others.lstrip("; "), "plots": im["plots"]})
+      if "fps_tele" in sc:
+        bd = stats.bootstrap_diff(sc["fps_tele"][f"{metric}_per_image"], sc["fps"][f"{metric}_per_image"])
+        rows.append({"paper": PAPER, "experiment": exp,
+                     "metric": f"{metric.upper()} {unit} of FPS with telescoping weights vs the paper's".replace("  ", " "),
+                     "ours": (f"telescoping {sc['fps_tele'][metric]:.4g} vs paper weights {sc['fps'][metric]:.4g}; "
+                              f"diff {bd['diff']:+.3g} [{bd['lo']:+.3g}, {bd['hi']:+.3g}] (95% bootstrap over "
+                              f"{bd['n']} images, paired)"),
+                     "paper_value": "(beyond the paper; no claim)", "holds": None,
+                     "notes": (f"same kernel, particles and measurements; mean ESS/M telescoping "
+                               f"{t['mean_ess_fraction'].get('fps_tele', float('nan')):.2f} vs "
+                               f"{t['mean_ess_fraction'].get('fps', float('nan')):.2f}; E[x|y] estimate (mean of samples) "
+                               f"{sc['fps_tele'].get(metric + '_avg', float('nan')):.4g} vs "
+                               f"{sc['fps'].get(metric + '_avg', float('nan')):.4g}"),
+                     "plots": im["plots"]})
   return rows
 
 
