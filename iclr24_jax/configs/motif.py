@@ -1,0 +1,90 @@
+"""Motif: Intrinsic Motivation from Artificial Intelligence Feedback (Klissarov, D'Oro et al., ICLR 2024).
+
+Paper: https://arxiv.org/abs/2310.00166   Official code: https://github.com/facebookresearch/motif
+
+Run:  python -m experiments.main --config=configs/motif.py:tiny --workdir=runs/motif_tiny
+      python -m experiments.main --config=configs/motif.py --workdir=runs/motif            # toy, SmolLM2 labels
+      python -m experiments.main --config=configs/motif.py:oracle --workdir=runs/motif_oracle
+      python -m experiments.main --config=configs/motif.py:nethack --workdir=runs/motif_nethack
+Variants (comma-separated): '' (the captioned gridworld, SmolLM2 annotator), 'oracle' (the toy's oracle
+labels), 'generate' (official generate-and-parse annotation), 'nethack' (NetHackScore, host-loop PPO),
+'staircase_weights' (alpha_ext 10, alpha_int 0.1: the paper's goal-task weighting), 'tiny' (seconds).
+`num_steps` counts PPO updates of each toy agent.
+"""
+import ml_collections
+
+VARIANTS = ("", "tiny", "oracle", "generate", "nethack", "staircase_weights")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  from iclr24_jax.rl.ppo import default_config
+  parts = [p for p in (arg or "").split(",") if p]
+  unknown = [p for p in parts if p not in VARIANTS]
+  if unknown:
+    raise ValueError(f"unknown variant(s) {unknown} for configs/motif.py; choose from {list(VARIANTS)} "
+                     "(comma-separated).")
+  c = ml_collections.ConfigDict()
+  c.paper = "motif"
+  c.seed = 0
+  # The environment: the toy captioned gridworld (pure JAX) or NetHack (host side).
+  c.env = ml_collections.ConfigDict(dict(name="toy", height=7, width=13, max_episode_steps=80, noise_prob=0.15))
+  # The observation data set the caption pairs are drawn from (random + scripted agents).
+  c.data = ml_collections.ConfigDict(dict(name="toy_captions", data_dir="", num_envs=32, num_steps=100,
+                                          scripted_epsilon=0.2, num_pairs=300, holdout=0.2))
+  # Annotation: 'smollm2' (log-odds of "1" vs "2", both orders), 'oracle' (toy only), 'generate' (parse text).
+  c.annotation = ml_collections.ConfigDict(dict(
+      annotator="smollm2", tau=0.0, batch_size=8, widths=(256, 288, 320, 352, 384, 448, 512),
+      task="", cache_dir="", max_new_tokens=48, temperature=0.1, top_p=0.95))
+  # Reward model (official lt_cnn message encoder + 512-wide trunk) and its training.
+  c.model = ml_collections.ConfigDict(dict(embed_dim=32, hidden=64, trunk=512))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3))
+  c.reward_steps = 300
+  # Intrinsic reward (official NetHackScore run: beta 3, eps = 0.5 quantile, alpha_ext = alpha_int = 0.1;
+  # the toy's goal reward is 1, so its rewards use alpha 1 with PPO reward_scale 1, the same 1:1 weighting).
+  c.intrinsic = ml_collections.ConfigDict(dict(beta=3.0, eps_quantile=0.5, alpha_ext=1.0, alpha_int=1.0,
+                                               settings=("intrinsic", "extrinsic", "both")))
+  c.num_seeds = 8
+  c.eval_envs = 64
+  # The agent: PPO (PureJaxRL-style, one jitted program vmapped over seeds and reward settings).
+  agent = default_config()
+  agent.num_steps = 100
+  agent.model = ml_collections.ConfigDict(dict(policy_hidden=(64, 64), value_hidden=(64, 64), activation="tanh"))
+  agent.optimizer.learning_rate = 1e-3
+  agent.ppo.update(dict(num_envs=16, rollout_steps=64, num_minibatches=4, update_epochs=4, gamma=0.99,
+                        ent_coef=0.01, reward_scale=1.0))
+  c.agent = agent
+  c.num_steps = agent.num_steps
+  # NetHack (variant 'nethack'; also the reproduction's NetHack rows).
+  c.nethack = ml_collections.ConfigDict(dict(
+      task="NetHackScore-v0", num_envs=4, collect_steps=250, num_pairs=300, max_unique_pairs=24,
+      updates=4, rollout_steps=64, max_episode_steps=0, goal="defaultgoal",
+      alpha_ext=0.1, alpha_int=0.1))  # official NetHackScore weights
+  c.log_every = 10
+  c.eval_every = 0
+  c.checkpoint_every = 0
+  c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
+  if "oracle" in parts:
+    c.annotation.annotator = "oracle"
+  if "generate" in parts:
+    c.annotation.annotator = "generate"
+  if "staircase_weights" in parts:
+    c.intrinsic.alpha_ext, c.intrinsic.alpha_int = 10.0, 0.1
+    c.agent.ppo.reward_scale = 0.1
+  if "nethack" in parts:
+    c.env.name = "nethack"
+    c.data.name = "nethack_messages"
+  if "tiny" in parts:
+    c.env.update(dict(height=5, width=9, max_episode_steps=30))
+    c.data.update(dict(num_envs=8, num_steps=40, num_pairs=60))
+    c.model.update(dict(trunk=64))
+    c.reward_steps = 20
+    c.num_seeds = 2
+    c.eval_envs = 8
+    c.agent.num_steps = 3
+    c.agent.ppo.update(dict(num_envs=8, rollout_steps=16, num_minibatches=2, update_epochs=1))
+    c.num_steps = 3
+    c.nethack.update(dict(num_envs=2, collect_steps=20, num_pairs=20, max_unique_pairs=4, updates=1,
+                          rollout_steps=8))
+    if c.annotation.annotator == "smollm2":  # tiny runs load no LM (the tests cover the LM judge)
+      c.annotation.annotator = "keywords" if "nethack" in parts else "oracle"
+  return c

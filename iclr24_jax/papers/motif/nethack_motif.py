@@ -1,0 +1,147 @@
+"""Motif on NetHack (nle 1.3.0): message data from a random and a scripted agent, and agents trained with
+host-loop PPO on the extrinsic score, the intrinsic reward, or both.
+
+The official run uses APPO (sample-factory) for 2e9 steps on `NetHackScore-v1` (its own task class with a
+fixed eat action); here `NetHackScore-v0` of nle runs under `rl.ppo_host.HostPPO` for a CPU-sized budget.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from iclr24_jax.papers.motif import intrinsic, reward_model, toy
+from iclr24_jax.rl import nethack, ppo_host
+
+# Action indices of NetHackScore-v0 (nle TASK_ACTIONS): 0 MORE, 1-8 compass moves, 9-16 long moves,
+# 17 UP '<', 18 DOWN '>', 19 WAIT, 20 KICK, 21 EAT, 22 SEARCH.
+LONG_MOVES = tuple(range(9, 17))
+DOWN, SEARCH, MORE = 18, 22, 0
+BLOCKED = ("It's a wall.", "It's solid stone.", "You can't move diagonally", "This door is locked.",
+           "That door is closed.", "blocks your path", "is in the way")
+
+
+class ScriptedExplorer:
+  """A simple scripted NetHack agent: walks far in one direction until blocked, then picks another; goes
+  down when standing on a staircase; searches now and then; answers prompts with MORE (escape-like).
+
+  Args:
+    num_envs: N; seed: numpy seed.
+  """
+
+  def __init__(self, num_envs: int, seed: int = 0):
+    self.rng = np.random.default_rng(seed)
+    self.direction = self.rng.choice(LONG_MOVES, num_envs)
+
+  def __call__(self, messages: list[str]) -> np.ndarray:
+    acts = np.empty(len(messages), np.int64)
+    for i, m in enumerate(messages):
+      if "staircase down here" in m:
+        acts[i] = DOWN
+      elif m.endswith("?") or "[yn" in m or "--More--" in m:
+        acts[i] = MORE
+      elif any(b in m for b in BLOCKED) or self.rng.random() < 0.05:
+        self.direction[i] = self.rng.choice(LONG_MOVES)
+        acts[i] = self.direction[i]
+      elif self.rng.random() < 0.05:
+        acts[i] = SEARCH
+      else:
+        acts[i] = self.direction[i]
+    return acts
+
+
+def collect_messages(num_envs: int = 4, num_steps: int = 250, policy: str = "random", seed: int = 0,
+                     max_episode_steps: int | None = None) -> dict[str, Any]:
+  """Messages of every step of host rollouts (the observation data set the pairs are drawn from).
+
+  Args:
+    num_envs: parallel games; num_steps: steps per game; policy: 'random' or 'scripted'; seed: games and agent.
+    max_episode_steps: nle's time limit (None: nle's default).
+
+  Returns:
+    dict: messages (list of str, one per step and game), steps_per_s, episode_returns (finished episodes).
+  """
+  if policy not in ("random", "scripted"):
+    raise ValueError(f"policy must be 'random' or 'scripted', got {policy!r}.")
+  env = nethack.NetHackVecEnv(num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps)
+  rng = np.random.default_rng(seed)
+  agent = ScriptedExplorer(num_envs, seed)
+  obs = env.reset()
+  msgs, returns = [], []
+  t0 = time.perf_counter()
+  for _ in range(num_steps):
+    current = nethack.decode_messages(obs["message"])
+    a = rng.integers(0, env.num_actions, num_envs) if policy == "random" else agent(current)
+    obs, _, term, trunc, info = env.step(a)
+    msgs.extend(nethack.decode_messages(info["final_obs"]["message"]))
+    returns.extend(info["episode_return"][term | trunc].tolist())
+  dt = time.perf_counter() - t0
+  env.close()
+  return {"messages": msgs, "steps_per_s": num_envs * num_steps / dt, "episode_returns": returns}
+
+
+def message_reward_fn(params: Any, model: reward_model.RewardModel | None = None):
+  """NetHack message buffers [K, 256] -> r_phi [K], through the same text -> bytes path as the training data
+  (trailing spaces stripped, latin-1)."""
+
+  def fn(buffers: np.ndarray) -> np.ndarray:
+    return reward_model.message_rewards(params, toy.caption_bytes(nethack.decode_messages(buffers)), model)
+
+  return fn
+
+
+def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int, seed: int = 0,
+                 num_envs: int = 4, max_episode_steps: int | None = None) -> dict[str, dict[str, Any]]:
+  """HostPPO on NetHackScore with the Motif reward hook, one agent per reward setting (alpha_int = 0 gives the
+  extrinsic-only agent). The settings share one environment and one compiled agent; each starts from the same
+  params and the same games (the environment's seed streams restart).
+
+  Args:
+    config: a PPO config (ppo.default_config() layout).
+    hooks: setting name -> MotifRewardHook keyword arguments except num_envs (reward_fn, mu, sigma, eps, beta,
+      alpha_ext, alpha_int).
+    num_updates: PPO updates per setting; seed: games and params; num_envs: games.
+
+  Returns:
+    setting -> dict: history (per-update metrics), env_steps, steps_per_s (collect + hook + learn, wall),
+    episode_returns, message statistics (unique messages, fraction non-empty), intrinsic statistics of the hook.
+  """
+  env = nethack.NetHackVecEnv(num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps)
+  model = nethack.NetHackNet(env.num_actions, crop=9, glyph_dim=16, msg_dim=32, hidden=256)
+  agent = ppo_host.HostPPO(config, env, model)
+  results = {}
+  for name, hook_args in hooks.items():
+    hook = intrinsic.MotifRewardHook(num_envs=num_envs, **hook_args)
+    seen = collections.Counter()
+
+    def counting_hook(batch, hook=hook, seen=seen):
+      for m in nethack.decode_messages(batch["next_obs"]["message"].reshape(-1, nethack.MESSAGE_LEN)):
+        seen[m] += 1
+      return hook(batch)
+
+    agent.reward_hook = counting_hook
+    env.reset(seed=seed)                      # the same games for every setting
+    state = agent.init(jax.random.key(seed))  # the same initial params
+    history = []
+
+    def log(u, m, hook=hook, history=history):
+      m.update({f"hook/{k}": v for k, v in hook.last.items()})
+      history.append(dict(m))
+
+    t0 = time.perf_counter()
+    agent.train(state, num_updates, jax.random.key(seed + 1), log_fn=log)
+    dt = time.perf_counter() - t0
+    steps = num_updates * num_envs * agent.rollout_steps
+    returns = [h["episode_return"] for h in history if h["episodes"] > 0 and np.isfinite(h["episode_return"])]
+    total = sum(seen.values())
+    results[name] = {
+        "history": history, "env_steps": steps, "steps_per_s": steps / dt, "episode_returns": returns,
+        "unique_messages": len(seen), "nonempty_fraction": 1.0 - seen.get("", 0) / max(total, 1),
+        "extrinsic_per_step": float(np.mean([h["extrinsic_reward"] for h in history])),
+        "intrinsic_per_step": float(np.mean([h["hook/intrinsic_reward"] for h in history])),
+        "top_messages": seen.most_common(8)}
+  env.close()
+  return results

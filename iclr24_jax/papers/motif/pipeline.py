@@ -1,0 +1,142 @@
+"""Motif end to end on captions: pair data set -> annotations -> reward model -> normalisation -> RL reward.
+
+Shared by the toy world (pure JAX, `make_toy_train`) and NetHack (host loop, `intrinsic.MotifRewardHook`).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.papers.motif import intrinsic, reward_model, toy
+from iclr24_jax.rl import ppo
+from iclr24_jax.rl import rollout as rollout_lib
+
+
+def sample_pairs(captions: Sequence[str], num_pairs: int, seed: int = 0) -> list[tuple[str, str]]:
+  """Pairs of captions drawn uniformly (with replacement) from an observation data set of captions.
+
+  Args:
+    captions: one caption per observation (frequencies matter, as in the official data set of pairs).
+    num_pairs: P.
+    seed: numpy seed.
+
+  Returns:
+    [(caption_1, caption_2)] * P.
+  """
+  if len(captions) < 2:
+    raise ValueError(f"need at least 2 captions to draw pairs, got {len(captions)}.")
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(0, len(captions), size=(num_pairs, 2))
+  return [(captions[i], captions[j]) for i, j in idx]
+
+
+def to_arrays(records: Sequence[dict], length: int = reward_model.MESSAGE_LEN) -> dict[str, Any]:
+  """Annotation records -> training arrays over unique messages; unparsable labels (None) are dropped.
+
+  Returns:
+    dict: messages [M, length] uint8 (unique), texts [M] str, pairs [P, 2] int32, labels [P] int32,
+    weights [P] float32 (multiplicity of each unique (pair, label)), occurrences [M] float32 (how often each
+    message appears in the kept pairs; for the normalisation's mu and sigma).
+  """
+  kept = [r for r in records if r["label"] is not None]
+  if not kept:
+    raise ValueError("no annotated pair has a label (every answer was unparsable).")
+  texts = list(dict.fromkeys([c for r in kept for c in (r["caption_1"], r["caption_2"])]))
+  index = {t: i for i, t in enumerate(texts)}
+  uniq: dict[tuple[int, int, int], int] = {}
+  for r in kept:
+    k = (index[r["caption_1"]], index[r["caption_2"]], int(r["label"]))
+    uniq[k] = uniq.get(k, 0) + 1
+  pairs = np.array([[a, b] for a, b, _ in uniq], np.int32).reshape(-1, 2)
+  labels = np.array([l for _, _, l in uniq], np.int32)
+  weights = np.array(list(uniq.values()), np.float32)
+  occ = np.zeros(len(texts), np.float32)
+  np.add.at(occ, pairs[:, 0], weights)
+  np.add.at(occ, pairs[:, 1], weights)
+  return dict(messages=toy.caption_bytes(texts, length), texts=texts, pairs=pairs, labels=labels, weights=weights,
+              occurrences=occ)
+
+
+def split_by_pair(data: dict, holdout: float, seed: int = 0) -> tuple[dict, dict]:
+  """Splits unique unordered caption pairs into train / held-out (a held-out pair never appears in training,
+  in either order)."""
+  rng = np.random.default_rng(seed)
+  unordered = [tuple(sorted(p)) for p in data["pairs"].tolist()]
+  keys = sorted(set(unordered))
+  rng.shuffle(keys)
+  n_hold = int(round(holdout * len(keys)))
+  hold = set(keys[:n_hold])
+  mask = np.array([u in hold for u in unordered], bool)
+
+  def part(m):
+    d = dict(data)
+    d.update(pairs=data["pairs"][m], labels=data["labels"][m], weights=data["weights"][m])
+    occ = np.zeros(len(data["texts"]), np.float32)
+    np.add.at(occ, d["pairs"][:, 0], d["weights"])
+    np.add.at(occ, d["pairs"][:, 1], d["weights"])
+    d["occurrences"] = occ
+    return d
+
+  return part(~mask), part(mask)
+
+
+def fit_reward(key: jax.Array, data: dict, num_steps: int, learning_rate: float, eps_quantile: float | None,
+               model: reward_model.RewardModel | None = None) -> dict[str, Any]:
+  """Reward model + normalisation + threshold from training arrays (see `to_arrays`).
+
+  Returns:
+    dict: params, rewards [M] (r_phi of data['messages']), mu, sigma, quantiles, eps, history.
+  """
+  params, hist = reward_model.fit_reward_model(key, data["messages"], data["pairs"], data["labels"],
+                                               data["weights"], num_steps, learning_rate, model)
+  r = reward_model.message_rewards(params, data["messages"], model)
+  seen = data["occurrences"] > 0
+  # mu, sigma over every message occurrence of the training pairs; quantiles over the unique training messages.
+  mu, sigma, q = intrinsic.fit_normalisation(r[seen], r[seen], weights=data["occurrences"][seen])
+  eps = intrinsic.threshold((r[seen] - mu) / sigma, eps_quantile)
+  return dict(params=params, rewards=r, mu=mu, sigma=sigma, quantiles=q, eps=eps, history=hist)
+
+
+# ------------------------------------------------------------------------------------------- toy world RL
+def toy_reward_fn(caption_rewards: jax.Array, mu: Any, sigma: Any, eps: Any, alpha_ext: Any, alpha_int: Any,
+                  beta: Any, max_episode_steps: int):
+  """A `ppo.make_train(reward_fn=...)` hook for the toy world: Eq. (2)-(3) from the caption of each step.
+
+  Args:
+    caption_rewards: [NUM_CAPTIONS] r_phi of every toy caption (arrays may be traced: vmap over settings).
+    mu, sigma, eps, alpha_ext, alpha_int, beta: see intrinsic.intrinsic_reward / combine_rewards.
+    max_episode_steps: the env's time limit (decodes the count from the observation).
+  """
+
+  def reward_fn(tr: rollout_lib.Transition) -> jax.Array:
+    cap, cnt = toy.caption_and_count(tr.next_obs, max_episode_steps)
+    r = jnp.asarray(caption_rewards)[cap]
+    r_int = intrinsic.intrinsic_reward(r, mu, sigma, eps, cnt, beta)
+    return intrinsic.combine_rewards(tr.reward, r_int, alpha_ext, alpha_int)
+
+  return reward_fn
+
+
+def make_toy_train(config: Any, env: toy.CaptionedGridWorld, eval_envs: int = 64):
+  """train(key, setting) -> metrics: PPO on the toy world with the Motif reward, pure (vmap over seeds and
+  settings).
+
+  `setting` is a dict of scalars / arrays: caption_rewards [C], mu, sigma, eps, alpha_ext, alpha_int, beta.
+  Returns {'curve': per-update dict of [num_updates] arrays, 'final': episode_stats of the final policy}.
+  """
+
+  def train(key, setting):
+    fn = toy_reward_fn(setting["caption_rewards"], setting["mu"], setting["sigma"], setting["eps"],
+                       setting["alpha_ext"], setting["alpha_int"], setting["beta"], env.spec.max_episode_steps)
+    agent = ppo.PPO(config, env=env, reward_fn=fn)
+    k_train, k_eval = jax.random.split(key)
+    out = agent.train(k_train)
+    ts = out["runner_state"].train_state
+    final = toy.episode_stats(env, agent.policy_fn(ts.params, ts.extra, deterministic=False), k_eval, eval_envs)
+    m = out["metrics"]
+    return {"curve": {"episode_return": m["episode_return"], "reward": m["reward"]}, "final": final}
+
+  return train
