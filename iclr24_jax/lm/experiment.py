@@ -430,7 +430,7 @@ def _text_ids(tok: tok_lib.Tokenizer, n: int) -> list[int]:
   return ids[:n]
 
 
-def _load_llamacpp(threads: int):
+def _load_llamacpp(threads: int, threads_batch: int | None = None):
   """(llama_cpp.Llama on the SmolLM2 GGUF, None), or (None, why not)."""
   try:
     from llama_cpp import Llama
@@ -439,10 +439,39 @@ def _load_llamacpp(threads: int):
                   "extra (pip install llama-cpp-python; it compiles llama.cpp from source)")
   try:
     path = str(weights.find_smollm2_gguf())
-    return Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, n_batch=512,
-                 verbose=False), None
+    return Llama(model_path=path, n_threads=threads, n_threads_batch=threads_batch or threads, n_ctx=512,
+                 n_batch=512, verbose=False), None
   except Exception as e:
     return None, f"llama.cpp could not load the GGUF ({type(e).__name__}: {str(e)[:200]})"
+
+
+def _llamacpp_threads(cores: int, prompt: list[int], probe_tokens: int = 8) -> tuple[int, int, dict]:
+  """llama.cpp's fastest thread counts here and now: (decode threads, prompt threads, probe tokens/s).
+
+  Each candidate (1 and every core) decodes `probe_tokens` greedy tokens and evaluates the prompt. On a
+  loaded machine llama.cpp's spinning thread barriers collapse with more threads than free cores (measured
+  at load 15 on 2 cores: 2 threads 0.9-1.5 tok/s, 1 thread 22 tok/s), so each side runs its best setting.
+  """
+  probes = {}
+  for th in sorted({1, cores}):
+    model, _ = _load_llamacpp(th)
+    model.reset()
+    t0 = time.perf_counter()
+    model.eval(prompt)
+    t_prompt = time.perf_counter() - t0
+    out = []
+    for t in model.generate(prompt, temp=0.0, repeat_penalty=1.0, reset=True):
+      out.append(t)
+      if len(out) == 1:
+        t1 = time.perf_counter()
+      if len(out) == probe_tokens:
+        break
+    probes[th] = {"prompt_tok_s": len(prompt) / t_prompt,
+                  "decode_tok_s": (probe_tokens - 1) / (time.perf_counter() - t1)}
+    del model
+  decode = max(probes, key=lambda th: probes[th]["decode_tok_s"])
+  batch = max(probes, key=lambda th: probes[th]["prompt_tok_s"])
+  return decode, batch, probes
 
 
 def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConfig, tok: tok_lib.Tokenizer,
@@ -455,18 +484,21 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
   the same sequences one after the other (its prompt processing, last-token logits only: its fastest
   setting, so the comparison does not favour us). Greedy: batch 1, `prompt_len` prompt tokens, then
   `new_tokens` tokens with no stop token; decoding tokens/s = (N - 1) / (time of N tokens - time to the
-  first), total tokens/s = N / (prefill + N tokens). llama.cpp uses every core this process may run on.
+  first), total tokens/s = N / (prefill + N tokens). llama.cpp runs with its fastest thread counts, probed
+  first (`_llamacpp_threads`). CPU seconds per token (this process, all threads) are reported beside the
+  wall-clock rates: they depend less on what else runs on the machine.
 
   Returns:
     Rows 'lm/vs_llamacpp/{score,greedy_decode,greedy_total}' (ours, llama.cpp's figure, the ratio and the
     issue's target), 'llama.cpp/...' rows, or one 'llama.cpp/unavailable' row saying why.
   """
-  threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  model, why = _load_llamacpp(threads)
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  model, why = _load_llamacpp(cores)
   if model is None:
     return [{"name": "llama.cpp/unavailable", "size": "-", "batch": 1, "mesh_devices": 1,
              "notes": why + f"; llama.cpp figures stay the notes' (prompt ~{NOTES['llamacpp_prompt_tok_s']:.0f}, "
                             f"greedy ~{NOTES['llamacpp_decode_tok_s']:.0f} tok/s)"}]
+  del model
   import llama_cpp
   seq = _text_ids(tok, score_len)
   score_ids = np.asarray([seq[i:] + seq[:i] for i in range(score_batch)], np.int32)  # distinct rows
@@ -474,6 +506,8 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
   prompt = _text_ids(tok, prompt_len)
   p_ids = np.asarray([prompt], np.int32)
   p_mask = np.ones_like(p_ids, bool)
+  th_decode, th_batch, probes = _llamacpp_threads(cores, prompt)
+  model, _ = _load_llamacpp(th_decode, th_batch)
   score = jax.jit(lambda p, i, m: scoring.sequence_logprob(p, cfg, i, m))
   gen_n = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=new_tokens))
   gen_1 = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=1))
@@ -489,7 +523,7 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
   def lc_greedy():
     model.reset()
     out, t_first = [], None
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for t in model.generate([int(t) for t in prompt], temp=0.0, repeat_penalty=1.0, reset=True):
       out.append(int(t))
       if len(out) == 1:
@@ -497,29 +531,28 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
       if len(out) == new_tokens:
         break
     t_end = time.perf_counter()
-    return out, t_end - t0, (t_end - t_first) / (new_tokens - 1)
+    return out, t_end - t0, (t_end - t_first) / (new_tokens - 1), time.process_time() - c0
 
   ours_gen_n = lambda: gen_n(fused, prompt_ids=p_ids, prompt_mask=p_mask, key=jax.random.key(0))  # noqa: E731
   ours_gen_1 = lambda: gen_1(fused, prompt_ids=p_ids, prompt_mask=p_mask, key=jax.random.key(0))  # noqa: E731
   ours_tokens = np.asarray(ours_gen_n().tokens)[0].tolist()  # compiles; also the greedy output to compare
   ours_score(), ours_gen_1()
-  lc_score()
-  lc_tokens, _, _ = lc_greedy()
-  t = {k: [] for k in ("ours_score", "lc_score", "ours_n", "ours_1", "lc_total", "lc_step")}
-  cpu = {k: [] for k in ("ours_score", "lc_score")}
+  lc_tokens = lc_greedy()[0]
+  keys = ("ours_score", "lc_score", "ours_n", "ours_1", "lc_total", "lc_step")
+  t = {k: [] for k in keys}
+  cpu = {k: [] for k in ("ours_score", "lc_score", "ours_n", "lc_total")}
   for _ in range(repeats):  # alternate, so a change of machine load hits both
-    _, w, c = _timed(ours_score)
-    t["ours_score"].append(w)
-    cpu["ours_score"].append(c)
-    _, w, c = _timed(lc_score)
-    t["lc_score"].append(w)
-    cpu["lc_score"].append(c)
-    t["ours_n"].append(_timed(ours_gen_n)[1])
+    for k, fn in (("ours_score", ours_score), ("lc_score", lc_score), ("ours_n", ours_gen_n)):
+      _, w, c = _timed(fn)
+      t[k].append(w)
+      cpu[k].append(c)
     t["ours_1"].append(_timed(ours_gen_1)[1])
-    _, total, step = lc_greedy()
+    _, total, step, c = lc_greedy()
     t["lc_total"].append(total)
     t["lc_step"].append(step)
+    cpu["lc_total"].append(c)
   med = {k: float(np.median(v)) for k, v in t.items()}
+  cpu_med = {k: float(np.median(v)) for k, v in cpu.items()}
   load = os.getloadavg()[0]
   n_score = score_batch * score_len
   ours_score_tps, lc_score_tps = n_score / med["ours_score"], n_score / med["lc_score"]
@@ -528,24 +561,32 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
   ours_total_tps, lc_total_tps = new_tokens / med["ours_n"], new_tokens / med["lc_total"]
   agree = next((i for i, (a, b) in enumerate(zip(ours_tokens, lc_tokens)) if a != b), min(len(ours_tokens),
                                                                                           len(lc_tokens)))
-  common = dict(mesh_devices=1, llamacpp_version=getattr(llama_cpp, "__version__", "?"), llamacpp_threads=threads)
+  common = dict(mesh_devices=1, llamacpp_version=getattr(llama_cpp, "__version__", "?"),
+                llamacpp_threads=f"decode {th_decode}, prompt {th_batch} of {cores} cores")
+  probe_note = "; ".join(f"{th} thread(s): prompt {v['prompt_tok_s']:.0f}, decode {v['decode_tok_s']:.1f} tok/s"
+                         for th, v in probes.items())
   note = (f"same GGUF (Q4_1; ours dequantized to float32), same token ids, {repeats} alternating repeats (medians); "
-          f"1-min load average {load:.1f}")
+          f"llama.cpp thread probe: {probe_note}; 1-min load average {load:.1f}")
+  texts = (repr(tok.decode(ours_tokens[:16]))[:60], repr(tok.decode(lc_tokens[:16]))[:60])
   rows = [
       {"name": "lm/vs_llamacpp/score", "size": f"{score_batch}x{score_len}", "batch": score_batch,
        "median_s": med["ours_score"], "items_per_s": ours_score_tps, "llamacpp_items_per_s": lc_score_tps,
        "ratio": ours_score_tps / lc_score_tps, "target": ">= 2", "holds": bool(ours_score_tps >= 2 * lc_score_tps),
-       "cpu_s": float(np.median(cpu["ours_score"])), "llamacpp_cpu_s": float(np.median(cpu["lc_score"])),
+       "cpu_ms_per_token": 1e3 * cpu_med["ours_score"] / n_score,
+       "llamacpp_cpu_ms_per_token": 1e3 * cpu_med["lc_score"] / n_score,
        "notes": "tokens/s; ours: one sequence_logprob call (every position's log-prob); llama.cpp: the same "
                 f"{score_batch} sequences evaluated one by one (last-token logits only); " + note, **common},
       {"name": "lm/vs_llamacpp/greedy_decode", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
        "median_s": ours_step, "items_per_s": ours_dec_tps, "llamacpp_items_per_s": lc_dec_tps,
        "ratio": ours_dec_tps / lc_dec_tps, "target": ">= 1", "holds": bool(ours_dec_tps >= lc_dec_tps),
        "notes": f"decoding tokens/s after the first token; greedy outputs agree on the first {agree} of "
-                f"{new_tokens} tokens (llama.cpp runs Q4_1 x Q8 arithmetic, we run float32); " + note, **common},
+                f"{new_tokens} tokens (llama.cpp computes Q4_1 x Q8, we float32): ours {texts[0]}, llama.cpp "
+                f"{texts[1]}; " + note, **common},
       {"name": "lm/vs_llamacpp/greedy_total", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
        "median_s": med["ours_n"], "items_per_s": ours_total_tps, "llamacpp_items_per_s": lc_total_tps,
-       "ratio": ours_total_tps / lc_total_tps, "notes": "new tokens / (prefill + all steps); " + note, **common},
+       "ratio": ours_total_tps / lc_total_tps, "cpu_ms_per_token": 1e3 * cpu_med["ours_n"] / new_tokens,
+       "llamacpp_cpu_ms_per_token": 1e3 * cpu_med["lc_total"] / new_tokens,
+       "notes": "new tokens / (prefill + all steps); " + note, **common},
       {"name": "llama.cpp/prompt_eval", "size": f"{score_batch}x{score_len}", "batch": 1,
        "median_s": med["lc_score"], "items_per_s": lc_score_tps, "notes": note, **common},
       {"name": "llama.cpp/greedy", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
