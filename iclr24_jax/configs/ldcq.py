@@ -1,0 +1,84 @@
+"""LDCQ: Reasoning with Latent Diffusion in Offline Reinforcement Learning (Venkatraman et al., ICLR 2024).
+
+Paper: https://arxiv.org/abs/2309.06599 (ICLR 2024)
+Official code: https://github.com/ldcq/ldcq
+
+Run:  python -m experiments.main --config=configs/ldcq.py:tiny --workdir=runs/ldcq
+Variants (after the colon):
+  ''          maze/medium 'noisy' data, the official networks and optimiser settings (hours on a CPU)
+  'umaze'     the same on maze/umaze (the short-horizon control)
+  'cpu'       maze/medium at the CPU scale of the reproduction (small networks, short training; minutes)
+  'cpu_umaze' maze/umaze at the CPU scale
+  'tiny'      seconds: tiny networks, a few steps, 2 episodes
+Pipeline: skill beta-VAE -> latent diffusion prior on the encoder's posterior means -> latents pre-sampled from
+the prior at every s_H -> batch-constrained double Q-learning with prioritised replay -> acting by argmax Q over
+latents sampled from the prior, each run with the VAE prior + Q, latent BC and BC beside it.
+Data: rl.offline ('maze/<layout>', 'noisy': the noisy waypoint controller with random goals, which needs
+stitching; cached under $ICLR24_RL_CACHE), or a user's D4RL file via data.path (.hdf5 needs h5py).
+"""
+import ml_collections
+
+VARIANTS = ("", "umaze", "cpu", "cpu_umaze", "tiny")
+
+
+def cpu_scale(c: ml_collections.ConfigDict) -> None:
+  """The CPU-scale settings of the reproduction (see the README's deviations)."""
+  c.model.update(dict(z_dim=8, hidden=64, gru_layers=1, denoiser_hidden=64, denoiser_blocks=2, time_embed_dim=64,
+                      q_hidden=64, q_head=(64, 32), bc_hidden=64))
+  c.vae.update(dict(num_steps=1000, batch_size=64, learning_rate=1e-3))
+  c.diffusion.update(dict(num_steps=2000, batch_size=256, learning_rate=1e-3, num_segments=8192))
+  c.q.update(dict(num_steps=2000, num_segments=2048, num_prior_samples=16, num_target_samples=8))
+  c.bc.update(dict(num_steps=1000))
+  c.eval.update(dict(num_episodes=20, num_samples=16))
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  arg = arg or ""
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown variant '{arg}' for configs/ldcq.py; choose one of {list(VARIANTS)}.")
+  layout = "umaze" if "umaze" in arg else "medium"
+  c = ml_collections.ConfigDict()
+  c.paper = "ldcq"
+  c.variant = arg or "default"
+  c.seed = 0
+  c.num_seeds = 1  # independent pipelines, vmapped (paired: same data)
+  c.data = ml_collections.ConfigDict(dict(name=f"maze/{layout}", kind="noisy", num_transitions=100_000, path="",
+                                          data_dir="", holdout=0.1, relabel_goal=True))
+  # Deviation: H = 10 (official 30 for D4RL maze2d): this maze's point mass crosses a cell in ~5 steps and the
+  # expert reaches the medium goal in ~20 steps (D4RL maze2d-medium: ~150), so 10 steps is a comparable skill.
+  c.horizon = 10
+  c.gamma = 0.99  # official 0.995 (DDQN); r_{0:H} is discounted with the same gamma
+  c.model = ml_collections.ConfigDict(dict(
+      z_dim=16, hidden=256, gru_layers=4, policy_type="autoregressive",   # official SkillModel defaults
+      denoiser_hidden=256, denoiser_blocks=3, time_embed_dim=128,          # Deviation: residual MLP, not the UNet
+      q_hidden=256, q_head=(128, 32), bc_hidden=256))
+  c.vae = ml_collections.ConfigDict(dict(num_steps=100_000, batch_size=128, learning_rate=5e-5, beta=0.05,
+                                         terminal_loss=True))
+  c.diffusion = ml_collections.ConfigDict(dict(
+      schedule="linear", num_timesteps=100, beta_start=1e-4, beta_end=0.02, sample_steps=0, variance="beta",
+      num_steps=100_000, batch_size=128, learning_rate=1e-4, num_segments=0))   # 0: every training segment
+  c.q = ml_collections.ConfigDict(dict(
+      num_steps=100_000, batch_size=128, learning_rate=1e-3, tau=0.005, max_grad_norm=1.0, alpha=0.6,
+      per_beta0=0.3, per_beta_step=0.01, num_prior_samples=1000, num_target_samples=100, num_segments=0))
+  c.bc = ml_collections.ConfigDict(dict(num_steps=100_000, batch_size=256, learning_rate=1e-3))
+  c.eval = ml_collections.ConfigDict(dict(num_episodes=20, num_samples=500, exec_horizon=10, episode_steps=0))
+  c.methods = ("ldcq", "vae_q", "latent_bc", "bc")
+  c.fast_compile = False  # True: compile every stage at XLA level 0 on CPU (compile-bound small runs)
+  c.log_every = 100
+  c.eval_every = 0
+  c.checkpoint_every = 0  # 0: the final parameters only; -1: none
+  c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
+  if arg.startswith("cpu"):
+    cpu_scale(c)
+  if arg == "tiny":
+    c.data.num_transitions = 100_000
+    c.model.update(dict(z_dim=4, hidden=16, gru_layers=1, denoiser_hidden=16, denoiser_blocks=1, time_embed_dim=16,
+                        q_hidden=16, q_head=(16, 8), bc_hidden=16))
+    c.vae.update(dict(num_steps=5, batch_size=16))
+    c.diffusion.update(dict(num_timesteps=10, num_steps=5, batch_size=16, num_segments=64))
+    c.q.update(dict(num_steps=5, batch_size=16, num_prior_samples=4, num_target_samples=4, num_segments=64))
+    c.bc.update(dict(num_steps=5, batch_size=16))
+    c.eval.update(dict(num_episodes=2, num_samples=2, episode_steps=20))
+    c.log_every = 1
+    c.fast_compile = True
+  return c

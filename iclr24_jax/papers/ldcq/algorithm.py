@@ -1,0 +1,449 @@
+"""LDCQ: sampling latents from the prior, the batch-constrained Q update, acting, and the training stages.
+
+  spec = LDCQSpec(vae=SkillVAE(...), denoiser=MLPDenoiser(...), q_net=QNetwork(...), horizon=H)
+  params = LDCQParams(vae=..., diffusion=..., q=..., q_target=..., spec=spec)
+  z = sample_latents(key, params, states, n)          # [B, n, Z] from the diffusion (or Gaussian VAE) prior
+  z = act(key, params, state, num_samples)            # [B, Z]: argmax_z min(Q'_0, Q'_1)(s, z) over n prior samples
+  q_state, metrics = q_train_step(q_state, None, key, cfg=QConfig(...))   # prioritised replay inside the state
+
+Every function is pure and un-jitted; the stage trainers (`train_vae`, `train_diffusion`, `train_bc`, `train_q`)
+run their whole loop in one `lax.scan`, so a caller can `jax.vmap` them over seeds and jit once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.diffusion import samplers, schedules
+from iclr24_jax.diffusion.unet import MLPDenoiser
+from iclr24_jax.papers.ldcq import losses
+from iclr24_jax.papers.ldcq.model import BCPolicy, QNetwork, SkillVAE, twin_q_apply, twin_q_init
+from iclr24_jax.rl import replay
+
+PRIORS = ("diffusion", "gaussian")
+
+
+@dataclasses.dataclass(frozen=True)
+class LDCQSpec:
+  """The static part of an LDCQ agent: modules and the diffusion sampler's settings.
+
+  Attributes:
+    vae: the SkillVAE.
+    denoiser: the latent denoiser (MLPDenoiser, x0-prediction, conditioned on s_0 via cond=).
+    q_net: the Q network.
+    horizon: H, the skill length.
+    prior: 'diffusion' (LDCQ) or 'gaussian' (the VAE's p(z | s_0): the "VAE prior" baselines).
+    schedule: 'linear' (official: betas beta_start..beta_end over num_timesteps) or 'cosine' (reaches noise).
+    num_timesteps: T (official 100).
+    beta_start, beta_end: the linear betas (official 1e-4, 0.02).
+    sample_steps: reverse steps when sampling (0: all T, the official sampler; fewer strides the DDPM chain).
+    variance: DDPM's reverse variance: 'beta' (official: sqrt(beta_t) z) or 'posterior'.
+  """
+
+  vae: SkillVAE
+  denoiser: MLPDenoiser
+  q_net: QNetwork
+  horizon: int = 10
+  prior: str = "diffusion"
+  schedule: str = "linear"
+  num_timesteps: int = 100
+  beta_start: float = 1e-4
+  beta_end: float = 0.02
+  sample_steps: int = 0
+  variance: str = "beta"
+
+  def __post_init__(self):
+    if self.prior not in PRIORS:
+      raise ValueError(f"unknown LDCQ prior '{self.prior}'; choose one of {PRIORS}.")
+    if self.schedule not in ("linear", "cosine"):
+      raise ValueError(f"unknown LDCQ diffusion schedule '{self.schedule}'; choose 'linear' or 'cosine'.")
+
+  def make_schedule(self) -> schedules.DiscreteSchedule:
+    """The DDPM schedule. Deviation (documented): the official linear schedule (1e-4..0.02, T = 100) ends at
+    abar_T ~ 0.37, not at noise, while sampling starts from N(0, I); it is kept as the default (the official
+    run), and 'cosine' is the schedule that reaches noise."""
+    if self.schedule == "linear":
+      return schedules.linear_beta_schedule(self.num_timesteps, self.beta_start, self.beta_end)
+    return schedules.cosine_beta_schedule(self.num_timesteps)
+
+
+@flax.struct.dataclass
+class LDCQParams:
+  """An agent's parameters (a pytree) with its static spec.
+
+  Attributes:
+    vae: SkillVAE params.
+    diffusion: denoiser params (None with the Gaussian prior).
+    q: twin online Q params stacked [2, ...] (None: no Q, the latent-BC policy).
+    q_target: twin target Q params [2, ...] (acting uses these, as the official evaluation).
+    spec: the LDCQSpec (static).
+  """
+
+  vae: Any
+  diffusion: Any = None
+  q: Any = None
+  q_target: Any = None
+  spec: LDCQSpec = flax.struct.field(pytree_node=False, default=None)
+
+
+def _as_batch(states: jax.Array) -> tuple[jax.Array, bool]:
+  states = jnp.asarray(states, jnp.float32)
+  if states.ndim == 1:
+    return states[None], True
+  if states.ndim != 2:
+    raise ValueError(f"states must be [D] or [B, D]; got shape {states.shape}.")
+  return states, False
+
+
+def sample_latents(key: jax.Array, params: LDCQParams, states: jax.Array, n: int) -> jax.Array:
+  """n latents per state from the agent's prior p(z | s).
+
+  Diffusion prior: DDPM ancestral sampling (`diffusion.samplers.sample`, method 'ddpm', x0-prediction, the
+  official reverse variance beta_t) of the MLPDenoiser conditioned on s. Gaussian prior: z ~ N(mu(s), sigma(s)^2).
+
+  Args:
+    key: randomness.
+    params: LDCQParams.
+    states: [B, D] (or [D]).
+    n: samples per state.
+
+  Returns:
+    latents [B, n, Z] (or [n, Z] for a single state).
+  """
+  spec = params.spec
+  s, single = _as_batch(states)
+  b = s.shape[0]
+  z_dim = spec.vae.z_dim
+  if n < 1:
+    raise ValueError(f"n (latents per state) must be >= 1, got {n}.")
+  if spec.prior == "gaussian":
+    mean, std = spec.vae.apply({"params": params.vae}, s, method=SkillVAE.prior)
+    z = mean[:, None] + std[:, None] * jax.random.normal(key, (b, n, z_dim))
+  else:
+    if params.diffusion is None:
+      raise ValueError("this agent has prior='diffusion' but no diffusion params; train the prior first.")
+    cond = jnp.repeat(s, n, axis=0)
+    den = lambda z_t, t, c: spec.denoiser.apply({"params": params.diffusion}, z_t, t, cond=c)  # noqa: E731
+    z = samplers.sample(den, spec.make_schedule(), (b * n, z_dim), key, method="ddpm", prediction="x0",
+                        variance=spec.variance, num_steps=spec.sample_steps or None, cond=cond).reshape(b, n, z_dim)
+  return z[0] if single else z
+
+
+def q_values(params: LDCQParams, states: jax.Array, latents: jax.Array, target: bool = True) -> jax.Array:
+  """min(Q_0, Q_1)(s, z) for states [B, D] and latents [B, N, Z] -> [B, N] (target nets by default)."""
+  b, n, zd = latents.shape
+  qp = params.q_target if target else params.q
+  q = twin_q_apply(params.spec.q_net, qp, jnp.repeat(states, n, axis=0), latents.reshape(b * n, zd))
+  return jnp.min(q, axis=0).reshape(b, n)
+
+
+def act(key: jax.Array, params: LDCQParams, state: jax.Array, num_samples: int) -> jax.Array:
+  """LDCQ's high-level policy: sample `num_samples` latents from the prior at the state and take the one with the
+  highest min(Q'_0, Q'_1) (official q_policy / get_max_skills(is_eval=True)). Without Q params the first sample is
+  returned (latent BC).
+
+  Args:
+    key: randomness.
+    params: LDCQParams.
+    state: [B, D] or [D].
+    num_samples: N latents per state.
+
+  Returns:
+    the chosen latent [B, Z] (or [Z]).
+  """
+  s, single = _as_batch(state)
+  z = sample_latents(key, params, s, num_samples)               # [B, N, Z]
+  if params.q_target is None:
+    best = z[:, 0]
+  else:
+    idx = jnp.argmax(q_values(params, s, z), axis=-1)
+    best = jnp.take_along_axis(z, idx[:, None, None], axis=1)[:, 0]
+  return best[0] if single else best
+
+
+def low_level_action(key: jax.Array, params: LDCQParams, state: jax.Array, z: jax.Array,
+                     deterministic: bool = False) -> jax.Array:
+  """a ~ pi(a | s, z) [B, A] for states [B, D], latents [B, Z] (sampled, as the official numpy_policy)."""
+  return params.spec.vae.apply({"params": params.vae}, key, state, z, deterministic, method=SkillVAE.sample_action)
+
+
+# --- Q-learning ---------------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class QConfig:
+  """Static settings of the Q update (official DDQN defaults in brackets).
+
+  Attributes:
+    q_net: the Q module.
+    discount: gamma^H of the target.
+    batch_size: [128].
+    num_target_samples: latents drawn (without replacement) from the K stored per s_H for each update [100 of 1000].
+    tau: Polyak step 1 - 0.995 [target <- 0.995 target + 0.005 online, every step].
+    max_grad_norm: per-network gradient clipping [1].
+    per_beta0, per_beta_step, steps_per_epoch: PER importance exponent beta = min(1, 0.3 + 0.01 * epoch).
+    priority_eps: added to the squared TD errors [5e-6].
+  """
+
+  q_net: QNetwork
+  discount: float
+  batch_size: int = 128
+  num_target_samples: int = 100
+  tau: float = 0.005
+  max_grad_norm: float = 1.0
+  per_beta0: float = 0.3
+  per_beta_step: float = 0.01
+  steps_per_epoch: int = 1000
+  priority_eps: float = 5e-6
+
+
+def q_init(key: jax.Array, cfg: QConfig, buffer: replay.PrioritizedBuffer | None, state_dim: int, z_dim: int,
+           learning_rate: float = 1e-3) -> TrainState:
+  """A Q TrainState: params = twin online Q [2, ...]; extra = {'target': twin target (a copy), 'buffer': buffer}."""
+  q = twin_q_init(key, cfg.q_net, state_dim, z_dim)
+  return TrainState.create(q, optax.adam(learning_rate), extra={"target": q, "buffer": buffer})
+
+
+def _clip_per_net(grads: Any, max_norm: float) -> tuple[Any, jax.Array]:
+  """Clips each twin's gradient to global norm max_norm separately (official: clip_grad_norm_ per network)."""
+  norms = jax.vmap(optax.global_norm)(grads)                       # [2]
+  scale = jnp.minimum(1.0, max_norm / jnp.maximum(norms, 1e-12))
+  return jax.tree.map(lambda g: g * scale.reshape((2,) + (1,) * (g.ndim - 1)), grads), norms
+
+
+def q_train_step(state: TrainState, batch: dict[str, jax.Array] | None, key: jax.Array, *, cfg: QConfig
+                 ) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One LDCQ Q update of both networks (official DDQN.learn, PER branch).
+
+  With batch=None the batch is drawn from the prioritised buffer in state.extra['buffer'] (alpha in the buffer,
+  beta annealed per epoch) and the priorities of the drawn items become the mean squared TD error of the two nets
+  + eps; a given batch (uniform replay) has importance weights 1.
+
+  Args:
+    state: from `q_init`.
+    batch: None, or s0 [B, D], z [B, Z], reward [B], next_state [B, D], done [B], next_latents [B, K, Z].
+    key: randomness (folded with state.step).
+    cfg: QConfig.
+
+  Returns:
+    (new state, metrics: loss, td_error, q_mean, target_mean, grad_norm).
+  """
+  key = jax.random.fold_in(key, state.step)
+  k_sample, k_perm = jax.random.split(key)
+  buf = state.extra["buffer"]
+  if batch is None:
+    if buf is None:
+      raise ValueError("q_train_step needs a batch or a prioritised buffer in state.extra['buffer'].")
+    epoch = state.step // cfg.steps_per_epoch
+    beta = jnp.minimum(1.0, cfg.per_beta0 + cfg.per_beta_step * epoch)
+    batch, idx, weights = replay.prioritized_sample(buf, k_sample, cfg.batch_size, beta=beta)
+  else:
+    idx, weights = None, jnp.ones_like(batch["reward"])
+  k_total = batch["next_latents"].shape[1]
+  n_t = min(cfg.num_target_samples, k_total)
+  perm = jax.random.permutation(k_perm, k_total)[:n_t]            # one subset for the batch (official randperm)
+  tgt = losses.q_target(cfg.q_net, state.extra["target"], batch["reward"], batch["next_state"],
+                        batch["next_latents"][:, perm], batch["done"], discount=cfg.discount)
+
+  def loss_fn(qp):
+    q = twin_q_apply(cfg.q_net, qp, batch["s0"], batch["z"])       # [2, B]
+    sq = (q - tgt["targets"]) ** 2
+    return jnp.sum(jnp.mean(sq * weights[None], axis=1)), (q, sq)  # sum of the two nets' losses
+
+  (loss, (q, sq)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+  grads, norms = _clip_per_net(grads, cfg.max_grad_norm)
+  new = state.apply_gradients(grads)
+  target = optax.incremental_update(new.params, state.extra["target"], cfg.tau)   # Polyak averaging
+  if idx is not None:
+    buf = replay.prioritized_update(buf, idx, jnp.mean(sq + cfg.priority_eps, axis=0))
+  new = new.replace(extra={"target": target, "buffer": buf})
+  return new, {"loss": loss / 2, "td_error": jnp.mean(jnp.sqrt(sq)), "q_mean": jnp.mean(q),
+               "target_mean": jnp.mean(tgt["targets"]), "grad_norm": jnp.max(norms)}
+
+
+# --- stage trainers (one lax.scan each) ---------------------------------------------------------------------------
+def _batches(key: jax.Array, n: int, batch_size: int) -> jax.Array:
+  return jax.random.randint(key, (batch_size,), 0, n)
+
+
+def _scan_train(step_fn, state, key, num_steps: int):
+  keys = jax.random.split(key, num_steps)
+  return jax.lax.scan(step_fn, state, keys)
+
+
+def train_vae(key: jax.Array, vae: SkillVAE, segs: dict[str, jax.Array], *, num_steps: int, batch_size: int = 128,
+              learning_rate: float = 5e-5, beta: float = 0.05, terminal_loss: bool = True
+              ) -> tuple[Any, dict[str, jax.Array]]:
+  """Trains the skill VAE on segments (states [M, H, D], actions [M, H, A], next_state [M, D]) with Adam.
+
+  Returns:
+    (params, metrics with leaves [num_steps]).
+  """
+  k_init, k_train = jax.random.split(key)
+  m = segs["states"].shape[0]
+  params = vae.init(k_init, segs["states"][:2], segs["actions"][:2])["params"]
+  state = TrainState.create(params, optax.adam(learning_rate))
+
+  def step(st, k):
+    k_b, k_l = jax.random.split(k)
+    i = _batches(k_b, m, batch_size)
+    batch = {"states": segs["states"][i], "actions": segs["actions"][i], "next_state": segs["next_state"][i]}
+    (_, met), g = jax.value_and_grad(losses.vae_loss, has_aux=True)(st.params, vae, batch, k_l, beta=beta,
+                                                                     terminal_loss=terminal_loss)
+    return st.apply_gradients(g), met
+
+  st, hist = _scan_train(step, state, k_train, num_steps)
+  return st.params, hist
+
+
+def encode(vae: SkillVAE, params: Any, states: jax.Array, actions: jax.Array, chunk: int = 4096
+           ) -> tuple[jax.Array, jax.Array]:
+  """Posterior (mean, std) [M, Z] of every segment, in chunks (lax.map) to bound memory."""
+  m = states.shape[0]
+  c = min(chunk, m)
+  pad = (-m) % c
+  s = jnp.concatenate([states, jnp.zeros((pad,) + states.shape[1:], states.dtype)]).reshape((-1, c) + states.shape[1:])
+  a = jnp.concatenate([actions, jnp.zeros((pad,) + actions.shape[1:], actions.dtype)]).reshape(
+      (-1, c) + actions.shape[1:])
+  mean, std = jax.lax.map(lambda x: vae.apply({"params": params}, x[0], x[1], method=SkillVAE.encode), (s, a))
+  return mean.reshape(-1, mean.shape[-1])[:m], std.reshape(-1, std.shape[-1])[:m]
+
+
+def train_diffusion(key: jax.Array, spec: LDCQSpec, s0: jax.Array, latents: jax.Array, *, num_steps: int,
+                    batch_size: int = 128, learning_rate: float = 1e-4) -> tuple[Any, dict[str, jax.Array]]:
+  """Trains the latent diffusion prior on (s_0 [M, D], z [M, Z]) pairs with `latent_diffusion_loss`."""
+  k_init, k_train = jax.random.split(key)
+  m = s0.shape[0]
+  params = spec.denoiser.init(k_init, latents[:1], jnp.zeros((1,), jnp.int32), cond=s0[:1])["params"]
+  state = TrainState.create(params, optax.adam(learning_rate))
+  schedule = spec.make_schedule()
+
+  def step(st, k):
+    k_b, k_l = jax.random.split(k)
+    i = _batches(k_b, m, batch_size)
+    (loss, _), g = jax.value_and_grad(losses.latent_diffusion_loss, has_aux=True)(st.params, spec.denoiser, schedule,
+                                                                                  s0[i], latents[i], k_l)
+    return st.apply_gradients(g), {"loss": loss}
+
+  st, hist = _scan_train(step, state, k_train, num_steps)
+  return st.params, hist
+
+
+def train_bc(key: jax.Array, policy: BCPolicy, observations: jax.Array, actions: jax.Array, *, num_steps: int,
+             batch_size: int = 256, learning_rate: float = 1e-3) -> tuple[Any, dict[str, jax.Array]]:
+  """Behaviour cloning of the data actions (the BC baseline)."""
+  k_init, k_train = jax.random.split(key)
+  n = observations.shape[0]
+  params = policy.init(k_init, observations[:1])["params"]
+  state = TrainState.create(params, optax.adam(learning_rate))
+
+  def step(st, k):
+    i = _batches(k, n, batch_size)
+    (loss, _), g = jax.value_and_grad(losses.bc_loss, has_aux=True)(st.params, policy, observations[i], actions[i])
+    return st.apply_gradients(g), {"loss": loss}
+
+  st, hist = _scan_train(step, state, k_train, num_steps)
+  return st.params, hist
+
+
+def q_dataset(key: jax.Array, params: LDCQParams, s0: jax.Array, z: jax.Array, reward: jax.Array,
+              next_state: jax.Array, done: jax.Array, num_samples: int, chunk: int = 512) -> dict[str, jax.Array]:
+  """The Q data set: each segment's (s_0, posterior mean z, r_{0:H}, s_H, done) and `num_samples` latents
+  pre-sampled from the agent's prior at s_H (official collect_offline_q_learning_dataset: 1000 per state).
+
+  Returns:
+    dict of [M, ...] arrays; next_latents [M, K, Z].
+  """
+  m = s0.shape[0]
+  c = min(chunk, m)
+  pad = (-m) % c
+  padded = jnp.concatenate([next_state, jnp.zeros((pad, next_state.shape[1]), next_state.dtype)]).reshape(
+      -1, c, next_state.shape[1])
+  keys = jax.random.split(key, padded.shape[0])
+  lat = jax.lax.map(lambda x: sample_latents(x[0], params, x[1], num_samples), (keys, padded))
+  lat = lat.reshape(-1, num_samples, lat.shape[-1])[:m]
+  return {"s0": s0, "z": z, "reward": reward, "next_state": next_state, "done": done, "next_latents": lat}
+
+
+def make_buffer(data: dict[str, jax.Array], alpha: float = 0.6) -> replay.PrioritizedBuffer:
+  """A prioritised buffer holding the whole Q data set (every item at priority 1, official NaivePrioritizedBuffer)."""
+  example = jax.tree.map(lambda x: x[0], data)
+  m = data["s0"].shape[0]
+  buf = replay.prioritized_init(example, m, alpha=alpha)
+  return replay.prioritized_add(buf, data)
+
+
+def train_q(key: jax.Array, cfg: QConfig, data: dict[str, jax.Array], *, num_steps: int, learning_rate: float = 1e-3,
+            alpha: float = 0.6) -> tuple[TrainState, dict[str, jax.Array]]:
+  """Fits the twin Q-networks with prioritised replay over the Q data set for num_steps updates."""
+  k_init, k_train = jax.random.split(key)
+  buf = make_buffer(data, alpha)
+  state = q_init(k_init, cfg, buf, data["s0"].shape[1], data["z"].shape[1], learning_rate)
+  return _scan_train(lambda st, k: q_train_step(st, None, k, cfg=cfg), state, k_train, num_steps)
+
+
+# --- evaluation in a JAX env (PointMaze) --------------------------------------------------------------------------
+def evaluate_skills(key: jax.Array, params: LDCQParams, env: Any, *, num_episodes: int, num_samples: int,
+                    exec_horizon: int, episode_steps: int | None = None, deterministic_policy: bool = False
+                    ) -> jax.Array:
+  """Episode returns [E] of the skill agent: replan every exec_horizon steps with `act`, run the low-level policy.
+
+  All episodes run in parallel; the planning is one batched `act` over the episodes (one lax.scan over replans,
+  an inner scan over the executed steps). `env` offers reset_core / step_core (an rl.envs.Env, e.g. PointMaze).
+  """
+  steps = int(episode_steps or env.spec.max_episode_steps)
+  n_plans = math.ceil(steps / exec_horizon)
+  k_reset, k_run = jax.random.split(key)
+  core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
+
+  def plan(carry, xs):
+    core, obs, ret = carry
+    p, k = xs
+    k_act, k_steps = jax.random.split(k)
+    z = act(k_act, params, obs, num_samples)
+
+    def inner(c, ys):
+      core, obs, ret = c
+      j, kk = ys
+      k_pi, k_env = jax.random.split(kk)
+      a = low_level_action(k_pi, params, obs, z, deterministic_policy)
+      core2, obs2, r, _ = jax.vmap(env.step_core)(jax.random.split(k_env, num_episodes), core, a)
+      live = (p * exec_horizon + j) < steps
+      core2 = jax.tree.map(lambda new, old: jnp.where(live, new, old), core2, core)
+      return (core2, jnp.where(live, obs2, obs), ret + jnp.where(live, r, 0.0)), None
+
+    (core, obs, ret), _ = jax.lax.scan(inner, (core, obs, ret),
+                                       (jnp.arange(exec_horizon), jax.random.split(k_steps, exec_horizon)))
+    return (core, obs, ret), None
+
+  (_, _, ret), _ = jax.lax.scan(plan, (core, obs, jnp.zeros((num_episodes,), jnp.float32)),
+                                (jnp.arange(n_plans), jax.random.split(k_run, n_plans)))
+  return ret
+
+
+def evaluate_bc(key: jax.Array, policy: BCPolicy, params: Any, env: Any, *, num_episodes: int,
+                episode_steps: int | None = None) -> jax.Array:
+  """Episode returns [E] of the BC policy (its mean action)."""
+  steps = int(episode_steps or env.spec.max_episode_steps)
+  k_reset, k_run = jax.random.split(key)
+  core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
+
+  def body(c, k):
+    core, obs, ret = c
+    a, _ = policy.apply({"params": params}, obs)
+    core, obs, r, _ = jax.vmap(env.step_core)(jax.random.split(k, num_episodes), core, a)
+    return (core, obs, ret + r), None
+
+  (_, _, ret), _ = jax.lax.scan(body, (core, obs, jnp.zeros((num_episodes,), jnp.float32)),
+                                jax.random.split(k_run, steps))
+  return ret
+
+
+def to_numpy(tree: Any) -> Any:
+  return jax.tree.map(np.asarray, jax.device_get(tree))
