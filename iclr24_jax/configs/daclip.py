@@ -21,28 +21,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.paper = "daclip"
   c.seed = 0
   c.data = ml_collections.ConfigDict(dict(name="mnist5k", data_dir="", image_size=32, num_train=4000, num_test=700,
-                                          train_copies=1, test_per_type=24))
+                                          train_copies=1, test_per_type=12))
   # Stage 0: CLIP from scratch (no CLIP weights offline). ViT-B/32 in the paper; a 4-block ViT here.
   c.clip = ml_collections.ConfigDict(dict(
       model=dict(embed_dim=64, image=dict(name="vit", patch_size=4, width=64, depth=4, heads=4, pool="cls"),
                  text=dict(name="transformer", max_len=10, width=64, depth=2, heads=4)),
       optimizer=dict(learning_rate=1e-3, schedule="cosine", warmup_steps=20, weight_decay=0.1),
-      num_steps=300, batch_size=128))
+      num_steps=200, batch_size=128))
   # Stage 1: the controller (official: AdamW lr 2e-5, wd 0.05, batch 784, 30 epochs from OpenCLIP ViT-B/32).
   c.controller = ml_collections.ConfigDict(dict(
       optimizer=dict(learning_rate=5e-4, schedule="cosine", warmup_steps=20, weight_decay=0.05),
-      num_steps=300, batch_size=128))
+      num_steps=200, batch_size=128))
   # Stage 2: IR-SDE (official train.yml: max_sigma 50, T 100, cosine, eps 0.005).
   c.sde = ml_collections.ConfigDict(dict(T=100, lambda_=50.0 / 255.0, schedule="cosine", eps=0.005))
   # The restorer (official ConditionalUNet: nf 64, ch_mult [1, 2, 4, 8], cross-attention at the lowest levels).
-  c.model = ml_collections.ConfigDict(dict(name="unet", base_channels=16, channel_mults=(1, 2, 2), num_res_blocks=1,
-                                           attention_levels=(2,), mid_attention=True, num_heads=4, out_channels=1,
-                                           num_groups=8))
+  # CPU scale: 8 base channels, 3 levels (32, 16, 8), self- and cross-attention at 8x8 and in the middle.
+  c.model = ml_collections.ConfigDict(dict(name="unet", base_channels=8, channel_mults=(1, 2, 2), num_res_blocks=1,
+                                           attention_levels=(2,), mid_attention=True, num_heads=2, out_channels=1,
+                                           num_groups=4))
   # Official: AdamW lr 2e-4, betas (0.9, 0.99), cosine to 1e-6 over 700k iterations, batch 16 of 256x256.
-  c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=1e-3, schedule="cosine", warmup_steps=50,
+  c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=2e-3, schedule="cosine", warmup_steps=20,
                                                end_factor=0.01, b1=0.9, b2=0.99, weight_decay=0.0))
-  c.num_steps = 1500
-  c.batch_size = 32
+  c.num_steps = 400
+  c.batch_size = 16
   c.conditions = ("none", "daclip", "shuffled", "oracle")
   c.num_seeds = 3
   c.restore_method = "sde"      # the official test: reverse-SDE Euler-Maruyama from mu + lambda z

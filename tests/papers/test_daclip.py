@@ -236,3 +236,24 @@ def test_restore_shapes_and_errors(sde):
     daclip.restore(jax.random.key(0), params, x, model=net, schedule=small, e_c=jnp.zeros((3, 8)), e_d=e)
   with pytest.raises(ValueError, match="method"):
     daclip.restore(jax.random.key(0), params, x, model=net, schedule=small, method="ode")
+
+
+def test_experiment_run_tiny(tmp_path):
+  """Smoke run of the whole pipeline with the tiny config: files written, numbers in range, paired models."""
+  from iclr24_jax.configs import daclip as cfg_mod
+  from iclr24_jax.papers.daclip import experiment
+  cfg = cfg_mod.get_config("tiny")
+  res = experiment.run(cfg, str(tmp_path), progress=False)
+  for name in ("metrics.jsonl", "results.json", "restorations.png", "psnr_by_degradation.png"):
+    assert (tmp_path / name).exists(), name
+  assert set(res["accuracy"]) == {"ed_zero_shot", "frozen_zero_shot", "frozen_linear_probe", "content_ec",
+                                  "content_frozen"}
+  assert all(0.0 <= v <= 1.0 for v in res["accuracy"].values())
+  assert len(res["accuracy_items"]["ed_zero_shot"]) == res["num_test"] == 7 * cfg.data.test_per_type
+  per = res["restoration"]["per_condition"]
+  assert set(per) == set(cfg.conditions)
+  for c in cfg.conditions:
+    assert len(per[c]["psnr"]) == cfg.num_seeds and np.isfinite(per[c]["psnr"]).all()
+    assert all(-1.0 <= v <= 1.0 for v in per[c]["ssim"])
+  with pytest.raises(ValueError, match="unknown variant"):
+    cfg_mod.get_config("huge")

@@ -2,8 +2,8 @@
 
 `run(config, workdir)` trains, evaluates and writes workdir/metrics.jsonl, results.json and plots. Each training
 stage is one compiled `lax.scan` per chunk of `log_every` steps; the restorers of every (condition, seed) pair
-are one vmapped program (paired: a seed shares its init, batches and sampling noise across conditions).
-The reproduction and the benchmark that call this live in `study.py`.
+are trained one after another through one compiled program (paired: a seed shares its init, batches and
+sampling noise across conditions).  The reproduction and the benchmark that call this live in `study.py`.
 """
 from __future__ import annotations
 
@@ -41,9 +41,24 @@ def digit_captions(labels) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def train_scan(step_fn: Callable, sample_fn: Callable, state: Any, data: Any, key: jax.Array, num_steps: int,
-               chunk: int, writer: metrics_lib.MetricWriter | None = None, prefix: str = "train",
-               progress: bool = True) -> tuple[Any, list[dict]]:
+def _chunk_runner(step_fn: Callable, sample_fn: Callable, key: jax.Array) -> Callable:
+  """run_chunk(state, data, start, n) -> (state, mean metrics): n steps as one jitted lax.scan (n static)."""
+
+  @functools.partial(jax.jit, static_argnums=3)
+  def run_chunk(state, data, start, n):
+    def body(state, i):
+      k = jax.random.fold_in(key, start + i)
+      state, m = step_fn(state, sample_fn(data, k), k)
+      return state, m
+    state, ms = jax.lax.scan(body, state, jnp.arange(n))
+    return state, jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), ms)
+
+  return run_chunk
+
+
+def train_scan(step_fn: Callable | None, sample_fn: Callable | None, state: Any, data: Any, key: jax.Array,
+               num_steps: int, chunk: int, writer: metrics_lib.MetricWriter | None = None, prefix: str = "train",
+               progress: bool = True, runner: Callable | None = None) -> tuple[Any, list[dict]]:
   """Runs `num_steps` of state, metrics = step_fn(state, sample_fn(data, k), k) in jitted lax.scan chunks.
 
   Args:
@@ -55,20 +70,13 @@ def train_scan(step_fn: Callable, sample_fn: Callable, state: Any, data: Any, ke
     num_steps: steps in total; chunk: steps per compiled call (the last chunk may be shorter: one more compile).
     writer: optional MetricWriter; the mean metrics of each chunk are written at its last step.
     prefix: metric-name prefix.
+    runner: a prebuilt `_chunk_runner` (reuse one compiled program across several runs of the same shapes).
 
   Returns:
     (final state, list of logged rows).
   """
 
-  @functools.partial(jax.jit, static_argnums=3)
-  def run_chunk(state, data, start, n):
-    def body(state, i):
-      k = jax.random.fold_in(key, start + i)
-      state, m = step_fn(state, sample_fn(data, k), k)
-      return state, m
-    state, ms = jax.lax.scan(body, state, jnp.arange(n))
-    return state, jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), ms)
-
+  run_chunk = runner if runner is not None else _chunk_runner(step_fn, sample_fn, key)
   rows = []
   prog = metrics_lib.Progress(num_steps, name=prefix, enabled=progress)
   done = 0
@@ -209,7 +217,7 @@ def degradation_accuracy(emb_train: dict, emb_test: dict, train: dict, test: dic
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Stage 2: IR-SDE restorers for every (condition, seed), vmapped
+# Stage 2: IR-SDE restorers for every (condition, seed), one compiled program
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -256,10 +264,12 @@ def make_restorers(cfg: Any, image_shape, embed_dim: int):
 
 
 def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, writer=None, progress=True):
-  """Trains C x S restorers (conditions x seeds) in one vmapped program.
+  """Trains C x S restorers (conditions x seeds) with one compiled program.
 
   Model m = (condition m // S, seed m % S); the seed fixes the init, the batch indices and the time / noise
-  draws, shared by the conditions (paired comparisons).
+  draws, shared by the conditions (paired comparisons). The models run one after another through the same
+  compiled chunk (condition and seed are traced arguments): on CPU a vmap over models turns every convolution
+  into a grouped convolution, which XLA:CPU runs far slower than C x S plain ones.
 
   Returns:
     (net, sde, stacked TrainState with leading axis C * S).
@@ -267,58 +277,68 @@ def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, wri
   n_cond, s = cond_tab.shape[0], int(cfg.num_seeds)
   tr = data["train"]
   net, sde, _, init = make_restorers(cfg, tr["lq"].shape[1:], cond_tab.shape[-1])
-  seeds = jnp.tile(jnp.arange(s), n_cond)
-  conds = jnp.repeat(jnp.arange(n_cond), s)
   key_init, key_train = jax.random.split(key)
-  states = jax.jit(jax.vmap(lambda i: init(jax.random.fold_in(key_init, i))))(seeds)
+  init_jit = jax.jit(lambda s_idx: init(jax.random.fold_in(key_init, s_idx)))
   step_one = model_lib.make_restoration_train_step(net, sde)
   bs = int(cfg.batch_size)
 
-  def step(states, d, k):
-    def one(state, c_idx, s_idx):
-      ks = jax.random.fold_in(jax.random.fold_in(key_train, s_idx), state.step)
-      idx = jax.random.randint(ks, (bs,), 0, d["lq"].shape[0])
-      batch = {"gt": d["gt"][idx], "lq": d["lq"][idx], "e_d": d["cond"][c_idx, idx], "e_c": d["ctx"][c_idx, idx]}
-      return step_one(state, batch, jax.random.fold_in(ks, 1))
-    states, m = jax.vmap(one)(states, conds, seeds)
-    return states, m
+  def sample(d, k):
+    del k
+    return d
+
+  def step(state, d, k):
+    del k
+    ks = jax.random.fold_in(jax.random.fold_in(key_train, d["seed"]), state.step)
+    idx = jax.random.randint(ks, (bs,), 0, d["lq"].shape[0])
+    batch = {"gt": d["gt"][idx], "lq": d["lq"][idx], "e_d": d["cond"][d["cond_idx"], idx],
+             "e_c": d["ctx"][d["cond_idx"], idx]}
+    return step_one(state, batch, jax.random.fold_in(ks, 1))
 
   arrays = {"gt": jnp.asarray(tr["gt"]), "lq": jnp.asarray(tr["lq"]), "cond": jnp.asarray(cond_tab),
             "ctx": jnp.asarray(ctx_tab)}
-  states, _ = train_scan(lambda st, d, k: step(st, d, k), lambda d, k: d, states, arrays, key_train,
-                         int(cfg.num_steps), max(1, int(cfg.log_every)), writer, "restorer", progress)
-  return net, sde, states
+  chunk = max(1, int(cfg.log_every))
+  runner = _chunk_runner(step, sample, key_train)
+  states = []
+  for c_idx in range(n_cond):
+    for s_idx in range(s):
+      d = {**arrays, "cond_idx": jnp.int32(c_idx), "seed": jnp.int32(s_idx)}
+      state, _ = train_scan(None, None, init_jit(s_idx), d, key_train, int(cfg.num_steps), chunk, writer,
+                            f"restorer_{cfg.conditions[c_idx]}_s{s_idx}", progress, runner=runner)
+      states.append(state)
+  return net, sde, jax.tree_util.tree_map(lambda *v: jnp.stack(v), *states)
 
 
 def restore_all(cfg: Any, net, sde, params, test: dict, cond_tab, ctx_tab, key: jax.Array,
                 batch_size: int = 256) -> np.ndarray:
-  """Restored test images [C * S, N, H, W, 1] from every model (paired sampling noise per seed)."""
+  """Restored test images [C * S, N, H, W, 1] from every model (paired sampling noise per seed); one compiled
+  reverse-SDE chain, called per model and batch."""
   n_cond, s = cond_tab.shape[0], int(cfg.num_seeds)
-  seeds = jnp.tile(jnp.arange(s), n_cond)
-  conds = jnp.repeat(jnp.arange(n_cond), s)
   method = cfg.get("restore_method", "sde")
 
   @jax.jit
-  def run(params, lq, cond, ctx, start):
-    def one(p, c_idx, s_idx):
-      k = jax.random.fold_in(jax.random.fold_in(key, s_idx), start)
-      return model_lib.restore(k, p, lq, model=net, schedule=sde, e_c=ctx[c_idx], e_d=cond[c_idx], method=method)
-    return jax.vmap(one)(params, conds, seeds)
+  def run(p, lq, cond, ctx, s_idx, start):
+    k = jax.random.fold_in(jax.random.fold_in(key, s_idx), start)
+    return model_lib.restore(k, p, lq, model=net, schedule=sde, e_c=ctx, e_d=cond, method=method)
 
   n = len(test["lq"])
-  outs = []
   bs = min(batch_size, n)
-  for st in range(0, n, bs):
-    sl = slice(st, st + bs)
-    lq, cond, ctx = test["lq"][sl], cond_tab[:, sl], ctx_tab[:, sl]
-    pad = bs - len(lq)
-    if pad:
-      lq = np.concatenate([lq, np.zeros((pad,) + lq.shape[1:], lq.dtype)])
-      cond = np.concatenate([cond, np.zeros((n_cond, pad, cond.shape[-1]), cond.dtype)], 1)
-      ctx = np.concatenate([ctx, np.zeros((n_cond, pad, ctx.shape[-1]), ctx.dtype)], 1)
-    out = np.asarray(jax.device_get(run(params, jnp.asarray(lq), jnp.asarray(cond), jnp.asarray(ctx), st)))
-    outs.append(out[:, :bs - pad])
-  return np.concatenate(outs, axis=1)
+  outs = []
+  for m in range(n_cond * s):
+    c_idx, s_idx = divmod(m, s)
+    p = jax.tree_util.tree_map(lambda v: v[m], params)
+    per_model = []
+    for st in range(0, n, bs):
+      sl = slice(st, st + bs)
+      lq, cond, ctx = test["lq"][sl], cond_tab[c_idx, sl], ctx_tab[c_idx, sl]
+      pad = bs - len(lq)
+      if pad:
+        lq = np.concatenate([lq, np.zeros((pad,) + lq.shape[1:], lq.dtype)])
+        cond = np.concatenate([cond, np.zeros((pad, cond.shape[-1]), cond.dtype)])
+        ctx = np.concatenate([ctx, np.zeros((pad, ctx.shape[-1]), ctx.dtype)])
+      out = run(p, jnp.asarray(lq), jnp.asarray(cond), jnp.asarray(ctx), s_idx, st)
+      per_model.append(np.asarray(jax.device_get(out))[:bs - pad])
+    outs.append(np.concatenate(per_model))
+  return np.stack(outs)
 
 
 def score(restored: np.ndarray, test: dict, conditions, num_seeds: int) -> dict:
@@ -429,6 +449,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
   results = {"paper": PAPER, "degradations": list(deg.DEGRADATIONS), "conditions": list(conditions),
              "accuracy": {k: float(v.mean()) for k, v in acc.items()},
              "accuracy_items": {k: v.tolist() for k, v in acc.items()},
+             "name_emb_max_cos": float(np.max(np.asarray(name_emb) @ np.asarray(name_emb).T
+                                              - 2 * np.eye(len(deg.DEGRADATIONS)))),
              "restoration": scores, "num_test": int(len(data["test"]["lq"])), "num_train": int(len(data["train"]["lq"])),
              "timings": timings, "wall_s": time.time() - t0, "plots": plots}
   metrics_lib.write_results(workdir, results)
