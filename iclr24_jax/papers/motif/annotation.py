@@ -138,7 +138,12 @@ class AnnotationCache:
       self.records[r["key"]] = r
     if self.path and recs:
       os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-      with open(self.path, "a") as f:
+      with open(self.path, "a+") as f:
+        f.seek(0, os.SEEK_END)
+        if f.tell() > 0:
+          f.seek(f.tell() - 1)
+          if f.read(1) != "\n":  # the last line was cut by an interruption: start a fresh line
+            f.write("\n")
         for r in recs:
           f.write(json.dumps(r) + "\n")
         f.flush()

@@ -41,13 +41,18 @@ def reward_net(config: Any) -> reward_model.RewardModel:
 
 
 def toy_dataset(config: Any, env: toy.CaptionedGridWorld, key: jax.Array) -> list[str]:
-  """Captions of every step of a random and a scripted agent (the observation data set), as strings."""
+  """Captions of every step of a random and a scripted agent (the observation data set), as strings: one
+  rollout of 2 x data.num_envs environments, the first half acting at random, the second half scripted."""
   d = config.data
-  k_rand, k_script = jax.random.split(key)
-  ids = np.concatenate([
-      toy.collect_captions(env, rollout_lib.random_policy(env), k_rand, int(d.num_envs), int(d.num_steps)),
-      toy.collect_captions(env, toy.scripted_policy(env, float(d.scripted_epsilon)), k_script, int(d.num_envs),
-                           int(d.num_steps))])
+  n = int(d.num_envs)
+  rand, script = rollout_lib.random_policy(env), toy.scripted_policy(env, float(d.scripted_epsilon))
+
+  def mixed(k, obs):
+    k1, k2 = jax.random.split(k)
+    a = jnp.concatenate([rand(k1, obs[:n])[0], script(k2, obs[n:])[0]])
+    return a, a, {}
+
+  ids = toy.collect_captions(env, mixed, key, 2 * n, int(d.num_steps))
   return [toy.CAPTIONS[i] for i in ids]
 
 

@@ -1,0 +1,209 @@
+"""Motif small-scale study: `reproduce` (toy captioned gridworld with SmolLM2 and oracle labels, 8 seeds per
+reward setting in one vmapped program; NetHack measurements at a CPU budget) and `benchmark` (reward-model
+training pairs/s, SmolLM2 annotations/s, environment steps/s with the reward in the loop)."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.common import bench, stats
+from iclr24_jax.papers.motif import experiment, pipeline, toy
+
+PAPER = "motif"
+CLAIM_INT = ("intrinsic-only agent beats the score-trained (extrinsic-only) agent on NetHackScore (paper Fig. 3, "
+             "2e9 steps)")
+CLAIM_BOTH = "intrinsic + extrinsic is the best agent on NetHackScore (paper Fig. 3)"
+
+
+def _config(fast: bool):
+  from iclr24_jax.configs import motif as cfg_mod
+  c = cfg_mod.get_config("tiny" if fast else "")
+  if fast:
+    c.num_seeds = 3
+  return c
+
+
+def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+  """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models,
+  (c) toy success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels (claims judged
+  on paired seeds), (d) NetHack measurements (steps/s, score and messages at a CPU budget; no claims)."""
+  os.makedirs(workdir, exist_ok=True)
+  c = _config(fast)
+  t_start = time.time()
+  key = jax.random.key(int(c.seed))
+  k_data, k_reward, k_agents = jax.random.split(key, 3)
+  env = experiment.toy_env(c)
+  captions = experiment.toy_dataset(c, env, k_data)
+  pairs = pipeline.sample_pairs(captions, int(c.data.num_pairs), int(c.seed))
+  llm_kind = "keywords" if fast else "smollm2"  # fast: no LM (a smoke test of the pipeline)
+  sources = {}
+  for kind in ("oracle", llm_kind):
+    judge, name = experiment.make_judge(c, "oracle" if kind == "keywords" else kind)
+    if kind == "keywords":
+      name = "oracle-copy"
+    t0 = time.time()
+    recs = experiment.annotate(c, pairs, c.annotation.task or toy.TASK, judge, name,
+                               experiment.cache_path(c, workdir, name.replace("/", "_")))
+    sources[kind] = dict(name=name, records=recs, seconds=time.time() - t0,
+                         agreement=experiment.label_agreement(recs),
+                         fitted=experiment.fit_from_records(c, recs, k_reward))
+  llm = sources[llm_kind]
+  rows: list[dict] = []
+  ag = llm["agreement"]
+  lo, hi = stats.bootstrap_ci(ag["correct"]) if ag["n"] else (float("nan"), float("nan"))
+  rows.append(dict(
+      paper=PAPER, experiment="toy: annotator vs oracle", metric="label agreement (distinct oracle-decided pairs)",
+      ours=f"{llm['name']}: {ag['agreement']:.3f} [95% CI {lo:.3f}, {hi:.3f}] on {ag['n']} pairs; ties "
+           f"{ag['tie_rate']:.2f}; chance 0.5",
+      paper_value="Llama 2 70B annotations (not available offline); the paper reports no agreement figure",
+      holds=None, notes=f"debiased log-odds of '1' vs '2' over both presentation orders (tau "
+                        f"{c.annotation.tau}); {llm['seconds']:.0f} s to annotate"))
+  for kind in ("oracle", llm_kind):
+    f = sources[kind]["fitted"]
+    rows.append(dict(
+        paper=PAPER, experiment=f"toy: reward model ({sources[kind]['name']} labels)",
+        metric="held-out pair accuracy (unseen caption pairs)",
+        ours=f"vs its labels {f['heldout_accuracy']:.3f} (n={f['heldout_n']}); vs oracle "
+             f"{f['heldout_oracle_accuracy']:.3f} (n={f['heldout_oracle_n']}); train {f['train_accuracy']:.3f}",
+        paper_value="validation accuracy on held-out annotated pairs (official train_reward.py)", holds=None,
+        notes=f"{len(sources[kind]['records'])} pairs, 20% of distinct pairs held out; official lt_cnn encoder"))
+  # (c) all agents in one program: extrinsic-only, then intrinsic-only / both per label source.
+  settings = [(sources["oracle"]["name"], "extrinsic")]
+  for kind in ("oracle", llm_kind):
+    settings += [(sources[kind]["name"], "intrinsic"), (sources[kind]["name"], "both")]
+  fits = {sources[k]["name"]: sources[k]["fitted"] for k in sources}
+  agents = experiment.toy_agents(c, env, experiment.toy_settings(c, fits, settings), k_agents, int(c.num_seeds))
+  succ = agents["final"]["success"]                            # [S, seeds]
+  label = lambda i: ("extrinsic" if settings[i][1] == "extrinsic" else f"{settings[i][1]} ({settings[i][0]})")
+  names = [label(i) for i in range(len(settings))]
+  plot = experiment.plot_toy(agents, names, os.path.join(workdir, "toy_success.png"),
+                             f"toy {env.height}x{env.width}, {c.agent.num_steps} PPO updates x "
+                             f"{c.agent.ppo.num_envs * c.agent.ppo.rollout_steps} steps")
+  budget = (f"{c.agent.num_steps} PPO updates x {c.agent.ppo.num_envs * c.agent.ppo.rollout_steps} env steps, "
+            f"{env.height}x{env.width} world, {env.spec.max_episode_steps}-step episodes; random agent succeeds "
+            f"~1%")
+  key_of = lambda i: f"key {agents['final']['key'][i].mean():.2f}, unlock {agents['final']['unlock'][i].mean():.2f}"
+  for kind in ("oracle", llm_kind):
+    src = sources[kind]["name"]
+    i_int = settings.index((src, "intrinsic"))
+    i_both = settings.index((src, "both"))
+    extra_note = ""
+    if kind != "oracle":
+      extra_note = (f" Annotator agreement with the oracle: {ag['agreement']:.2f} (row above); the oracle-label "
+                    "rows run the same code.")
+    for a, b, claim, nb in ((i_int, 0, CLAIM_INT, "extrinsic"), (i_both, 0, CLAIM_BOTH, "extrinsic"),
+                            (i_both, i_int, CLAIM_BOTH, "intrinsic")):
+      rows.append(stats.compare_row(
+          paper=PAPER, experiment=f"toy: {src} labels", metric="success rate of the final policy",
+          a=succ[a], b=succ[b], name_a=names[a], name_b=nb if nb == "extrinsic" else names[b], paper_value=claim,
+          direction="greater", paired=True,
+          notes=f"{budget}. {names[a]}: {key_of(a)}; {names[b]}: {key_of(b)}.{extra_note}",
+          plots=[plot]))
+  rows.append(dict(paper=PAPER, experiment="toy: agents", metric="env steps/s (PPO, reward in the loop, "
+                   f"{len(settings)} settings x {c.num_seeds} seeds vmapped, incl. compile)",
+                   ours=f"{agents['env_steps'] / agents['seconds']:,.0f} ({agents['env_steps']:,} steps in "
+                        f"{agents['seconds']:.0f} s)", paper_value=None, holds=None, notes=""))
+  # (d) NetHack at a CPU budget.
+  if fast:
+    c.annotation.annotator = "keywords"
+  nh_judge, nh_name = experiment.make_judge(c, "keywords" if fast else "smollm2")
+  nh = experiment.nethack_pipeline(c, workdir, nh_judge, nh_name)
+  runs = nh["runs"]
+  rows.append(dict(
+      paper=PAPER, experiment="NetHack: environment", metric="env steps/s (NetHackScore-v0, host, 1 process)",
+      ours=f"random {nh['collect_steps_per_s']['random']:,.0f}, scripted {nh['collect_steps_per_s']['scripted']:,.0f}"
+           f"; HostPPO with the Motif hook (collect + hook + learn): "
+           + ", ".join(f"{k} {r['steps_per_s']:,.0f}" for k, r in runs.items()),
+      paper_value="APPO, 2e9 steps per run", holds=None,
+      notes=f"{c.nethack.num_envs} games in one process"))
+  rows.append(dict(
+      paper=PAPER, experiment="NetHack: reward model", metric="messages, annotated pairs, held-out accuracy",
+      ours=f"{nh['num_messages']} messages ({nh['unique_messages']} distinct) from a random and a scripted agent; "
+           f"{nh['decided_pairs']}/{nh['annotated_pairs']} pairs decided by {nh_name} in "
+           f"{nh['annotate_seconds']:.0f} s; held-out accuracy {nh['reward']['heldout_accuracy']:.2f} "
+           f"(n={nh['reward']['heldout_n']})",
+      paper_value="500k pairs annotated by Llama 2 70B", holds=None,
+      notes="top r_phi: " + "; ".join(f"{t!r} {r:+.2f}" for r, t in nh["ranked_messages"][:3])
+            + " | bottom: " + "; ".join(f"{t!r} {r:+.2f}" for r, t in nh["ranked_messages"][-2:])))
+  for k, r in runs.items():
+    ret = r["episode_returns"]
+    rows.append(dict(
+        paper=PAPER, experiment=f"NetHack: {k} agent", metric="score and messages at a CPU budget",
+        ours=(f"{r['env_steps']:,} steps; finished episodes' mean score "
+              + (f"{np.mean(ret):.1f} ({len(ret)} updates with episodes)" if ret else "n/a (none finished)")
+              + f"; extrinsic/step {r['extrinsic_per_step']:.3f}, intrinsic/step {r['intrinsic_per_step']:.3f}; "
+              f"{r['unique_messages']} distinct messages, {r['nonempty_fraction']:.2f} non-empty"),
+        paper_value=CLAIM_INT if k == "intrinsic" else (CLAIM_BOTH if k == "both" else "baseline"), holds=None,
+        notes="no claim: a few thousand steps against the paper's 2e9"))
+  for r in rows:
+    r.setdefault("notes", "")
+  print(f"motif reproduce: {time.time() - t_start:.0f} s")
+  return rows
+
+
+def benchmark(quick: bool = True) -> list[dict]:
+  """Reward-model training pairs/s (official sizes), SmolLM2 annotations/s (both orders), env steps/s with
+  the Motif reward in the loop (toy PPO, jitted; NetHack, host)."""
+  from iclr24_jax.configs import motif as cfg_mod
+  from iclr24_jax.papers.motif import annotation, reward_model
+  import optax
+  rows = []
+  c = cfg_mod.get_config("")
+  model = experiment.reward_net(c)
+  # 1) reward-model training step (pairs of distinct 256-byte messages, official batch 1024 in the full run).
+  rng = np.random.default_rng(0)
+  tx = optax.adam(1e-3)
+  params = reward_model.init_params(jax.random.key(0), model)
+  state = (params, tx.init(params))
+
+  def step(state, batch):
+    p, o = state
+    (_, m), g = jax.value_and_grad(lambda q: reward_model.preference_loss(q, batch, model), has_aux=True)(p)
+    u, o = tx.update(g, o, p)
+    return (optax.apply_updates(p, u), o)
+
+  for b in ((128,) if quick else (128, 1024)):
+    msgs = rng.integers(32, 127, size=(2, b, 256)).astype(np.uint8)
+    msgs[..., rng.integers(20, 80):] = 0
+    batch = {"message_1": jnp.asarray(msgs[0]), "message_2": jnp.asarray(msgs[1]),
+             "label": jnp.asarray(rng.integers(0, 3, b))}
+    rows.append(bench.time_fn(jax.jit(step, donate_argnums=0), state, batch, carry=True, repeats=3 if quick else 10,
+                              items=b, name="motif/reward-model train step (pairs/s; lt_cnn, 512 trunk)", batch=b))
+    state = (reward_model.init_params(jax.random.key(0), model), tx.init(params))
+  # 2) SmolLM2 annotations (one pair = two prompts, both presentation orders).
+  judge, _ = experiment.make_judge(c, "smollm2")
+  pairs = [(a, b) for a, b in zip(toy.CAPTIONS[:8], toy.CAPTIONS[8:16])]
+  rows.append(bench.time_host(lambda: judge.margins(pairs, toy.TASK), repeats=1 if quick else 3, items=len(pairs),
+                              name="motif/SmolLM2 annotation (pairs/s, log-odds, both orders)",
+                              prompt_tokens=len(judge.tok.encode(annotation.chat_prompts(
+                                  judge.tok, [annotation.annotation_prompt(*pairs[0], toy.TASK)])[0]))))
+  # 3) toy: PPO updates with the Motif reward (one seed; 16 envs x 64 steps per update).
+  env = experiment.toy_env(c)
+  agent_cfg = c.agent.copy_and_resolve_references()
+  from iclr24_jax.rl import ppo
+  table = jnp.linspace(-1.0, 2.0, toy.NUM_CAPTIONS)
+  fn = pipeline.toy_reward_fn(table, 0.0, 1.0, 0.0, 1.0, 1.0, 3.0, env.spec.max_episode_steps)
+  agent = ppo.PPO(agent_cfg, env=env, reward_fn=fn)
+  runner = jax.jit(agent.init)(jax.random.key(0))
+  chunk = jax.jit(lambda r: agent.train_chunk(r, 5)[0])
+  n_steps = 5 * agent.num_envs * agent.rollout_steps
+  rows.append(bench.time_fn(chunk, runner, carry=False, repeats=3, items=n_steps,
+                            name="motif/toy PPO with the Motif reward (env steps/s, incl. learning)"))
+  # 4) NetHack: host collection + the Motif hook (cached r_phi per message), no learning.
+  from iclr24_jax.papers.motif import intrinsic, nethack_motif
+  from iclr24_jax.rl import nethack, ppo_host
+  venv = nethack.NetHackVecEnv(num_envs=4, seed=0)
+  hook = intrinsic.MotifRewardHook(nethack_motif.message_reward_fn(params, model), 0.0, 1.0, 0.0, 4)
+  host_cfg = ppo.default_config()
+  host_cfg.ppo.rollout_steps = 64
+  host = ppo_host.HostPPO(host_cfg, venv, nethack.NetHackNet(venv.num_actions))
+  st = host.init(jax.random.key(0))
+  rows.append(bench.time_host(lambda: hook(host.collect(st, jax.random.key(1))), repeats=2 if quick else 5,
+                              items=4 * 64, name="motif/NetHack collect + Motif hook (env steps/s, 4 games)"))
+  venv.close()
+  return rows
