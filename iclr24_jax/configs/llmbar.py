@@ -3,8 +3,8 @@
 Paper: https://openreview.net/forum?id=tr0KidwPLc . Code/data: https://github.com/princeton-nlp/LLMBar
 Run:  python -m experiments.main --config=configs/llmbar.py:tiny --workdir=/tmp/llmbar_tiny
       python -m experiments.main --config=configs/llmbar.py:rules_metrics_reference --workdir=runs/llmbar_rmr
-Variants (after the colon): '' (SmolLM2-135M-Instruct + Vanilla on all 419 instances, the official token
-budgets), 'tiny' (fake deterministic judge, 2 instances per subset), 'tiny_smollm2' (SmolLM2, 1 instance per
+Variants (after the colon): '' (SmolLM2-135M-Instruct + Vanilla on all 419 instances, log-probability
+judging, the official token budgets), 'tiny' (fake deterministic judge, 2 instances per subset), 'tiny_smollm2' (SmolLM2, 1 instance per
 subset, 5 new tokens), or any strategy name: 'vanilla', 'rules', 'rules_metrics', 'rules_reference',
 'rules_metrics_reference', 'cot', 'swap', 'swap_cot', 'rating', 'rating_norules', 'rating_metrics',
 'rating_reference', 'rating_metrics_reference'. Generations are cached in <workdir>/generations.jsonl, so a run
@@ -36,7 +36,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.count_failures_as_agreement = False  # True = the official 'equal' (None == None counts)
   c.use_cache = True
   c.cache_dir = ""  # '' = the workdir
-  c.margins = False  # our a-vs-b log-odds diagnostic (SmolLM2, direct-answer strategies)
+  # How the verdict is read (issue 21): 'logprob' (default for local models: the order-averaged log-odds of
+  # "Output (a)" vs "Output (b)", lm.choice_logprobs + lm.debiased_preference; aux texts and CoT explanations
+  # are still generated) or 'generate' (the paper's protocol: greedy text parsed by the official regexes).
+  c.judge_mode = "logprob"
+  c.tie_tau = 1e-4  # logprob mode: |preference| < tie_tau nats is a tie, counted as an unparseable answer
+  c.bootstrap = ml_collections.ConfigDict(dict(n_boot=2000, seed=0))  # 95% intervals on accuracy
   c.verbose = True
   c.log_every = 64  # prompts per judge call = per cache write (a resumed run loses at most one chunk)
   c.eval_every = 0

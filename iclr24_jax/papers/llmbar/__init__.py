@@ -6,19 +6,22 @@ Official code and data: https://github.com/princeton-nlp/LLMBar (MIT).
 An evaluator is an LLM plus a prompting strategy that says which of two outputs follows an instruction
 better. LLMBar's 419 pairs (Natural 100; Adversarial: Neighbor 134, GPTInst 92, GPTOut 47, Manual 46) measure
 its accuracy (both presentation orders) and positional agreement. The default judge here is SmolLM2-135M-
-Instruct from `iclr24_jax.lm`; any `judge(prompts, max_new_tokens) -> list[str]` works.
+Instruct from `iclr24_jax.lm`; any `judge(prompts, max_new_tokens) -> list[str]` works. By default a judge that
+can score options (`choice_logprobs`) is read by its order-debiased log-odds of "Output (a)" vs "Output (b)"
+(`judge_mode='logprob'`); `judge_mode='generate'` parses its text as the paper does.
 
   from iclr24_jax.papers import llmbar
   data = llmbar.load(llmbar.default_data_dir())
   judge = llmbar.SmolLMJudge()
-  res = llmbar.evaluate(judge, data["Natural"], "rules_metrics_reference")
-  res["accuracy"], res["agreement"]
+  res = llmbar.evaluate(judge, data["Natural"], "rules_metrics_reference")   # judge_mode='auto' -> 'logprob'
+  res["accuracy"], res["agreement"], res["preference"]
 """
 from iclr24_jax.lm.cache import GenerationCache, cache_key
 from iclr24_jax.papers.llmbar.data import (ADVERSARIAL, SUBSETS, Instance, default_data_dir, load,
                                            stratified_subset)
-from iclr24_jax.papers.llmbar.evaluator import (STRATEGIES, Strategy, build_aux_prompt, build_prompt, call_judge,
-                                                evaluate, evaluate_subsets, get_strategy, synthesis_explanations)
+from iclr24_jax.papers.llmbar.evaluator import (STRATEGIES, Strategy, build_aux_prompt, build_prompt, call_choice,
+                                                call_judge, evaluate, evaluate_subsets, get_strategy,
+                                                synthesis_explanations)
 from iclr24_jax.papers.llmbar.model import (ConstantJudge, FakeJudge, SmolLMJudge, chatml_to_messages,
                                             logit_bias_for)
 from iclr24_jax.papers.llmbar.parsing import map_back, parse_answer, parse_rating, swap_output_labels
@@ -44,7 +47,7 @@ __all__ = [
     # strategies and prompts
     "STRATEGIES", "Strategy", "get_strategy", "build_aux_prompt", "synthesis_explanations",
     # evaluation
-    "evaluate_subsets", "call_judge", "score_subsets", "map_back", "swap_output_labels",
+    "evaluate_subsets", "call_judge", "call_choice", "score_subsets", "map_back", "swap_output_labels",
     # judges and caching
     "SmolLMJudge", "FakeJudge", "ConstantJudge", "chatml_to_messages", "logit_bias_for", "GenerationCache",
     "cache_key",
