@@ -1,0 +1,53 @@
+"""lm_inversion: Language Model Inversion (Morris et al., ICLR 2024).
+
+Paper: https://openreview.net/forum?id=t9dWHpGkPj -- official code: https://github.com/jxmorris12/vec2text
+Run:   python -m experiments.main --config=configs/lm_inversion.py:tiny --workdir=runs/lm_inversion
+Variants: '' (SmolLM2-135M target, ~2,000 train / 500 test prompts), 'tiny' (a tiny random Llama target with
+          a 512-token BPE, 96 prompts, a few steps), 'official_padding'.
+"""
+import ml_collections
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.paper = "lm_inversion"
+  c.seed = 0
+  c.target = ml_collections.ConfigDict(dict(name="smollm2", path="", seed=0, vocab_size=512))
+  c.data = ml_collections.ConfigDict(dict(
+      name="prompts", data_dir="", sources=("strategyqa", "quarel", "obqa", "llmbar"), max_tokens=64,
+      num_test=500, num_train=2000, split_seed=0, max_prompts=0, label_len=80, lm_batch_size=32, cache_dir=""))
+  # Deviation: the paper's inverter is T5-base (d_model 768) on Llama-2's 32k vocabulary with embedder width 768;
+  # a small T5 trained from scratch here, width 256 pseudo-embeddings (SmolLM2's 49,152 -> 192 of them).
+  c.model = ml_collections.ConfigDict(dict(width=256, bottleneck=256, d_model=128, d_kv=32, d_ff=256,
+                                           num_layers=2, num_heads=4, decoder_vocab=1024, dropout_rate=0.0,
+                                           official_padding=False))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3, schedule="cosine",
+                                               warmup_steps=50, weight_decay=0.0))
+  c.num_steps = 600
+  c.batch_size = 32
+  c.steps_per_call = 1
+  c.log_every = 50
+  c.eval_every = 0
+  c.checkpoint_every = 0
+  c.eval = ml_collections.ConfigDict(dict(topk=(1, 10, 100), bag_k=10, bootstrap=2000))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+  for part in [p for p in (arg or "").split(",") if p]:
+    if part == "tiny":
+      c.target.name = "tiny_random"
+      c.data.max_prompts = 96
+      c.data.num_test = 32
+      c.data.num_train = 0
+      c.data.label_len = 24
+      c.data.lm_batch_size = 16
+      c.model.update(width=64, bottleneck=32, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2,
+                     decoder_vocab=300)
+      c.batch_size = 16
+      c.num_steps = 8
+      c.log_every = 4
+      c.optimizer.warmup_steps = 0
+      c.eval.topk = (1, 10)
+    elif part == "official_padding":
+      c.model.official_padding = True
+    else:
+      raise ValueError(f"unknown lm_inversion variant {part!r}; choose from 'tiny', 'official_padding'.")
+  return c

@@ -1,0 +1,180 @@
+"""Prompts, the target LM's next-token distributions (cached on disk), and the non-learned baselines.
+
+Prompts are the real questions and instructions beside the project: StrategyQA, QuaRel and OpenBookQA questions
+(`../shared/data/mario`, every split) and the LLMBar instructions, deduplicated, cut to their first 64 target-LM
+tokens, and split into train / test BY PROMPT (no prompt text is in both).
+
+The target LM is SmolLM2-135M-Instruct (lm.load_smollm2); its distribution after the raw prompt text (no chat
+template) is what the inverter sees. Distributions are cached as float16 rows of a .npy memmap keyed by the model,
+the prompts and the length cap, filled in order and resumable (a progress file records the rows done).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.common import textdata
+from iclr24_jax.lm import scoring
+
+
+def load_prompts(tokenizer: Any, max_tokens: int = 64, data_dir: str | None = None,
+                 sources: Sequence[str] = ("strategyqa", "quarel", "obqa", "llmbar")) -> list[str]:
+  """Unique prompts, each cut to its first `max_tokens` target-LM tokens, in a fixed order.
+
+  Args:
+    tokenizer: the target LM's tokenizer (lengths are counted in its tokens).
+    max_tokens: the cap (64 in the issue's setting).
+    data_dir: the shared data folder (None: found beside the project / $ICLR24_DATA).
+    sources: which sets to read.
+
+  Returns:
+    Deduplicated prompt strings (after the cut, whitespace-stripped, empty ones dropped), in source order.
+  """
+  texts: list[str] = []
+  mario_dir = None if data_dir is None else os.path.join(data_dir, "mario")
+  for src in sources:
+    if src in textdata.MARIO_SETS:
+      for split in textdata.MARIO_SPLITS[src]:
+        texts += [r["question"] for r in textdata.load_mario(src, split, data_dir=mario_dir)]
+    elif src == "llmbar":
+      texts += [r["input"] for r in textdata.load_llmbar(
+          data_dir=None if data_dir is None else os.path.join(data_dir, "llmbar"))]
+    else:
+      raise ValueError(f"unknown prompt source {src!r}; choose from {textdata.MARIO_SETS + ('llmbar',)}.")
+  seen, out = set(), []
+  for t in texts:
+    ids = tokenizer.encode(t)[:max_tokens]
+    cut = tokenizer.decode(ids).strip()
+    if cut and cut not in seen:
+      seen.add(cut)
+      out.append(cut)
+  return out
+
+
+def split_prompts(prompts: Sequence[str], num_test: int, num_train: int | None = None, seed: int = 0
+                  ) -> tuple[list[str], list[str]]:
+  """A seeded split by prompt (the lists are disjoint as strings).
+
+  Args:
+    prompts: unique prompts.
+    num_test: test prompts.
+    num_train: train prompts (None: all the rest).
+    seed: shuffle seed.
+
+  Returns:
+    (train, test).
+  """
+  if len(set(prompts)) != len(prompts):
+    raise ValueError("prompts must be unique to split by prompt; deduplicate them first (load_prompts does).")
+  if num_test >= len(prompts):
+    raise ValueError(f"num_test={num_test} leaves no training prompt out of {len(prompts)}.")
+  order = np.random.default_rng(seed).permutation(len(prompts))
+  test = [prompts[i] for i in order[:num_test]]
+  rest = order[num_test:] if num_train is None else order[num_test:num_test + num_train]
+  return [prompts[i] for i in rest], test
+
+
+def _key(model_id: str, prompts: Sequence[str], max_tokens: int) -> str:
+  h = hashlib.sha1(model_id.encode())
+  h.update(str(max_tokens).encode())
+  for p in prompts:
+    h.update(p.encode())
+    h.update(b"\x00")
+  return h.hexdigest()[:16]
+
+
+def target_distributions(params: Any, config: Any, tokenizer: Any, prompts: Sequence[str], cache_dir: str,
+                         model_id: str = "smollm2-135m-instruct", max_tokens: int = 64, batch_size: int = 32,
+                         progress: Callable[[int, int], None] | None = None) -> np.ndarray:
+  """Next-token log-distributions of the target LM after each prompt, cached as float16.
+
+  Args:
+    params, config: the target LM (lm.llama).
+    tokenizer: its tokenizer.
+    prompts: N prompt strings.
+    cache_dir: folder for the cache (created); the file name is a hash of model_id, prompts and max_tokens.
+    model_id: names the model in the cache key.
+    max_tokens: prompts are encoded to at most this many tokens (one compiled shape [batch_size, max_tokens]).
+    batch_size: prompts per forward.
+    progress: optional callback (done, total).
+
+  Returns:
+    [N, V] float16 memmap (read-only view) of log-probabilities.
+  """
+  os.makedirs(cache_dir, exist_ok=True)
+  stem = pathlib.Path(cache_dir) / f"dist_{_key(model_id, prompts, max_tokens)}"
+  path, state_path = stem.with_suffix(".npy"), stem.with_suffix(".json")
+  n, v = len(prompts), int(config.vocab_size)
+  done = 0
+  if path.exists() and state_path.exists():
+    with open(state_path) as f:
+      done = int(json.load(f)["rows_done"])
+    out = np.lib.format.open_memmap(path, mode="r+")
+    if out.shape != (n, v):
+      done, out = 0, None
+  else:
+    out = None
+  if out is None:
+    out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float16, shape=(n, v))
+  if done < n:
+    fn = jax.jit(lambda ids, mask: scoring.next_token_logprobs(params, config, ids, mask))
+    for start in range(done - done % batch_size, n, batch_size):
+      chunk = list(prompts[start:start + batch_size])
+      real = len(chunk)
+      chunk += [chunk[-1]] * (batch_size - real)  # pad the last batch: one compiled shape
+      ids, mask = tokenizer.encode_batch(chunk, max_len=max_tokens, truncation="right")
+      lp = np.asarray(fn(jnp.asarray(ids), jnp.asarray(mask)))
+      out[start:start + real] = lp[:real].astype(np.float16)
+      out.flush()
+      with open(state_path, "w") as f:
+        json.dump({"rows_done": start + real, "num_prompts": n}, f)
+      if progress is not None:
+        progress(start + real, n)
+  del out
+  return np.load(path, mmap_mode="r")
+
+
+def bag_of_top_tokens(logprobs: np.ndarray, unigram: np.ndarray, tokenizer: Any, k: int = 10) -> list[str]:
+  """Baseline: the k tokens most raised above the unigram estimate, decoded one by one and joined by spaces.
+
+  Args:
+    logprobs: [B, V] target-LM log-distributions.
+    unigram: [V] the unigram estimate (what `v - unigram` is measured against, as the inverter sees it).
+    tokenizer: the target LM's tokenizer.
+    k: tokens per guess.
+
+  Returns:
+    B guesses.
+  """
+  scores = np.asarray(logprobs, np.float32) - np.asarray(unigram, np.float32)[None]
+  top = np.argsort(-scores, axis=1)[:, :k]
+  return [" ".join(w for w in (tokenizer.decode([int(t)]).strip() for t in row) if w) for row in top]
+
+
+def nearest_by_kl(test_logprobs: np.ndarray, train_logprobs: np.ndarray, block: int = 64) -> np.ndarray:
+  """Baseline: for each test distribution p, the training prompt whose distribution q minimises KL(p || q).
+
+  KL(p || q) = sum_v p_v (log p_v - log q_v); the first term does not depend on q, so the argmin is the argmax of
+  p @ log q^T, computed in blocks of test rows.
+
+  Args:
+    test_logprobs: [N, V] log-distributions.
+    train_logprobs: [M, V] log-distributions.
+    block: test rows per matrix product.
+
+  Returns:
+    [N] indices into the training prompts.
+  """
+  q = jnp.asarray(np.asarray(train_logprobs, np.float32))
+  idx = []
+  for s in range(0, len(test_logprobs), block):
+    p = jnp.exp(jnp.asarray(np.asarray(test_logprobs[s:s + block], np.float32)))
+    idx.append(np.asarray(jnp.argmax(p @ q.T, axis=1)))
+  return np.concatenate(idx)

@@ -1,0 +1,264 @@
+"""The logit inverter of Morris et al. (2024): a next-token distribution -> pseudo-embeddings -> T5 -> the prompt.
+
+Pipeline (Sec. 4 of the paper; vec2text's `InversionFromLogitsModel`):
+
+  v = log_softmax(target LM logits after the hidden prompt)              [B, V]
+  v <- v - unigram                      (unigram: EMA of v over training batches, 0.99 / 0.01)
+  zero-pad v to a multiple of the width d and unroll it: [B, S = ceil(V/d), d]
+  per-position projection  h_s = v_s @ W_s  (W: [S, d, d], "sequence_weights")
+  MLP  d -> bottleneck -> d_model (Linear, dropout, GELU, Linear)        [B, S, d_model]
+  a T5 encoder reads them as input embeddings; its decoder is trained with cross-entropy on the prompt tokens.
+
+Everything is a pure function of a parameter dict {'projection': Flax params, 't5': T5 params}:
+
+  inverter = Inverter(t5_config, width=256, num_chunks=num_chunks(V, 256))
+  params = init(key, inverter)
+  loss, metrics = loss_fn(params, batch, key, inverter=inverter)        # batch: unrolled inputs + labels
+  out = invert(params, logprobs, unigram, inverter=inverter, max_len=64)  # greedy prompt tokens
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.lm import t5
+
+# The official top-k access fills every log-probability outside the top k with this value.
+TOPK_FILL = -30.0
+UNIGRAM_DECAY = 0.99
+
+
+def num_chunks(vocab_size: int, width: int, official_padding: bool = False) -> int:
+  """Number S of width-d pseudo-embeddings a V-dim distribution unrolls into.
+
+  Args:
+    vocab_size: V.
+    width: d.
+    official_padding: vec2text pads by `d - ((V + d) % d)`, which adds a whole chunk of zeros when d divides V.
+
+  Returns:
+    ceil(V / d) (or V / d + 1 with the official padding when d divides V).
+  """
+  if width < 1 or vocab_size < 1:
+    raise ValueError(f"vocab_size and width must be positive, got {vocab_size}, {width}.")
+  if official_padding:
+    pad = width - ((vocab_size + width) % width)
+    return (vocab_size + pad) // width
+  return math.ceil(vocab_size / width)
+
+
+def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding: bool = False) -> jax.Array:
+  """Subtracts the unigram estimate, zero-pads and unrolls a distribution into pseudo-embeddings.
+
+  Args:
+    logprobs: [B, V] next-token log-probabilities of the target LM.
+    unigram: [V] the unigram estimate (`update_unigram`); zeros disables the subtraction.
+    width: d, the pseudo-embedding size.
+    official_padding: pad as vec2text does (a whole extra zero chunk when d divides V).
+
+  Returns:
+    [B, S, d] with S = num_chunks(V, d, official_padding); the padded tail is exactly 0.
+  """
+  logprobs = jnp.asarray(logprobs)
+  if logprobs.ndim != 2:
+    raise ValueError(f"logprobs must be [B, V], got shape {logprobs.shape}.")
+  b, v = logprobs.shape
+  if unigram.shape != (v,):
+    raise ValueError(f"unigram must be [V={v}], got shape {unigram.shape}.")
+  s = num_chunks(v, width, official_padding)
+  x = logprobs.astype(jnp.float32) - unigram.astype(jnp.float32)[None]
+  x = jnp.pad(x, ((0, 0), (0, s * width - v)))
+  return x.reshape(b, s, width)
+
+
+def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGRAM_DECAY) -> jax.Array:
+  """One EMA update of the unigram estimate with a training batch: u <- decay u + (1 - decay) mean_b v_b.
+
+  Args:
+    unigram: [V] current estimate (start from zeros, as the official model's buffer does).
+    logprobs: [B, V] the batch's log-distributions.
+    decay: 0.99 in the official code.
+
+  Returns:
+    [V] the new estimate.
+  """
+  return decay * unigram + (1.0 - decay) * jnp.mean(logprobs.astype(jnp.float32), axis=0)
+
+
+def topk_access(logprobs: jax.Array, k: int, fill: float = TOPK_FILL) -> jax.Array:
+  """The top-k access scenario: keep the k largest log-probabilities, set every other entry to `fill`.
+
+  (vec2text's `zero_embedding_except_topk` with its default value -30.) The inverter then sees only what an API
+  returning the top-k log-probabilities reveals.
+
+  Args:
+    logprobs: [B, V].
+    k: number of entries kept (1 <= k <= V).
+    fill: the value of the hidden entries.
+
+  Returns:
+    [B, V].
+  """
+  v = logprobs.shape[-1]
+  if not 1 <= k <= v:
+    raise ValueError(f"k must be in [1, V={v}], got {k}.")
+  vals, idx = jax.lax.top_k(logprobs, k)
+  out = jnp.full_like(logprobs, fill)
+  return jax.vmap(lambda o, i, x: o.at[i].set(x))(out, idx, vals)
+
+
+class Projection(nn.Module):
+  """The per-position projection and the MLP that turn pseudo-embeddings into T5 input embeddings.
+
+  Attributes:
+    num_chunks: S.
+    width: d (pseudo-embedding size).
+    bottleneck: the MLP's hidden size.
+    d_model: the T5 width.
+    dropout_rate: dropout after the first Linear (the official order: Linear, Dropout, GELU, Linear).
+  """
+
+  num_chunks: int
+  width: int
+  bottleneck: int
+  d_model: int
+  dropout_rate: float = 0.0
+
+  @nn.compact
+  def __call__(self, x: jax.Array, deterministic: bool = True) -> jax.Array:
+    """[B, S, d] -> [B, S, d_model]."""
+    if x.shape[1:] != (self.num_chunks, self.width):
+      raise ValueError(f"expected unrolled inputs [B, {self.num_chunks}, {self.width}], got {x.shape}.")
+    # Deviation: the official `sequence_weights` start from randn (unit variance); scaled by 1/sqrt(d) here so the
+    # projected vectors keep the inputs' scale (with unit variance a d=256 projection multiplies it by 16).
+    w = self.param("sequence_weights", nn.initializers.normal(1.0 / math.sqrt(self.width)),
+                   (self.num_chunks, self.width, self.width))
+    h = jnp.einsum("bsd,sdw->bsw", x, w)
+    h = nn.Dense(self.bottleneck, name="fc1")(h)
+    h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
+    h = nn.gelu(h, approximate=False)
+    return nn.Dense(self.d_model, name="fc2")(h)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inverter:
+  """The inverter's static description (hashable, so it can be closed over by jitted functions).
+
+  Attributes:
+    t5_config: the T5 encoder-decoder (its vocabulary is the decoder's output tokenizer).
+    width: d.
+    num_chunks: S = num_chunks(V, d).
+    bottleneck: MLP hidden size (the official bottleneck is the embedder width, 768 for Llama-2).
+    dropout_rate: dropout in the MLP.
+  """
+
+  t5_config: t5.T5Config
+  width: int
+  num_chunks: int
+  bottleneck: int = 256
+  dropout_rate: float = 0.0
+
+  @property
+  def projection(self) -> Projection:
+    return Projection(self.num_chunks, self.width, self.bottleneck, self.t5_config.d_model, self.dropout_rate)
+
+
+def init(key: jax.Array, inverter: Inverter) -> dict:
+  """Initial parameters {'projection': ..., 't5': ...}."""
+  k_proj, k_t5 = jax.random.split(key)
+  dummy = jnp.zeros((1, inverter.num_chunks, inverter.width), jnp.float32)
+  return {"projection": inverter.projection.init(k_proj, dummy)["params"],
+          "t5": t5.init_params(k_t5, inverter.t5_config)}
+
+
+def embed(params: Mapping[str, Any], unrolled: jax.Array, inverter: Inverter, key: jax.Array | None = None
+          ) -> jax.Array:
+  """Encoder input embeddings [B, S, d_model] from unrolled distributions [B, S, d] (dropout when key is given)."""
+  rngs = None if key is None else {"dropout": key}
+  return inverter.projection.apply({"params": params["projection"]}, unrolled, deterministic=key is None, rngs=rngs)
+
+
+def loss_fn(params: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.Array, *, inverter: Inverter
+            ) -> tuple[jax.Array, dict]:
+  """Cross-entropy of the prompt tokens given the distribution.
+
+  Args:
+    params: {'projection', 't5'}.
+    batch: inputs [B, S, d] (unrolled, unigram already subtracted), labels [B, T] (prompt tokens ending with EOS),
+      label_mask [B, T].
+    key: dropout key (only used when inverter.dropout_rate > 0).
+    inverter: the static description.
+
+  Returns:
+    (loss, {'loss', 'accuracy', 'tokens'}).
+  """
+  embeds = embed(params, batch["inputs"], inverter, key if inverter.dropout_rate > 0 else None)
+  t5_batch = {"labels": batch["labels"], "label_mask": batch["label_mask"],
+              "input_mask": jnp.ones(embeds.shape[:2], bool)}
+  return t5.seq2seq_loss(params["t5"], inverter.t5_config, t5_batch, input_embeds=embeds)
+
+
+def init_state(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
+  """TrainState with the inverter's parameters and the unigram estimate (zeros, [V]) in `extra`."""
+  from iclr24_jax.common.train_state import TrainState
+  return TrainState.create(init(key, inverter), tx, extra={"unigram": jnp.zeros((vocab_size,), jnp.float32)})
+
+
+def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_decay: float = UNIGRAM_DECAY):
+  """`train_step(state, batch, key) -> (state, metrics)` for `common.loop`.
+
+  The batch holds raw distributions: logprobs [B, V], labels [B, T], label_mask [B, T]. Each step first moves
+  the unigram estimate (state.extra['unigram']) towards the batch mean, then subtracts it and unrolls, as the
+  official model updates its buffer in the training forward pass before using it.
+  """
+  def train_step(state, batch, key):
+    key = jax.random.fold_in(key, state.step)
+    logprobs = batch["logprobs"].astype(jnp.float32)
+    unigram = update_unigram(state.extra["unigram"], logprobs, unigram_decay)
+    inputs = unroll(logprobs, unigram, inverter.width, official_padding)
+    sub = {"inputs": inputs, "labels": batch["labels"], "label_mask": batch["label_mask"]}
+    (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, sub, key, inverter=inverter)
+    metrics = dict(metrics, grad_norm=jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads))))
+    state = state.apply_gradients(grads=grads)
+    return state.replace(extra={"unigram": unigram}), metrics
+  return train_step
+
+
+def invert(params: Mapping[str, Any], logprobs: jax.Array, unigram: jax.Array, *, inverter: Inverter,
+           max_len: int, official_padding: bool = False) -> t5.GenerationOutput:
+  """Greedy prompt reconstruction from next-token distributions.
+
+  Args:
+    params: the trained inverter.
+    logprobs: [B, V] target-LM log-distributions (full, or `topk_access` of them).
+    unigram: [V] the unigram estimate stored at the end of training.
+    inverter: the static description.
+    max_len: tokens to decode at most (static).
+    official_padding: must match training.
+
+  Returns:
+    t5.GenerationOutput (tokens [B, max_len] in the decoder's vocabulary, mask, lengths ...).
+  """
+  unrolled = unroll(logprobs, unigram, inverter.width, official_padding)
+  embeds = embed(params, unrolled, inverter)
+  return t5.generate(params["t5"], inverter.t5_config, None, None, jax.random.key(0), max_len, enc_embeds=embeds)
+
+
+def check_distributions(logprobs: np.ndarray, name: str = "logprobs") -> None:
+  """Raises a ValueError naming the problem unless `logprobs` is a finite [B, V] array of log-distributions."""
+  if logprobs.ndim != 2:
+    raise ValueError(f"{name} must be [B, V] log-probabilities, got shape {logprobs.shape}.")
+  finite = np.isfinite(logprobs)
+  if not finite.all():
+    raise ValueError(f"{name} has {int((~finite).sum())} non-finite entries; pass log_softmax outputs (use a large "
+                     "negative number, not -inf, for hidden entries).")
+  mass = np.exp(logprobs.astype(np.float64)).sum(-1)
+  if np.any(np.abs(mass - 1.0) > 1e-2):
+    raise ValueError(f"{name} rows are not normalised (sum of exp from {mass.min():.3f} to {mass.max():.3f}); "
+                     "pass log_softmax(logits), not logits.")

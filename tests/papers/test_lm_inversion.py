@@ -1,0 +1,165 @@
+"""lm_inversion: unrolling, the unigram EMA, top-k access, metrics on hand-worked examples, a learning train step,
+the baselines, and a smoke run of the tiny config."""
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from iclr24_jax.common import data as data_lib
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.lm import t5
+from iclr24_jax.papers import lm_inversion as li
+from iclr24_jax.papers.lm_inversion import data as li_data
+
+needs_data = pytest.mark.skipif(data_lib.shared_data_dir() is None,
+                                reason="../shared/data (or $ICLR24_DATA) is absent: the prompts come from it")
+
+
+def test_unroll_shapes_padding_and_unigram():
+  lp = jnp.arange(20, dtype=jnp.float32).reshape(2, 10)  # V = 10
+  uni = jnp.full((10,), 1.0)
+  x = li.unroll(lp, uni, width=4)                           # ceil(10/4) = 3 chunks, 2 zeros of padding
+  chex.assert_shape(x, (2, 3, 4))
+  np.testing.assert_array_equal(x[0].ravel()[:10], np.arange(10) - 1.0)
+  np.testing.assert_array_equal(x[:, 2, 2:], 0.0)
+  # V = 8, d = 4: ours 2 chunks; the official padding adds a whole zero chunk (d - ((V + d) % d) = 4 zeros)
+  assert li.num_chunks(8, 4) == 2 and li.num_chunks(8, 4, official_padding=True) == 3
+  xo = li.unroll(jnp.ones((1, 8)), jnp.zeros(8), 4, official_padding=True)
+  chex.assert_shape(xo, (1, 3, 4))
+  np.testing.assert_array_equal(xo[0, 2], 0.0)
+  assert li.num_chunks(10, 4, official_padding=True) == 3  # when d does not divide V both agree
+  with pytest.raises(ValueError, match=r"\[B, V\]"):
+    li.unroll(jnp.ones(10), uni, 4)
+  with pytest.raises(ValueError, match="unigram"):
+    li.unroll(lp, jnp.ones(9), 4)
+
+
+def test_unigram_ema_hand_computed():
+  # u = 0.99 * [1, 2] + 0.01 * mean([[3, 5], [5, 7]]) = [0.99 + 0.04, 1.98 + 0.06] = [1.03, 2.04]
+  u = li.update_unigram(jnp.array([1.0, 2.0]), jnp.array([[3.0, 5.0], [5.0, 7.0]]))
+  np.testing.assert_allclose(u, [1.03, 2.04], rtol=1e-6)
+
+
+def test_topk_access_keeps_only_the_top_entries():
+  lp = jnp.log(jnp.array([[0.5, 0.1, 0.3, 0.1], [0.25, 0.25, 0.4, 0.1]]))
+  out = li.topk_access(lp, 2)
+  np.testing.assert_allclose(out[0], [np.log(0.5), -30.0, np.log(0.3), -30.0], rtol=1e-6)
+  np.testing.assert_allclose(out[1, 2], np.log(0.4), rtol=1e-6)
+  assert int(jnp.sum(out[1] > -30)) == 2
+  with pytest.raises(ValueError, match="k must be"):
+    li.topk_access(lp, 5)
+
+
+def test_bleu_hand_worked():
+  # hyp "the cat sat on the mat" vs ref "the cat sat on a mat": precisions 5/6, 3/5, 2/4, 1/3, BP 1
+  # BLEU = 100 (5/6 * 3/5 * 1/2 * 1/3)^(1/4) = 100 (1/12)^(1/4) = 53.7285
+  np.testing.assert_allclose(li.sentence_bleu("the cat sat on the mat", "the cat sat on a mat"),
+                             100 * (1 / 12) ** 0.25, rtol=1e-9)
+  assert li.sentence_bleu("the same words here", "the same words here") == pytest.approx(100.0)
+  # "the cat" vs "the dog": p1 = 1/2; p2 has no match -> exp smoothing 1 / (2 * 1); effective order 2 -> 50
+  assert li.sentence_bleu("the cat", "the dog") == pytest.approx(50.0)
+  # brevity penalty: "the cat" vs "the cat sat on": p1 = p2 = 1 (order 2), BP = exp(1 - 4/2) = e^-1
+  assert li.sentence_bleu("the cat", "the cat sat on") == pytest.approx(100 * math.exp(-1.0))
+  assert li.sentence_bleu("dog", "the cat") == 0.0 and li.sentence_bleu("", "the cat") == 0.0
+
+
+def test_token_f1_and_exact_match_hand_worked():
+  # sets {a, b, c} vs {b, c, d, e}: P = 2/3, R = 1/2, F1 = 2 (1/3) / (7/6) = 4/7
+  assert li.token_f1("a b c", "b c d e") == pytest.approx(4 / 7)
+  assert li.token_f1("A b b", "a B") == pytest.approx(1.0)  # lower-cased sets
+  m = li.metrics(["a b c", "Is it?", "x"], ["b c d e", "Is it?", "y"])
+  assert m["exact_match"] == pytest.approx(100 / 3)
+  assert m["token_f1"] == pytest.approx(100 * (4 / 7 + 1 + 0) / 3)
+  with pytest.raises(ValueError, match="one per example"):
+    li.metrics(["a"], ["a", "b"])
+
+
+def _tiny_inverter(v=40, width=8):
+  cfg = t5.T5Config(vocab_size=32, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2, pad_id=0, eos_id=2,
+                    decoder_start_id=0)
+  return li.Inverter(cfg, width, li.num_chunks(v, width), bottleneck=16)
+
+
+def test_train_step_lowers_loss_and_compiles_once():
+  import optax
+  inv = _tiny_inverter()
+  rng = np.random.default_rng(0)
+  logprobs = np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(8, 40)) * 3), -1))
+  labels = rng.integers(3, 32, size=(8, 6)).astype(np.int32)
+  labels[:, -1] = 2
+  batch = {"logprobs": jnp.asarray(logprobs), "labels": jnp.asarray(labels), "label_mask": jnp.ones((8, 6), bool)}
+  state = li.init_state(jax.random.key(0), inv, optax.adam(1e-2), 40)
+  step = jax.jit(chex.assert_max_traces(li.make_train_step(inv), n=1))
+  losses = []
+  for _ in range(40):
+    state, m = step(state, batch, jax.random.key(1))
+    losses.append(float(m["loss"]))
+  assert losses[-1] < 0.5 * losses[0], losses
+  # the unigram estimate moved towards the batch mean: after k steps u = (1 - 0.99^k) mean
+  np.testing.assert_allclose(state.extra["unigram"], (1 - 0.99 ** 40) * logprobs.mean(0), rtol=1e-4, atol=1e-5)
+  out = li.invert(state.params, batch["logprobs"], state.extra["unigram"], inverter=inv, max_len=6)
+  chex.assert_shape(out.tokens, (8, 6))
+  # the fixed batch was memorised: greedy inversion reproduces most label tokens
+  assert float(np.mean(np.asarray(out.tokens) == labels)) > 0.5
+
+
+def test_baselines():
+  rng = np.random.default_rng(0)
+  train = np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(6, 50)) * 2), -1))
+  test = train[[4, 1]] + 0.01 * rng.normal(size=(2, 50))
+  np.testing.assert_array_equal(li.nearest_by_kl(test, train, block=1), [4, 1])
+
+  class Tok:
+    def decode(self, ids):
+      return f" w{ids[0]}"
+
+  lp = np.log(np.array([[0.1, 0.6, 0.3]]))
+  assert li.bag_of_top_tokens(lp, np.zeros(3), Tok(), k=2) == ["w1 w2"]
+  # against the unigram estimate token 2 is raised most
+  assert li.bag_of_top_tokens(lp, np.log(np.array([0.1, 0.9, 0.05])), Tok(), k=1) == ["w2"]
+
+
+def test_split_is_by_prompt_and_errors():
+  prompts = [f"q{i}" for i in range(20)]
+  train, test = li.split_prompts(prompts, 5)
+  assert len(test) == 5 and len(train) == 15 and not set(train) & set(test)
+  with pytest.raises(ValueError, match="unique"):
+    li.split_prompts(["a", "a", "b"], 1)
+  with pytest.raises(ValueError, match="no training prompt"):
+    li.split_prompts(prompts, 20)
+
+
+def test_distribution_check_names_the_problem():
+  from iclr24_jax.papers.lm_inversion.model import check_distributions
+  with pytest.raises(ValueError, match="log_softmax"):
+    check_distributions(np.zeros((2, 5), np.float32))
+  with pytest.raises(ValueError, match="non-finite"):
+    check_distributions(np.full((2, 5), -np.inf, np.float32))
+  check_distributions(np.log(np.full((2, 5), 0.2, np.float32)))
+
+
+@needs_data
+def test_prompts_are_deduplicated_and_capped():
+  from iclr24_jax.lm import tokenizer as tok_lib
+  tok = tok_lib.train_bpe(["Is the sky blue? Can a dog fly?"] * 3, vocab_size=300)
+  prompts = li_data.load_prompts(tok, max_tokens=16, sources=("obqa",))
+  assert len(prompts) == len(set(prompts)) > 400
+  assert max(len(tok.encode(p)) for p in prompts) <= 17  # the cut text re-encodes to about its 16 tokens
+
+
+@needs_data
+def test_tiny_run_smoke(tmp_path):
+  from iclr24_jax.configs import lm_inversion as cfg_mod
+  from iclr24_jax.papers.lm_inversion import experiment
+  c = cfg_mod.get_config("tiny")
+  c.data.cache_dir = str(tmp_path / "cache")
+  res = experiment.run(c, str(tmp_path / "run"))
+  assert res["num_test"] == 32 and res["num_chunks"] == 8
+  assert set(res["test"]) == {"bleu", "token_f1", "exact_match"} and np.isfinite(res["final_train_loss"])
+  # the distribution cache is complete and reused: two files (train, test), each marked done for every row
+  import json
+  states = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("dist_*.json")]
+  assert sorted(s["rows_done"] for s in states) == [32, 64] and all(s["rows_done"] == s["num_prompts"] for s in states)
