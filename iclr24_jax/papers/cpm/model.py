@@ -128,11 +128,10 @@ def _scaled_smooth(weights, x, sign, C, sample_weight, l2: bool):
   return data
 
 
-def _solve_l2(x, sign, C, sample_weight, max_iter: int, tol: float):
+def _solve_l2(x, sign, C, sample_weight, max_iter: int, tol: float, w0):
   f = functools.partial(_scaled_smooth, x=x, sign=sign, C=C, sample_weight=sample_weight, l2=True)
   opt = optax.lbfgs(memory_size=20)
   value_and_grad = optax.value_and_grad_from_state(f)
-  w0 = jnp.zeros(x.shape[1], jnp.float32)
 
   def cond(carry):
     _, _, k, gnorm = carry
@@ -150,7 +149,7 @@ def _solve_l2(x, sign, C, sample_weight, max_iter: int, tol: float):
   return w, iters
 
 
-def _solve_l1(x, sign, C, sample_weight, max_iter: int, tol: float):
+def _solve_l1(x, sign, C, sample_weight, max_iter: int, tol: float, w0):
   # FISTA (Beck & Teboulle 2009) with gradient-based adaptive restart (O'Donoghue & Candes 2015) on
   # mean logistic loss + ||w||_1 / (C n). The smooth part's gradient is L-Lipschitz with
   # L = sigma_max(X_w)^2 / (4 n), X_w the rows scaled by sqrt(sample_weight).
@@ -160,7 +159,6 @@ def _solve_l1(x, sign, C, sample_weight, max_iter: int, tol: float):
   step = 1.0 / lipschitz
   thresh = step / (C * n)
   grad_f = jax.grad(functools.partial(_scaled_smooth, x=x, sign=sign, C=C, sample_weight=sample_weight, l2=False))
-  w0 = jnp.zeros(x.shape[1], jnp.float32)
 
   def cond(carry):
     _, _, _, k, delta = carry
@@ -185,7 +183,7 @@ def _solve_l1(x, sign, C, sample_weight, max_iter: int, tol: float):
 
 def fit_differences(x: jax.Array, labels: jax.Array, penalty: str = "l2", C: float | jax.Array = 1.0,
                     sample_weight: jax.Array | None = None, max_iter: int | None = None,
-                    tol: float | None = None) -> tuple[jax.Array, jax.Array]:
+                    tol: float | None = None, init: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Minimises `logistic_objective` over w for given pair differences (no intercept).
 
   Args:
@@ -196,6 +194,7 @@ def fit_differences(x: jax.Array, labels: jax.Array, penalty: str = "l2", C: flo
     sample_weight: [N] optional row weights (0/1 masks select cross-validation folds).
     max_iter: iteration cap (default 500 for L2, 20000 for L1).
     tol: stopping tolerance (L2: max |gradient| of the objective / (C n); L1: relative max |w change|).
+    init: [F] starting point (default zeros; a warm start from a nearby C speeds up a regularisation path).
 
   Returns:
     (weights [F], iterations []).
@@ -206,9 +205,10 @@ def fit_differences(x: jax.Array, labels: jax.Array, penalty: str = "l2", C: flo
   sign = 2.0 * jnp.asarray(labels, jnp.float32) - 1.0
   sw = jnp.ones(x.shape[0], jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32)
   C = jnp.asarray(C, jnp.float32)
+  w0 = jnp.zeros(x.shape[1], jnp.float32) if init is None else jnp.asarray(init, jnp.float32)
   if penalty == "l2":
-    return _solve_l2(x, sign, C, sw, max_iter or 500, 1e-7 if tol is None else tol)
-  return _solve_l1(x, sign, C, sw, max_iter or 20000, 1e-8 if tol is None else tol)
+    return _solve_l2(x, sign, C, sw, max_iter or 500, 1e-7 if tol is None else tol, w0)
+  return _solve_l1(x, sign, C, sw, max_iter or 20000, 1e-8 if tol is None else tol, w0)
 
 
 def fit(features_a: jax.Array, features_b: jax.Array, labels: jax.Array, penalty: str = "l2",
@@ -304,33 +304,31 @@ def fold_ids(num_items: int, num_folds: int, seed: int = 0) -> np.ndarray:
 @functools.partial(jax.jit, static_argnames=("penalty", "num_folds"))
 def _cv_program(x, labels, valid, folds, Cs, penalty: str, num_folds: int):
   # One program per (rows, F, penalty, folds, grid size): every (C, fold) fit plus the refit on all rows
-  # (fold index num_folds holds nothing out), vmapped. Padded rows have valid = 0 and weight 0.
+  # (fold index num_folds holds nothing out). Folds are vmapped; the C grid (ascending) is a scan whose fits
+  # start from the previous C's solution (a warm-started regularisation path: the weakly regularised,
+  # slowly converging problems start next to their answer). Padded rows have valid = 0 and weight 0.
   sign = 2.0 * labels.astype(jnp.float32) - 1.0
-
-  def one(C, k):
-    train = ((folds != k) & valid).astype(jnp.float32)
-    w, _ = fit_differences(x, labels, penalty, C, sample_weight=train)
-    margin = x @ w
-    correct = jnp.where(margin == 0, 0.5, (sign * margin > 0).astype(jnp.float32))
-    test = ((folds == k) & valid).astype(jnp.float32)
-    return jnp.sum(correct * test) / jnp.maximum(jnp.sum(test), 1.0), w
-
   ks = jnp.arange(num_folds + 1)
-  acc, w = jax.vmap(lambda C: jax.vmap(lambda k: one(C, k))(ks))(Cs)   # [C, K+1], [C, K+1, F]
+  train = ((folds[None, :] != ks[:, None]) & valid[None, :]).astype(jnp.float32)     # [K+1, N]
+  test = ((folds[None, :] == ks[:, None]) & valid[None, :]).astype(jnp.float32)
+
+  def step(w_prev, C):
+    w, _ = jax.vmap(lambda sw, w0: fit_differences(x, labels, penalty, C, sample_weight=sw, init=w0))(train, w_prev)
+    margin = w @ x.T                                                                     # [K+1, N]
+    correct = jnp.where(margin == 0, 0.5, (sign[None] * margin > 0).astype(jnp.float32))
+    acc = jnp.sum(correct * test, axis=1) / jnp.maximum(jnp.sum(test, axis=1), 1.0)
+    return w, (acc, w)
+
+  w_init = jnp.zeros((num_folds + 1, x.shape[1]), jnp.float32)
+  _, (acc, w) = jax.lax.scan(step, w_init, Cs)                                          # [C, K+1], [C, K+1, F]
   return acc[:, :num_folds], w[:, num_folds]
 
 
-_COMPILED: dict[tuple, object] = {}
-
-
 def _cv_compiled(x, labels, valid, folds, Cs, penalty: str, num_folds: int):
-  # Small problems (the CPM's 14 features) compile at XLA level 0: 2-3x faster to compile, and the run is
-  # milliseconds either way; wide ones (the PM's hidden states) get the optimised program.
-  key = (x.shape, penalty, num_folds, Cs.shape)
-  if key not in _COMPILED:
-    lowered = _cv_program.lower(x, labels, valid, folds, Cs, penalty, num_folds)
-    _COMPILED[key] = lowered.compile({"xla_backend_optimization_level": 0} if x.shape[1] <= 64 else None)
-  return _COMPILED[key](x, labels, valid, folds, Cs)
+  order = np.argsort(np.asarray(Cs), kind="stable")          # the path runs from strong to weak penalties
+  acc, w = _cv_program(x, labels, valid, folds, jnp.asarray(np.asarray(Cs)[order]), penalty, num_folds)
+  inv = np.argsort(order)
+  return np.asarray(acc)[inv], np.asarray(w)[inv]
 
 
 def _pad_rows(n: int, multiple: int) -> int:
@@ -372,7 +370,7 @@ def cross_validate(features_a: jax.Array, features_b: jax.Array, labels: jax.Arr
   valid = np.arange(rows) < n
   folds = np.full(rows, -1, np.int32)
   folds[:n] = fold_ids(n, num_folds, seed)
-  grid = jnp.asarray(list(Cs), jnp.float32)
+  grid = np.asarray(list(Cs), np.float32)
   table, refits, best = {}, {}, None
   for pi, pen in enumerate(penalties):
     if pen not in PENALTIES:
