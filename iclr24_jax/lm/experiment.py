@@ -372,13 +372,17 @@ def decode_profile(fused: llama.Params, cfg: llama.LlamaConfig, repeats: int = 1
   head = jax.jit(lambda p, h: jnp.argmax(llama.output_logits(p, cfg, h), -1))
   w, c_, _ = _median_times(lambda: head(fused, h), repeats)
   add("head_argmax", w, c_, f"tied head [1, {cfg.hidden_size}] x [{cfg.hidden_size}, {cfg.vocab_size}] + argmax")
-  logits = jnp.ones((1, cfg.vocab_size), jnp.float32)
+  # the model's real next-token distribution (a flat one would send top-p down its full-sort path)
+  logits = jax.jit(lambda p: llama.forward(p, cfg, ids, mask, last_only=True))(fused)
   greedy = jax.jit(lambda l: generation.sample_token(jax.random.key(0), l))
   w, c_, _ = _median_times(lambda: greedy(logits), repeats)
   add("sample_greedy", w, c_, "argmax + log-softmax of the chosen token")
   top_p = jax.jit(lambda l: generation.sample_token(jax.random.key(0), l, 0.7, 0, 0.9))
   w, c_, _ = _median_times(lambda: top_p(logits), repeats)
-  add("sample_top_p", w, c_, "temperature 0.7 + top-p 0.9 (a full sort of the vocabulary) + categorical draw")
+  add("sample_top_p", w, c_, "temperature 0.7 + top-p 0.9 (top-256 candidates, `nucleus_mask`) + categorical draw")
+  full_sort = jax.jit(lambda l: generation.nucleus_mask(l / 0.7, 0.9, candidates=cfg.vocab_size))
+  w, c_, _ = _median_times(lambda: full_sort(logits), repeats)
+  add("top_p_full_sort", w, c_, "the nucleus by a full sort of the vocabulary (before: every sampled token)")
 
   def write(cache):
     k = [jax.lax.dynamic_update_slice(x, jnp.ones((x.shape[0], x.shape[1], 1), x.dtype), (0, 0, cache.index))
@@ -399,11 +403,6 @@ def decode_profile(fused: llama.Params, cfg: llama.LlamaConfig, repeats: int = 1
 
   gen_n = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=new_tokens))
   gen_1 = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=1))
-  reps = max(2, repeats // 4)
-  tn = _median_times(lambda: gen_n(fused, prompt_ids=ids, prompt_mask=mask, key=jax.random.key(0)), reps)
-  t1 = _median_times(lambda: gen_1(fused, prompt_ids=ids, prompt_mask=mask, key=jax.random.key(0)), reps)
-  add("while_loop_per_token", tn[0] - t1[0], tn[1] - t1[1],
-      f"one compiled program (prefill + lax.while_loop), ({new_tokens} - 1 tokens) difference", per=new_tokens - 1)
   step_fn = jax.jit(functools.partial(step, c=cfg), donate_argnums=0)
   prefill = jax.jit(lambda p, cache: llama.forward(p, cfg, ids, mask, cache=cache, last_only=True)[1])
 
@@ -415,8 +414,19 @@ def decode_profile(fused: llama.Params, cfg: llama.LlamaConfig, repeats: int = 1
       int(tok[0])  # the host reads every token (a Python decoding loop)
     return tok
 
-  tl = _median_times(host_loop, reps)
-  add("host_loop_per_token", tl[0] - t1[0], tl[1] - t1[1],
+  calls = {"n": lambda: gen_n(fused, prompt_ids=ids, prompt_mask=mask, key=jax.random.key(0)),
+           "1": lambda: gen_1(fused, prompt_ids=ids, prompt_mask=mask, key=jax.random.key(0)), "host": host_loop}
+  for fn in calls.values():
+    fn()
+  loops = {k: [] for k in calls}
+  for _ in range(max(3, repeats // 2)):  # interleaved, so a change of machine load hits all three
+    for k, fn in calls.items():
+      loops[k].append(_timed(fn)[1:])
+  med = {k: np.median(np.asarray(v), axis=0) for k, v in loops.items()}
+  add("while_loop_per_token", *(med["n"] - med["1"]),
+      f"one compiled program (prefill + lax.while_loop): (time of {new_tokens} tokens - time of 1) / "
+      f"{new_tokens - 1}", per=new_tokens - 1)
+  add("host_loop_per_token", *(med["host"] - med["1"]),
       "a Python loop of jitted steps with a device->host read per token (what the while_loop avoids)",
       per=new_tokens - 1)
   return rows
