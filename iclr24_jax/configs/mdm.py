@@ -1,0 +1,92 @@
+"""MDM: Matryoshka Diffusion Models (Gu et al., ICLR 2024).
+
+Paper: https://arxiv.org/abs/2310.15111   Official code: https://github.com/apple/ml-mdm
+
+Run:  python -m experiments.main --config=configs/mdm.py:tiny --workdir=runs/mdm_tiny
+      python -m experiments.main --config=configs/mdm.py --workdir=runs/mdm            # progressive, MNIST-5k 32 -> 8
+      python -m experiments.main --config=configs/mdm.py:nested --workdir=runs/mdm_nested
+      python -m experiments.main --config=configs/mdm.py:single --workdir=runs/mdm_single
+Variants (comma-separated): 'tiny' (scikit-learn digits 16 -> 8, seconds on CPU); the arm: 'progressive'
+(default: train the low-resolution UNet, load it as the inner network, train the NestedUNet), 'nested' (the
+NestedUNet from scratch), 'single' (one UNet at the high resolution only); 'p2' (schedule shift power 2).
+
+Official run settings (configs/models/cc12m_256x256.yaml) kept here: squaredcos_cap_v2 ('DEEPFLOYD') with 1000
+steps, v-prediction with an eps-space loss, loss on every level with weight 1, shift power 1, outer UNet without
+middle blocks, zero-initialised adapters, CLIP thresholding at sampling. Sizes, steps and learning rate are
+scaled to a CPU (see iclr24_jax/papers/mdm/README.md).
+"""
+import ml_collections
+
+ARMS = ("progressive", "nested", "single")
+VARIANTS = ("tiny", "p2") + ARMS
+
+_BLOCK = dict(num_res_blocks=1, attention_levels=(), num_groups=8, scale_shift=True, mid_attention=False)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  parts = [p for p in (arg or "").split(",") if p]
+  unknown = [p for p in parts if p not in VARIANTS]
+  arms = [p for p in parts if p in ARMS]
+  if unknown or len(arms) > 1:
+    raise ValueError(f"unknown or conflicting variant '{arg}' for configs/mdm.py; choose from {VARIANTS} "
+                     "(at most one arm).")
+  c = ml_collections.ConfigDict()
+  c.paper = "mdm"
+  c.seed = 0
+  c.arm = arms[0] if arms else "progressive"
+  # MNIST-5k (4,000 train / 500 val / 500 test) zero-padded 28 -> 32, in [-1, 1]; levels 32 -> 8 (factor 4).
+  c.data = ml_collections.ConfigDict(dict(name="mnist5k", data_dir="", image_size=32))
+  # Levels high -> low. The outer UNet's bottleneck (32 / 2^2 = 8) is the inner level's resolution.
+  c.model = ml_collections.ConfigDict(dict(
+      levels=[dict(base_channels=8, channel_mults=(1, 2, 2), **_BLOCK),       # 32x32 outer (no middle blocks)
+              dict(base_channels=16, channel_mults=(1, 2), **_BLOCK)],        # 8x8 inner (with middle blocks)
+      # The single-resolution baseline: the outer's levels followed by the inner's, one UNet at 32x32.
+      single=dict(base_channels=8, channel_mults=(1, 2, 2, 4), **_BLOCK),
+      num_classes=10, skip_inner_input=False))
+  c.diffusion = ml_collections.ConfigDict(dict(
+      schedule="squaredcos_cap_v2", num_timesteps=1000, power=1.0, prediction="v", loss_target="eps",
+      level_weights=None, mixed_ratio=None, cond_drop_prob=0.1))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=2e-3, schedule="constant",
+                                               warmup_steps=20, grad_clip=1.0))
+  c.batch_size = 16
+  c.num_steps = 600               # the nested / single model's steps (run())
+  c.inner_steps = 600             # progressive: the low-resolution UNet's steps first
+  c.log_every = 50
+  c.eval_every = 0
+  c.checkpoint_every = 0
+  c.sampler = ml_collections.ConfigDict(dict(num_samples=100, num_steps=25, method="ddim", eta=0.0,
+                                             guidance_scale=2.0, clip_x0=1.0))
+  c.judge = ml_collections.ConfigDict(dict(enabled=True, num_steps=400, batch_size=64, features=(16, 32), dense=64,
+                                           learning_rate=2e-3))
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+  c.mesh_devices = 0               # 0: all devices; n: the first n
+  c.fast_compile = False           # True: compile run()'s evaluation programs at XLA backend level 0
+  # The reproduction (experiment.reproduce): equal compute (XLA FLOPs of a train step) for three arms, 3 seeds.
+  c.repro = ml_collections.ConfigDict(dict(
+      seeds=(0, 1, 2), budget_nested_steps=300, inner_fraction=0.25, checkpoints=3, eval_examples=256,
+      samples_per_seed=40, sample_steps=16))
+
+  if "p2" in parts:
+    c.diffusion.power = 2.0
+  if "tiny" in parts:
+    # scikit-learn digits 8x8 upsampled to 16x16 (no detail above 8x8: a plumbing check, not a study).
+    c.data = ml_collections.ConfigDict(dict(name="digits", data_dir="", image_size=16))
+    tiny = dict(num_res_blocks=1, attention_levels=(), num_groups=4, scale_shift=True, mid_attention=False)
+    c.model.levels = [dict(base_channels=4, channel_mults=(1, 2), **tiny),
+                      dict(base_channels=8, channel_mults=(1,), **tiny)]
+    c.model.single = dict(base_channels=4, channel_mults=(1, 2, 2), **tiny)
+    c.diffusion.num_timesteps = 100
+    c.batch_size = 8
+    c.num_steps = 3
+    c.inner_steps = 3
+    c.log_every = 1
+    c.sampler.num_samples = 10
+    c.sampler.num_steps = 3
+    c.judge.enabled = False
+    c.mesh_devices = 1     # one device: the smoke run is compile-bound (a sharded compile costs more)
+    c.fast_compile = True  # held-out loss and sampler compiled at XLA backend level 0
+    c.judge.num_steps = 20
+    c.repro = ml_collections.ConfigDict(dict(
+        seeds=(0, 1, 2), budget_nested_steps=6, inner_fraction=0.25, checkpoints=2, eval_examples=16,
+        samples_per_seed=10, sample_steps=3))
+  return c

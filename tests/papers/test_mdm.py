@@ -1,0 +1,211 @@
+"""MDM (Matryoshka Diffusion Models): shifted schedules, the pyramid, the NestedUNet's zero-adapter invariants,
+the joint loss against hand arithmetic, progressive loading, the train step, the joint sampler and a smoke run."""
+import json
+import math
+import os
+
+import chex
+import jax
+import jax.flatten_util
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.diffusion import schedules
+from iclr24_jax.diffusion.unet import UNet
+from iclr24_jax.papers import mdm
+
+BLOCK = dict(num_res_blocks=1, attention_levels=(), num_groups=4, scale_shift=True, mid_attention=False)
+OUTER = dict(base_channels=4, channel_mults=(1, 2), **BLOCK)      # 16x16 -> bottleneck 8x8
+INNER = dict(base_channels=8, channel_mults=(1, 2), **BLOCK)      # 8x8 -> 4x4
+
+
+def _fast_jit(fn, *args):
+  """Compiles fn(*args) once at XLA backend optimisation level 0 (compile time dominates these tiny programs)."""
+  return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+
+
+def _perturb(params, key, scale=0.1):
+  flat, unravel = jax.flatten_util.ravel_pytree(params)
+  return unravel(flat + scale * jax.random.normal(key, flat.shape))
+
+
+@pytest.fixture(scope="module")
+def nested():
+  """A class-conditional 2-level NestedUNet (16 -> 8), its level schedules and initial params."""
+  model = mdm.make_model([OUTER, INNER], num_classes=10)
+  scheds = mdm.level_schedules(schedules.squaredcos_cap_v2(100), 2, 2, power=1.0)
+  params = _fast_jit(lambda k: mdm.init_params(k, model, (16, 16, 1)), jax.random.key(0))(jax.random.key(0))
+  return model, scheds, params
+
+
+def test_shifted_log_snr_and_level_schedules():
+  lam = jnp.array([-3.0, 0.0, 2.5])
+  for p in (1.0, 2.0):
+    for s in (2, 4, 8):
+      # log SNR_r - log SNR = -p log s_r  (SNR_r = SNR / s^p)
+      np.testing.assert_allclose(mdm.shifted_log_snr(lam, s, p) - lam, -p * math.log(s), rtol=1e-6)
+  # power 2 is simple diffusion's resolution shift 2 log(low / high).
+  np.testing.assert_allclose(mdm.shifted_log_snr(lam, 32 / 8, 2.0), lam + schedules.resolution_shift(8, 32),
+                             rtol=1e-6)
+  base = schedules.squaredcos_cap_v2(1000)
+  hi, mid, lo = mdm.level_schedules(base, 3, 2, power=1.0)                 # ratios 4, 2, 1
+  np.testing.assert_allclose(lo.alpha_bars, base.alpha_bars)
+  t = np.arange(5, 995, 97)   # away from the capped ends, where float32 alpha_bar loses digits
+  np.testing.assert_allclose(np.asarray(hi.log_snrs)[t] - np.asarray(base.log_snrs)[t], -math.log(4), atol=2e-4)
+  np.testing.assert_allclose(np.asarray(mid.log_snrs)[t] - np.asarray(base.log_snrs)[t], -math.log(2), atol=2e-4)
+  assert mdm.level_ratios(3, 4) == (16, 4, 1)
+  with pytest.raises(ValueError, match="positive"):
+    mdm.shifted_log_snr(lam, 0.0)
+
+
+def test_pyramid_shapes_and_values():
+  x = jnp.arange(2 * 8 * 8 * 1, dtype=jnp.float32).reshape(2, 8, 8, 1)
+  levels = mdm.pyramid(x, 3, 2)
+  chex.assert_shape(levels, [(2, 8, 8, 1), (2, 4, 4, 1), (2, 2, 2, 1)])
+  # Top-left 2x2 block of image 0: values 0, 1, 8, 9 -> mean 4.5; level 2 top-left 4x4 block: rows 0..3, cols
+  # 0..3 -> mean of (8 r + c) = 8 * 1.5 + 1.5 = 13.5.
+  assert float(levels[1][0, 0, 0, 0]) == 4.5
+  assert float(levels[2][0, 0, 0, 0]) == 13.5
+  chex.assert_shape(mdm.pyramid(jnp.zeros((1, 32, 32, 3)), 2, 4), [(1, 32, 32, 3), (1, 8, 8, 3)])
+  with pytest.raises(ValueError, match="divisible"):
+    mdm.pyramid(jnp.zeros((1, 28, 28, 1)), 3, 4)   # 28 is not divisible by 4^2
+  with pytest.raises(ValueError, match="B, H, W, C"):
+    mdm.pyramid(jnp.zeros((28, 28)), 2, 2)
+
+
+def test_zero_adapters_low_res_equals_standalone_inner(nested):
+  """At initialisation the adapters are zero: the nested model's low-resolution output is exactly the standalone
+  inner UNet's (with the loaded params), and its high-resolution output is exactly the outer UNet's alone."""
+  model, _, params = nested
+  inner = mdm.inner_model(model)
+  inner_params = _perturb(params["inner"], jax.random.key(1))              # a "trained" low-resolution model
+  p = mdm.load_inner(_perturb(params, jax.random.key(2)), inner_params)    # non-zero outer; adapters perturbed too
+  p["adapter"] = jax.tree.map(jnp.zeros_like, p["adapter"])                # ... and re-zeroed (as at init)
+  rng = np.random.default_rng(0)
+  x16 = jnp.asarray(rng.standard_normal((3, 16, 16, 1)), jnp.float32)
+  x8 = jnp.asarray(rng.standard_normal((3, 8, 8, 1)), jnp.float32)
+  t, y = jnp.array([1, 40, 99]), jnp.array([0, 7, 10])
+  fn = _fast_jit(lambda p: (model.apply({"params": p}, [x16, x8], t, class_labels=y),
+                            inner.apply({"params": p["inner"]}, x8, t, class_labels=y),
+                            UNet(mid_blocks=False, num_classes=10, **OUTER).apply({"params": p["outer_unet"]}, x16,
+                                                                                   t, class_labels=y)), p)
+  (hi, lo), lo_ref, hi_ref = fn(p)
+  chex.assert_shape([hi, lo], [(3, 16, 16, 1), (3, 8, 8, 1)])
+  assert float(jnp.max(jnp.abs(lo_ref))) > 1e-2 and float(jnp.max(jnp.abs(hi_ref))) > 1e-2
+  np.testing.assert_array_equal(lo, lo_ref)
+  np.testing.assert_allclose(hi, hi_ref, rtol=1e-6, atol=1e-6)
+  # Non-zero adapters couple the two resolutions.
+  p2 = dict(p, adapter=_perturb(p["adapter"], jax.random.key(3)))
+  (hi2, lo2), _, _ = fn(p2)
+  assert float(jnp.max(jnp.abs(lo2 - lo_ref))) > 1e-3 and float(jnp.max(jnp.abs(hi2 - hi_ref))) > 1e-3
+
+
+def test_load_inner_checks_the_tree(nested):
+  model, _, params = nested
+  with pytest.raises(ValueError, match="do not match"):
+    mdm.load_inner(params, params["outer_unet"])
+  with pytest.raises(ValueError, match="NestedUNet's params"):
+    mdm.load_inner(params["inner"], params["inner"])
+
+
+def test_loss_matches_hand_computation(nested):
+  """A fresh model predicts v = 0 (zero output convs), so eps_hat_r = sqrt(1 - abar_r) x_t^r and
+  L = sum_r mean (sqrt(1 - abar_r) x_t^r - eps_r)^2, with abar_r from level r's shifted schedule at the shared t."""
+  model, scheds, params = nested
+  rng = np.random.default_rng(1)
+  x = rng.uniform(-1, 1, (4, 16, 16, 1)).astype(np.float32)
+  y = np.array([1, 2, 3, 4], np.int32)
+  t = np.array([3, 30, 60, 97], np.int32)
+  noise = [rng.standard_normal((4, 16, 16, 1)).astype(np.float32), rng.standard_normal((4, 8, 8, 1)).astype(np.float32)]
+  def loss_of(p, **kw):
+    return mdm.loss_fn(p, {"x": x, "y": y}, jax.random.key(0), model=model, schedules=scheds, t=t, noise=noise,
+                       train=False, **kw)
+
+  loss, aux = _fast_jit(loss_of, params)(params)
+  x8 = x.reshape(4, 8, 2, 8, 2, 1).mean(axis=(2, 4))
+  want = []
+  for r, (x0, n) in enumerate(zip([x, x8], noise)):
+    a = np.asarray(scheds[r].alpha_bars, np.float64)[t].reshape(-1, 1, 1, 1)
+    xt = np.sqrt(a) * x0 + np.sqrt(1 - a) * n
+    want.append(np.mean((np.sqrt(1 - a) * xt - n) ** 2))
+  np.testing.assert_allclose(aux["mse"], want, rtol=1e-5)
+  np.testing.assert_allclose(loss, sum(want), rtol=1e-5)
+  # Mixed ratio (1/2, 1): the high resolution counts only the first half of the batch.
+  mixed = lambda p: loss_of(p, mixed_ratio=(0.5, 1.0), level_weights=(2.0, 1.0))  # noqa: E731
+  loss_m, aux_m = _fast_jit(mixed, params)(params)
+  a0 = np.asarray(scheds[0].alpha_bars, np.float64)[t[:2]].reshape(-1, 1, 1, 1)
+  xt0 = np.sqrt(a0) * x[:2] + np.sqrt(1 - a0) * noise[0][:2]
+  want0 = np.mean((np.sqrt(1 - a0) * xt0 - noise[0][:2]) ** 2)
+  np.testing.assert_allclose(aux_m["mse"], [want0, want[1]], rtol=1e-5)
+  np.testing.assert_allclose(loss_m, 2.0 * want0 + want[1], rtol=1e-5)
+  with pytest.raises(ValueError, match="2 levels but 1 schedules"):
+    mdm.loss_fn(params, {"x": x, "y": y}, jax.random.key(0), model=model, schedules=scheds[:1])
+  with pytest.raises(ValueError, match="mixed_ratio"):
+    mdm.loss_fn(params, {"x": x, "y": y}, jax.random.key(0), model=model, schedules=scheds, mixed_ratio=(1.0, 0.5))
+
+
+def test_train_step_lowers_the_loss_and_sampler_shapes(nested):
+  model, scheds, params = nested
+  rng = np.random.default_rng(2)
+  batch = {"x": jnp.asarray(rng.uniform(-1, 1, (8, 16, 16, 1)), jnp.float32), "y": jnp.arange(8) % 10}
+  step = chex.assert_max_traces(mdm.make_train_step(model, scheds, cond_drop_prob=0.1), n=1)
+  state = TrainState.create(params, optax.adam(3e-3))
+
+  def eval_loss(p):   # fixed t and noise: the same objective before and after
+    return mdm.loss_fn(p, batch, jax.random.key(5), model=model, schedules=scheds, train=False)[0]
+
+  def run(state, key):
+    def body(st, i):
+      return step(st, batch, jax.random.fold_in(key, i))
+    return jax.lax.scan(body, state, jnp.arange(25))
+
+  eval_c = _fast_jit(eval_loss, params)
+  before = float(eval_c(params))
+  state, metrics = _fast_jit(run, state, jax.random.key(1))(state, jax.random.key(1))
+  after = float(eval_c(state.params))
+  assert np.isfinite(np.asarray(metrics["loss"])).all()
+  assert after < 0.8 * before, (before, after)
+  # The joint sampler: every level, guided, in [-1, 1]; cross-level consistency per example.
+  labels = jnp.array([0, 3, 9])
+  smp = lambda p, k: mdm.sample(k, p, model=model, schedules=scheds, image_shape=(16, 16, 1), labels=labels,  # noqa
+                                guidance_scale=2.0, num_steps=3)
+  out = _fast_jit(smp, state.params, jax.random.key(0))(state.params, jax.random.key(0))
+  chex.assert_shape(out, [(3, 16, 16, 1), (3, 8, 8, 1)])
+  assert all(float(jnp.max(jnp.abs(o))) <= 1.0 for o in out)
+  chex.assert_shape(mdm.consistency(out, model), (3,))
+  with pytest.raises(ValueError, match="labels"):
+    mdm.sample(jax.random.key(0), params, model=model, schedules=scheds, image_shape=(16, 16, 1))
+
+
+def test_three_levels_nest_recursively():
+  """A NestedUNet inside a NestedUNet (32 -> 16 -> 8): three outputs, the inner-most params at inner/inner."""
+  model = mdm.make_model([dict(OUTER), dict(OUTER), dict(INNER)], num_classes=0)
+  assert mdm.num_levels(model) == 3 and mdm.level_factors(model) == (2, 2)
+  xs = mdm.pyramid(jnp.zeros((2, 32, 32, 1)), 3, 2)
+  out, variables = jax.eval_shape(lambda k: model.init_with_output(k, xs, jnp.zeros(2)), jax.random.key(0))
+  chex.assert_shape(out, [(2, 32, 32, 1), (2, 16, 16, 1), (2, 8, 8, 1)])
+  assert "outer_unet" in variables["params"]["inner"] and "time_embed" in variables["params"]["inner"]["inner"]
+  with pytest.raises(ValueError, match="3 levels"):
+    jax.eval_shape(lambda k: model.init(k, xs[:2], jnp.zeros(2)), jax.random.key(0))
+  bad = mdm.make_model([dict(OUTER, channel_mults=(1, 2, 2)), dict(INNER)])   # outer reaches 4x4, not 8x8
+  with pytest.raises(ValueError, match="channel_mults"):
+    jax.eval_shape(lambda k: bad.init(k, mdm.pyramid(jnp.zeros((1, 16, 16, 1)), 2, 2), jnp.zeros(1)),
+                   jax.random.key(0))
+
+
+def test_experiment_run_tiny(tmp_path):
+  from iclr24_jax.papers.mdm import experiment
+  from iclr24_jax.configs import mdm as cfg_mod
+  cfg = cfg_mod.get_config("tiny")
+  res = experiment.run(cfg, str(tmp_path))
+  assert res["arm"] == "progressive" and len(res["heldout_eps_mse"]) == 2
+  assert np.isfinite(res["final_loss"]) and np.isfinite(res["consistency_mse"])
+  with open(os.path.join(tmp_path, "results.json")) as f:
+    assert json.load(f)["factor"] == 2
+  assert os.path.exists(os.path.join(tmp_path, "samples.png"))
+  assert os.path.exists(os.path.join(tmp_path, "inner", "metrics.jsonl"))
+  with pytest.raises(ValueError, match="unknown or conflicting"):
+    cfg_mod.get_config("tiny,nested,single")
