@@ -16,7 +16,9 @@ averaged template embedding is closest to the image embedding. Shared by clip_oo
   acc = clip.zero_shot_accuracy(img, cls, labels)                 # templates averaged per class
 
 Image towers: `vision.models.CNN` / `ResNet` / `MLP` with `num_classes = embed_dim` (their last dense
-layer is the image projection), or the small `ViT` below. Text towers: `TextTransformer` (token ids
+layer is the image projection), or the small `ViT` below. `ViT(x, controls=[c_0..c_{L-1}], return_hidden=True)`
+adds per-block controls and returns the block outputs: a weight copy of a frozen ViT becomes its controller
+(DA-CLIP, papers/daclip) without renaming a parameter. Text towers: `TextTransformer` (token ids
 [B, T] from `WordTokenizer` or any tokenizer, trained from scratch, causal mask, pooled at the last token
 as CLIP pools at EOT) or `FeatureTextTower` (a trainable projection of frozen sentence embeddings [B, F],
 e.g. MiniLM from `iclr24_jax.lm`; the vision family does not import lm, the caller embeds).
