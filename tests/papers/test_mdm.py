@@ -196,6 +196,7 @@ def test_three_levels_nest_recursively():
                    jax.random.key(0))
 
 
+@pytest.mark.slow   # ~60 s CPU on an idle 2-core machine (two train-step compiles, eval, sampler)
 def test_experiment_run_tiny(tmp_path):
   from iclr24_jax.papers.mdm import experiment
   from iclr24_jax.configs import mdm as cfg_mod
