@@ -238,6 +238,7 @@ def test_restore_shapes_and_errors(sde):
     daclip.restore(jax.random.key(0), params, x, model=net, schedule=small, method="ode")
 
 
+@pytest.mark.slow   # ~70 s CPU: ten small programs to compile (CLIP, controller, embeddings, UNet train, sampling)
 def test_experiment_run_tiny(tmp_path):
   """Smoke run of the whole pipeline with the tiny config: files written, numbers in range, paired models."""
   from iclr24_jax.configs import daclip as cfg_mod
