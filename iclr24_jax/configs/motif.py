@@ -30,7 +30,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.env = ml_collections.ConfigDict(dict(name="toy", height=7, width=13, max_episode_steps=80, noise_prob=0.15))
   # The observation data set the caption pairs are drawn from (random + scripted agents).
   c.data = ml_collections.ConfigDict(dict(name="toy_captions", data_dir="", num_envs=32, num_steps=100,
-                                          scripted_epsilon=0.2, num_pairs=300, holdout=0.2))
+                                          scripted_epsilon=0.2, num_pairs=300, holdout=0.2,
+                                          oracle_pairs=3000))  # the study's dense-oracle arm
   # Annotation: 'smollm2' (log-odds of "1" vs "2", both orders), 'oracle' (toy only), 'generate' (parse text).
   c.annotation = ml_collections.ConfigDict(dict(
       annotator="smollm2", tau=0.0, batch_size=8, widths=(256, 288, 320, 352, 384, 448, 512),
@@ -75,7 +76,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.name = "nethack_messages"
   if "tiny" in parts:
     c.env.update(dict(height=5, width=9, max_episode_steps=30))
-    c.data.update(dict(num_envs=8, num_steps=40, num_pairs=60))
+    c.data.update(dict(num_envs=8, num_steps=40, num_pairs=60, oracle_pairs=120))
     c.model.update(dict(trunk=64))
     c.reward_steps = 20
     c.num_seeds = 2

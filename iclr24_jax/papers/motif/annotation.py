@@ -240,7 +240,7 @@ class LogprobJudge:
   Args:
     params, config, tok: a causal LM (e.g. `lm.load_smollm2()`; pass `lm.fuse_params(params)` for speed).
     tau: |margin| below this is no preference (label 2).
-    system: system prompt (None: the model's default; SmolLM2's chat template has one).
+    system: system prompt (experiments pass the official SYSTEM_PROMPT; None: the model's default).
     batch_size: prompts per compiled call.
     widths: padded prompt widths for lm.choice_logprobs (None: its defaults).
   """
@@ -253,6 +253,8 @@ class LogprobJudge:
 
   def margins(self, pairs: Sequence[tuple[str, str]], task: str) -> np.ndarray:
     """[N] debiased log-odds that the first caption of each pair is better."""
+    # Deviation: the official samples a chain-of-thought answer and parses it (GenerateJudge); a 135M model's
+    # answers are constant, so the default reads the answer's log-probabilities in both orders instead.
     ab = chat_prompts(self.tok, [annotation_prompt(a, b, task) for a, b in pairs], system=self.system)
     ba = chat_prompts(self.tok, [annotation_prompt(b, a, task) for a, b in pairs], system=self.system)
     lp = _choice_logprobs(self.params, self.config, self.tok, ab + ba, OPTIONS, self.batch_size, self.widths)

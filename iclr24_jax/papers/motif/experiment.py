@@ -90,8 +90,8 @@ def make_judge(config: Any, kind: str | None = None) -> tuple[Any, str]:
   if kind == "smollm2":
     params, lm_config, tok = load_lm()
     judge = annotation.LogprobJudge(params, lm_config, tok, tau=float(a.tau), batch_size=int(a.batch_size),
-                                    widths=tuple(a.widths))
-    return judge, f"smollm2-135m-q4_1/logprob/tau={float(a.tau)}"
+                                    widths=tuple(a.widths), system=annotation.SYSTEM_PROMPT)
+    return judge, f"smollm2-135m-q4_1/logprob/tau={float(a.tau)}/sys=motif"
   if kind == "generate":
     from iclr24_jax import lm
     params, lm_config, tok = load_lm()
@@ -101,8 +101,8 @@ def make_judge(config: Any, kind: str | None = None) -> tuple[Any, str]:
       return gen(list(prompts), max_new_tokens=int(a.max_new_tokens), temperature=float(a.temperature),
                  top_p=float(a.top_p), seed=0)
 
-    return annotation.GenerateJudge(generate, tok), (f"smollm2-135m-q4_1/generate/t={a.temperature}/"
-                                                     f"p={a.top_p}/n={a.max_new_tokens}")
+    name = f"smollm2-135m-q4_1/generate/t={a.temperature}/p={a.top_p}/n={a.max_new_tokens}/sys=motif"
+    return annotation.GenerateJudge(generate, tok, system=annotation.SYSTEM_PROMPT), name
   raise ValueError(f"unknown annotator '{kind}'; choose 'smollm2', 'generate', 'oracle' or 'keywords'.")
 
 

@@ -1,8 +1,11 @@
 """Motif's intrinsic reward: normalisation, threshold, episodic count decay, and the combined reward.
 
   r_hat = (r_phi(m) - mu) / sigma                                   # mu, sigma over the training messages
-  r_int = 1[r_hat > eps] * r_hat / N_episode(m)^beta                # Eq. (2): eps a quantile of r_hat, beta = 3
-  r     = alpha_ext * r_ext + alpha_int * r_int                      # Eq. (3)
+  r_int = 1[r_hat > eps] * r_hat / N_episode(m)^beta                # [int]: eps a quantile of r_hat, beta = 3
+  r     = alpha_ext * r_ext + alpha_int * r_int                      # [sum]
+
+([int] and [sum] name the paper's intrinsic and total reward in the code comments below; the threshold is
+written with > as in the official learner.)
 
 Official run (README, NetHackScore): alpha_ext = alpha_int = 0.1, beta = 3, eps = the 0.5 quantile of r_hat
 over the unique training messages; mu and sigma are the running mean / variance of r_phi over all messages of
@@ -63,6 +66,7 @@ def fit_normalisation(rewards: Any, unique_rewards: Any = None, levels: Sequence
 def threshold(normalised_unique: Any, quantile: float | None) -> float:
   """eps = the `quantile` of the normalised unique training rewards (linear interpolation, as torch.quantile);
   None -> -inf (no threshold)."""
+  # Deviation: any quantile, computed here (the official reads one of its 19 saved quantiles or crashes).
   if quantile is None:
     return float("-inf")
   if not 0.0 <= float(quantile) <= 1.0:
@@ -74,7 +78,7 @@ def threshold(normalised_unique: Any, quantile: float | None) -> float:
 
 
 def intrinsic_reward(r: jax.Array, mu: Any, sigma: Any, eps: Any, counts: jax.Array, beta: Any = 3.0) -> jax.Array:
-  """r_int = 1[r_hat > eps] r_hat / counts^beta with r_hat = (r - mu) / sigma (Eq. (2)).
+  """r_int = 1[r_hat > eps] r_hat / counts^beta with r_hat = (r - mu) / sigma ([int]).
 
   Args:
     r: [...] raw reward-model outputs r_phi(m).
@@ -92,15 +96,15 @@ def intrinsic_reward(r: jax.Array, mu: Any, sigma: Any, eps: Any, counts: jax.Ar
     raise ValueError(f"intrinsic_reward: rewards {r.shape} and counts {counts.shape} must have the same shape.")
   r_hat = (r - mu) / sigma
   # counts < 1 cannot occur after a step (the current message is counted); clamp so a reset row is finite.
-  return jnp.where(r_hat > eps, r_hat, 0.0) / jnp.maximum(counts, 1.0) ** beta
+  return jnp.where(r_hat > eps, r_hat, 0.0) / jnp.maximum(counts, 1.0) ** beta  # [int]
 
 
 def combine_rewards(r_ext: jax.Array, r_int: jax.Array, alpha_ext: Any = 0.1, alpha_int: Any = 0.1) -> jax.Array:
-  """alpha_ext r_ext + alpha_int r_int (Eq. (3); official defaults 0.1 and 0.1 on NetHackScore)."""
+  """alpha_ext r_ext + alpha_int r_int ([sum]; official defaults 0.1 and 0.1 on NetHackScore)."""
   r_ext, r_int = jnp.asarray(r_ext, jnp.float32), jnp.asarray(r_int, jnp.float32)
   if r_ext.shape != r_int.shape:
     raise ValueError(f"combine_rewards: r_ext {r_ext.shape} and r_int {r_int.shape} must have the same shape.")
-  return alpha_ext * r_ext + alpha_int * r_int
+  return alpha_ext * r_ext + alpha_int * r_int  # [sum]
 
 
 class EpisodeMessageCounter:
@@ -148,13 +152,13 @@ class MotifRewardHook:
   """Stateful host reward hook for `rl.ppo_host.HostPPO(reward_hook=...)` (NetHack).
 
   For each collected batch: decode the messages, r_phi per unique message (cached), N_episode counts per
-  environment (reset on termination / truncation), then Eq. (2) and Eq. (3).
+  environment (reset on termination / truncation), then [int] and [sum].
 
   Args:
     reward_fn: messages [K, 256] uint8 -> r_phi [K] (e.g. functools.partial(message_rewards, params)).
     mu, sigma, eps: normalisation and threshold (see `fit_normalisation`, `threshold`).
     num_envs: N.
-    beta, alpha_ext, alpha_int: Eq. (2) / (3) coefficients.
+    beta, alpha_ext, alpha_int: [int] / [sum] coefficients.
     source: 'next_obs' (default: the message the action produced) or 'obs' (the official learner's choice: the
       message of the observation the action was taken in, i.e. the reward arrives one step late).
   """
@@ -181,6 +185,8 @@ class MotifRewardHook:
     return np.array([self.cache[k] for k in keys], np.float32).reshape(messages.shape[:-1])
 
   def __call__(self, batch: dict) -> np.ndarray:
+    # Deviation: source='next_obs' by default (the transition's own message); the official learner scores the
+    # observation the action was taken in ('obs'), one step late.
     msgs = np.asarray(batch[self.source]["message"], np.uint8)               # [T, N, 256]
     done = np.asarray(batch["terminated"], bool) | np.asarray(batch["truncated"], bool)
     t_len, n = msgs.shape[:2]

@@ -109,6 +109,8 @@ def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int
     setting -> dict: history (per-update metrics), env_steps, steps_per_s (collect + hook + learn, wall),
     episode_returns, message statistics (unique messages, fraction non-empty), intrinsic statistics of the hook.
   """
+  # Deviation: nle's NetHackScore-v0, host-loop PPO and the small NetHackNet policy instead of the official
+  # NetHackScore-v1 (fixed eat action), APPO with V-trace and a CNN + LSTM policy.
   env = nethack.NetHackVecEnv(num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps)
   model = nethack.NetHackNet(env.num_actions, crop=9, glyph_dim=16, msg_dim=32, hidden=256)
   agent = ppo_host.HostPPO(config, env, model)

@@ -103,7 +103,7 @@ def fit_reward(key: jax.Array, data: dict, num_steps: int, learning_rate: float,
 # ------------------------------------------------------------------------------------------- toy world RL
 def toy_reward_fn(caption_rewards: jax.Array, mu: Any, sigma: Any, eps: Any, alpha_ext: Any, alpha_int: Any,
                   beta: Any, max_episode_steps: int):
-  """A `ppo.make_train(reward_fn=...)` hook for the toy world: Eq. (2)-(3) from the caption of each step.
+  """A `ppo.make_train(reward_fn=...)` hook for the toy world: [int] and [sum] (intrinsic.py) from the caption of each step.
 
   Args:
     caption_rewards: [NUM_CAPTIONS] r_phi of every toy caption (arrays may be traced: vmap over settings).
@@ -112,6 +112,7 @@ def toy_reward_fn(caption_rewards: jax.Array, mu: Any, sigma: Any, eps: Any, alp
   """
 
   def reward_fn(tr: rollout_lib.Transition) -> jax.Array:
+    # The caption of the transition (pre-reset next observation) and its episodic count, [int] and [sum] (intrinsic.py).
     cap, cnt = toy.caption_and_count(tr.next_obs, max_episode_steps)
     r = jnp.asarray(caption_rewards)[cap]
     r_int = intrinsic.intrinsic_reward(r, mu, sigma, eps, cnt, beta)

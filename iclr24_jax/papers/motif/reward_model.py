@@ -6,7 +6,7 @@ rl_baseline/encoders_nle.py: a 32-wide character embedding with the NUL padding 
 (128 -> 256 -> 512, ReLU between) and the reward head ReLU -> Linear(512, 1) of rlaif/reward_model.py. The
 official reward run uses only the message (use_crop = use_glyphs = use_blstats = False).
 
-Loss (Eq. (1) of the paper; scripts/train_reward.py): cross-entropy between softmax([r(c1), r(c2)]) and the
+Loss (the paper's reward-model loss, Sec. 2; scripts/train_reward.py): cross-entropy between softmax([r(c1), r(c2)]) and the
 preference, with the label convention of the official annotator (AnnotationIdx): 0 = first preferred,
 1 = second preferred, 2 = no preference (target 0.5 / 0.5).
 """
@@ -110,7 +110,7 @@ def pair_rewards(params: Any, batch: dict, model: RewardModel | None = None) -> 
 
 
 def preference_loss(params: Any, batch: dict, model: RewardModel | None = None) -> tuple[jax.Array, dict]:
-  """Cross-entropy between softmax([r(c1), r(c2)]) and the preference (Eq. (1); official train_reward.py).
+  """Cross-entropy between softmax([r(c1), r(c2)]) and the preference (the paper's reward-model loss; official train_reward.py).
 
   Args:
     params: RewardModel params.
@@ -126,7 +126,7 @@ def preference_loss(params: Any, batch: dict, model: RewardModel | None = None) 
   target = label_targets(batch["label"])                                 # p(second preferred)
   w = jnp.asarray(batch.get("weight", jnp.ones_like(target)), jnp.float32)
   logp = jax.nn.log_softmax(r, axis=-1)
-  nll = -((1.0 - target) * logp[:, 0] + target * logp[:, 1])
+  nll = -((1.0 - target) * logp[:, 0] + target * logp[:, 1])  # the paper's loss: cross-entropy with the soft label
   loss = jnp.sum(w * nll) / jnp.maximum(jnp.sum(w), 1e-8)
   decided = (target != 0.5).astype(jnp.float32) * w
   correct = ((r[:, 1] > r[:, 0]).astype(jnp.float32) == target).astype(jnp.float32)
@@ -169,6 +169,8 @@ def fit_reward_model(key: jax.Array, messages: np.ndarray, pairs: np.ndarray, la
   Returns:
     (params, history dict of [num_steps] arrays 'loss' and 'accuracy' on the training pairs).
   """
+  # Deviation: full-batch Adam over the unique messages (the same loss as per-pair minibatches, tested) at
+  # lr 1e-3 for small data sets; the official uses minibatches of 1024 pairs, lr 1e-5, 10 epochs.
   model = model or RewardModel()
   messages = np.asarray(messages)
   pairs = np.asarray(pairs, np.int32)
@@ -187,6 +189,7 @@ def fit_reward_model(key: jax.Array, messages: np.ndarray, pairs: np.ndarray, la
   labels = np.concatenate([labels, np.full(p_pad - len(labels), 2, np.int32)])
   batch = {"messages": jnp.asarray(messages, jnp.uint8), "pairs": jnp.asarray(pairs), "label": jnp.asarray(labels),
            "weight": jnp.asarray(weights)}
+  # Deviation: Flax default initialisation (the official applies sample-factory's initialize_weights).
   params = model.init(key, jnp.zeros((1, messages.shape[1]), jnp.uint8))["params"]
   tx = _adam(float(learning_rate))
 

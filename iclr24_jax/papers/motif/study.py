@@ -20,6 +20,14 @@ CLAIM_INT = ("intrinsic-only agent beats the score-trained (extrinsic-only) agen
 CLAIM_BOTH = "intrinsic + extrinsic is the best agent on NetHackScore (paper Fig. 3)"
 
 
+def rank_note(fitted: dict) -> str:
+  """Mean normalised reward per toy event, highest first (what the intrinsic reward pays for)."""
+  f = fitted["fit"]
+  r_hat = (np.asarray(fitted["caption_rewards"]) - f["mu"]) / f["sigma"]
+  ev = {e: float(np.mean(r_hat[toy.CAPTION_EVENT == i])) for i, e in enumerate(toy.EVENTS)}
+  return ", ".join(f"{e} {v:+.2f}" for e, v in sorted(ev.items(), key=lambda kv: -kv[1])) + f" (eps {f['eps']:+.2f})"
+
+
 def _config(fast: bool):
   from iclr24_jax.configs import motif as cfg_mod
   c = cfg_mod.get_config("tiny" if fast else "")
@@ -41,14 +49,22 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   captions = experiment.toy_dataset(c, env, k_data)
   pairs = pipeline.sample_pairs(captions, int(c.data.num_pairs), int(c.seed))
   llm_kind = "keywords" if fast else "smollm2"  # fast: no LM (a smoke test of the pipeline)
+  dense = f"oracle-{int(c.data.oracle_pairs)}pairs"
+  dense_pairs = pipeline.sample_pairs(captions, int(c.data.oracle_pairs), int(c.seed) + 1)
   sources = {}
-  for kind in ("oracle", llm_kind):
-    judge, name = experiment.make_judge(c, "oracle" if kind == "keywords" else kind)
+  # The LLM and the oracle label the same pairs; 'dense' is the oracle with many more pairs (free to annotate;
+  # the paper's data set has 500k pairs).
+  for kind, judge_kind, ps in (("oracle", "oracle", pairs), (llm_kind, llm_kind, pairs),
+                               (dense, "oracle", dense_pairs)):
+    judge, name = experiment.make_judge(c, "oracle" if judge_kind == "keywords" else judge_kind)
+    cache_name = name
     if kind == "keywords":
       name = "oracle-copy"
+    elif kind == dense:
+      name = dense
     t0 = time.time()
-    recs = experiment.annotate(c, pairs, c.annotation.task or toy.TASK, judge, name,
-                               experiment.cache_path(c, workdir, name.replace("/", "_")))
+    recs = experiment.annotate(c, ps, c.annotation.task or toy.TASK, judge, cache_name,
+                               experiment.cache_path(c, workdir, cache_name.replace("/", "_")))
     sources[kind] = dict(name=name, records=recs, seconds=time.time() - t0,
                          agreement=experiment.label_agreement(recs),
                          fitted=experiment.fit_from_records(c, recs, k_reward))
@@ -63,7 +79,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
       paper_value="Llama 2 70B annotations (not available offline); the paper reports no agreement figure",
       holds=None, notes=f"debiased log-odds of '1' vs '2' over both presentation orders (tau "
                         f"{c.annotation.tau}); {llm['seconds']:.0f} s to annotate"))
-  for kind in ("oracle", llm_kind):
+  for kind in ("oracle", llm_kind, dense):
     f = sources[kind]["fitted"]
     rows.append(dict(
         paper=PAPER, experiment=f"toy: reward model ({sources[kind]['name']} labels)",
@@ -71,10 +87,12 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         ours=f"vs its labels {f['heldout_accuracy']:.3f} (n={f['heldout_n']}); vs oracle "
              f"{f['heldout_oracle_accuracy']:.3f} (n={f['heldout_oracle_n']}); train {f['train_accuracy']:.3f}",
         paper_value="validation accuracy on held-out annotated pairs (official train_reward.py)", holds=None,
-        notes=f"{len(sources[kind]['records'])} pairs, 20% of distinct pairs held out; official lt_cnn encoder"))
+        notes=f"{len(sources[kind]['records'])} pairs ({sources[kind]['agreement']['distinct_pairs']} distinct "
+              f"non-identical), 20% of distinct pairs held out; official lt_cnn encoder. Normalised r_phi: "
+              + rank_note(sources[kind]["fitted"])))
   # (c) all agents in one program: extrinsic-only, then intrinsic-only / both per label source.
   settings = [(sources["oracle"]["name"], "extrinsic")]
-  for kind in ("oracle", llm_kind):
+  for kind in ("oracle", llm_kind, dense):
     settings += [(sources[kind]["name"], "intrinsic"), (sources[kind]["name"], "both")]
   fits = {sources[k]["name"]: sources[k]["fitted"] for k in sources}
   agents = experiment.toy_agents(c, env, experiment.toy_settings(c, fits, settings), k_agents, int(c.num_seeds))
@@ -88,7 +106,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
             f"{env.height}x{env.width} world, {env.spec.max_episode_steps}-step episodes; random agent succeeds "
             f"~1%")
   key_of = lambda i: f"key {agents['final']['key'][i].mean():.2f}, unlock {agents['final']['unlock'][i].mean():.2f}"
-  for kind in ("oracle", llm_kind):
+  for kind in ("oracle", llm_kind, dense):
     src = sources[kind]["name"]
     i_int = settings.index((src, "intrinsic"))
     i_both = settings.index((src, "both"))
@@ -98,12 +116,19 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                     "rows run the same code.")
     for a, b, claim, nb in ((i_int, 0, CLAIM_INT, "extrinsic"), (i_both, 0, CLAIM_BOTH, "extrinsic"),
                             (i_both, i_int, CLAIM_BOTH, "intrinsic")):
-      rows.append(stats.compare_row(
+      row = stats.compare_row(
           paper=PAPER, experiment=f"toy: {src} labels", metric="success rate of the final policy",
           a=succ[a], b=succ[b], name_a=names[a], name_b=nb if nb == "extrinsic" else names[b], paper_value=claim,
           direction="greater", paired=True,
-          notes=f"{budget}. {names[a]}: {key_of(a)}; {names[b]}: {key_of(b)}.{extra_note}",
-          plots=[plot]))
+          notes=f"{budget}. {names[a]}: {key_of(a)}; {names[b]}: {key_of(b)}. Learned reward by event: "
+                f"{rank_note(sources[kind]['fitted'])}.{extra_note}",
+          plots=[plot])
+      if row["holds"] == "no":
+        row["notes"] += (" Bug checks behind this 'no': the intrinsic reward, the count decay and the toy's events "
+                         "match hand-computed values (tests/papers/test_motif.py), and the agents do maximise the "
+                         "learned reward (the key / unlock rates above): the verdict is about this reward model and "
+                         "budget.")
+      rows.append(row)
   rows.append(dict(paper=PAPER, experiment="toy: agents", metric="env steps/s (PPO, reward in the loop, "
                    f"{len(settings)} settings x {c.num_seeds} seeds vmapped, incl. compile)",
                    ours=f"{agents['env_steps'] / agents['seconds']:,.0f} ({agents['env_steps']:,} steps in "
