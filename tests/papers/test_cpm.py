@@ -307,7 +307,7 @@ def test_hh_pairs(shared_data):
 
 
 def test_tiny_run(tmp_path, shared_data):
-  from configs import cpm as cfg_mod
+  from iclr24_jax.configs import cpm as cfg_mod
   from iclr24_jax.papers.cpm import experiment
   c = cfg_mod.get_config("tiny")
   c.cache_dir = str(tmp_path / "cache")

@@ -1,0 +1,86 @@
+"""CPM: Compositional Preference Models for Aligning LMs (Go et al., ICLR 2024).
+
+Paper: https://arxiv.org/abs/2310.13011   Official code: https://github.com/dongyoung-go/CPM
+
+Run (from the project root; the launcher path configs/cpm.py re-exports this module):
+      python -m experiments.main --config=configs/cpm.py:tiny --workdir=runs/cpm_tiny     # fake scorer, seconds
+      python -m experiments.main --config=configs/cpm.py:repro --workdir=runs/cpm          # the reproduction size
+      python -m experiments.main --config=configs/cpm.py --workdir=runs/cpm_full           # the issue's full size
+Variants (comma-separated): '' (300 train + 300 test HH-RLHF pairs, best-of-16 on 16 prompts, SmolLM2 features,
+5 splits), 'repro' (the size that fits the CPU reproduction budget), 'tiny', 'synthetic' (no LM);
+modifiers 'parse' (greedy text + the official regex instead of expected scores), 'official_prompt' (the
+official question wording), 'fake' (the deterministic fake scorer), 'nobon' (skip best-of-n).
+Feature scores are cached (resumable) in $ICLR24_JAX_CACHE/cpm/scores.jsonl (or --config.cache_dir).
+"""
+import ml_collections
+import numpy as np
+
+VARIANTS = ("", "repro", "tiny", "synthetic")
+MODIFIERS = ("parse", "official_prompt", "fake", "nobon")
+# Synthetic truth: 14 weights (13 "LM features" + length), some exactly zero (for L1), mixed signs.
+SYN_WEIGHTS = (1.2, 0.8, 0.0, 0.6, 0.0, 0.9, 0.0, 0.4, -0.7, -0.5, -0.3, -0.6, 0.0, 0.3)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.paper = "cpm"
+  c.seed = 0
+  c.num_seeds = 5                 # train/test re-splits (preference), half-splits (best-of-n), synthetic draws
+  c.scorer = "smollm2"            # 'smollm2' | 'fake'
+  c.mode = "expected"             # 'expected' (option log-probabilities) | 'parse' (greedy text + regex)
+  c.template = "short"            # feature question wording: 'short' | 'official'
+  c.score_batch = 4               # replies per compiled scoring call (13 questions each)
+  c.cache_dir = ""                # '' -> $ICLR24_JAX_CACHE/cpm
+  c.model = ml_collections.ConfigDict(dict(name="cpm_logistic", features=14))
+  c.optimizer = ml_collections.ConfigDict(dict(l2="lbfgs", l1="fista"))
+  c.num_steps = 0                 # no step loop: convex fits run to tolerance
+  c.data = ml_collections.ConfigDict(dict(name="hh_rlhf", data_dir="", num_train=300, num_test=300, seed=0,
+                                          max_chars=600))
+  # Official grid (mle-train/fit_logistic.py): penalty l1/l2, C in logspace(-5, 5, 12), 8-fold CV on accuracy.
+  c.cv = ml_collections.ConfigDict(dict(penalties=("l1", "l2"), Cs=tuple(np.logspace(-5, 5, 12).tolist()),
+                                        num_folds=8, pad_rows=64))
+  c.bon = ml_collections.ConfigDict(dict(enabled=True, num_prompts=16, n=16, ns=(1, 2, 4, 8, 16), temperature=1.0,
+                                         top_p=0.95, max_new_tokens=40, seed=0))
+  c.synthetic = ml_collections.ConfigDict(dict(
+      enabled=True, weights=SYN_WEIGHTS, num_train=300, num_test=2000, embed_dim=256, embed_noise=1.0,
+      bon_prompts=64, bon_n=16, penalties=("l1", "l2"), Cs=tuple(np.logspace(-5, 5, 12).tolist()), num_folds=8,
+      pad_rows=320))   # one compiled program for the 300 training pairs and their halves
+  c.log_every = 0
+  c.eval_every = 0
+  c.checkpoint_every = 0
+  c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
+
+  parts = [p for p in (arg or "").split(",") if p]
+  bad = [p for p in parts if p not in VARIANTS and p not in MODIFIERS]
+  variants = [p for p in parts if p in VARIANTS]
+  if bad or len(variants) > 1:
+    raise ValueError(f"unknown or conflicting variant '{arg}' for configs/cpm.py; choose at most one of "
+                     f"{VARIANTS[1:]} plus modifiers {MODIFIERS} (comma-separated).")
+  v = variants[0] if variants else ""
+  if v == "repro":
+    # Sized for the CPU reproduction budget (see the README: what was cut and why).
+    c.data.num_train, c.data.num_test = 60, 60
+    c.data.max_chars = 500
+    c.bon.num_prompts = 4
+    c.cv.pad_rows = 64     # the 60 training pairs and the 60-pair halves share one program
+  elif v == "tiny":
+    c.scorer = "fake"
+    c.num_seeds = 3
+    c.data.num_train, c.data.num_test = 40, 40
+    c.cv.Cs = (0.01, 1.0, 100.0)
+    c.cv.num_folds = 4
+    c.cv.pad_rows = 128
+    c.bon.num_prompts, c.bon.n, c.bon.ns = 3, 4, (1, 2, 4)
+    c.synthetic.update(dict(num_train=80, num_test=200, embed_dim=32, bon_prompts=8, bon_n=4, Cs=(0.01, 1.0, 100.0),
+                            num_folds=4, pad_rows=128))
+  elif v == "synthetic":
+    c.data.name = "synthetic"
+  if "parse" in parts:
+    c.mode = "parse"
+  if "official_prompt" in parts:
+    c.template = "official"
+  if "fake" in parts:
+    c.scorer = "fake"
+  if "nobon" in parts:
+    c.bon.enabled = False
+  return c
