@@ -199,7 +199,8 @@ def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
   particle) to the sliced W2 and all its particles to the moments and mixture fractions; the same metrics on other
   exact draws give the Monte Carlo floor. The R runs are also split into `num_seeds` groups judged separately
   (per-seed values for `common.stats`). The c sweep (rates other than 0.95) runs up to `sweep_max_particles`,
-  the small-sigma configurations up to `full_grid_max_particles`; the telescoping weights run at c = 0.95.
+  the small-sigma configurations up to `full_grid_max_particles`, the 'ddim' kernel up to `ddim_max_particles`;
+  the telescoping weights run at c = 0.95.
   """
   e = cfg.exactness
   sched = schedules.from_config(cfg.schedule)
@@ -238,7 +239,8 @@ def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
       t0 = time.perf_counter()
       configs = [cf for cf in all_configs
                  if (cf[3] == "main" or int(m) <= int(e.full_grid_max_particles))
-                 and (cf[2] == 0.95 or int(m) <= int(e.sweep_max_particles))]
+                 and (cf[2] == 0.95 or int(m) <= int(e.sweep_max_particles))
+                 and (cf[1] == "ddpm" or int(m) <= int(e.get("ddim_max_particles", 10 ** 9)))]
       fn = fps_runs_fn(den, sched, op, int(m), int(e.num_steps))
       keys = jax.vmap(lambda i: jax.random.split(jax.random.fold_in(jax.random.key(dim * 7919 + int(m)), i), runs)
                       )(jnp.arange(len(configs)))
@@ -584,7 +586,9 @@ def _show_measurement(op, y):
 def plot_images(x_true, recon_all: dict, path: str, num: int = 3) -> str:
   """Rows: task x first `num` images; columns: truth, measurement, then each method."""
   tasks = list(recon_all)
-  names = list(next(iter(recon_all.values()))[1]) if tasks else []
+  names = []   # every method of any task, in first-seen order (a method run on some tasks only leaves blanks)
+  for _, recon, _ in recon_all.values():
+    names += [nm for nm in recon if nm not in names]
   cols = ["truth", "measurement"] + names
   num = min(num, x_true.shape[0])
   fig, axes = metrics_lib.new_figure(ncols=len(cols), nrows=len(tasks) * num, size=(1.1, 1.1))
@@ -592,10 +596,11 @@ def plot_images(x_true, recon_all: dict, path: str, num: int = 3) -> str:
     y, recon, op = recon_all[task]
     for j in range(num):
       row = ti * num + j
-      imgs = [x_true[j], _show_measurement(op, y[j])] + [recon[nm][j] for nm in names]
+      imgs = [x_true[j], _show_measurement(op, y[j])] + [recon[nm][j] if nm in recon else None for nm in names]
       for ci, img in enumerate(imgs):
         ax = axes[row, ci]
-        ax.imshow(np.clip((img[..., 0] + 1) / 2, 0, 1), cmap="gray", vmin=0, vmax=1)
+        if img is not None:
+          ax.imshow(np.clip((img[..., 0] + 1) / 2, 0, 1), cmap="gray", vmin=0, vmax=1)
         ax.set_xticks([])
         ax.set_yticks([])
         if row == 0:
@@ -644,6 +649,13 @@ def range_verdict(values, lo: float = CRITERION[0], hi: float = CRITERION[1], z:
   if m + z * se < lo or m - z * se > hi:
     return "no"
   return "inconclusive"
+
+
+def _with_reference(row: dict, note: str) -> dict:
+  """Appends the reference that rules out a bug to a row whose verdict is 'no'."""
+  if row.get("holds") == "no":
+    row["notes"] = f"{row['notes']}; {note}"
+  return row
 
 
 def _seeds_str(values) -> str:
@@ -701,7 +713,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                f"{_fps_line(tele, 'weight_tv') if tele else '-'}; exact weights {r['posterior_weights']['main']}"),
         plots=plots_ex)
     row["holds"] = judge(row["holds"])
-    rows.append(row)
+    rows.append(_with_reference(row, ref_note))
     for name, per_m, per_s, claim in (
         ("FPS-DDPM, paper weights", main, main_s,
          "FPS samples the exact posterior for M -> infinity with exact scores (ratio 1)"),
@@ -719,9 +731,11 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                              f"weight TV {_fps_line(per_m, 'weight_tv')}; mean ESS/M {_fps_line(per_m, 'mean_ess_fraction')}; "
                              f"exact-vs-exact draw {floor['obs_var_ratio']:.3f}; DPS (zeta {best}) {dps['obs_var_ratio']:.3g}"
                              + (f"; {ref_note}" if verdict == "no" and "paper" in name else "")
-                             + ("; finite-M shortfall: the telescoping increments have infinite variance where the "
-                                "kernel variance exceeds abar_t sigma^2 (early steps), so convergence in M is slow; its "
-                                "M = infinity limit is exact (Gaussian rows)" if "telescoping" in name else "")),
+                             + ("; finite-M error: the telescoping increments have infinite variance where the "
+                                "kernel variance exceeds abar_t sigma^2 (every early step: abar_T sigma^2 ~ 1e-5), so "
+                                "convergence in M is slow; reference: its M = infinity limit is exact (closed form, "
+                                "Gaussian rows) and the particle filter matches that closed form on a grid where the "
+                                "weights have finite variance (tests)" if "telescoping" in name else "")),
                    "plots": plots_ex})
     row = stats.compare_row(
         paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs the exact posterior (sliced W2)",
@@ -733,7 +747,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                f"{main[hi]['cov_err']:.3f} (floor {floor['cov_err']:.3f}); mean ESS/M {main[hi]['mean_ess_fraction']:.2f}"),
         plots=plots_ex)
     row["holds"] = judge(row["holds"])
-    rows.append(row)
+    rows.append(_with_reference(row, ref_note))
     row = stats.compare_row(
         paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (best zeta={best})",
         metric="sliced W2 / floor (per seed)", a=main_s[hi]["sw_ratio"], b=dps_s["sw_ratio"],
@@ -745,7 +759,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                f"DPS); telescoping M={hi}: {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}"),
         plots=plots_ex)
     row["holds"] = judge(row["holds"])
-    rows.append(row)
+    rows.append(_with_reference(row, ref_note))
     for label, per_m in r["fps"].items():
       if label in ("ddpm c=0.95", "ddpm c=0.95 telescoping"):
         continue
@@ -829,10 +843,14 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         holds = judge(bd["holds"])
         ours = (f"FPS {sc['fps'][metric]:.4g} vs DPS {sc['dps'][metric]:.4g}; diff {bd['diff']:+.3g} "
                 f"[{bd['lo']:+.3g}, {bd['hi']:+.3g}] (95% bootstrap over {bd['n']} images, paired)")
-      rows.append({"paper": PAPER, "experiment": exp, "metric": f"{metric.upper()} {unit} of {fps_name}".replace("  ", " "),
-                   "ours": ours,
-                   "paper_value": "FPS better than DPS-style guidance (paper Tables 1-2, FFHQ / ImageNet 256x256)",
-                   "holds": holds, "notes": others.lstrip("; "), "plots": im["plots"]})
+      rows.append(_with_reference(
+          {"paper": PAPER, "experiment": exp, "metric": f"{metric.upper()} {unit} of {fps_name}".replace("  ", " "),
+           "ours": ours,
+           "paper_value": "FPS better than DPS-style guidance (paper Tables 1-2, FFHQ / ImageNet 256x256)",
+           "holds": holds, "notes": others.lstrip("; "), "plots": im["plots"]},
+          "references that rule out a bug: the operators' SVDs and the closed-form conditioning match dense "
+          "matrices, the c-rate kernel matches the core DDIM/DDPM kernels and the filter matches the exact Kalman "
+          "limit (tests); the gap is the method with this prior at this scale (16x16 digits, MLP prior)"))
       if "fps_tele" in sc:
         bd = stats.bootstrap_diff(sc["fps_tele"][f"{metric}_per_image"], sc["fps"][f"{metric}_per_image"])
         rows.append({"paper": PAPER, "experiment": exp,
