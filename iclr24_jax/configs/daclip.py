@@ -46,6 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.batch_size = 16
   c.conditions = ("none", "daclip", "shuffled", "oracle")
   c.num_seeds = 3
+  c.restoration = True          # False: stages 0-1 and the degradation accuracies only (no IR-SDE restorers)
   c.restore_method = "sde"      # the official test: reverse-SDE Euler-Maruyama from mu + lambda z
   c.log_every = 100
   c.eval_every = 0              # evaluation at the end only

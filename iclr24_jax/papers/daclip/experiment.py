@@ -433,25 +433,27 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
   acc = degradation_accuracy(emb_train, emb_test, data["train"], data["test"], name_emb, cap_emb)
   timings["embed_s"] = time.time() - t
 
-  t = time.time()
-  cond_tr, ctx_tr = condition_tables(emb_train, data["train"]["type"], conditions, seed=int(config.seed) + 11)
-  cond_te, ctx_te = condition_tables(emb_test, data["test"]["type"], conditions, seed=int(config.seed) + 12)
-  net, sde, states = train_restorers(config, data, cond_tr, ctx_tr, key_rest, writer, progress)
-  timings["restorers_s"] = time.time() - t
-  t = time.time()
-  restored = restore_all(config, net, sde, states.params, data["test"], cond_te, ctx_te, key_sample)
-  timings["restore_s"] = time.time() - t
-  scores = score(restored, data["test"], conditions, int(config.num_seeds))
-
-  plots = [plot_examples(data["test"], restored, conditions, int(config.num_seeds),
-                         os.path.join(workdir, "restorations.png")),
-           plot_psnr_by_type(scores, conditions, os.path.join(workdir, "psnr_by_degradation.png"))]
   results = {"paper": PAPER, "degradations": list(deg.DEGRADATIONS), "conditions": list(conditions),
              "accuracy": {k: float(v.mean()) for k, v in acc.items()},
              "accuracy_items": {k: v.tolist() for k, v in acc.items()},
              "name_emb_max_cos": float(np.max(np.asarray(name_emb) @ np.asarray(name_emb).T
                                               - 2 * np.eye(len(deg.DEGRADATIONS)))),
-             "restoration": scores, "num_test": int(len(data["test"]["lq"])), "num_train": int(len(data["train"]["lq"])),
-             "timings": timings, "wall_s": time.time() - t0, "plots": plots}
+             "num_test": int(len(data["test"]["lq"])), "num_train": int(len(data["train"]["lq"])),
+             "timings": timings, "plots": []}
+  if config.get("restoration", True):
+    t = time.time()
+    cond_tr, ctx_tr = condition_tables(emb_train, data["train"]["type"], conditions, seed=int(config.seed) + 11)
+    cond_te, ctx_te = condition_tables(emb_test, data["test"]["type"], conditions, seed=int(config.seed) + 12)
+    net, sde, states = train_restorers(config, data, cond_tr, ctx_tr, key_rest, writer, progress)
+    timings["restorers_s"] = time.time() - t
+    t = time.time()
+    restored = restore_all(config, net, sde, states.params, data["test"], cond_te, ctx_te, key_sample)
+    timings["restore_s"] = time.time() - t
+    scores = score(restored, data["test"], conditions, int(config.num_seeds))
+    results["restoration"] = scores
+    results["plots"] = [plot_examples(data["test"], restored, conditions, int(config.num_seeds),
+                                      os.path.join(workdir, "restorations.png")),
+                        plot_psnr_by_type(scores, conditions, os.path.join(workdir, "psnr_by_degradation.png"))]
+  results["wall_s"] = time.time() - t0
   metrics_lib.write_results(workdir, results)
   return results
