@@ -23,8 +23,8 @@ from iclr24_jax.papers.cpm.features import (ALL_FEATURES, FEATURE_TEXTS, FEATURE
                                             split_dialogue)
 from iclr24_jax.papers.cpm.model import (OFFICIAL_CS, PENALTIES, Model, accuracy, best_of_n, best_of_n_curve,
                                          complete_pairs, cross_validate, fit, fit_differences, logistic_objective,
-                                         pair_correct, pair_differences, preference_prob, reward, single_feature_correct,
-                                         standardization)
+                                         pair_correct, pair_differences, preference_prob, reward,
+                                         single_feature_correct, standardization)
 from iclr24_jax.papers.cpm.pm import fit_pm
 from iclr24_jax.papers.cpm.scoring import (FakeScorer, ScoreCache, SmolLMScorer, score_features,
                                            suffix_digit_logprobs)
@@ -49,7 +49,8 @@ __all__ = [
     "expected_score", "length_feature", "feature_matrix", "split_dialogue",
     # fitting
     "standardization", "pair_differences", "logistic_objective", "fit_differences", "cross_validate",
-    "OFFICIAL_CS", "PENALTIES", "accuracy", "pair_correct", "complete_pairs", "best_of_n_curve", "single_feature_correct", "fit_pm",
+    "OFFICIAL_CS", "PENALTIES", "accuracy", "pair_correct", "complete_pairs", "best_of_n_curve",
+    "single_feature_correct", "fit_pm",
     # scoring with an LM
     "SmolLMScorer", "FakeScorer", "ScoreCache", "score_features", "suffix_digit_logprobs",
     # data

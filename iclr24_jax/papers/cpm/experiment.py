@@ -416,6 +416,10 @@ def run(config: Any, workdir: str, log=print) -> dict:
 # ------------------------------------------------------------------------------------------- reproduce
 
 
+def _ms(d: dict) -> str:
+  return stats.fmt_mean_se(d["mean"], d["se"])
+
+
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """The reproduction rows (see the module docstring); `fast` runs the tiny config (fake scorer)."""
   from iclr24_jax.configs import cpm as cfg_mod
@@ -431,8 +435,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         metric="held-out accuracy", a=syn["acc_cpm"]["per_seed"], b=syn["acc_pm"]["per_seed"], name_a="CPM",
         name_b=f"PM on a {sc.embed_dim}-dim noisy embedding",
         paper_value="CPMs generalise better than standard PMs (low-dimensional interpretable features)",
-        notes=(f"Bayes accuracy of the true reward {stats.fmt_mean_se(syn['acc_bayes']['mean'], syn['acc_bayes']['se'])}; "
-               f"{sc.num_test} test pairs per seed")))
+        notes=(f"Bayes accuracy of the true reward {_ms(syn['acc_bayes'])}; {sc.num_test} test pairs per seed")))
     rows.append({"paper": P, "experiment": "synthetic: weight recovery", "metric": "cosine(fitted w, true w)",
                  "ours": stats.fmt_mean_se(syn["cosine"]["mean"], syn["cosine"]["se"]),
                  "paper_value": "(check) the logistic fit recovers the generating weights",
@@ -442,8 +445,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         paper=P, experiment=f"synthetic: best-of-{sc.bon_n} over {sc.bon_prompts} prompts, PM A vs PM B",
         metric="A/B pick agreement", a=syn["agree_cpm"]["per_seed"], b=syn["agree_pm"]["per_seed"], name_a="CPM",
         name_b="PM", paper_value="CPMs are more robust to over-optimisation (PM A and PM B agree more)",
-        notes=(f"true reward of the A pick: CPM {stats.fmt_mean_se(syn['bon_true_cpm']['mean'], syn['bon_true_cpm']['se'])}"
-               f", PM {stats.fmt_mean_se(syn['bon_true_pm']['mean'], syn['bon_true_pm']['se'])}")))
+        notes=f"true reward of the A pick: CPM {_ms(syn['bon_true_cpm'])}, PM {_ms(syn['bon_true_pm'])}"))
   pref = res.get("preference")
   if pref:
     acc = pref["acc"]
