@@ -30,7 +30,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Tokens per call kind; the official budgets (evaluators/config/*.json).
   c.max_new_tokens = ml_collections.ConfigDict(dict(direct=50, cot=300, metrics=150, reference=384, rating=50))
   c.num_steps = 0  # the budget is the data: every instance in both orders
-  c.data = ml_collections.ConfigDict(dict(name="llmbar", data_dir="", subsets=(), per_subset=0))
+  c.data = ml_collections.ConfigDict(dict(name="llmbar", data_dir="", subsets=(), per_subset=0, take_first=0))
   c.rating_ties = "zero"  # 'official' = the official script's half-credit quirk for ties/failures
   c.rating_strict = True  # official int(text) parsing of scores
   c.count_failures_as_agreement = False  # True = the official 'equal' (None == None counts)

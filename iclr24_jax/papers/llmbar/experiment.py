@@ -38,6 +38,9 @@ PAPER_FOR = {"vanilla": "GPT-4 Vanilla", "rules_metrics_reference": "GPT-4 Rules
 # The reproduction's fixed sample and budgets (see README: a full 419-instance Rules+Metrics+Reference pass
 # does not fit the ~6 minute CPU budget; the config's default runs all 419).
 REPRO_PER_SUBSET = 20  # stratified pairs per subset (100 of 419); 0 = all 419 (see README: CPU cost)
+# Rules+Metrics+Reference on the first REPRO_RMR_FIRST of those 20 per subset (20 pairs), paired with Vanilla on the
+# same pairs; 0 = the same pairs as Vanilla. (CPU budget: see README.)
+REPRO_RMR_FIRST = 4
 REPRO_SEED = 0
 REPRO_MAX_NEW_TOKENS = {"direct": 5, "cot": 96, "metrics": 64, "reference": 96, "rating": 3}
 
@@ -114,6 +117,9 @@ def run(config: Any, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   data = data_lib.load(config.data.data_dir or None, list(config.data.subsets) or None)
   data = data_lib.stratified_subset(data, config.data.per_subset, config.seed)
+  take = int(config.data.get("take_first", 0) or 0)
+  if take > 0:  # the first pairs (file order) of each subset's sample: a sub-sample of a larger run's pairs
+    data = {k: v[:take] for k, v in data.items()}
   judge = make_judge(config.model)
   cache_path = os.path.join(config.cache_dir or workdir, "generations.jsonl")
   cache = cache_lib.GenerationCache(cache_path) if config.use_cache else None
@@ -154,10 +160,11 @@ def run(config: Any, workdir: str) -> dict:
   return results
 
 
-def _repro_config(strategy: str, per_subset: int):
+def _repro_config(strategy: str, per_subset: int, take_first: int = 0):
   from iclr24_jax.configs import llmbar as cfg_mod
   c = cfg_mod.get_config(strategy)
   c.data.per_subset = per_subset
+  c.data.take_first = take_first
   c.max_new_tokens = dict(REPRO_MAX_NEW_TOKENS)
   c.seed = REPRO_SEED
   c.judge_mode = "logprob"
@@ -180,16 +187,22 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
   Args:
     workdir: output folder (each strategy's cache lives in it, so a rerun resumes).
     fast: a stratified 2 pairs per subset (10 of 419), a smoke run.
-    per_subset: pairs per subset (default: 0 = all 419, as issue 21 asks).
+    per_subset: pairs per subset for both strategies (0 = all 419, as issue 21 asks). Default: Vanilla on
+      REPRO_PER_SUBSET = 20 per subset, Rules+Metrics+Reference on the first REPRO_RMR_FIRST = 4 of them.
 
   Returns:
     Reproduction rows (paper, experiment, metric, ours, paper_value, holds, notes, plots).
   """
   k = 2 if fast else (REPRO_PER_SUBSET if per_subset is None else per_subset)
-  sample = "all 419 pairs" if k <= 0 else f"stratified {k}/subset (seed {REPRO_SEED})"
+  first = 0 if (fast or per_subset is not None) else REPRO_RMR_FIRST
+  samples = {"vanilla": "all 419 pairs" if k <= 0 else f"stratified {k}/subset (seed {REPRO_SEED})"}
+  samples["rules_metrics_reference"] = (samples["vanilla"] if first <= 0 else
+                                        f"the first {first} of each subset's {k} (file order; {5 * first} pairs)")
   rows, tables, res_by = [], {}, {}
   for strategy in ("vanilla", "rules_metrics_reference"):
-    res = run(_repro_config(strategy, k), os.path.join(workdir, strategy))
+    sample = samples[strategy]
+    take = first if strategy == "rules_metrics_reference" else 0
+    res = run(_repro_config(strategy, k, take), os.path.join(workdir, strategy))
     res_by[strategy] = res
     t = res["subsets"]
     tables[f"SmolLM2 {strategy} (logprob)"] = t
@@ -211,6 +224,8 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
                            gap, f"> 0 (GPT-4 {ref['Natural'][0] - ref['Adversarial'][0]:.1f})", sample,
                            "unpaired: pairs resampled within each subset; Adversarial = mean of the 4 subsets"))
   c_v, c_r = res_by["vanilla"]["credit"], res_by["rules_metrics_reference"]["credit"]
+  c_v = {name: c_v[name][:len(c_r[name])] for name in c_r}  # the same pairs (RMR runs on the first ones)
+  sample = samples["rules_metrics_reference"]
   for group in ("Adversarial", "Natural"):
     g_paper = PAPER["GPT-4 Rules+Metrics+Reference"][group][0] - PAPER["GPT-4 Vanilla"][group][0]
     gap = scoring_lib.bootstrap_gap(c_r, group, c_v, group, paired=True, seed=REPRO_SEED)
@@ -220,7 +235,7 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
   for name in ("GPT-4 Vanilla", "GPT-4 Rules+Metrics+Reference", "ChatGPT Vanilla"):
     tables[name + " (paper)"] = {s_: {"accuracy": a, "agreement": g} for s_, (a, g) in PAPER[name].items()}
   plot = plot_subsets(tables, os.path.join(workdir, "llmbar_vs_paper.png"),
-                      title=f"LLMBar: SmolLM2-135M log-prob judge ({sample}) vs the paper")
+                      title=f"LLMBar: SmolLM2-135M log-prob judge ({samples['vanilla']}) vs the paper")
   for r in rows:
     r["plots"] = [plot]
   return rows
