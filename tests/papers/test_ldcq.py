@@ -38,53 +38,49 @@ def test_gaussian_log_prob_and_kl_closed_form():
 
 
 def test_vae_loss_terms_and_training_lowers_it():
-  vae = _tiny_vae()
-  batch = _segments(jax.random.key(0))
-  params = vae.init(jax.random.key(1), batch["states"][:2], batch["actions"][:2])["params"]
-  key = jax.random.key(2)
-  # the loss is action NLL + beta KL + terminal NLL (each per step: KL and terminal NLL divided by H)
-  loss, m = ldcq.vae_loss(params, vae, batch, key, beta=0.05)
-  np.testing.assert_allclose(loss, m["action_nll"] + 0.05 * m["kl"] + m["terminal_nll"], rtol=1e-6)
-  loss0, m0 = ldcq.vae_loss(params, vae, batch, key, beta=0.0, terminal_loss=False)
-  np.testing.assert_allclose(loss0, m["action_nll"], rtol=1e-6)
-  assert "terminal_nll" not in m0 and float(m["kl"]) >= 0.0
-  # train on the fixed batch: one trace, the loss falls
   import optax
   from iclr24_jax.common.train_state import TrainState
+  vae = _tiny_vae()
+  batch = _segments(jax.random.key(0))
+  params = jax.jit(vae.init)(jax.random.key(1), batch["states"][:2], batch["actions"][:2])["params"]
+  key = jax.random.key(2)
   state = TrainState.create(params, optax.adam(3e-3))
 
   @jax.jit
   @chex.assert_max_traces(n=1)
   def step(st, k):
-    (_, mm), g = jax.value_and_grad(ldcq.vae_loss, has_aux=True)(st.params, vae, batch, k)
-    return st.apply_gradients(g), mm["loss"]
+    (_, mm), g = jax.value_and_grad(ldcq.vae_loss, has_aux=True)(st.params, vae, batch, k, beta=0.05)
+    return st.apply_gradients(g), mm
 
-  first = None
-  for i in range(60):
-    state, l = step(state, jax.random.fold_in(key, i))
-    first = float(l) if first is None else first
-  final = float(ldcq.vae_loss(state.params, vae, batch, key)[0])
-  assert final < first - 1.0, (first, final)
+  # the loss is action NLL + beta KL + terminal NLL (KL and terminal NLL per step: divided by H)
+  _, m = step(state, key)
+  np.testing.assert_allclose(m["loss"], m["action_nll"] + 0.05 * m["kl"] + m["terminal_nll"], rtol=1e-6)
+  assert float(m["kl"]) >= 0.0
+  first = float(m["loss"])
+  for i in range(60):     # train on the fixed batch: one trace, the loss falls
+    state, m = step(state, jax.random.fold_in(key, i))
+  _, m = step(state, key)
+  assert float(m["loss"]) < first - 1.0, (first, float(m["loss"]))
 
 
 def test_autoregressive_policy_structure():
   vae = _tiny_vae()
   batch = _segments(jax.random.key(3), b=4)
-  params = vae.init(jax.random.key(4), batch["states"][:2], batch["actions"][:2])["params"]
+  params = jax.jit(vae.init)(jax.random.key(4), batch["states"][:2], batch["actions"][:2])["params"]
   s = batch["states"][:, 0]
   z = jax.random.normal(jax.random.key(5), (4, 4))
   a = batch["actions"][:, 0]
-  pol = lambda acts: vae.apply({"params": params}, s, z, acts, method=ldcq.SkillVAE.policy)  # noqa: E731
-  m1, _ = pol(a)
-  m2, _ = pol(a.at[:, 1].add(1.0))       # changing a_1 cannot move the first component (it sees a_{<0} only)
-  np.testing.assert_allclose(m1[:, 0], m2[:, 0], rtol=1e-6)
-  assert np.max(np.abs(np.asarray(m1[:, 1] - m2[:, 1]))) < 1e-6  # nor a_1's own component (sees a_{<1} = a_0)
-  m3, _ = pol(a.at[:, 0].add(1.0))       # changing a_0 moves the second component
+  pol = jax.jit(lambda acts: vae.apply({"params": params}, s, z, acts, method=ldcq.SkillVAE.policy)[0])
+  m1 = pol(a)
+  m2 = pol(a.at[:, 1].add(1.0))          # changing a_1 moves neither component (component i sees a_{<i})
+  np.testing.assert_allclose(m1, m2, rtol=1e-6)
+  m3 = pol(a.at[:, 0].add(1.0))          # changing a_0 moves the second component only
+  np.testing.assert_allclose(m3[:, 0], m1[:, 0], rtol=1e-6)
   assert np.max(np.abs(np.asarray(m3[:, 1] - m1[:, 1]))) > 1e-4
   # deterministic sampling = the means, fed back dimension by dimension
-  det = ldcq.low_level_action(jax.random.key(0), ldcq.LDCQParams(vae=params, spec=_spec(vae)), s, z, True)
-  m_det, _ = pol(det)
-  np.testing.assert_allclose(det, m_det, rtol=1e-5, atol=1e-6)
+  det = jax.jit(lambda k: ldcq.low_level_action(k, ldcq.LDCQParams(vae=params, spec=_spec(vae)), s, z, True))(
+      jax.random.key(0))
+  np.testing.assert_allclose(det, pol(det), rtol=1e-5, atol=1e-6)
 
 
 def _spec(vae, prior="gaussian", schedule="linear", hidden=16, q_hidden=16, **kw):
@@ -224,6 +220,7 @@ def test_sample_latents_and_act_pick_the_best_sampled_latent():
   chex.assert_shape(ldcq.sample_latents(key, pd, s, 3), (5, 3, 2))
 
 
+@pytest.mark.slow
 def test_diffusion_prior_recovers_a_conditional_mixture():
   """z | s=+1 is a 2-component mixture at (+-2, 0), z | s=-1 at (0, +-2) (std 0.15); trained with the library's
   loss on a schedule that reaches noise (cosine, T = 100), the DDPM samples must put their mass on the right
