@@ -138,10 +138,12 @@ def test_q_target_is_batch_constrained_double_q_with_gamma_h():
   r = jax.random.uniform(keys[2], (b,))
   done = jnp.array([0, 0, 1, 0, 1, 0], jnp.float32)
   disc = 0.99 ** 10
-  out = ldcq.q_target(q_net, tp, r, s_h, lat, done, discount=disc)
-  # brute force over the sampled latents only
-  q = np.stack([np.stack([np.asarray(q_net.apply({"params": jax.tree.map(lambda x: x[j], tp)}, s_h,
-                                                   lat[:, i])) for i in range(k)], 1) for j in range(2)])  # [2,B,K]
+  target_fn = jax.jit(lambda lt: ldcq.q_target(q_net, tp, r, s_h, lt, done, discount=disc))
+  out = target_fn(lat)
+  # brute force over the sampled latents only: every (net, latent) pair evaluated on its own
+  q_one = jax.jit(lambda p, zz: q_net.apply({"params": p}, s_h, zz))
+  q = np.stack([np.stack([np.asarray(q_one(jax.tree.map(lambda x: x[j], tp), lat[:, i])) for i in range(k)], 1)
+                for j in range(2)])  # [2, B, K]
   for j in range(2):
     idx = np.argmax(q[1 - j], axis=1)                         # the other target net picks z*
     val = np.minimum(q[0], q[1])[np.arange(b), idx]          # the min of both values it
@@ -153,7 +155,8 @@ def test_q_target_is_batch_constrained_double_q_with_gamma_h():
   # batch constraint: over a dense grid of latents (outside the sampled set) the selecting nets find higher values;
   # the target never uses them: its z* is always one of the sampled latents (checked above)
   grid = jnp.stack(jnp.meshgrid(jnp.linspace(-6, 6, 41), jnp.linspace(-6, 6, 41)), -1).reshape(-1, zd)
-  big = ldcq.q_target(q_net, tp, r, s_h, jnp.broadcast_to(grid, (b,) + grid.shape), done, discount=disc)
+  big = jax.jit(lambda lt: ldcq.q_target(q_net, tp, r, s_h, lt, done, discount=disc))(
+      jnp.broadcast_to(grid, (b,) + grid.shape))
   sel_grid = np.asarray(big["q_next"]).max(-1)
   sel_samp = np.asarray(out["q_next"]).max(-1)
   assert np.all(sel_grid >= sel_samp - 1e-6) and np.any(sel_grid > sel_samp + 1e-3)
@@ -172,7 +175,8 @@ def test_q_train_step_fits_targets_updates_priorities_and_polyak():
   data = _q_data(jax.random.key(1))
   # tau = 0: the target nets stay fixed, so the update is a regression that must lower its loss
   cfg = ldcq.QConfig(q_net, discount=0.9, batch_size=32, num_target_samples=4, tau=0.0, steps_per_epoch=2)
-  state = ldcq.q_init(jax.random.key(2), cfg, ldcq.make_buffer(data), 3, 2, learning_rate=3e-3)
+  state = jax.jit(lambda k: ldcq.q_init(k, cfg, ldcq.make_buffer(data), 3, 2, learning_rate=3e-3))(
+      jax.random.key(2))
   p0 = np.asarray(state.extra["buffer"].priorities())
   np.testing.assert_allclose(p0, 1.0)                      # every item enters at priority 1 (p^alpha = 1)
 
@@ -190,34 +194,48 @@ def test_q_train_step_fits_targets_updates_priorities_and_polyak():
   assert not np.allclose(p1, 1.0) and np.all(p1 > 0)       # priorities now track the squared TD errors
   # Polyak averaging: tau = 0.5 gives target = 0.5 online_new + 0.5 target_old after one step
   cfg2 = ldcq.QConfig(q_net, discount=0.9, batch_size=32, num_target_samples=4, tau=0.5)
-  st2 = ldcq.q_init(jax.random.key(4), cfg2, ldcq.make_buffer(data), 3, 2)
-  st2 = st2.replace(extra={**st2.extra, "target": jax.tree.map(jnp.zeros_like, st2.extra["target"])})
   batch = jax.tree.map(lambda x: x[:16], data)
-  new, _ = ldcq.q_train_step(st2, batch, jax.random.key(5), cfg=cfg2)
+
+  @jax.jit
+  def polyak(k):
+    st2 = ldcq.q_init(k, cfg2, None, 3, 2)
+    st2 = st2.replace(extra={**st2.extra, "target": jax.tree.map(jnp.zeros_like, st2.extra["target"])})
+    return ldcq.q_train_step(st2, batch, jax.random.key(5), cfg=cfg2)[0]
+
+  new = polyak(jax.random.key(4))
   chex.assert_trees_all_close(new.extra["target"], jax.tree.map(lambda p: 0.5 * p, new.params), rtol=1e-6)
 
 
 def test_sample_latents_and_act_pick_the_best_sampled_latent():
   vae = _tiny_vae(z=2)
   seg = _segments(jax.random.key(0), b=2)
-  vp = vae.init(jax.random.key(1), seg["states"], seg["actions"])["params"]
+  vp = jax.jit(vae.init)(jax.random.key(1), seg["states"], seg["actions"])["params"]
   spec = _spec(vae, "gaussian")
   q_net, qp = _q_setup(jax.random.key(2))
   params = ldcq.LDCQParams(vae=vp, q=qp, q_target=qp, spec=spec)
   s = jax.random.normal(jax.random.key(3), (5, 3))
   key = jax.random.key(4)
-  z = ldcq.sample_latents(key, params, s, 7)
+
+  @jax.jit
+  def run(p, st):
+    z = ldcq.sample_latents(key, p, st, 7)
+    return (z, ldcq.act(key, p, st, 7), ldcq.q_values(p, st, z), ldcq.act(key, p, st[0], 7),
+            ldcq.act(key, p.replace(q=None, q_target=None), st, 7))
+
+  z, chosen, q, single, no_q = run(params, s)
   chex.assert_shape(z, (5, 7, 2))
-  chosen = ldcq.act(key, params, s, 7)
-  q = ldcq.q_values(params, s, z)
   np.testing.assert_allclose(chosen, np.asarray(z)[np.arange(5), np.argmax(np.asarray(q), 1)], rtol=1e-6)
-  chex.assert_shape(ldcq.act(key, params, s[0], 7), (2,))
-  # no Q: latent BC takes the first sample
-  np.testing.assert_allclose(ldcq.act(key, params.replace(q=None, q_target=None), s, 7), z[:, 0], rtol=1e-6)
+  chex.assert_shape(single, (2,))
+  np.testing.assert_allclose(no_q, z[:, 0], rtol=1e-6)       # no Q: latent BC takes the first sample
   # diffusion prior: DDPM samples of the requested shape through the diffusion core's sampler
-  den_p = spec.denoiser.init(key, jnp.zeros((1, 2)), jnp.zeros((1,), jnp.int32), cond=jnp.zeros((1, 3)))["params"]
-  pd = ldcq.LDCQParams(vae=vp, diffusion=den_p, spec=_spec(vae, "diffusion", num_timesteps=10))
-  chex.assert_shape(ldcq.sample_latents(key, pd, s, 3), (5, 3, 2))
+  sd = _spec(vae, "diffusion", num_timesteps=10)
+
+  @jax.jit
+  def diff_samples(k):
+    den_p = sd.denoiser.init(k, jnp.zeros((1, 2)), jnp.zeros((1,), jnp.int32), cond=jnp.zeros((1, 3)))["params"]
+    return ldcq.sample_latents(k, ldcq.LDCQParams(vae=vp, diffusion=den_p, spec=sd), s, 3)
+
+  chex.assert_shape(diff_samples(key), (5, 3, 2))
 
 
 @pytest.mark.slow
