@@ -183,14 +183,14 @@ def benchmark(quick: bool = True) -> list[dict]:
   # 1) reward-model training step (pairs of distinct 256-byte messages, official batch 1024 in the full run).
   rng = np.random.default_rng(0)
   tx = optax.adam(1e-3)
-  params = reward_model.init_params(jax.random.key(0), model)
-  state = (params, tx.init(params))
+  fresh = lambda: (lambda p: (p, tx.init(p)))(reward_model.init_params(jax.random.key(0), model))
+  state = fresh()  # the timed step donates its state: every use gets new buffers
 
   def step(state, batch):
     p, o = state
     (_, m), g = jax.value_and_grad(lambda q: reward_model.preference_loss(q, batch, model), has_aux=True)(p)
     u, o = tx.update(g, o, p)
-    return (optax.apply_updates(p, u), o)
+    return (optax.apply_updates(p, u), o), m["loss"]        # time_fn(carry=True) feeds out[0] back
 
   for b in ((128,) if quick else (128, 1024)):
     msgs = rng.integers(32, 127, size=(2, b, 256)).astype(np.uint8)
@@ -199,7 +199,7 @@ def benchmark(quick: bool = True) -> list[dict]:
              "label": jnp.asarray(rng.integers(0, 3, b))}
     rows.append(bench.time_fn(jax.jit(step, donate_argnums=0), state, batch, carry=True, repeats=3 if quick else 10,
                               items=b, name="motif/reward-model train step (pairs/s; lt_cnn, 512 trunk)", batch=b))
-    state = (reward_model.init_params(jax.random.key(0), model), tx.init(params))
+    state = fresh()
   # 2) SmolLM2 annotations (one pair = two prompts, both presentation orders).
   judge, _ = experiment.make_judge(c, "smollm2")
   pairs = [(a, b) for a, b in zip(toy.CAPTIONS[:8], toy.CAPTIONS[8:16])]
@@ -223,7 +223,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   from iclr24_jax.papers.motif import intrinsic, nethack_motif
   from iclr24_jax.rl import nethack, ppo_host
   venv = nethack.NetHackVecEnv(num_envs=4, seed=0)
-  hook = intrinsic.MotifRewardHook(nethack_motif.message_reward_fn(params, model), 0.0, 1.0, 0.0, 4)
+  hook = intrinsic.MotifRewardHook(nethack_motif.message_reward_fn(fresh()[0], model), 0.0, 1.0, 0.0, 4)
   host_cfg = ppo.default_config()
   host_cfg.ppo.rollout_steps = 64
   host = ppo_host.HostPPO(host_cfg, venv, nethack.NetHackNet(venv.num_actions))
