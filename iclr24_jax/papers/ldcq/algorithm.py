@@ -207,7 +207,8 @@ def q_init(key: jax.Array, cfg: QConfig, buffer: replay.PrioritizedBuffer | None
            learning_rate: float = 1e-3) -> TrainState:
   """A Q TrainState: params = twin online Q [2, ...]; extra = {'target': twin target (a copy), 'buffer': buffer}."""
   q = twin_q_init(key, cfg.q_net, state_dim, z_dim)
-  return TrainState.create(q, optax.adam(learning_rate), extra={"target": q, "buffer": buffer})
+  target = jax.tree.map(jnp.copy, q)  # own buffers: a caller may donate the state
+  return TrainState.create(q, optax.adam(learning_rate), extra={"target": target, "buffer": buffer})
 
 
 def _clip_per_net(grads: Any, max_norm: float) -> tuple[Any, jax.Array]:
