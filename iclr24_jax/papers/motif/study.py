@@ -78,7 +78,9 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
            f"{ag['tie_rate']:.2f}; chance 0.5",
       paper_value="Llama 2 70B annotations (not available offline); the paper reports no agreement figure",
       holds=None, notes=f"debiased log-odds of '1' vs '2' over both presentation orders (tau "
-                        f"{c.annotation.tau}); {llm['seconds']:.0f} s to annotate"))
+                        f"{c.annotation.tau}); {llm['seconds']:.0f} s to annotate"
+                        + (" (all read from the annotation cache of an earlier run)"
+                           if all(r["cached"] for r in llm["records"]) else "")))
   for kind in ("oracle", llm_kind, dense):
     f = sources[kind]["fitted"]
     rows.append(dict(
