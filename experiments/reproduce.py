@@ -113,6 +113,8 @@ def load_saved_rows(results_dir: str, names: list[str]) -> tuple[dict, dict]:
     if os.path.exists(path):
       with open(path) as f:
         saved = json.load(f)
+      if isinstance(saved, list):  # a bare list of rows (written by hand or an older version)
+        saved = {"rows": saved}
       rows[name] = saved["rows"]
       if saved.get("seconds") is not None:
         times[name] = float(saved["seconds"])
