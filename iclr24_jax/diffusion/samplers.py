@@ -230,6 +230,23 @@ def classifier_free_guidance(denoiser: Callable[[Any, jax.Array, Any], Any], con
   return guided
 
 
+def bind_condition(denoiser: Callable, cond: Any = None, null_cond: Any = None,
+                   guidance_scale: float | None = None) -> Callable:
+  """`(x, t) -> prediction` from a denoiser: guided (CFG) when guidance_scale is given, conditioned when cond
+  is, the denoiser itself otherwise. Shared by `sample` and `sample_levels`.
+
+  Raises:
+    ValueError: guidance_scale without both cond and null_cond.
+  """
+  if guidance_scale is not None:
+    if cond is None or null_cond is None:
+      raise ValueError("guidance_scale needs both cond and null_cond (the unconditional value).")
+    return classifier_free_guidance(denoiser, cond, null_cond, guidance_scale)
+  if cond is not None:
+    return lambda x, t: denoiser(x, t, cond)
+  return denoiser
+
+
 def level_transitions(method: str, xs_t: Sequence[jax.Array], outs: Sequence[jax.Array],
                       alpha_bars_t: Sequence[jax.Array], alpha_bars_s: Sequence[jax.Array], *, eta: float = 0.0,
                       prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None
@@ -298,14 +315,7 @@ def sample_levels(denoiser: Callable, schedules: Sequence[Schedule], shapes: Seq
                      f"continuous); got {[s.name for s in schedules]}.")
   if len({int(s[0]) for s in shapes}) != 1:
     raise ValueError(f"all levels need the same batch size; got shapes {list(shapes)}.")
-  if guidance_scale is not None:
-    if cond is None or null_cond is None:
-      raise ValueError("guidance_scale needs both cond and null_cond (the unconditional value).")
-    fn = classifier_free_guidance(denoiser, cond, null_cond, guidance_scale)
-  elif cond is not None:
-    fn = lambda x, t: denoiser(x, t, cond)  # noqa: E731
-  else:
-    fn = denoiser
+  fn = bind_condition(denoiser, cond, null_cond, guidance_scale)
   times = sampling_grid(schedules[0], num_steps, spacing)[0]
   a_t = tuple(s.alpha_bar(times).astype(jnp.float32) for s in schedules)
   a_s = tuple(jnp.concatenate([a[1:], jnp.ones((1,), jnp.float32)]) for a in a_t)
@@ -365,14 +375,7 @@ def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: 
   """
   if method not in METHODS:
     raise ValueError(f"unknown sampler '{method}'; choose one of {METHODS}.")
-  if guidance_scale is not None:
-    if cond is None or null_cond is None:
-      raise ValueError("guidance_scale needs both cond and null_cond (the unconditional value).")
-    fn = classifier_free_guidance(denoiser, cond, null_cond, guidance_scale)
-  elif cond is not None:
-    fn = lambda x, t: denoiser(x, t, cond)  # noqa: E731
-  else:
-    fn = denoiser
+  fn = bind_condition(denoiser, cond, null_cond, guidance_scale)
   times, a_t, a_s = sampling_grid(schedule, num_steps, spacing) if grid is None else grid
   key_init, step_keys = split_sampler_keys(key, times.shape[0])
   if x_T is None:

@@ -26,6 +26,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from iclr24_jax.lm import t5
 
@@ -224,7 +225,7 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
     inputs = unroll(logprobs, unigram, inverter.width, official_padding)
     sub = {"inputs": inputs, "labels": batch["labels"], "label_mask": batch["label_mask"]}
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, sub, key, inverter=inverter)
-    metrics = dict(metrics, grad_norm=jnp.sqrt(sum(jnp.sum(g ** 2) for g in jax.tree.leaves(grads))))
+    metrics = dict(metrics, grad_norm=optax.global_norm(grads))
     state = state.apply_gradients(grads=grads)
     return state.replace(extra={"unigram": unigram}), metrics
   return train_step
