@@ -8,7 +8,7 @@
 
 Each experiment runs in its own subprocess (a crash or leak in one cannot take down the others);
 its rows land in <workdir>/<name>/rows.json and, for a full (non --fast) run, in results/rows/<name>.json
-(committed, with the run's seconds; its plots are copied to results/plots/). The table collects them with the
+(committed, with the run's wall and CPU seconds and the load average; its plots are copied to results/plots/). The table collects them with the
 paper's value or claim and whether the claim holds here: 'yes' / 'no' beyond 2 standard errors over seeds,
 'inconclusive' inside them (`iclr24_jax.common.stats`), '-' for a measurement without a claim.
 """
@@ -18,6 +18,7 @@ import argparse
 import datetime
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -81,8 +82,13 @@ def summary_lines(all_rows: dict) -> list[str]:
   return lines
 
 
-def save_rows(name: str, rows: list, seconds: float, results_dir: str, workdir: str) -> list:
-  """Copies the rows' plots into results/plots and writes results/rows/<name>.json; returns the saved rows."""
+def save_rows(name: str, rows: list, seconds: float, results_dir: str, workdir: str,
+              cpu_seconds: float | None = None, load: float | None = None) -> list:
+  """Copies the rows' plots into results/plots and writes results/rows/<name>.json; returns the saved rows.
+
+  `cpu_seconds` (user + system of the experiment's process) and `load` (the 1-minute load average at its end) say
+  how far the wall `seconds` were inflated by a shared machine.
+  """
   plot_dir = os.path.join(results_dir, "plots")
   saved = []
   for r in rows:
@@ -100,13 +106,21 @@ def save_rows(name: str, rows: list, seconds: float, results_dir: str, workdir: 
     saved.append(r)
   os.makedirs(os.path.join(results_dir, "rows"), exist_ok=True)
   with open(os.path.join(results_dir, "rows", f"{name}.json"), "w") as f:
-    json.dump({"experiment": name, "date": datetime.date.today().isoformat(), "seconds": round(seconds, 1),
-               "rows": saved}, f, indent=1, default=str)
+    record = {"experiment": name, "date": datetime.date.today().isoformat(), "seconds": round(seconds, 1)}
+    if cpu_seconds is not None:
+      record["cpu_seconds"] = round(cpu_seconds, 1)
+    if load is not None:
+      record["load"] = round(load, 1)
+    json.dump(dict(record, rows=saved), f, indent=1, default=str)
   return saved
 
 
 def load_saved_rows(results_dir: str, names: list[str]) -> tuple[dict, dict]:
-  """Rows and seconds of results/rows/<name>.json for the given names (those that exist), in that order."""
+  """Rows and timings of results/rows/<name>.json for the given names (those that exist), in that order.
+
+  Returns:
+    ({name: rows}, {name: dict(seconds=, cpu_seconds=, load=)}) (a timing's missing fields are None).
+  """
   rows, times = {}, {}
   for name in names:
     path = os.path.join(results_dir, "rows", f"{name}.json")
@@ -117,7 +131,7 @@ def load_saved_rows(results_dir: str, names: list[str]) -> tuple[dict, dict]:
         saved = {"rows": saved}
       rows[name] = saved["rows"]
       if saved.get("seconds") is not None:
-        times[name] = float(saved["seconds"])
+        times[name] = {k: saved.get(k) for k in ("seconds", "cpu_seconds", "load")}
   return rows, times
 
 
@@ -152,10 +166,25 @@ def write_markdown(all_rows: dict, timings: dict, errors: dict, out_dir: str, fa
           plots.append((name, p))
   for name, err in errors.items():
     lines.append(f"| {name} | (failed) | - | - | - | - | {_fmt(err[-300:])} |")
-  lines += ["", "## Run times", "", "| experiment | seconds |", "|---|---|"]
-  lines += [f"| {k} | {v:.0f} |" for k, v in timings.items()]
+  lines += ["", "## Run times", "",
+            "Wall seconds of each experiment's own run, its CPU seconds (user + system) where recorded, and the "
+            "1-minute load average at its end: wall times measured on a shared, loaded machine are inflated; on an "
+            "idle 2-core machine an experiment's wall time is about its CPU seconds / 1.5.", "",
+            "| experiment | wall s | CPU s | load |", "|---|---|---|---|"]
+
+  def cell(v, fmt):
+    return "-" if v is None else format(v, fmt)
+
+  for k, v in timings.items():
+    v = v if isinstance(v, dict) else {"seconds": v}
+    lines.append(f"| {k} | {cell(v.get('seconds'), '.0f')} | {cell(v.get('cpu_seconds'), '.0f')} | "
+                 f"{cell(v.get('load'), '.1f')} |")
   if timings:
-    lines.append(f"| **all** | **{sum(timings.values()):.0f}** |")
+    walls = [v["seconds"] if isinstance(v, dict) else v for v in timings.values()]
+    cpus = [v.get("cpu_seconds") if isinstance(v, dict) else None for v in timings.values()]
+    known = [c for c in cpus if c is not None]
+    lines.append(f"| **all** | **{sum(w for w in walls if w is not None):.0f}** | "
+                 f"**{sum(known):.0f}** ({len(known)} of {len(cpus)} recorded) | |")
   if plots:
     lines += ["", "## Plots", ""]
     for name, rel in dict.fromkeys(plots):
@@ -198,19 +227,23 @@ def main() -> int:
     cmd = [sys.executable, "-m", "experiments.reproduce", "--_one", name, "--_json", json_out,
            "--workdir", args.workdir] + (["--fast"] if args.fast else [])
     print(f"=== {name} ===", flush=True)
-    t0 = time.time()
+    t0, ru0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, cwd=_HERE if _HERE != _site_dir() else None, stderr=subprocess.PIPE, text=True)
-    timings[name] = time.time() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    timings[name] = {"seconds": time.time() - t0, "cpu_seconds": cpu, "load": os.getloadavg()[0]}
+    secs = timings[name]["seconds"]
     if proc.returncode != 0:
       errors[name] = (proc.stderr or "").strip().splitlines()[-1] if proc.stderr else f"exit {proc.returncode}"
       sys.stderr.write(proc.stderr[-3000:])
-      print(f"--- {name} FAILED ({timings[name]:.0f}s)", flush=True)
+      print(f"--- {name} FAILED ({secs:.0f}s)", flush=True)
       continue
     with open(json_out) as f:
       all_rows[name] = json.load(f)
     if not args.fast:  # a full run's rows are the committed record
-      all_rows[name] = save_rows(name, all_rows[name], timings[name], args.out, args.workdir)
-    print(f"--- {name}: {len(all_rows[name])} rows ({timings[name]:.0f}s)", flush=True)
+      all_rows[name] = save_rows(name, all_rows[name], secs, args.out, args.workdir, cpu_seconds=cpu,
+                                 load=timings[name]["load"])
+    print(f"--- {name}: {len(all_rows[name])} rows ({secs:.0f}s wall, {cpu:.0f}s CPU)", flush=True)
   if args.keep:  # saved rows of the experiments not run this time, in registry order
     saved_rows, saved_times = load_saved_rows(args.out, registry.available())
     merged_rows, merged_times = {}, {}
