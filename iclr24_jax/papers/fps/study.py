@@ -1,0 +1,293 @@
+"""fps: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+
+The method lives in the package's method modules and `experiment.run`; this module holds the studies
+that the paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call them).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from iclr24_jax.common import bench
+from iclr24_jax.common import sharding
+from iclr24_jax.common import stats
+from iclr24_jax.diffusion import schedules, unet
+from iclr24_jax.papers.fps import operators, smc
+from iclr24_jax.papers.fps.experiment import PAPER, run
+
+
+def _fps_line(per_m: dict, key: str) -> str:
+  return ", ".join(f"M={m}: {per_m[m][key]:.3g}" for m in sorted(per_m))
+
+
+CRITERION = (0.8, 1.25)   # Var(A x) / exact counted as "the exact spread"
+
+
+def range_verdict(values, lo: float = CRITERION[0], hi: float = CRITERION[1], z: float = 2.0) -> str:
+  """'yes' if mean +- z se of the per-seed values lies inside [lo, hi], 'no' if entirely outside, else
+  'inconclusive' (the range analogue of `common.stats.verdict`; a single value needs no se)."""
+  m, se = stats.mean_se(values)
+  if m - z * se >= lo and m + z * se <= hi:
+    return "yes"
+  if m + z * se < lo or m - z * se > hi:
+    return "no"
+  return "inconclusive"
+
+
+def _with_reference(row: dict, note: str) -> dict:
+  """Appends the reference that rules out a bug to a row whose verdict is 'no'."""
+  if row.get("holds") == "no":
+    row["notes"] = f"{row['notes']}; {note}"
+  return row
+
+
+def _seeds_str(values) -> str:
+  m, se = stats.mean_se(values)
+  return f"{stats.fmt_mean_se(m, se)} ({len(values)} seeds)"
+
+
+def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+  """The exactness table (2-D / 8-D, FPS's and the telescoping weights), the Gaussian M -> infinity limit (FPS's
+  HMM, the noise-tracking Kalman filter, the telescoping limit), and the digits image tasks.
+
+  Claims are judged with `common.stats` on seeds (the independent runs split into `exactness.num_seeds` groups);
+  the image comparisons are paired over test images (bootstrap). 'no' is written only where a closed-form reference
+  rules out a bug: the Gaussian prior's exact limits (`exact.noise_tracking_kalman` = the exact posterior to 1e-9 on
+  the same sequences; `exact.kalman_reference` = FPS's limit, which the particle filter matches in the tests).
+  """
+  from iclr24_jax.configs import fps as cfg_mod
+  os.makedirs(workdir, exist_ok=True)
+  cfg = cfg_mod.get_config("")
+  cfg.task = "both"
+  if fast:
+    cfg.exactness.update(dict(particles=(1, 50), num_runs=(128, 64), num_steps=30, rates=(0.95,),
+                              dps_zetas=(0.3,), gaussian_steps=(30,), gaussian_sequences=10))
+    cfg.images.update(dict(tasks=("inpainting",), num_images=4, dps_zetas=(1.0,)))
+    cfg.fps.num_steps = 20
+    cfg.train_steps = 200
+  res = run(cfg, workdir, progress=not fast)
+  rows: list[dict] = []
+  ex = res["exactness"]
+  plots_ex = ex["plots"]
+  gl = res["gaussian_limit"]
+  big = max(x["steps"] for x in gl["rows"])
+  judge = (lambda v: v) if not fast else (lambda v: None)
+  lo_c, hi_c = CRITERION
+  ref_note = ("reference that rules out a bug: for a Gaussian prior the exact limits are closed forms -- FPS's HMM "
+              "(Kalman filter, matched by the particle filter in the tests) is over-confident while the noise-tracking "
+              "Kalman filter on the same sequences is the exact posterior (ratio 1.000); see the Gaussian rows")
+  for dim, r in ex["dims"].items():
+    main, main_s = r["fps"]["ddpm c=0.95"], r["fps_seeds"]["ddpm c=0.95"]
+    tele, tele_s = r["fps"].get("ddpm c=0.95 telescoping"), r["fps_seeds"].get("ddpm c=0.95 telescoping")
+    ms = sorted(main)
+    lo, hi = ms[0], ms[-1]
+    floor = r["floor"]["main"]
+    best = r["dps"]["main"]["best_zeta"]
+    dps, dps_s = r["dps"]["main"]["best"], r["dps"]["main"]["best_seeds"]
+    n_s = r["num_seeds"]
+    common = (f"{r['description']}, sigma={r['sigmas']['main']}, {r['num_steps']} DDPM steps, {r['runs']} runs "
+              f"(= {n_s} seeds of {r['runs'] // n_s})")
+    row = stats.compare_row(
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM (c=0.95) mixture weights as particles grow",
+        metric=f"mixture-weight TV to the exact posterior, M={hi} vs M={lo}", a=main_s[hi]["weight_tv"],
+        b=main_s[lo]["weight_tv"], name_a=f"M={hi}", name_b=f"M={lo}", direction="less", paired=False,
+        paper_value="asymptotically exact as the particle count rises (Sec. 3, Thm.); error falls with M",
+        notes=(f"{common}. Pooled TV {_fps_line(main, 'weight_tv')} (floor {floor['weight_tv']:.3f}); telescoping "
+               f"{_fps_line(tele, 'weight_tv') if tele else '-'}; exact weights {r['posterior_weights']['main']}"),
+        plots=plots_ex)
+    row["holds"] = judge(row["holds"])
+    rows.append(_with_reference(row, ref_note))
+    for name, per_m, per_s, claim in (
+        ("FPS-DDPM, paper weights", main, main_s,
+         "FPS samples the exact posterior for M -> infinity with exact scores (ratio 1)"),
+        ("FPS-DDPM, telescoping weights (beyond the paper)", tele, tele_s,
+         "the corrected filter is asymptotically exact (criterion: reaches 0.8-1.25 at this M)")):
+      if per_m is None:
+        continue
+      verdict = range_verdict(per_s[hi]["obs_var_ratio"])
+      rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: spread along A, {name}, M={hi}",
+                   "metric": "tr Cov(A x) / exact (per seed)",
+                   "ours": f"{_seeds_str(per_s[hi]['obs_var_ratio'])}; pooled {per_m[hi]['obs_var_ratio']:.3f}",
+                   "paper_value": claim, "holds": judge(verdict),
+                   "notes": (f"criterion {lo_c}-{hi_c} (mean +- 2 se over seeds inside / outside); pooled ratio "
+                             f"{_fps_line(per_m, 'obs_var_ratio')}; SW/floor {_fps_line(per_m, 'sw_ratio')}; "
+                             f"weight TV {_fps_line(per_m, 'weight_tv')}; mean ESS/M {_fps_line(per_m, 'mean_ess_fraction')}; "
+                             f"exact-vs-exact draw {floor['obs_var_ratio']:.3f}; DPS (zeta {best}) {dps['obs_var_ratio']:.3g}"
+                             + (f"; {ref_note}" if verdict == "no" and "paper" in name else "")
+                             + ("; finite-M error: the telescoping increments have infinite variance where the "
+                                "kernel variance exceeds abar_t sigma^2 (every early step: abar_T sigma^2 ~ 1e-5), so "
+                                "convergence in M is slow; reference: its M = infinity limit is exact (closed form, "
+                                "Gaussian rows) and the particle filter matches that closed form on a grid where the "
+                                "weights have finite variance (tests)" if "telescoping" in name else "")),
+                   "plots": plots_ex})
+    row = stats.compare_row(
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs the exact posterior (sliced W2)",
+        metric="sliced W2 / exact-vs-exact floor (per seed), vs the criterion 1.5", a=main_s[hi]["sw_ratio"], b=1.5,
+        name_a=f"FPS M={hi}", name_b="criterion", direction="less",
+        paper_value="FPS samples the exact posterior for M -> infinity (ratio -> 1)",
+        notes=(f"floor = exact draws of the seed-group size judged the same way; pooled SW/floor {main[hi]['sw_ratio']:.3g}; "
+               f"telescoping {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}; rel. cov err "
+               f"{main[hi]['cov_err']:.3f} (floor {floor['cov_err']:.3f}); mean ESS/M {main[hi]['mean_ess_fraction']:.2f}"),
+        plots=plots_ex)
+    row["holds"] = judge(row["holds"])
+    rows.append(_with_reference(row, ref_note))
+    row = stats.compare_row(
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (best zeta={best})",
+        metric="sliced W2 / floor (per seed)", a=main_s[hi]["sw_ratio"], b=dps_s["sw_ratio"],
+        name_a=f"FPS M={hi}", name_b="DPS", direction="less", paired=False,
+        paper_value="FPS is more accurate than DPS-style guidance",
+        notes=(f"DPS pooled SW/floor {dps['sw_ratio']:.3g}, weight TV {dps['weight_tv']:.3f}, rel. cov err "
+               f"{dps['cov_err']:.3f}, Var(A x)/exact {dps['obs_var_ratio']:.3g}; zeta grid "
+               f"{list(cfg.exactness.dps_zetas)} chosen by SW to the exact posterior (an oracle choice that favours "
+               f"DPS); telescoping M={hi}: {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}"),
+        plots=plots_ex)
+    row["holds"] = judge(row["holds"])
+    rows.append(_with_reference(row, ref_note))
+    for label, per_m in r["fps"].items():
+      if label in ("ddpm c=0.95", "ddpm c=0.95 telescoping"):
+        continue
+      rows.append({"paper": PAPER, "experiment": f"exactness {dim}-D: FPS {label}",
+                   "metric": f"Var(A x) / exact at M={max(per_m)}", "ours": per_m[max(per_m)]["obs_var_ratio"],
+                   "paper_value": "(c = 0.95 and the c-rate DDIM kernel are the official defaults)", "holds": None,
+                   "notes": (f"Var(A x) / exact {_fps_line(per_m, 'obs_var_ratio')}; SW/floor "
+                             f"{_fps_line(per_m, 'sw_ratio')}; weight TV {_fps_line(per_m, 'weight_tv')}; "
+                             f"rel. cov err {_fps_line(per_m, 'cov_err')}"),
+                   "plots": plots_ex})
+  # Gaussian prior, M = infinity (closed forms; no Monte Carlo error beyond the average over measurement sequences).
+  n_seq = cfg.exactness.gaussian_sequences
+
+  def grow(filt, sampler, sigma, steps=big, c=0.95):
+    return next(x for x in gl["rows"] if x["filter"] == filt and x["sampler"] == sampler and x["sigma"] == sigma
+                and x["steps"] == steps and x["c"] == c)
+
+  small_steps = min(x["steps"] for x in gl["rows"])
+  for sigma in sorted({x["sigma"] for x in gl["rows"] if x["sigma"] is not None}):
+    f = grow("fps", "ddpm", sigma)
+    ctrl = next(x for x in gl["rows"] if x["sigma"] is None and x["steps"] == big and x["sampler"] == "ddpm"
+                and x["c"] == 0.95)
+    sweep = [x for x in gl["rows"] if x["sigma"] == sigma and x["steps"] == big and x["filter"] == "fps"
+             and x["sampler"] == "ddpm"]
+    v = range_verdict([f["obs_var_ratio"]])
+    rows.append({"paper": PAPER, "experiment": f"Gaussian prior, M = infinity: FPS's HMM (Kalman), DDPM kernel, "
+                 f"c=0.95, {big} steps, sigma={sigma}",
+                 "metric": "Var(A x) of FPS's output / exact posterior", "ours": f["obs_var_ratio"],
+                 "paper_value": "asymptotically exact for M -> infinity with exact scores (ratio 1)",
+                 "holds": judge(v),
+                 "notes": (f"criterion {lo_c}-{hi_c}; closed form averaged over {n_seq} measurement sequences; "
+                           f"mean err / posterior std {f['mean_err_over_post_std']:.3f}; same HMM with the c-rate DDIM "
+                           f"kernel {grow('fps', 'ddim', sigma)['obs_var_ratio']:.3g}, with the EXACT reverse kernel "
+                           f"{grow('fps', 'exact', sigma)['obs_var_ratio']:.3g} (so the kernel is not the cause); "
+                           f"noise-tracking Kalman on the same sequences {grow('noise_tracking', 'exact', sigma)['obs_var_ratio']:.6f}; "
+                           f"by c: " + ", ".join(f"c={x['c']}: {x['obs_var_ratio']:.3g}" for x in sweep)
+                           + f"; at {small_steps} steps {grow('fps', 'ddpm', sigma, small_steps)['obs_var_ratio']:.3g} "
+                           f"(more steps, more over-confident); sampler-only (A = 0) rel. cov error "
+                           f"{ctrl['cov_rel_err']:.3f}" + (f"; {ref_note}" if v == "no" else "")),
+                 "plots": gl["plots"]})
+    nt = grow("noise_tracking", "exact", sigma)
+    ok = abs(nt["obs_var_ratio"] - 1) < 1e-6 and nt["mean_err_over_post_std"] < 1e-6
+    rows.append({"paper": PAPER, "experiment": f"Gaussian prior: noise-tracking Kalman filter (state (x_t, n)), "
+                 f"{big} steps, sigma={sigma}",
+                 "metric": "Var(A x) / exact posterior (same sequences as FPS's row)", "ours": nt["obs_var_ratio"],
+                 "paper_value": "(beyond the paper) the shared-noise model is the exact posterior (ratio 1)",
+                 "holds": judge("yes" if ok else "no"),
+                 "notes": (f"mean err / posterior std {nt['mean_err_over_post_std']:.2e}, rel. cov err "
+                           f"{nt['cov_rel_err']:.2e}; FPS's HMM differs only in its emissions (independent "
+                           f"N(y_t; A x_t, abar_t sigma^2) per step) and gives {f['obs_var_ratio']:.3g}"),
+                 "plots": gl["plots"]})
+    t_ddpm, t_ddim = grow("telescoping", "ddpm", sigma), grow("telescoping", "ddim", sigma)
+    rows.append({"paper": PAPER, "experiment": f"Gaussian prior, M = infinity: telescoping weights (beyond the paper), "
+                 f"DDPM kernel, {big} steps, sigma={sigma}",
+                 "metric": "Var(A x) / exact posterior", "ours": t_ddpm["obs_var_ratio"],
+                 "paper_value": "(beyond the paper) the corrected filter is asymptotically exact",
+                 "holds": judge(range_verdict([t_ddpm["obs_var_ratio"]])),
+                 "notes": (f"criterion {lo_c}-{hi_c}; closed form (p_chain(x_0) N(y; A x_0, sigma^2)); mean err / "
+                           f"posterior std {t_ddpm['mean_err_over_post_std']:.3g}; with the c-rate DDIM kernel "
+                           f"{t_ddim['obs_var_ratio']:.3g} (the kernel's own bias: its chain output misses the prior); at "
+                           f"{small_steps} steps {grow('telescoping', 'ddpm', sigma, small_steps)['obs_var_ratio']:.3g}"),
+                 "plots": gl["plots"]})
+  im = res["images"]
+  fc = cfg.fps
+  for task, t in im["tasks"].items():
+    sc = t["scores"]
+    exp = (f"digits 16x16 {task}, sigma={im['sigma']}, {im['num_images']} images x {im['samples_per_image']} "
+           f"samples, {im['num_steps']} steps")
+    fps_name = f"FPS ({fc.sampler.upper()} kernel, c={fc.c}, M={fc.num_particles})"
+    for metric, unit in (("psnr", "dB"), ("ssim", "")):
+      others = ("; mean over samples (+- se over images): " + "; ".join(
+          f"{k} {v[metric]:.3g}+-{v[metric + '_se']:.2g}" for k, v in sc.items())
+          + "; of the mean of the samples (an E[x|y] estimate): " + "; ".join(
+          f"{k} {v[metric + '_avg']:.3g}" for k, v in sc.items() if metric + "_avg" in v)
+          + f"; DPS zeta {t['dps_best_zeta']} picked by PSNR to the truth (oracle); mean ESS/M "
+          + ", ".join(f"{k} {v:.2f}" for k, v in t["mean_ess_fraction"].items())
+          + f"; prior {'cached' if im['prior'].get('cached') else 'trained'}")
+      holds, ours = None, sc["fps"][metric]
+      if "dps" in sc:
+        bd = stats.bootstrap_diff(sc["fps"][f"{metric}_per_image"], sc["dps"][f"{metric}_per_image"])
+        holds = judge(bd["holds"])
+        ours = (f"FPS {sc['fps'][metric]:.4g} vs DPS {sc['dps'][metric]:.4g}; diff {bd['diff']:+.3g} "
+                f"[{bd['lo']:+.3g}, {bd['hi']:+.3g}] (95% bootstrap over {bd['n']} images, paired)")
+      rows.append(_with_reference(
+          {"paper": PAPER, "experiment": exp, "metric": f"{metric.upper()} {unit} of {fps_name}".replace("  ", " "),
+           "ours": ours,
+           "paper_value": "FPS better than DPS-style guidance (paper Tables 1-2, FFHQ / ImageNet 256x256)",
+           "holds": holds, "notes": others.lstrip("; "), "plots": im["plots"]},
+          "references that rule out a bug: the operators' SVDs and the closed-form conditioning match dense "
+          "matrices, the c-rate kernel matches the core DDIM/DDPM kernels and the filter matches the exact Kalman "
+          "limit (tests); the gap is the method with this prior at this scale (16x16 digits, MLP prior)"))
+      if "fps_tele" in sc:
+        bd = stats.bootstrap_diff(sc["fps_tele"][f"{metric}_per_image"], sc["fps"][f"{metric}_per_image"])
+        rows.append({"paper": PAPER, "experiment": exp,
+                     "metric": f"{metric.upper()} {unit} of FPS with telescoping weights vs the paper's".replace("  ", " "),
+                     "ours": (f"telescoping {sc['fps_tele'][metric]:.4g} vs paper weights {sc['fps'][metric]:.4g}; "
+                              f"diff {bd['diff']:+.3g} [{bd['lo']:+.3g}, {bd['hi']:+.3g}] (95% bootstrap over "
+                              f"{bd['n']} images, paired)"),
+                     "paper_value": "(beyond the paper; no claim)", "holds": None,
+                     "notes": (f"same kernel, particles and measurements; mean ESS/M telescoping "
+                               f"{t['mean_ess_fraction'].get('fps_tele', float('nan')):.2f} vs "
+                               f"{t['mean_ess_fraction'].get('fps', float('nan')):.2f}; E[x|y] estimate (mean of samples) "
+                               f"{sc['fps_tele'].get(metric + '_avg', float('nan')):.4g} vs "
+                               f"{sc['fps'].get(metric + '_avg', float('nan')):.4g}"),
+                     "plots": im["plots"]})
+  return rows
+
+
+def benchmark(quick: bool = True) -> list[dict]:
+  """Particles x steps per second of `fps.sample` vs the number of particles M and the image size.
+
+  The denoiser is the image tasks' MLP with random weights (the cost per particle is what is timed), the operator
+  a 5 x 5 Gaussian blur (FFT SVD). Particles are vmapped inside one filter; independent images are sharded over
+  the mesh's 'data' axis (each runs its own filter): one image on 1 device, and (largest M, smallest size) one
+  image per device on all devices. items = images x M x steps.
+  """
+  from iclr24_jax.configs import fps as cfg_mod
+  cfg = cfg_mod.get_config("")
+  sched = schedules.from_config(cfg.schedule)
+  steps = 10 if quick else 50
+  rows = []
+  sizes = (16, 32) if quick else (16, 32, 64)
+  particles = (1, 8, 64, 256) if quick else (1, 8, 64, 256, 1024)
+  model = unet.create_model(ml_collections.ConfigDict({**cfg.model.to_dict()}))
+  for size in sizes:
+    shape = (size, size, 1)
+    params = model.init(jax.random.key(0), jnp.zeros((1,) + shape), jnp.zeros((1,)))["params"]
+    den = lambda x, t, p=params: model.apply({"params": p}, x, t)  # noqa: E731
+    op = operators.GaussianBlur(5, 1.0, shape)
+    for n_dev in sorted({1, jax.device_count()}):
+      if n_dev > 1 and size != sizes[0]:
+        continue
+      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
+      data = sharding.data_sharding(mesh)
+      for m in particles:
+        if n_dev > 1 and m != particles[-1]:
+          continue
+        fn = jax.jit(jax.vmap(lambda k, y, m=m: smc.sample(k, den, sched, op, y, 0.05, m, steps)),
+                     in_shardings=(data, data), out_shardings=data)
+        keys = jax.device_put(jax.random.split(jax.random.key(1), n_dev), data)
+        ys = jax.device_put(jnp.zeros((n_dev,) + op.y_shape), data)
+        rows.append(bench.time_fn(fn, keys, ys, repeats=3 if quick else 5, items=n_dev * m * steps,
+                                  name="fps/sample (items = particle-steps)", size=f"{size}x{size}, M={m}",
+                                  batch=n_dev, particles=m, num_steps=steps, mesh_devices=n_dev))
+  return rows
