@@ -103,7 +103,8 @@ def graph_from_edges(senders: np.ndarray, receivers: np.ndarray, num_nodes: int,
 
 
 @functools.partial(jax.jit, static_argnames=("k", "block_size", "exclude_self"))
-def _knn_blocked(x: jax.Array, k: int, block_size: int, exclude_self: bool) -> tuple[jax.Array, jax.Array]:
+def _knn_blocked(x: jax.Array, groups: jax.Array | None, k: int, block_size: int,
+                 exclude_self: bool) -> tuple[jax.Array, jax.Array]:
   n = x.shape[0]
   sq = jnp.sum(x * x, axis=-1)
   num_blocks = -(-n // block_size)
@@ -111,22 +112,27 @@ def _knn_blocked(x: jax.Array, k: int, block_size: int, exclude_self: bool) -> t
   xq = jnp.pad(x, ((0, pad), (0, 0))).reshape(num_blocks, block_size, -1)
   sqq = jnp.pad(sq, (0, pad)).reshape(num_blocks, block_size)
   row_ids = jnp.arange(num_blocks * block_size).reshape(num_blocks, block_size)
+  gq = (jnp.zeros((num_blocks, block_size), jnp.int32) if groups is None else
+        jnp.pad(groups, (0, pad), constant_values=-1).reshape(num_blocks, block_size))
 
   def one_block(_, blk):
-    q, q_sq, rows = blk
+    q, q_sq, rows, q_g = blk
     d2 = q_sq[:, None] - 2.0 * q @ x.T + sq[None, :]  # |q|^2 - 2 q.x + |x|^2, [block, N]
     d2 = jnp.maximum(d2, 0.0)
     if exclude_self:
       d2 = jnp.where(rows[:, None] == jnp.arange(n)[None, :], jnp.inf, d2)
+    if groups is not None:  # only rows of the same non-negative group are neighbours
+      same = (q_g[:, None] == groups[None, :]) & (q_g[:, None] >= 0)
+      d2 = jnp.where(same, d2, jnp.inf)
     neg, idx = jax.lax.top_k(-d2, k)
     return None, (-neg, idx)
 
-  _, (d2, idx) = jax.lax.scan(one_block, None, (xq, sqq, row_ids))
+  _, (d2, idx) = jax.lax.scan(one_block, None, (xq, sqq, row_ids, gq))
   return d2.reshape(-1, k)[:n], idx.reshape(-1, k)[:n]
 
 
 def knn(x: jax.Array | np.ndarray, k: int, block_size: int = 2048, exclude_self: bool = True,
-        squared: bool = False) -> tuple[jax.Array, jax.Array]:
+        squared: bool = False, groups: jax.Array | np.ndarray | None = None) -> tuple[jax.Array, jax.Array]:
   """Exact k nearest neighbours (Euclidean) of every row of x among all rows, in query blocks.
 
   Memory is O(block_size * N) per block, so N = 1e5 fits on a CPU (see shared/notes/knn-cpu.md).
@@ -138,6 +144,9 @@ def knn(x: jax.Array | np.ndarray, k: int, block_size: int = 2048, exclude_self:
     block_size: query rows per block.
     exclude_self: drop each point from its own list.
     squared: return squared distances.
+    groups: optional [N] int group ids (a group mask): neighbours are taken only among rows of the same
+      group, and a row with a negative id has none. Where a group has fewer than k other members the
+      missing slots have distance inf (and an arbitrary index): filter them with `jnp.isfinite(dist)`.
 
   Returns:
     (distances [N, k] ascending, indices [N, k] int32).
@@ -146,7 +155,11 @@ def knn(x: jax.Array | np.ndarray, k: int, block_size: int = 2048, exclude_self:
   n = x.shape[0]
   if k > n - int(exclude_self):
     raise ValueError(f"knn: k={k} neighbours requested but only {n - int(exclude_self)} other points exist.")
-  d2, idx = _knn_blocked(x, k, min(block_size, n), exclude_self)
+  if groups is not None:
+    groups = jnp.asarray(groups, jnp.int32)
+    if groups.shape != (n,):
+      raise ValueError(f"knn: groups must have shape [N] = ({n},); got {groups.shape}.")
+  d2, idx = _knn_blocked(x, groups, k, min(block_size, n), exclude_self)
   return (d2 if squared else jnp.sqrt(d2)), idx
 
 

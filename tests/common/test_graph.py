@@ -66,6 +66,27 @@ def test_knn_graph_symmetric_equals_numpy():
   np.testing.assert_allclose(np.asarray(gr.edges[:, 0]), d, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("block", [7, 64])
+def test_knn_group_mask_matches_brute_force(block):
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(40, 3)).astype(np.float32)
+  groups = rng.integers(-1, 3, 40)  # three groups and some excluded rows (-1)
+  groups[:3] = 5  # a group of 3 members: only 2 neighbours exist, the 3rd and 4th slots are inf
+  dist, idx = g.knn(x, 4, block_size=block, groups=groups)
+  dist, idx = np.asarray(dist), np.asarray(idx)
+  d = ((x[:, None, :].astype(np.float64) - x[None, :, :]) ** 2).sum(-1)
+  same = (groups[:, None] == groups[None, :]) & (groups[:, None] >= 0)
+  d = np.where(same, d, np.inf)
+  np.fill_diagonal(d, np.inf)
+  for i in range(40):
+    want = np.sort(d[i])[:4]
+    np.testing.assert_allclose(dist[i], np.sqrt(want), rtol=1e-4, atol=1e-4)
+    finite = np.isfinite(dist[i])
+    assert np.all(groups[idx[i][finite]] == groups[i])  # every real neighbour is in the row's own group
+    assert finite.sum() == min(4, max(int(np.sum(groups == groups[i])) - 1, 0) if groups[i] >= 0 else 0)
+  assert np.isfinite(dist[0]).sum() == 2
+
+
 def test_knn_too_many_neighbours():
   with pytest.raises(ValueError, match="only 4 other points"):
     g.knn(np.zeros((5, 2)), 5)

@@ -134,6 +134,38 @@ def test_quotas_over_disjoint_groups_equal_separate_runs():
     assert mine == members[sub].tolist()
 
 
+def test_official_small_group_skip_draws_at_random_and_keeps_d2_elsewhere():
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(40, 3)).astype(np.float32)
+  s = rng.random(40).astype(np.float32)
+  groups = np.repeat([0, 1], [36, 4])  # group 1 has 4 <= k = 5 members: the official code skips D2 there
+  quotas = np.asarray([9, 2])
+  official, _ = selection.d2_select(x, s, groups, quotas, k=5, small_groups="random", key=jax.random.key(3))
+  ours, _ = selection.d2_select(x, s, groups, quotas, k=5)
+  big = np.flatnonzero(groups == 0)
+  sub, _ = selection.d2_select(x[big], s[big], np.zeros(36, int), quotas[:1], k=5)
+  assert [i for i in official if groups[i] == 0] == big[sub].tolist()  # D2 unchanged in the large group
+  small_pick = [i for i in official if groups[i] == 1]
+  assert len(small_pick) == 2 and len(set(small_pick)) == 2
+  # the official draw: a keyed random permutation of the small group, cut at its quota
+  perm = np.asarray(jax.random.permutation(jax.random.fold_in(jax.random.key(3), 1), np.flatnonzero(groups == 1)))
+  assert small_pick == perm[:2].tolist()
+  assert len(ours) == 11 and sum(groups[i] == 1 for i in ours) == 2
+
+
+def test_d2_without_forward_pass_selects_on_raw_scores():
+  rng = np.random.default_rng(6)
+  x = rng.normal(size=(50, 3)).astype(np.float32)
+  s = rng.random(50).astype(np.float32)
+  g = d2pruning.knn_graph(x, 5)
+  want = np.asarray(d2pruning.reverse_message_passing_select(g, jnp.asarray(s), 10, 0.1))
+  got = d2pruning.select_coreset(x, s, 0.2, "d2", forward=False, k=5, gamma_reverse=0.1)
+  assert got.tolist() == want.tolist()
+  with_fwd = d2pruning.select_coreset(x, s, 0.2, "d2", k=5, gamma_reverse=0.1)
+  rho = d2pruning.forward_message_passing(g, jnp.asarray(s), 1.0, "sum")
+  assert with_fwd.tolist() == np.asarray(d2pruning.reverse_message_passing_select(g, rho, 10, 0.1)).tolist()
+
+
 def _brute_knn(x, k, groups=None):
   d = ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1)
   np.fill_diagonal(d, np.inf)
@@ -354,10 +386,22 @@ def test_coreset_training_same_on_1_and_8_devices(digits_small):
   np.testing.assert_allclose(one["test_accuracy"], eight["test_accuracy"], atol=1e-6)
 
 
+def test_coreset_runs_with_the_same_seed_share_the_training_key(digits_small):
+  from iclr24_jax.common import sharding
+  from iclr24_jax.papers.d2pruning import experiment
+  cfg = _tiny_cfg()
+  cfg.num_steps = 5
+  same = [np.arange(200)] * 4
+  mesh = sharding.make_mesh(devices=jax.devices()[:1])
+  out = experiment.train_coresets(cfg, digits_small, same, jax.random.key(0), mesh=mesh, seeds=[0, 1, 0, 1])
+  np.testing.assert_allclose(out["final_loss"][0], out["final_loss"][2], rtol=1e-6)  # paired by seed: identical
+  assert out["final_loss"][0] != out["final_loss"][1]  # another seed: another initialisation
+
+
 def test_experiment_tiny_run(tmp_path):
   from iclr24_jax.papers.d2pruning import experiment
   res = experiment.run(_tiny_cfg(), str(tmp_path))
-  assert set(res["accuracy"]) == {"d2", "random", "ccs", "kcenter", "difficulty"}
+  assert set(res["accuracy"]) == {"d2", "d2_nofwd", "random", "ccs", "kcenter", "difficulty"}
   assert set(res["accuracy"]["d2"]) == {"0.5", "0.9"}
   assert os.path.exists(tmp_path / "results.json") and os.path.exists(tmp_path / "metrics.jsonl")
   for p in res["plots"]:
@@ -414,6 +458,6 @@ def test_text_embedder_optional():
 
 @pytest.mark.slow
 def test_reproduce_fast_rows(tmp_path):
-  from iclr24_jax.papers.d2pruning import experiment
-  rows = experiment.reproduce(str(tmp_path), fast=True)
+  from iclr24_jax.papers.d2pruning import study
+  rows = study.reproduce(str(tmp_path), fast=True)
   assert rows and all({"paper", "experiment", "metric", "ours", "paper_value", "holds"} <= set(r) for r in rows)

@@ -16,8 +16,6 @@ Examples with a negative group id (e.g. removed by the hard-example cutoff) get 
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -36,30 +34,6 @@ def _check_embeddings(embeddings) -> np.ndarray | jax.Array:
     if not np.all(np.isfinite(np.asarray(embeddings))):
       raise ValueError("embeddings contain NaN or inf; check the feature extractor (e.g. a diverged classifier).")
   return embeddings
-
-
-@functools.partial(jax.jit, static_argnames=("k", "block_size"))
-def _grouped_knn(x: jax.Array, groups: jax.Array, k: int, block_size: int) -> tuple[jax.Array, jax.Array]:
-  """Exact kNN among rows of the same (non-negative) group; absent neighbours get distance inf."""
-  n = x.shape[0]
-  sq = jnp.sum(x * x, axis=-1)
-  num_blocks = -(-n // block_size)
-  pad = num_blocks * block_size - n
-  xq = jnp.pad(x, ((0, pad), (0, 0))).reshape(num_blocks, block_size, -1)
-  sqq = jnp.pad(sq, (0, pad)).reshape(num_blocks, block_size)
-  gq = jnp.pad(groups, (0, pad), constant_values=-1).reshape(num_blocks, block_size)
-  rows = jnp.arange(num_blocks * block_size).reshape(num_blocks, block_size)
-
-  def one_block(_, blk):
-    q, q_sq, q_g, r = blk
-    d2 = jnp.maximum(q_sq[:, None] - 2.0 * q @ x.T + sq[None, :], 0.0)  # [block, N]
-    same = (q_g[:, None] == groups[None, :]) & (q_g[:, None] >= 0)
-    d2 = jnp.where(same & (r[:, None] != jnp.arange(n)[None, :]), d2, jnp.inf)
-    neg, idx = jax.lax.top_k(-d2, k)
-    return None, (-neg, idx)
-
-  _, (d2, idx) = jax.lax.scan(one_block, None, (xq, sqq, gq, rows))
-  return d2.reshape(-1, k)[:n], idx.reshape(-1, k)[:n]
 
 
 def _edges_from_table(dist: np.ndarray, idx: np.ndarray, valid: np.ndarray, symmetric: bool):
@@ -115,10 +89,11 @@ def knn_graph(embeddings, k: int, groups=None, symmetric: bool = True, squared: 
     groups = np.asarray(groups)
     if groups.shape != (n,):
       raise ValueError(f"groups must have shape [N] = ({n},); got {groups.shape}.")
-    dist, idx = _grouped_knn(jnp.asarray(x), jnp.asarray(groups, jnp.int32), k, min(block_size, n))
+    # the shared kernel with its group mask: neighbours only inside a group, absent slots at distance inf
+    dist, idx = graph_lib.knn(x, k, block_size=block_size, groups=groups)
     dist, idx = np.asarray(dist), np.asarray(idx)
     valid = np.isfinite(dist)
-    senders, receivers, d = _edges_from_table(np.sqrt(np.where(valid, dist, 0.0)), idx, valid, symmetric)
+    senders, receivers, d = _edges_from_table(np.where(valid, dist, 0.0), idx, valid, symmetric)
     g = graph_lib.graph_from_edges(senders, receivers, n, nodes=x, edges=d.astype(np.float32)[:, None])
   if squared:
     g = g._replace(edges=np.square(np.asarray(g.edges, np.float32)))

@@ -3,10 +3,7 @@
 run(config, workdir)       one data set: train the score model, select coresets for every (method, pruning
                            rate, seed), train a fresh classifier on each (all runs batched in one compiled,
                            mesh-sharded vmap), write results.json, metrics.jsonl and plots.
-reproduce(workdir, fast)   digits (3 seeds x 4 rates x 5 methods) and MNIST-5k, the paper's claim that D2
-                           beats the other selectors at low-to-medium pruning rates.
-benchmark(quick)           graph build, forward message passing and the selection loop vs N and k; the
-                           batched coreset trainer on 1 and all devices.
+The reproduction study and the benchmark are in `study.py`.
 """
 from __future__ import annotations
 
@@ -19,18 +16,15 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from iclr24_jax.common import bench
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
-from iclr24_jax.papers.d2pruning import dataset_graph
-from iclr24_jax.papers.d2pruning import message_passing as mp
 from iclr24_jax.papers.d2pruning import model as model_lib
 from iclr24_jax.papers.d2pruning import scores as scores_lib
 from iclr24_jax.papers.d2pruning import selection
 
-METHOD_LABELS = {"d2": "D2 Pruning", "random": "random", "ccs": "CCS", "kcenter": "k-center",
-                 "difficulty": "difficulty (top-k)"}
+METHOD_LABELS = {"d2": "D2 Pruning", "d2_nofwd": "D2 without forward MP", "random": "random", "ccs": "CCS",
+                 "kcenter": "k-center", "difficulty": "difficulty (top-k)"}
 
 
 def load_data(config: Any, workdir: str | None = None) -> data_lib.Dataset:
@@ -87,7 +81,8 @@ def build_coresets(config: Any, emb: np.ndarray, scores: dict, labels: np.ndarra
   """Selects every (method, pruning rate, seed) coreset; deterministic methods are shared across seeds.
 
   D2 is selected once per gamma_r of `selection.gamma_reverse_grid` (the run picks gamma_r per rate on
-  the validation split afterwards; the paper tunes gamma_r per data set).
+  the validation split afterwards; the paper tunes gamma_r per data set). The method 'd2_nofwd' is D2
+  without forward message passing (the reverse pass starts from the raw scores), swept the same way.
 
   Returns:
     rows with method, variant (result key: the method, or 'd2@<gamma_r>'), gamma_reverse, rate, seed,
@@ -104,8 +99,9 @@ def build_coresets(config: Any, emb: np.ndarray, scores: dict, labels: np.ndarra
   out = []
   for rate, beta in zip(rates, cutoffs):
     for method in sel_cfg.methods:
-      for gamma_r in (_d2_gammas(sel_cfg) if method == "d2" else (float(sel_cfg.gamma_reverse),)):
-        variant = f"d2@{gamma_r:g}" if method == "d2" else method
+      is_d2 = method in ("d2", "d2_nofwd")
+      for gamma_r in (_d2_gammas(sel_cfg) if is_d2 else (float(sel_cfg.gamma_reverse),)):
+        variant = f"{method}@{gamma_r:g}" if is_d2 else method
         cache = None
         for seed in range(config.num_seeds):
           if cache is not None:
@@ -113,21 +109,30 @@ def build_coresets(config: Any, emb: np.ndarray, scores: dict, labels: np.ndarra
             continue
           t0 = time.perf_counter()
           idx = selection.select_coreset(
-              emb, difficulty, 1.0 - rate, method, jax.random.fold_in(key, seed),
+              emb, difficulty, 1.0 - rate, "d2" if is_d2 else method, jax.random.fold_in(key, seed),
+              forward=method != "d2_nofwd", small_groups=sel_cfg.get("small_groups", "graph"),
               labels=labels if sel_cfg.class_balanced else None, k=sel_cfg.k, gamma_forward=sel_cfg.gamma_forward,
               gamma_reverse=gamma_r, graph_mode=sel_cfg.graph_mode, hard_cutoff=beta, cutoff_scores=cutoff,
               stratify=sel_cfg.stratify if sel_cfg.class_balanced else "none", num_strata=sel_cfg.num_strata)
           row = {"method": method, "variant": variant, "gamma_reverse": gamma_r, "rate": rate, "seed": seed,
                  "indices": idx, "select_s": time.perf_counter() - t0}
           out.append(row)
-          if method in ("d2", "difficulty"):  # no randomness: the same coreset for every seed
+          if is_d2 or method == "difficulty":  # no randomness: the same coreset for every seed
             cache = row
   return out
 
 
 def train_coresets(config: Any, ds: data_lib.Dataset, coresets: list[np.ndarray], key: jax.Array,
-                   mesh=None) -> dict[str, np.ndarray]:
+                   mesh=None, seeds: list[int] | None = None) -> dict[str, np.ndarray]:
   """Trains one fresh classifier per coreset (a vmap over runs, sharded over the mesh devices).
+
+  Args:
+    config: the paper config (model, optimizer, num_steps, batch_size, mesh).
+    ds: the data set; coresets: R index arrays into ds.train.
+    key: training key.
+    mesh: device mesh (default from config.mesh).
+    seeds: optional [R] seed per run: runs with the same seed share the training key (same
+      initialisation and batch-draw stream), so methods are paired by seed. Default: one key per run.
 
   Returns:
     dict of [R] arrays: test_accuracy, val_accuracy, final_loss.
@@ -143,7 +148,11 @@ def train_coresets(config: Any, ds: data_lib.Dataset, coresets: list[np.ndarray]
   runs = NamedSharding(mesh, P((sharding.DATA_AXIS, sharding.MODEL_AXIS)))
   rep = sharding.replicated_sharding(mesh)
   fn = jax.jit(train_many, in_shardings=(runs, rep, rep, runs, runs), out_shardings=runs)
-  keys = jax.random.split(key, r_pad)
+  if seeds is None:
+    keys = jax.random.split(key, r_pad)
+  else:
+    seeds = list(seeds) + [seeds[-1]] * (r_pad - r)
+    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.asarray(seeds, jnp.int32))
   states, losses = fn(keys, jnp.asarray(ds.train.x), jnp.asarray(ds.train.y), jnp.asarray(idx), jnp.asarray(sizes))
   evaluate = jax.jit(model_lib.make_batched_eval(model))
   test = evaluate(states, jnp.asarray(ds.test.x), jnp.asarray(ds.test.y))
@@ -202,7 +211,8 @@ def run(config: Any, workdir: str) -> dict:
   n = len(ds.train)
   coresets = [r["indices"] for r in rows] + [np.arange(n)] * config.num_seeds
   t0 = time.perf_counter()
-  out = train_coresets(config, ds, coresets, key_train)
+  seeds = [r["seed"] for r in rows] + list(range(config.num_seeds))
+  out = train_coresets(config, ds, coresets, key_train, seeds=seeds)
   train_s = time.perf_counter() - t0
   acc, val = out["test_accuracy"], out["val_accuracy"]
 
@@ -232,16 +242,19 @@ def run(config: Any, workdir: str) -> dict:
       d["mean"], d["std"] = float(np.mean(d["per_seed"])), float(np.std(d["per_seed"]))
       d["val_mean"] = float(np.mean(d["val_per_seed"]))
       d["select_s"] = float(np.median(d["select_s"]))
-  # D2: gamma_r chosen per pruning rate by validation accuracy (mean over seeds)
+  # D2 (and D2 without the forward pass): gamma_r chosen per pruning rate by validation accuracy (mean over seeds)
   gammas = _d2_gammas(config.selection)
-  d2_variants = [f"d2@{g:g}" for g in gammas if f"d2@{g:g}" in by_variant]
-  chosen = {}
-  if d2_variants:
-    by_variant["d2"] = {}
-    for rate in by_variant[d2_variants[0]]:
-      best = max(d2_variants, key=lambda v: by_variant[v][rate]["val_mean"])
-      by_variant["d2"][rate] = dict(by_variant[best][rate], gamma_reverse=float(best.split("@")[1]))
-      chosen[rate] = float(best.split("@")[1])
+  chosen, d2_variants = {}, []
+  for base in ("d2", "d2_nofwd"):
+    vs = [f"{base}@{g:g}" for g in gammas if f"{base}@{g:g}" in by_variant]
+    d2_variants += vs
+    if vs:
+      by_variant[base] = {}
+      for rate in by_variant[vs[0]]:
+        best = max(vs, key=lambda v: by_variant[v][rate]["val_mean"])
+        by_variant[base][rate] = dict(by_variant[best][rate], gamma_reverse=float(best.split("@")[1]))
+        if base == "d2":
+          chosen[rate] = float(best.split("@")[1])
   methods = [m for m in config.selection.methods if m in by_variant]
   results["accuracy"] = {m: {rate: {k: d[k] for k in ("mean", "std", "per_seed", "val_mean")}
                              for rate, d in by_variant[m].items()} for m in methods}
@@ -262,115 +275,3 @@ def run(config: Any, workdir: str) -> dict:
                                       title)]
   metrics_lib.write_results(workdir, results)
   return results
-
-
-def _gamma_note(res: dict, rate: str) -> str:
-  chosen = res.get("d2_gamma_reverse_chosen", {}).get(rate)
-  default = res.get("d2_sweep", {}).get("d2@0.1", {}).get(rate)
-  note = f"D2 gamma_r {chosen:g} (chosen on val)" if chosen is not None else ""
-  if default is not None:
-    note += f", D2 at the default gamma_r 0.1: {default['test']:.4f}"
-  return note
-
-
-def _claim_rows(name: str, res: dict, fast: bool) -> list[dict]:
-  rows = []
-  acc = res["accuracy"]
-  others = [m for m in acc if m != "d2"]
-  wins = []
-  for rate in sorted(acc.get("d2", {}), key=float):
-    d2 = acc["d2"][rate]["mean"]
-    best_m = max(others, key=lambda m: acc[m][rate]["mean"]) if others else None
-    best = acc[best_m][rate]["mean"] if best_m else float("nan")
-    in_claim = float(rate) <= 0.7
-    holds = None if (fast or not in_claim) else bool(d2 >= best)
-    if in_claim:
-      wins.append(d2 >= best)
-    summary = "; ".join(f"{m} {acc[m][rate]['mean']:.4f}±{acc[m][rate]['std']:.4f}" for m in acc)
-    rows.append({"paper": "d2pruning", "experiment": f"{name}, prune {100 * float(rate):.0f}%",
-                 "metric": "test acc, D2 minus best other selector", "ours": d2 - best,
-                 "paper_value": ("D2 improves over previous state-of-the-art selectors for up to 70% pruning "
-                                 "(abstract; CIFAR/ImageNet/NLP)" if in_claim else
-                                 "the abstract claims gains up to 70% pruning only"),
-                 "holds": holds, "notes": f"{summary}; best other: {best_m}; full data "
-                                          f"{res['full_data_accuracy']['mean']:.4f}; {_gamma_note(res, rate)}"})
-  if wins:
-    rows.append({"paper": "d2pruning", "experiment": f"{name}, pruning rates <= 70%",
-                 "metric": "rates where D2 >= every baseline (mean over seeds)", "ours": f"{sum(wins)}/{len(wins)}",
-                 "paper_value": "all", "holds": None if fast else bool(all(wins)),
-                 "notes": f"score '{res['score_key']}', cutoff by '{res['cutoff_key']}'; seed std shown per rate"})
-  return rows
-
-
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Digits (3 seeds x 4 rates x 5 methods) and MNIST-5k; accuracy vs pruning rate for every selector."""
-  from iclr24_jax.configs import d2pruning as cfg_mod
-  rows = []
-  variants = [("tiny", "digits (tiny)")] if fast else [("", "digits"), ("mnist5k", "MNIST-5k")]
-  for variant, name in variants:
-    cfg = cfg_mod.get_config(variant)
-    sub = os.path.join(workdir, variant or "digits")
-    t0 = time.perf_counter()
-    res = run(cfg, sub)
-    claim = _claim_rows(name, res, fast)
-    for r in claim:
-      r["plots"] = res.get("plots", [])
-      r["notes"] += f"; {time.perf_counter() - t0:.0f}s"
-    rows.extend(claim)
-  return rows
-
-
-def benchmark(quick: bool = True) -> list[dict]:
-  """Graph build / forward MP / reverse-MP selection vs N and k; batched coreset training on 1 and all devices."""
-  rows = []
-  sizes = (1_000, 10_000) if quick else (1_000, 10_000, 100_000)
-  rng = np.random.default_rng(0)
-  for n in sizes:
-    x = rng.normal(size=(n, 64)).astype(np.float32)
-    s = jnp.asarray(rng.random(n), jnp.float32)
-    if n > 10_000 or (quick and n > 1_000):
-      ks = (10,)  # the exact kNN dominates here (~1 min at 1e5 on 2 CPU cores)
-    else:
-      ks = (5, 10) if quick else (5, 10, 20)
-    for k in ks:
-      built = []
-      rows.append(bench.time_host(lambda: built.append(dataset_graph.knn_graph(x, k)) or built[-1].senders,
-                                  repeats=0 if n >= 10_000 else 2, name="d2pruning/knn_graph", items=n, size=n,
-                                  k=k, mesh_devices=1))
-      graph = built[-1]
-      fwd = jax.jit(lambda snd, rcv, e, sc: mp.forward_message_passing(
-          graph._replace(senders=snd, receivers=rcv, edges=e), sc, 1.0, "sum"))
-      rows.append(bench.time_fn(fwd, graph.senders, graph.receivers, graph.edges, s, repeats=5, items=n,
-                                name="d2pruning/forward_mp", size=n, k=k, mesh_devices=1,
-                                edges=int(graph.senders.shape[0])))
-      k_max = dataset_graph.max_degree(graph)
-      lists = mp.neighbour_lists(graph)
-      block = mp.auto_block_size(n, lists[0].shape[0] / n)
-      # flat argmax costs O(N) per pick: time it on a shorter budget at large N (cost per item is the point)
-      variants = [(0, min(n // 2, 2_000))] + ([(block, n // 2)] if block else [])
-      for bs, budget in variants:
-        sel = jax.jit(lambda a, b, c, d, sc, bs=bs, budget=budget: mp.select_from_lists(a, b, c, d, sc, budget, 0.1,
-                                                                                     block_size=bs))
-        row = bench.time_fn(sel, *lists, s, repeats=2 if n >= 10_000 else 3, items=budget,
-                            name=f"d2pruning/select_{'flat' if bs == 0 else f'blocked{bs}'}", size=n, k=k,
-                            batch=budget, mesh_devices=1, k_max=k_max, mean_degree=lists[0].shape[0] / n)
-        row["us_per_selected"] = 1e6 * row["median_s"] / budget
-        rows.append(row)
-  # the batched coreset trainer (the reproduction's cost), runs sharded over 1 and all devices
-  from iclr24_jax.configs import d2pruning as cfg_mod
-  cfg = cfg_mod.get_config("tiny")
-  ds = data_lib.load_digits()
-  model, tx = model_lib.create_classifier(cfg, ds.num_classes, cfg.num_steps)
-  train_many = model_lib.make_coreset_trainer(model, tx, ds.input_shape, 50, cfg.batch_size)
-  num_runs = 16
-  idx, sizes_ = model_lib.pad_coresets([np.arange(600)] * num_runs)
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    runs = NamedSharding(mesh, P(sharding.DATA_AXIS))
-    rep = sharding.replicated_sharding(mesh)
-    fn = jax.jit(train_many, in_shardings=(runs, rep, rep, runs, runs), out_shardings=runs)
-    rows.append(bench.time_fn(fn, jax.random.split(jax.random.key(0), num_runs), jnp.asarray(ds.train.x),
-                              jnp.asarray(ds.train.y), jnp.asarray(idx), jnp.asarray(sizes_), repeats=3,
-                              items=num_runs * 50, name="d2pruning/coreset_train_50steps", size=num_runs,
-                              batch=cfg.batch_size, mesh_devices=n_dev))
-  return rows

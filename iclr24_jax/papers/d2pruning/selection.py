@@ -160,8 +160,8 @@ def _select_jit(nbr, dist, starts, degrees, scores, budget, gamma, eligible, gro
 
 def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: float = 1.0,
               gamma_reverse: float = 0.1, graph_mode: str = "sum", squared: bool = False,
-              message_floor: float | None = None, forward: bool = True, block_size: int | None = None
-              ) -> tuple[np.ndarray, np.ndarray]:
+              message_floor: float | None = None, forward: bool = True, block_size: int | None = None,
+              small_groups: str = "graph", key: jax.Array | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Graph + forward + reverse message passing over disjoint strata (one graph, one compiled loop).
 
   Because edges only join examples of the same group, running the loop once with per-group quotas gives
@@ -175,6 +175,10 @@ def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: fl
       `forward_message_passing`.
     forward: run forward message passing (False selects on the raw scores: an ablation).
     block_size: argmax block size (None = auto).
+    small_groups: 'graph' (default) runs D2 in every group, a group with <= k members gets a graph with
+      fewer neighbours; 'random' matches the official code, which skips D2 for a stratum with at most
+      `n_neighbor` members and draws its budget at random (`Coreset.stratified_sampling`).
+    key: PRNG key of the random draws for small_groups='random' (default jax.random.key(0)).
 
   Returns:
     (selected [sum(quotas)] int indices, rho [N] updated scores).
@@ -182,9 +186,27 @@ def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: fl
   groups = np.asarray(groups)
   quotas = np.asarray(quotas)
   counts = np.bincount(groups[groups >= 0], minlength=len(quotas))
-  k_eff = int(min(k, max(int(counts.max(initial=1)) - 1, 1)))
+  if small_groups not in ("graph", "random"):
+    raise ValueError(f"unknown small_groups '{small_groups}'; choose 'graph' or 'random' (the official skip).")
   if np.asarray(embeddings).shape[0] <= 1:
     raise ValueError("D2 selection needs at least two examples.")
+  picked_small = np.zeros((0,), np.int64)
+  small = (counts > 0) & (counts <= k) & (quotas > 0)
+  if small_groups == "random" and small.any():
+    # Official skip: a stratum with <= k members is sampled at random (its budget), not by message passing.
+    key = jax.random.key(0) if key is None else key
+    draws = []
+    for g in np.flatnonzero(small):
+      members = np.flatnonzero(groups == g)
+      perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, int(g)), members))
+      draws.append(perm[:int(quotas[g])])
+    picked_small = np.concatenate(draws).astype(np.int64)
+    groups = np.where(small[np.maximum(groups, 0)] & (groups >= 0), -1, groups)
+    quotas = np.where(small, 0, quotas)
+    counts = np.where(small, 0, counts)
+    if int(quotas.sum()) == 0:
+      return picked_small, np.asarray(scores, np.float32)
+  k_eff = int(min(k, max(int(counts.max(initial=1)) - 1, 1)))
   graph = dataset_graph.knn_graph(embeddings, k_eff, groups=groups, squared=squared)
   s = jnp.asarray(scores, jnp.float32)
   rho = mp.forward_message_passing(graph, s, gamma_forward, graph_mode, message_floor) if forward else s
@@ -199,7 +221,7 @@ def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: fl
                     jnp.asarray(quotas, jnp.int32),
                     mp.auto_block_size(n, e / max(n, 1)) if block_size is None else block_size)
   sel = np.asarray(sel)[:budget]
-  return sel[sel >= 0], np.asarray(rho)
+  return np.concatenate([sel[sel >= 0], picked_small]), np.asarray(rho)
 
 
 def kcenter_greedy(embeddings: jax.Array, budget: int, key: jax.Array, eligible: jax.Array | None = None,
@@ -276,7 +298,8 @@ def select_coreset(embeddings, scores, fraction: float, method: str = "d2", key:
                    labels=None, k: int = 10, gamma_forward: float = 1.0, gamma_reverse: float = 0.1,
                    graph_mode: str = "sum", hard_cutoff: float = 0.0, cutoff_scores=None,
                    stratify: str | None = None, num_strata: int = 50, squared: bool = False,
-                   message_floor: float | None = None) -> np.ndarray:
+                   message_floor: float | None = None, forward: bool = True,
+                   small_groups: str = "graph") -> np.ndarray:
   """Selects a coreset of `fraction * N` examples.
 
   Args:
@@ -299,6 +322,10 @@ def select_coreset(embeddings, scores, fraction: float, method: str = "d2", key:
       with --graph-score), or 'none'.
     num_strata: CCS strata (official default 50).
     squared, message_floor: see `knn_graph` and `forward_message_passing`.
+    forward: D2 only; False skips forward message passing (the reverse pass then starts from the raw
+      difficulty scores): the paper's ablation of the forward pass.
+    small_groups: D2 only; 'random' is the official skip of D2 for strata with <= k members (see
+      `d2_select`), 'graph' (default) runs D2 there too.
 
   Returns:
     [budget] int64 indices into the N examples, distinct (selection order for 'd2' / 'kcenter').
@@ -343,7 +370,8 @@ def select_coreset(embeddings, scores, fraction: float, method: str = "d2", key:
     if stratify not in ("class", "score", "none"):
       raise ValueError(f"unknown stratify '{stratify}'; choose 'class', 'score' or 'none'.")
     opts = dict(k=k, gamma_forward=gamma_forward, gamma_reverse=gamma_reverse, graph_mode=graph_mode,
-                squared=squared, message_floor=message_floor)
+                squared=squared, message_floor=message_floor, forward=forward, small_groups=small_groups,
+                key=key)
     if stratify == "score":
       # Official 'stratified' + --graph-score: strata on the message-passed scores of the whole (per-class)
       # graph, then a fresh per-stratum graph with those scores as importance.
