@@ -1,0 +1,278 @@
+"""MaRio end to end on the host: SFT on silver rationales, Quark rounds (sample, score, bin, train), evaluation.
+
+Everything that runs on the device is one of three compiled programs with fixed shapes: the SFT step, the Quark
+step ([batch, max_len] rows) and the sampler ([batch, prompt_width + K] prompts, `max_new_tokens`), so a run
+compiles each once (plus one greedy sampler for evaluation and the scorers' `choice_logprobs` programs).
+
+  models = mario.pipeline.load_models(config)               # policy base, tokenizer, scorer
+  out = mario.pipeline.train_mario(config, models, train_items)   # {'sft': state, 'mario': state, 'history': ...}
+  ev = mario.pipeline.evaluate(config, models, out['mario'], test_items, bins=codes.best())
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+import optax
+
+from iclr24_jax.common import textdata
+from iclr24_jax.lm import llama, lora, tokenizer as tok_lib, train as lm_train
+from iclr24_jax.papers.mario import control, quark, rewards as rewards_lib
+
+CHOICES = {"strategyqa": ("yes", "no"), "quarel": ("(A)", "(B)"), "obqa": ("(A)", "(B)", "(C)", "(D)")}
+
+
+@dataclasses.dataclass
+class Models:
+  """The frozen base LM (policy init, KL reference and reward scorer), its tokenizer and the code book."""
+  params: Any
+  config: llama.LlamaConfig
+  tokenizer: tok_lib.Tokenizer
+  codes: control.ControlCodes
+  lora_config: lora.LoraConfig
+  scorer_params: Any = None        # fused base params for the reward LMs
+  cache: dict = dataclasses.field(default_factory=dict)
+
+
+def load_items(dataset: str, split: str, data_dir: str | None = None, limit: int = 0, silver_only: bool = False,
+               seed: int = 0) -> list[dict]:
+  """MaRio items (question, rationale, answer); `limit` > 0 keeps a seeded random subset (order kept)."""
+  items = textdata.load_mario(dataset, split, data_dir=data_dir or None)
+  if silver_only:
+    items = [it for it in items if it.get("has_rationale", it["rationale"] != "dummy")]
+  if limit and limit < len(items):
+    keep = np.sort(np.random.default_rng(seed).choice(len(items), size=limit, replace=False))
+    items = [items[i] for i in keep]
+  return items
+
+
+def tiny_models(config: Any, texts: Sequence[str]) -> Models:
+  """A random tiny Llama with a BPE trained on `texts` (the 'tiny' config: seconds on CPU)."""
+  tok = tok_lib.train_bpe(list(texts) + ["<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"],
+                          vocab_size=int(config.model.vocab_size),
+                          special_tokens=tok_lib.TRAIN_SPECIALS + ("<|im_start|>", "<|im_end|>"))
+  # SmolLM2's convention: a response ends with <|im_end|>.
+  tok = dataclasses.replace(tok, eos_id=tok.backend.token_to_id("<|im_end|>"))
+  mcfg = llama.tiny_config(vocab_size=tok.vocab_size, max_seq_len=512)
+  params = llama.init_params(jax.random.key(int(config.seed)), mcfg)
+  return _models(config, params, mcfg, tok)
+
+
+def _models(config, params, mcfg, tok) -> Models:
+  codes = control.ControlCodes.from_tokenizer(tok, tuple(config.rewards), int(config.num_bins), accuracy=True)
+  lc = lora.LoraConfig(rank=int(config.model.lora_rank), alpha=float(config.model.lora_alpha),
+                       targets=tuple(config.model.lora_targets))
+  return Models(params=params, config=mcfg, tokenizer=tok, codes=codes, lora_config=lc,
+                scorer_params=llama.fuse_params(params))
+
+
+def load_models(config: Any, texts: Sequence[str] = ()) -> Models:
+  """SmolLM2-135M-Instruct (config.model.name 'smollm2') or the tiny random model ('tiny')."""
+  if config.model.name == "tiny":
+    return tiny_models(config, texts)
+  if config.model.name != "smollm2":
+    raise ValueError(f"unknown model.name {config.model.name!r}; choose 'smollm2' or 'tiny'.")
+  from iclr24_jax.lm import weights
+  params, mcfg, tok = weights.load_smollm2()
+  return _models(config, params, mcfg, tok)
+
+
+def init_state(models: Models, config: Any, key: jax.Array):
+  """LoRA TrainState (adapters zero-initialised in B: the policy starts as the base)."""
+  tx = optax.chain(optax.clip_by_global_norm(float(config.optimizer.max_grad_norm)),
+                   optax.adam(float(config.optimizer.learning_rate)))
+  init = jax.jit(lambda k: lm_train.init_train_state(lm_train.params_from_host(models.params), tx,
+                                                     lora_config=models.lora_config, key=k))
+  return init(key)
+
+
+def _compiled(models: Models, name: str, build: Callable[[], Callable]) -> Callable:
+  if name not in models.cache:
+    models.cache[name] = build()
+  return models.cache[name]
+
+
+def policy_params(models: Models, state) -> Any:
+  """Fused parameters of the policy (base + merged adapters) for sampling."""
+  merge = _compiled(models, "merge", lambda: jax.jit(
+      lambda base, ad: llama.fuse_params(lora.merge(base, ad, models.lora_config))))
+  return merge(state.extra["base"], state.params)
+
+
+def train_steps(models: Models, config: Any, state, kind: str, questions: Sequence[str], responses: Sequence[str],
+                prefixes: Sequence[Sequence[int]] | None, num_steps: int, rng: np.random.Generator,
+                history: list | None = None, stage: str = "") -> Any:
+  """`num_steps` SFT or Quark steps on minibatches drawn (shuffled, without replacement per epoch) from the rows."""
+  if kind == "sft":
+    step = _compiled(models, "sft_step", lambda: jax.jit(quark.make_sft_step(models.config, models.lora_config),
+                                                         donate_argnums=0))
+  else:
+    step = _compiled(models, "quark_step", lambda: jax.jit(quark.make_quark_step(
+        models.config, models.lora_config, kl_coef=float(config.kl_coef), entropy_coef=float(config.entropy_coef)),
+        donate_argnums=0))
+  n = len(questions)
+  bsz = int(config.batch_size)
+  if n < bsz:
+    raise ValueError(f"{n} training rows are fewer than one batch ({bsz}).")
+  order = rng.permutation(n)
+  pos = 0
+  for i in range(int(num_steps)):
+    if pos + bsz > n:
+      order, pos = rng.permutation(n), 0
+    idx = order[pos:pos + bsz]
+    pos += bsz
+    batch = quark.encode_examples(models.tokenizer, [questions[j] for j in idx], [responses[j] for j in idx],
+                                  None if prefixes is None else [prefixes[j] for j in idx], max_len=int(config.max_len))
+    if kind == "sft":
+      batch = {k: v for k, v in batch.items() if k != "code_mask"}
+    state, metrics = step(state, batch, jax.random.key(0))
+    if history is not None and (i % max(int(config.log_every), 1) == 0 or i == num_steps - 1):
+      history.append({"stage": stage, "step": i, **{k: float(v) for k, v in jax.device_get(metrics).items()}})
+  return state
+
+
+def generate(models: Models, config: Any, params: Any, questions: Sequence[str],
+             bins: Mapping[str, int] | Sequence[Mapping[str, int]] | None, key: jax.Array,
+             temperature: float, top_p: float = 1.0) -> list[str]:
+  """Responses (text) to `questions`, conditioned on `bins` (one dict for all, a list, or None = no codes).
+
+  Batches of config.sample_batch rows (the last padded with copies); prompts are left-padded to
+  prompt_width + K so that coded and uncoded calls share one compiled program per decoding setting.
+  """
+  k = models.codes.num_codes
+  width = int(config.prompt_width)
+  bsz = int(config.sample_batch)
+  n_new = int(config.max_new_tokens)
+  tok = models.tokenizer
+  fn = _compiled(models, f"sample/{temperature}/{top_p}", lambda: jax.jit(functools.partial(
+      quark.sample, config=models.config, max_new_tokens=n_new, temperature=float(temperature), top_p=float(top_p),
+      stop_ids=(tok.eos_id,), pad_id=tok.pad_id)))
+  if bins is None:
+    prefixes = None
+  elif isinstance(bins, Mapping):
+    prefixes = [control.control_prefix(bins, models.codes)] * len(questions)
+  else:
+    prefixes = [control.control_prefix(b, models.codes) for b in bins]
+  out: list[str] = []
+  for start in range(0, len(questions), bsz):
+    qs = list(questions[start:start + bsz])
+    real = len(qs)
+    qs += [qs[0]] * (bsz - real)
+    if prefixes is None:
+      # No codes: the prompt fills all width + K slots; its last K tokens ride in the codes' slots (the
+      # concatenation is the same sequence), so coded and uncoded calls share one compiled program.
+      ids, mask = quark.encode_prompts(tok, qs, width + k)
+      ids, mask, codes = ids[:, :width], mask[:, :width], ids[:, width:]
+    else:
+      ids, mask = quark.encode_prompts(tok, qs, width)
+      pre = list(prefixes[start:start + bsz])
+      codes = np.asarray(pre + [pre[0]] * (bsz - real), np.int32)
+      if codes.shape[1] != k:
+        raise ValueError(f"expected {k} codes per row, got {codes.shape[1]}.")
+    res = fn(params, prompt_ids=ids, prompt_mask=mask, codes=codes, key=jax.random.fold_in(key, start))
+    tokens, lengths, stopped = jax.device_get((res.tokens, res.lengths, res.stopped))
+    for j in range(real):
+      m = int(lengths[j]) - int(bool(stopped[j]))
+      out.append(tok.decode([int(t) for t in tokens[j, :m]]).strip())
+  return out
+
+
+def score(models: Models, config: Any, questions: Sequence[str], responses: Sequence[str],
+          golds: Sequence[str]) -> dict[str, np.ndarray]:
+  """Every reward of config.rewards plus accuracy ({name: [N]}), read from the frozen base LM."""
+  choices = CHOICES[config.data.name]
+  names = tuple(config.rewards) + ("accuracy",)
+  return rewards_lib.score_responses(models.scorer_params, models.config, models.tokenizer, questions, responses,
+                                     golds, choices, rewards=names, batch_size=int(config.score_batch))
+
+
+def _is_valid(response: str) -> bool:
+  return rewards_lib.ANSWER_MARKER in response
+
+
+def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: Callable[[str], None] = print
+                ) -> dict[str, Any]:
+  """SFT, then config.quark_rounds rounds of (sample -> score -> pool -> re-bin -> Quark steps).
+
+  Official (main_n_new.py): the first round samples from the reference policy (the SFT model, no codes), later
+  rounds from the policy conditioned on the best codes; top-p 0.9 at temperature 1; only responses containing
+  "So the answer is" enter the pool; the silver rationales join the pool as expert rollouts.
+
+  Returns:
+    {'sft': SFT state, 'mario': Quark state, 'history': [metrics rows], 'pool': DataPool, 'timing': {...}}.
+  """
+  rng = np.random.default_rng(int(config.seed))
+  key = jax.random.key(int(config.seed))
+  key_init, key_sample = jax.random.split(key)
+  questions = [it["question"] for it in train_items]
+  silver = [rewards_lib.format_response(it["rationale"], it["answer"]) for it in train_items]
+  golds = [it["answer"] for it in train_items]
+  history: list[dict] = []
+  timing: dict[str, float] = {}
+
+  t0 = time.perf_counter()
+  state = init_state(models, config, key_init)
+  state = train_steps(models, config, state, "sft", questions, silver, None, int(config.sft_steps), rng, history,
+                      "sft")
+  jax.block_until_ready(state.params)
+  timing["sft_s"] = time.perf_counter() - t0
+  sft_adapters = jax.tree.map(np.asarray, jax.device_get(state.params))
+  log(f"[mario] SFT: {config.sft_steps} steps in {timing['sft_s']:.0f}s")
+
+  pool = control.DataPool(models.codes)
+  n_samples = int(config.samples_per_round)
+  # The expert rollouts: the silver rationales of the sampled questions (scored once).
+  for r in range(int(config.quark_rounds)):
+    t0 = time.perf_counter()
+    pick = rng.choice(len(train_items), size=min(n_samples, len(train_items)), replace=False)
+    qs = [questions[i] for i in pick]
+    gs = [golds[i] for i in pick]
+    params = policy_params(models, state)
+    bins = None if r == 0 else models.codes.best()
+    resp = generate(models, config, params, qs, bins, jax.random.fold_in(key_sample, r),
+                    temperature=float(config.temperature), top_p=float(config.top_p))
+    keep = [i for i, x in enumerate(resp) if _is_valid(x)]
+    add_q = [qs[i] for i in keep] + ([qs[i] for i in range(len(qs))] if config.expert_rollouts else [])
+    add_r = [resp[i] for i in keep] + ([silver[i] for i in pick] if config.expert_rollouts else [])
+    add_g = [gs[i] for i in keep] + (gs if config.expert_rollouts else [])
+    t_gen = time.perf_counter() - t0
+    scores = score(models, config, add_q, add_r, add_g)
+    pool.add(add_q, add_r, scores)
+    t_score = time.perf_counter() - t0 - t_gen
+    pref = pool.prefixes()
+    state = train_steps(models, config, state, "quark", pool.questions, pool.responses, pref,
+                        int(config.quark_steps_per_round), rng, history, f"quark{r}")
+    jax.block_until_ready(state.params)
+    timing[f"round{r}_sample_s"] = t_gen
+    timing[f"round{r}_score_s"] = t_score
+    timing[f"round{r}_train_s"] = time.perf_counter() - t0 - t_gen - t_score
+    log(f"[mario] round {r}: {len(keep)}/{len(qs)} valid samples, pool {len(pool)}; sample {t_gen:.0f}s, "
+        f"score {t_score:.0f}s, train {timing[f'round{r}_train_s']:.0f}s")
+  sft_state = state.replace(params=jax.tree.map(jax.numpy.asarray, sft_adapters))
+  return {"sft": sft_state, "mario": state, "history": history, "pool": pool, "timing": timing}
+
+
+def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Mapping[str, int] | None,
+             key: jax.Array | None = None) -> dict[str, Any]:
+  """Responses to `items` (greedy unless config.eval_temperature > 0) and their per-item rewards.
+
+  Returns:
+    {'responses': [N] str, 'valid': [N] bool, name: [N] float for every reward and 'accuracy'}.
+  """
+  key = jax.random.key(int(config.seed) + 1000) if key is None else key
+  qs = [it["question"] for it in items]
+  resp = generate(models, config, policy_params(models, state), qs, bins, key,
+                  temperature=float(config.eval_temperature), top_p=1.0)
+  out: dict[str, Any] = {"responses": resp, "valid": np.asarray([_is_valid(r) for r in resp])}
+  out.update(score(models, config, qs, resp, [it["answer"] for it in items]))
+  return out
+
+
+def score_silver(models: Models, config: Any, items: Sequence[dict]) -> dict[str, np.ndarray]:
+  """The silver (GPT-3) rationales' rewards: the reference row."""
+  resp = [rewards_lib.format_response(it["rationale"], it["answer"]) for it in items]
+  return score(models, config, [it["question"] for it in items], resp, [it["answer"] for it in items])

@@ -1,0 +1,288 @@
+"""MaRio (Ramnath et al., ICLR 2024): rewards on hand-worked strings, quantile bins, control codes after the
+decoder start / assistant header, the Quark loss (KL = 0 when policy = reference, the masked reference equals the
+code-free one), a train step that learns, sampling, and a smoke run of the tiny experiment."""
+import json
+import math
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from iclr24_jax.lm import llama, lora, scoring, t5
+from iclr24_jax.lm import tokenizer as tok_lib
+from iclr24_jax.lm import train as lm_train
+from iclr24_jax.papers import mario
+
+CFG = llama.tiny_config(vocab_size=320, max_seq_len=256)
+TEXTS = ["Can a cat swim? Cats can swim but most do not like water. So the answer is yes.",
+         "Is the sun a planet? The sun is a star, not a planet. So the answer is no.",
+         "Do fish breathe air? Most fish breathe water through gills. So the answer is no."] * 20
+
+
+@pytest.fixture(scope="module")
+def tok():
+  t = tok_lib.train_bpe(TEXTS + ["<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"], vocab_size=300,
+                        special_tokens=tok_lib.TRAIN_SPECIALS + ("<|im_start|>", "<|im_end|>"))
+  import dataclasses
+  return dataclasses.replace(t, eos_id=t.backend.token_to_id("<|im_end|>"))
+
+
+@pytest.fixture(scope="module")
+def params():
+  return llama.init_params(jax.random.key(0), CFG)
+
+
+# ------------------------------------------------------------------------------------------------- rewards
+
+
+def test_diversity_hand_worked():
+  # no repeated n-gram -> (1 - 0)^3 = 1
+  assert mario.diversity_reward("the cat sat on the mat") == 1.0
+  # "a b a b a b": 2-grams ab ba ab ba ab (2 unique / 5) -> rep2 0.6; 3-grams aba bab aba bab (2/4) -> 0.5;
+  # 4-grams abab baba abab (2/3) -> 1/3; diversity = 0.4 * 0.5 * (2/3) = 0.133333
+  np.testing.assert_allclose(mario.diversity_reward("a b a b a b"), 0.4 * 0.5 * (2 / 3), rtol=1e-12)
+  assert mario.repetition_rates("a b a b a b") == pytest.approx({2: 0.6, 3: 0.5, 4: 1 / 3})
+  # "x x x": 2-grams (x x) twice -> rep2 1/2; one 3-gram -> 0; no 4-gram -> counting stops, rep4 = 0
+  assert mario.diversity_reward("x x x") == 0.5
+  # the answer part is cut: "a b a b" -> 2-grams ab ba ab (2/3) -> rep2 1/3, 3-grams aba bab -> 0, one 4-gram
+  np.testing.assert_allclose(mario.diversity_reward("a b a b So the answer is yes."), 2 / 3, rtol=1e-12)
+  assert mario.diversity_reward("") == 1.0 and mario.diversity_reward("word") == 1.0
+  with pytest.raises(TypeError):
+    mario.diversity_reward(["a list"])
+
+
+def test_split_response_and_accuracy():
+  assert mario.split_response("Cats swim. So the answer is Yes.") == ("Cats swim.", "yes")
+  assert mario.split_response("no marker here") == ("no marker here", "")
+  assert mario.format_response("Cats swim", "yes") == "Cats swim. So the answer is yes."
+  acc = mario.accuracy_reward(["R. So the answer is yes.", "R. So the answer is (B).", "R. the answer: yes"],
+                              ["yes", "(A)", "yes"])
+  np.testing.assert_array_equal(acc, [1.0, 0.0, 0.0])
+  with pytest.raises(ValueError, match="gold"):
+    mario.accuracy_reward(["a"], [])
+
+
+def test_consistency_equals_score_continuations(params, tok):
+  """P(gold | q, r) - P(gold | q), softmax over the length-normalised choice log-likelihoods, recomputed from
+  lm.score_continuations (prompt + " choice")."""
+  qs = ["Can a cat swim?", "Is the sun a planet?", "Do fish breathe air?"]
+  rs = ["Cats can swim.", "The sun is a star.", "Fish use gills."]
+  golds = ["yes", "no", "no"]
+  choices = ("yes", "no")
+  got = mario.consistency_reward(params, CFG, tok, qs, rs, golds, choices, batch_size=4)
+
+  def probs(prompts):
+    cols = []
+    for c in choices:
+      s = scoring.score_continuations(params, CFG, tok, prompts, [" " + c] * len(prompts))
+      cols.append(s["mean_logprob"])
+    lp = np.stack(cols, 1)
+    p = np.exp(lp - lp.max(1, keepdims=True))
+    return p / p.sum(1, keepdims=True)
+
+  from iclr24_jax.papers.mario import rewards
+  with_r = probs([rewards.answer_prompt(q, r) for q, r in zip(qs, rs)])
+  without = probs([rewards.answer_prompt(q) for q in qs])
+  gi = np.array([0, 1, 1])
+  np.testing.assert_allclose(got, with_r[np.arange(3), gi] - without[np.arange(3), gi], atol=1e-5)
+  assert np.all(np.abs(got) <= 1.0)
+  with pytest.raises(ValueError, match="choices"):
+    mario.consistency_reward(params, CFG, tok, qs[:1], rs[:1], ["maybe"], choices)
+
+
+def test_plausibility_is_debiased_log_odds(params, tok):
+  qs, rs = ["Can a cat swim?", "Is the sun a planet?"], ["Cats can swim.", "The sun is a star."]
+  got = mario.plausibility_reward(params, CFG, tok, qs, rs, batch_size=4)
+  ab, ba = zip(*[mario.plausibility_prompts(q, r) for q, r in zip(qs, rs)])
+  lp_ab = scoring.choice_logprobs(params, CFG, tok, list(ab), ["(a)", "(b)"])
+  lp_ba = scoring.choice_logprobs(params, CFG, tok, list(ba), ["(a)", "(b)"])
+  # "Yes" is (a) in order ab and (b) in order ba: log-odds for Yes = ((a - b)_ab + (b - a)_ba) / 2
+  pref = 0.5 * ((lp_ab[:, 0] - lp_ab[:, 1]) + (lp_ba[:, 1] - lp_ba[:, 0]))
+  np.testing.assert_allclose(got, 1 / (1 + np.exp(-pref)), atol=1e-5)
+  assert "(a) Yes\n(b) No" in ab[0] and "(a) No\n(b) Yes" in ba[0]
+
+
+# ------------------------------------------------------------------------------------------ bins and codes
+
+
+def test_quantile_bins_hand_worked():
+  # 5 distinct rewards, 5 bins: rank (best first) = bin
+  np.testing.assert_array_equal(mario.quantile_bins([0.9, 0.1, 0.5, 0.3, 0.7]), [0, 4, 2, 3, 1])
+  # 12 distinct: bins of 12 // 5 = 2, the remainder (2) in the last bin (official data_pool_n.py)
+  r = np.arange(12, 0, -1).astype(float)                 # already best-first
+  np.testing.assert_array_equal(mario.quantile_bins(r), [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4])
+  # ties share the bin of their best position: positions 0, 0, 0, 3, 4
+  np.testing.assert_array_equal(mario.quantile_bins([1.0, 1.0, 1.0, 0.5, 0.0]), [0, 0, 0, 3, 4])
+  # fewer samples than bins: floor(position * 5 / 2)
+  np.testing.assert_array_equal(mario.quantile_bins([0.2, 0.8]), [2, 0])
+  assert mario.quantile_bins([]).shape == (0,)
+  with pytest.raises(ValueError, match="NaN"):
+    mario.quantile_bins([0.1, np.nan])
+  with pytest.raises(ValueError, match="1-D"):
+    mario.quantile_bins(np.zeros((2, 2)))
+
+
+def test_quantile_bins_monotone_and_balanced():
+  rng = np.random.default_rng(0)
+  r = rng.normal(size=1000)
+  b = mario.quantile_bins(r, num_bins=5)
+  order = np.argsort(-r)
+  assert np.all(np.diff(b[order]) >= 0)                  # a better reward never gets a worse bin
+  np.testing.assert_array_equal(np.bincount(b), [200] * 5)
+
+
+def test_control_codes_and_prefix(tok):
+  codes = mario.ControlCodes.from_tokenizer(tok)
+  assert len(codes.ids) == 3 * 5 + 2 and len(set(codes.ids)) == 17 and codes.num_codes == 4
+  for i in codes.ids:                                    # single-token control characters, never in the text
+    assert all(i not in tok.encode(t, add_bos=False) for t in TEXTS[:3])
+  pre = mario.control_prefix({"plausibility": 0, "diversity": 4, "consistency": 2, "accuracy": 1}, codes)
+  assert pre == [codes.ids[0], codes.ids[5 + 4], codes.ids[10 + 2], codes.ids[16]]
+  assert mario.control_prefix(codes.best(), codes) == [codes.ids[0], codes.ids[5], codes.ids[10], codes.ids[15]]
+  with pytest.raises(ValueError, match="missing"):
+    mario.control_prefix({"plausibility": 0}, codes)
+  with pytest.raises(ValueError, match="outside"):
+    codes.token("diversity", 5)
+
+
+def test_data_pool_rebins_everything(tok):
+  codes = mario.ControlCodes.from_tokenizer(tok, rewards=("diversity",), num_bins=2)
+  pool = mario.DataPool(codes)
+  pool.add(["q1", "q2"], ["r1", "r2"], {"diversity": [0.9, 0.1], "accuracy": [1.0, 0.0]})
+  assert pool.prefixes() == [[codes.ids[0], codes.ids[2]], [codes.ids[1], codes.ids[3]]]
+  pool.add(["q3", "q4"], ["r3", "r4"], {"diversity": [1.0, 0.95], "accuracy": [1.0, 1.0]})
+  # whole pool re-binned: 1.0, 0.95 best half; 0.9, 0.1 worst half
+  np.testing.assert_array_equal(pool.bins()["diversity"], [1, 1, 0, 0])
+  with pytest.raises(ValueError):
+    pool.add(["q"], ["r", "s"], {"diversity": [0.1], "accuracy": [1.0]})
+
+
+# ------------------------------------------------------------------------------------------ policy and loss
+
+
+def _coded_batch(tok, with_codes=True):
+  codes = mario.ControlCodes.from_tokenizer(tok)
+  qs = ["Can a cat swim?", "Is the sun a planet?", "Do fish breathe air?", "Can a cat swim?"]
+  rs = ["Cats can swim. So the answer is yes.", "The sun is a star. So the answer is no.",
+        "Gills. So the answer is no.", "Most cats dislike water. So the answer is no."]
+  pre = [mario.control_prefix(codes.best(), codes), mario.control_prefix(codes.worst(), codes)] * 2
+  return codes, qs, rs, mario.encode_examples(tok, qs, rs, pre if with_codes else None, max_len=64)
+
+
+def test_codes_follow_the_assistant_header(tok):
+  codes, qs, rs, batch = _coded_batch(tok)
+  header = tok.encode(mario.prompt_text(qs[0]), add_bos=False)
+  k = codes.num_codes
+  np.testing.assert_array_equal(batch["ids"][0, :len(header)], header)
+  np.testing.assert_array_equal(batch["ids"][0, len(header):len(header) + k], mario.control_prefix(codes.best(), codes))
+  assert batch["code_mask"][0].sum() == k and batch["code_mask"][0, len(header):len(header) + k].all()
+  assert not (batch["loss_mask"] & batch["code_mask"]).any()  # codes are conditioned on, never learned
+  n_resp = len(tok.encode(" " + rs[0], add_bos=False)) + 1   # response + <|im_end|>
+  assert batch["loss_mask"][0].sum() == n_resp
+
+
+def test_masked_reference_equals_code_free_reference(params, tok):
+  """The reference reads the coded row with the codes masked out: its logits at the response tokens equal those
+  of the row without codes (positions count real tokens only)."""
+  _, _, _, coded = _coded_batch(tok, True)
+  _, _, _, plain = _coded_batch(tok, False)
+  ref_in = {"ids": coded["ids"], "mask": coded["mask"] & ~coded["code_mask"], "loss_mask": coded["loss_mask"]}
+  f = jax.jit(lambda p, b: lm_train.causal_target_logits(p, CFG, b))
+  lc, _, wc = f(params, ref_in)
+  lp, _, wp = f(params, {k: plain[k] for k in ("ids", "mask", "loss_mask")})
+  for i in range(4):
+    a = np.asarray(lc[i])[np.asarray(wc[i]) > 0]
+    b = np.asarray(lp[i])[np.asarray(wp[i]) > 0]
+    chex.assert_equal_shape((a, b))
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_kl_zero_when_policy_equals_reference(params, tok):
+  _, _, _, plain = _coded_batch(tok, False)
+  plain = dict(plain, code_mask=np.zeros_like(plain["mask"]))
+  loss, m = jax.jit(lambda p, b: mario.quark_loss(p, CFG, b, p, kl_coef=0.1, entropy_coef=0.05))(params, plain)
+  assert float(m["kl"]) == pytest.approx(0.0, abs=1e-6)
+  np.testing.assert_allclose(float(loss), float(m["nll"]) - 0.05 * float(m["entropy"]), rtol=1e-6)
+  # a random tiny model is near-uniform: entropy close to log V
+  assert 0.9 * math.log(CFG.vocab_size) < float(m["entropy"]) <= math.log(CFG.vocab_size) + 1e-4
+  # with codes the policy sees context the reference does not: KL > 0 even for equal weights
+  _, _, _, coded = _coded_batch(tok, True)
+  _, m2 = jax.jit(lambda p, b: mario.quark_loss(p, CFG, b, p))(params, coded)
+  assert float(m2["kl"]) > 0
+
+
+def test_t5_quark_loss_and_decoder_prefix():
+  cfg = t5.T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=2, eos_id=2)
+  p = t5.init_params(jax.random.key(0), cfg)
+  rng = np.random.default_rng(0)
+  resp = rng.integers(3, 64, (2, 6)).astype(np.int32)
+  codes = np.array([[10, 11], [12, 13]], np.int32)
+  base = {"inputs": rng.integers(3, 64, (2, 5)).astype(np.int32), "input_mask": np.ones((2, 5), bool),
+          "ref_labels": resp, "ref_label_mask": np.ones((2, 6), bool)}
+  no_codes = dict(base, labels=resp, label_mask=np.ones((2, 6), bool), loss_mask=np.ones((2, 6), bool))
+  _, m = jax.jit(lambda q, b: mario.quark_loss(q, cfg, b, q))(p, no_codes)
+  assert float(m["kl"]) == pytest.approx(0.0, abs=1e-6)
+  coded = dict(base, labels=np.concatenate([codes, resp], 1), label_mask=np.ones((2, 8), bool),
+               loss_mask=np.concatenate([np.zeros((2, 2), bool), np.ones((2, 6), bool)], 1))
+  _, m = jax.jit(lambda q, b: mario.quark_loss(q, cfg, b, q))(p, coded)
+  assert float(m["tokens"]) == 12.0 and float(m["kl"]) > 0
+  out = jax.jit(lambda q, i, msk, c, k: mario.sample(q, cfg, i, msk, c, k, max_new_tokens=4, temperature=0.0))(
+      p, base["inputs"], base["input_mask"], codes, jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(out.tokens[:, :2]), codes)  # the codes right after the start token
+
+
+def test_llama_sample_continues_after_codes(params, tok):
+  codes = mario.ControlCodes.from_tokenizer(tok)
+  ids, mask = mario.encode_prompts(tok, ["Can a cat swim?", "Is the sun a planet?"], 32)
+  c = np.asarray([mario.control_prefix(codes.best(), codes)] * 2, np.int32)
+  out = jax.jit(lambda p, i, m, cc, k: mario.sample(p, CFG, i, m, cc, k, max_new_tokens=3, temperature=0.0))(
+      params, ids, mask, c, jax.random.key(0))
+  full = np.concatenate([ids, c], 1)
+  fmask = np.concatenate([mask, np.ones_like(c, bool)], 1)
+  first = np.argmax(np.asarray(llama.forward(params, CFG, full, fmask, last_only=True)), -1)
+  np.testing.assert_array_equal(np.asarray(out.tokens[:, 0]), first)  # greedy token after prompt + codes
+  with pytest.raises(ValueError, match="codes must be"):
+    mario.sample(params, CFG, ids, mask, c[:1], jax.random.key(0), max_new_tokens=2)
+
+
+def test_quark_step_learns_fixed_batch(params, tok):
+  """Full finetuning (the reference is the kept copy): the response NLL of 4 fixed rows falls."""
+  chex.clear_trace_counter()
+  _, _, _, batch = _coded_batch(tok)
+  state = lm_train.init_train_state(params, optax.adam(3e-3), keep_reference=True)
+  step = jax.jit(chex.assert_max_traces(mario.make_quark_step(CFG, None, kl_coef=0.1, entropy_coef=0.0), n=1))
+  losses = []
+  for i in range(12):
+    state, m = step(state, batch, jax.random.key(i))
+    losses.append(float(m["nll"]))
+  assert losses[-1] < 0.8 * losses[0], losses
+  assert float(m["kl"]) > 0  # moved away from the reference
+
+
+def test_encode_examples_errors(tok):
+  with pytest.raises(ValueError, match="same number"):
+    mario.encode_examples(tok, ["a", "b"], ["x", "y"], [[1], [1, 2]])
+  with pytest.raises(ValueError, match="no room"):
+    mario.encode_examples(tok, ["a long question " * 10], ["x"], None, max_len=8)
+
+
+# ---------------------------------------------------------------------------------------------- experiment
+
+
+def test_tiny_experiment_smoke(tmp_path):
+  from iclr24_jax.configs import mario as cfg_mod
+  from iclr24_jax.papers.mario import experiment
+  cfg = cfg_mod.get_config("tiny")
+  res = experiment.run(cfg, str(tmp_path))
+  for arm in ("sft", "mario", "mario_worst"):
+    for n in ("plausibility", "diversity", "consistency", "accuracy"):
+      assert np.isfinite(res[arm][n])
+  assert res["pool_size"] >= cfg.samples_per_round  # at least the silver rationales
+  with open(os.path.join(tmp_path, "results.json")) as f:
+    assert json.load(f)["num_eval"] == cfg.data.num_eval
+  rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
+  assert {r["stage"] for r in rows} == {"sft", "quark0"}
