@@ -1,0 +1,59 @@
+"""Dissecting learning and forgetting in language model finetuning (Zhang & Wu, ICLR 2024).
+
+Paper: https://openreview.net/forum?id=tmsqb6WpLz   Official code: https://github.com/xiaozeroone/lm_finetune_dissect
+
+Run:  python -m experiments.main --config=configs/finetune_dissect.py:tiny --workdir=runs/finetune_dissect_tiny
+      python -m experiments.main --config=configs/finetune_dissect.py --workdir=runs/finetune_dissect
+Variants: '' (the synthetic grammar study: a tiny Llama pretrained on the general mix, finetuned on the domain mix,
+full and LoRA rank 1 and 8, 3 seeds) and 'tiny' (seconds on CPU).
+"""
+import ml_collections
+
+VARIANTS = ("", "tiny")
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.paper = "finetune_dissect"
+  c.seed = 0
+  c.num_seeds = 3
+  # The grammar (iclr24_jax/papers/finetune_dissect/grammar.py): sizes of its topic, style and fact variables.
+  c.data = ml_collections.ConfigDict(dict(
+      name="grammar", data_dir="", num_topics=4, topic_vocab=8, num_styles=3, style_vocab=4,
+      num_general_subjects=64, num_domain_subjects=512, num_values=16, num_sentences=6,
+      num_probe_documents=64))
+  c.model = ml_collections.ConfigDict(dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                                           intermediate_size=128))
+  c.pretrain = ml_collections.ConfigDict(dict(steps=600, batch_size=32, learning_rate=3e-3))
+  # Official trainer (config/train_*.yaml): AdamW, warmup_ratio 0.1, linear schedule, grad clip 1.0, batch 8, one
+  # learning rate for full and LoRA (3e-6 for Llama-2-7B; ours is sized for a 100k-parameter model).
+  c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=1e-3, warmup_frac=0.1, grad_clip=1.0,
+                                               batch_size=32))
+  c.num_steps = 300          # finetuning steps
+  c.eval_every = 20          # probe versions scored every N finetuning steps
+  c.methods = ("full", "lora1", "lora8")   # 'full' or 'lora<rank>'
+  c.lora = ml_collections.ConfigDict(dict(alpha_over_rank=2.0,   # official r 8, alpha 16
+                                          targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                   "up_proj", "down_proj")))
+  c.log_every = 20
+  c.checkpoint_every = 0
+  c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
+
+  if arg not in VARIANTS and arg is not None:
+    raise ValueError(f"unknown variant '{arg}' for configs/finetune_dissect.py; choose one of {VARIANTS}.")
+  if arg == "tiny":
+    c.num_seeds = 2
+    c.data.num_domain_subjects = 32
+    c.data.num_general_subjects = 16
+    c.data.num_probe_documents = 8
+    c.data.num_sentences = 3
+    c.model = ml_collections.ConfigDict(dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                                             intermediate_size=64))
+    c.pretrain.steps = 20
+    c.pretrain.batch_size = 8
+    c.optimizer.batch_size = 8
+    c.num_steps = 20
+    c.eval_every = 10
+    c.log_every = 10
+    c.methods = ("full", "lora2")
+  return c

@@ -1,0 +1,83 @@
+"""finetune_dissect experiment: `run` (the synthetic-grammar study of one config: pretrain, finetune with each
+method, decompose the probe versions' log-likelihood change over steps and positions; write results and plots).
+
+The reproduction (claims judged over seeds, the real-text probes) and the benchmark are in `study.py`."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from iclr24_jax.common import metrics as metrics_lib
+from iclr24_jax.papers.finetune_dissect import finetune
+
+COMPONENTS = ("topic", "style", "factual")
+
+
+def plot_curves(study: dict, path: str) -> str:
+  """Components (mean over seeds, +- SE band) over finetuning steps, one panel per method."""
+  methods = list(study["methods"])
+  fig, axes = metrics_lib.new_figure(ncols=len(methods), size=(4.0, 3.2))
+  steps = study["steps"]
+  for j, m in enumerate(methods):
+    ax = axes[0, j]
+    for k in COMPONENTS:
+      v = study["methods"][m][k]
+      mean, se = v.mean(0), v.std(0, ddof=1) / np.sqrt(v.shape[0]) if v.shape[0] > 1 else np.zeros(v.shape[1])
+      ax.plot(steps, mean, label=k)
+      ax.fill_between(steps, mean - se, mean + se, alpha=0.25)
+    ax.set_title(m)
+    ax.set_xlabel("finetuning step")
+    if j == 0:
+      ax.set_ylabel("nats / token")
+      ax.legend()
+  return metrics_lib.save_figure(fig, path)
+
+
+def plot_positions(study: dict, path: str) -> str:
+  """Components by token position after finetuning (mean over seeds), one panel per method."""
+  methods = list(study["methods"])
+  fig, axes = metrics_lib.new_figure(ncols=len(methods), size=(4.0, 3.2))
+  for j, m in enumerate(methods):
+    ax = axes[0, j]
+    for k in COMPONENTS:
+      c = study["methods"][m]["by_position"][k].mean(0)
+      ax.plot(np.arange(1, c.size), c[1:], marker=".", label=k)
+    ax.set_title(f"{m}: by position")
+    ax.set_xlabel("token position")
+    if j == 0:
+      ax.set_ylabel("contrast (nats)")
+      ax.legend()
+  return metrics_lib.save_figure(fig, path)
+
+
+def summarise(study: dict) -> dict:
+  """JSON-ready summary: per method, per component, the final value and half-time per seed, early shares."""
+  cl = finetune.claims(study)
+  out = {"steps": study["steps"].tolist(), "pretrain_final_loss": study["pretrain_loss"][:, -1].tolist(),
+         "methods": {}}
+  for m, comp in study["methods"].items():
+    out["methods"][m] = {
+        **{k: comp[k].tolist() for k in (*COMPONENTS, "total")},
+        **{k: v.tolist() for k, v in cl[m].items()},
+        "first_loss": comp["loss"][:, 0].tolist(), "final_loss": comp["loss"][:, -1].tolist(), "seconds": comp["seconds"]}
+  return out
+
+
+def run(config: Any, workdir: str) -> dict:
+  """Runs the synthetic study of `config`; writes results.json, metrics.jsonl (components per eval step, mean over
+  seeds) and the curve / position plots."""
+  os.makedirs(workdir, exist_ok=True)
+  study = finetune.synthetic_study(config, progress=print)
+  results = summarise(study)
+  writer = metrics_lib.MetricWriter(workdir)
+  for i, step in enumerate(study["steps"]):
+    row = {f"{m}/{k}": float(np.mean(c[k][:, i])) for m, c in study["methods"].items() for k in (*COMPONENTS, "total")}
+    writer.write(int(step), row)
+  if jax.process_index() == 0:
+    results["plots"] = [plot_curves(study, os.path.join(workdir, "components.png")),
+                        plot_positions(study, os.path.join(workdir, "by_position.png"))]
+  metrics_lib.write_results(workdir, results)
+  return results

@@ -1,0 +1,231 @@
+"""The synthetic study: a tiny Llama pretrained on the grammar's general mix, finetuned on its domain mix (full or
+LoRA), with the probe versions scored every `eval_every` steps. Whole runs are pure functions of a key, so seeds
+are a `jax.vmap` and each method is one compiled program (lax.scan over evaluation chunks and steps).
+
+  base, tables, pre_loss = jax.jit(jax.vmap(make_pretrain(spec, cfg, ...)))(keys)        # [S, ...]
+  deltas, loss = jax.jit(jax.vmap(make_finetune(spec, cfg, lora_config, ...)))(keys, base, tables, probes)
+  # deltas: [S, E, 4, N, T] = Eq. (1) on the versions ('original', 'topic', 'style', 'counterfactual')
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from iclr24_jax import lm
+from iclr24_jax.lm import train as lm_train
+from iclr24_jax.papers.finetune_dissect import dissect
+from iclr24_jax.papers.finetune_dissect import grammar
+
+# The official LoRA targets (config/train_lora.yaml): every attention and MLP projection.
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def make_optimizer(learning_rate: float, num_steps: int, warmup_frac: float = 0.1, grad_clip: float = 1.0,
+                   weight_decay: float = 0.0) -> optax.GradientTransformation:
+  """The official trainer's optimizer: AdamW, linear warmup over `warmup_frac` of the steps then linear decay to 0,
+  global-norm clipping (official: warmup_ratio 0.1, scheduler linear, gradient_clip_val 1.0, HF weight decay 0)."""
+  warm = max(1, int(round(warmup_frac * num_steps)))
+  sched = optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warm),
+                                optax.linear_schedule(learning_rate, 0.0, max(1, num_steps - warm))], [warm])
+  return optax.chain(optax.clip_by_global_norm(grad_clip), optax.adamw(sched, weight_decay=weight_decay))
+
+
+def model_config(spec: grammar.GrammarSpec, model: Any) -> lm.LlamaConfig:
+  """The tiny Llama for a grammar (`model`: hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)."""
+  return lm.LlamaConfig(vocab_size=spec.vocab_size, hidden_size=int(model["hidden_size"]),
+                        num_layers=int(model["num_layers"]), num_heads=int(model["num_heads"]),
+                        num_kv_heads=int(model["num_kv_heads"]), intermediate_size=int(model["intermediate_size"]),
+                        rope_base=10000.0, max_seq_len=max(64, spec.seq_len), tie_embeddings=True)
+
+
+def lora_config(rank: int, alpha_over_rank: float = 2.0, targets=LORA_TARGETS) -> lm.LoraConfig:
+  """LoRA with alpha = alpha_over_rank * rank (official rank 8, alpha 16: the same scale 2 at every rank)."""
+  return lm.LoraConfig(rank=int(rank), alpha=float(alpha_over_rank) * int(rank), targets=tuple(targets))
+
+
+def make_pretrain(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: int, batch_size: int,
+                  learning_rate: float) -> Callable:
+  """`pretrain(key) -> (params, tables, loss [steps])`: random init, `steps` full-model steps on the general mix.
+
+  The key is split into the world's facts (`grammar.fact_tables`), the init and the data stream.
+  """
+  tx = make_optimizer(learning_rate, steps)
+  step_fn = lm_train.make_train_step(config)
+
+  def pretrain(key):
+    key_facts, key_init, key_data = jax.random.split(key, 3)
+    tables = grammar.fact_tables(key_facts, spec)
+    state = lm_train.init_train_state(lm.init_params(key_init, config), tx)
+
+    def body(state, i):
+      ids = grammar.sample_documents(jax.random.fold_in(key_data, i), spec, batch_size, tables, "general")
+      state, m = step_fn(state, {"ids": ids, "mask": jnp.ones_like(ids, bool)}, key_data)
+      return state, m["loss"]
+
+    state, losses = jax.lax.scan(body, state, jnp.arange(steps))
+    return state.params, tables, losses
+
+  return pretrain
+
+
+def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.LoraConfig | None, *, steps: int,
+                  eval_every: int, batch_size: int, learning_rate: float, warmup_frac: float = 0.1,
+                  grad_clip: float = 1.0) -> Callable:
+  """`finetune(key, base_params, tables, probes) -> (deltas [E, V, N, T], loss [steps])`.
+
+  Finetunes the base on the domain mix (full when `lora` is None, else LoRA adapters), and after every
+  `eval_every` steps scores the probe versions: Eq. (1) with `dissect.token_logprob_change` (LoRA merged).
+
+  Args (of the returned function):
+    key: PRNG key (adapter init, data stream).
+    base_params: the pretrained model.
+    tables: the world's facts (`grammar.fact_tables`).
+    probes: [V, N, T] int32 probe documents, versions in `dissect.VERSIONS` order.
+  """
+  if steps % eval_every:
+    raise ValueError(f"finetune steps ({steps}) must be a multiple of eval_every ({eval_every}).")
+  tx = make_optimizer(learning_rate, steps, warmup_frac, grad_clip)
+  step_fn = lm_train.make_train_step(config, lora)
+  num_evals = steps // eval_every
+
+  def finetune(key, base_params, tables, probes):
+    key_lora, key_data = jax.random.split(key)
+    state = lm_train.init_train_state(base_params, tx, lora_config=lora, key=key_lora if lora else None)
+    flat = probes.reshape(-1, probes.shape[-1])
+
+    def train_chunk(state, c):
+      def body(state, i):
+        ids = grammar.sample_documents(jax.random.fold_in(key_data, i), spec, batch_size, tables, "domain")
+        state, m = step_fn(state, {"ids": ids, "mask": jnp.ones_like(ids, bool)}, key_data)
+        return state, m["loss"]
+      state, losses = jax.lax.scan(body, state, c * eval_every + jnp.arange(eval_every))
+      ft = lm_train.model_params(state, lora)
+      delta = dissect.token_logprob_change(base_params, ft, config, flat)
+      return state, (delta.reshape(probes.shape), losses)
+
+    _, (deltas, losses) = jax.lax.scan(train_chunk, state, jnp.arange(num_evals))
+    return deltas, losses.reshape(-1)
+
+  return finetune
+
+
+def make_probes(key: jax.Array, spec: grammar.GrammarSpec, tables: dict, num_documents: int) -> jax.Array:
+  """[V, N, T] probe documents: N fresh domain documents and their versions (`dissect.VERSIONS` order)."""
+  kd, kv = jax.random.split(key)
+  ids = grammar.sample_documents(kd, spec, num_documents, tables, "domain")
+  versions = grammar.probe_versions(kv, spec, ids, tables)
+  return jnp.stack([versions[v] for v in dissect.VERSIONS])
+
+
+def components(deltas: np.ndarray, reduction: str = "mean") -> dict[str, np.ndarray]:
+  """Decomposes every (seed, evaluation) of a run.
+
+  Args:
+    deltas: [S, E, V, N, T] from `make_finetune` (vmapped over seeds).
+    reduction: as in `dissect.decompose`.
+
+  Returns:
+    {'topic', 'style', 'factual', 'total': [S, E]; 'by_position': {component: [S, T] at the last evaluation}}.
+  Position 0 (BOS, no prediction) is masked out.
+  """
+  deltas = np.asarray(deltas)
+  s, e = deltas.shape[:2]
+  mask = np.ones(deltas.shape[-2:], bool)
+  mask[:, 0] = False
+  out = {k: np.zeros((s, e)) for k in ("topic", "style", "factual", "total")}
+  pos = {k: [] for k in ("topic", "style", "factual")}
+  for i in range(s):
+    for j in range(e):
+      d = dissect.decompose({v: deltas[i, j, n] for n, v in enumerate(dissect.VERSIONS)}, mask, reduction=reduction)
+      for k in out:
+        out[k][i, j] = d[k]
+      if j == e - 1:
+        for k in pos:
+          pos[k].append(d["by_position"][k])
+  out["by_position"] = {k: np.stack(v) for k, v in pos.items()}
+  return out
+
+
+def spec_from_config(data: Any) -> grammar.GrammarSpec:
+  """The GrammarSpec of `config.data`."""
+  fields = {f: int(data[f]) for f in ("num_topics", "topic_vocab", "num_styles", "style_vocab",
+                                      "num_general_subjects", "num_domain_subjects", "num_values", "num_sentences")}
+  return grammar.GrammarSpec(**fields)
+
+
+def method_lora(method: str, lora: Any) -> lm.LoraConfig | None:
+  """'full' -> None; 'lora<r>' -> `lora_config(r, ...)`."""
+  if method == "full":
+    return None
+  m = method[4:] if method.startswith("lora") else ""
+  if not m.isdigit():
+    raise ValueError(f"unknown method {method!r}; use 'full' or 'lora<rank>' (e.g. 'lora8').")
+  return lora_config(int(m), float(lora["alpha_over_rank"]), tuple(lora["targets"]))
+
+
+def synthetic_study(config: Any, progress: Callable[[str], None] | None = None) -> dict:
+  """Pretrains `config.num_seeds` tiny Llamas on the general mix (one vmapped program) and finetunes each with
+  every method of `config.methods`; returns the components over steps.
+
+  Returns:
+    dict(steps [E], pretrain_loss [S, P], methods: {method: dict(topic, style, factual, total [S, E],
+    by_position {component: [S, T]}, loss [S, steps], seconds)}, spec, model_config).
+  """
+  import time
+  spec = spec_from_config(config.data)
+  cfg = model_config(spec, config.model)
+  seeds = int(config.num_seeds)
+  root = jax.random.key(int(config.seed))
+  key_pre, key_probe, key_ft = jax.random.split(root, 3)
+  t0 = time.time()
+  pre = jax.jit(jax.vmap(make_pretrain(spec, cfg, steps=int(config.pretrain.steps),
+                                       batch_size=int(config.pretrain.batch_size),
+                                       learning_rate=float(config.pretrain.learning_rate))))
+  base, tables, pre_loss = jax.block_until_ready(pre(jax.random.split(key_pre, seeds)))
+  if progress:
+    progress(f"pretrained {seeds} seeds in {time.time() - t0:.1f}s (final loss {np.asarray(pre_loss)[:, -1]})")
+  probes = jax.vmap(lambda k, tb: make_probes(k, spec, tb, int(config.data.num_probe_documents)))(
+      jax.random.split(key_probe, seeds), tables)
+  opt = config.optimizer
+  out = {"steps": np.arange(1, int(config.num_steps) // int(config.eval_every) + 1) * int(config.eval_every),
+         "pretrain_loss": np.asarray(pre_loss), "methods": {}, "spec": spec, "model_config": cfg}
+  for method in config.methods:
+    t0 = time.time()
+    fn = jax.jit(jax.vmap(make_finetune(
+        spec, cfg, method_lora(method, config.lora), steps=int(config.num_steps), eval_every=int(config.eval_every),
+        batch_size=int(opt.batch_size), learning_rate=float(opt.learning_rate), warmup_frac=float(opt.warmup_frac),
+        grad_clip=float(opt.grad_clip))))
+    # Same finetuning data stream and probes for every method (paired by seed).
+    deltas, loss = jax.block_until_ready(fn(jax.random.split(key_ft, seeds), base, tables, probes))
+    comp = components(np.asarray(deltas))
+    comp["loss"] = np.asarray(loss)
+    comp["seconds"] = time.time() - t0
+    out["methods"][method] = comp
+    if progress:
+      progress(f"{method}: {comp['seconds']:.1f}s; final topic {comp['topic'][:, -1].round(3)} style "
+               f"{comp['style'][:, -1].round(3)} factual {comp['factual'][:, -1].round(3)}")
+  return out
+
+
+def claims(study: dict) -> dict:
+  """Per-seed numbers behind the paper's claims (judged in `study.reproduce` with `common.stats`).
+
+  Returns:
+    {method: {half_{topic,style,factual}: [S] steps to half the final value, early_{...}: [S] share of |c_t| in
+    the first 25% of positions, final_{...}: [S] final values}}.
+  """
+  res = {}
+  steps = study["steps"]
+  for method, comp in study["methods"].items():
+    r = {}
+    for k in ("topic", "style", "factual"):
+      vals = comp[k]
+      r[f"half_{k}"] = np.array([dissect.half_time(steps, v) for v in vals])
+      r[f"early_{k}"] = np.array([dissect.early_share(c[1:]) for c in comp["by_position"][k]])
+      r[f"final_{k}"] = vals[:, -1]
+    res[method] = r
+  return res

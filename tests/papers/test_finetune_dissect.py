@@ -1,0 +1,250 @@
+"""finetune_dissect (Zhang & Wu, ICLR 2024): the decomposition recovers known changes of an analytic grammar,
+Eq. (1) against the LM's scoring, positions and masks, the probe set and its filter, full and LoRA finetuning, and
+a smoke run of the tiny experiment."""
+import functools
+import json
+import math
+import os
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from iclr24_jax import lm
+from iclr24_jax.configs import finetune_dissect as cfg_mod
+from iclr24_jax.papers import finetune_dissect as fd
+from iclr24_jax.papers.finetune_dissect import finetune as ft
+from iclr24_jax.papers.finetune_dissect import grammar
+
+SPEC = grammar.GrammarSpec(num_topics=4, topic_vocab=3, num_styles=3, style_vocab=2, num_general_subjects=5,
+                           num_domain_subjects=7, num_values=4, num_sentences=4)
+
+
+@functools.lru_cache(maxsize=None)
+def _domain_probes(n=32, seed=0):
+  @jax.jit
+  def make(key):
+    tables = grammar.fact_tables(jax.random.fold_in(key, 1), SPEC)
+    ids = grammar.sample_documents(jax.random.fold_in(key, 2), SPEC, n, tables, "domain")
+    return tables, grammar.probe_versions(jax.random.fold_in(key, 3), SPEC, ids, tables)
+  tables, versions = make(jax.random.key(seed))
+  return tables, {k: np.asarray(v) for k, v in versions.items()}
+
+
+def _changed(gp, u_topic, u_style, a_facts, tables):
+  """The analytic model after known changes: pi_T <- softmax(log pi_T + u_topic), same for styles, and the true
+  value of each domain subject gets its logit raised by a_facts[j]."""
+  def renorm(x):
+    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+  lf = np.array(gp.log_facts)
+  rows = SPEC.num_general_subjects + np.arange(SPEC.num_domain_subjects)
+  lf[rows, np.asarray(tables["domain"])] += a_facts
+  return grammar.GrammarParams(log_topic=renorm(gp.log_topic + u_topic), log_style=renorm(gp.log_style + u_style),
+                               log_subject=gp.log_subject, log_facts=renorm(lf))
+
+
+@pytest.mark.parametrize("which", ["topic", "style", "facts", "all"])
+def test_decompose_recovers_known_grammar_changes(which):
+  tables, probes = _domain_probes()
+  rng = np.random.default_rng(0)
+  gp0 = grammar.general_params(SPEC, tables, confidence=0.9)
+  u_t = rng.normal(size=SPEC.num_topics) if which in ("topic", "all") else np.zeros(SPEC.num_topics)
+  u_s = rng.normal(size=SPEC.num_styles) if which in ("style", "all") else np.zeros(SPEC.num_styles)
+  a = rng.normal(size=SPEC.num_domain_subjects) if which in ("facts", "all") else np.zeros(SPEC.num_domain_subjects)
+  gp1 = _changed(gp0, u_t, u_s, a, tables)
+  deltas = {v: grammar.analytic_token_logprobs(gp1, SPEC, ids) - grammar.analytic_token_logprobs(gp0, SPEC, ids)
+            for v, ids in probes.items()}
+  mask = np.ones(probes["original"].shape, bool)
+  mask[:, 0] = False
+  out = fd.decompose(deltas, mask, reduction="sum")
+  # Ground truth from the changes alone (softmax normalisers cancel in every contrast):
+  ps, pt, pj = (SPEC.positions(k) for k in range(3))
+  t_other = (probes["topic"][:, pt[0]] - SPEC.topic_start) // SPEC.topic_vocab
+  s_other = (probes["style"][:, ps[0]] - SPEC.style_start) // SPEC.style_vocab
+  dsub = probes["original"][:, pj] - SPEC.subject_start - SPEC.num_general_subjects
+  truth = {"topic": np.mean(u_t[SPEC.domain_topic] - u_t[t_other]),
+           "style": np.mean(u_s[SPEC.domain_style] - u_s[s_other]),
+           "factual": np.mean(a[dsub].sum(-1))}   # log-odds shift of true vs counterfactual, summed over facts
+  for k, v in truth.items():
+    np.testing.assert_allclose(out[k], v, atol=1e-5)
+  # By position: topic only at the first topic word, style at the first style word, facts at the value tokens.
+  bp = out["by_position"]
+  np.testing.assert_allclose(np.delete(bp["topic"][1:], pt[0] - 1), 0.0, atol=1e-12)
+  np.testing.assert_allclose(np.delete(bp["style"][1:], ps[0] - 1), 0.0, atol=1e-12)
+  np.testing.assert_allclose(np.delete(bp["factual"][1:], SPEC.positions(3) - 1), 0.0, atol=1e-12)
+  for k in truth:
+    np.testing.assert_allclose(np.nansum(bp[k]), truth[k], atol=1e-5)
+  # Per-token unit = per-document / number of counted tokens (all documents have seq_len - 1).
+  per_tok = fd.decompose(deltas, mask, reduction="mean")
+  for k in truth:
+    np.testing.assert_allclose(per_tok[k], truth[k] / (SPEC.seq_len - 1), atol=1e-6)
+
+
+def test_analytic_logprobs_normalised():
+  # The grammar is a distribution: enumerate every document of a 1-sentence grammar and sum p(x) = 1.
+  spec = grammar.GrammarSpec(num_topics=2, topic_vocab=2, num_styles=2, style_vocab=2, num_general_subjects=1,
+                             num_domain_subjects=2, num_values=2, num_sentences=1)
+  tables = grammar.fact_tables(jax.random.key(0), spec)
+  gp = grammar.general_params(spec, tables, confidence=0.7)
+  docs = []
+  for sw in range(spec.num_styles * spec.style_vocab):
+    for tw in range(spec.num_topics * spec.topic_vocab):
+      for sj in range(spec.num_subjects):
+        for v in range(spec.num_values):
+          docs.append([grammar.BOS, spec.style_start + sw, spec.topic_start + tw, spec.subject_start + sj,
+                       spec.value_start + v, grammar.SEP])
+  lp = grammar.analytic_token_logprobs(gp, spec, np.array(docs)).sum(-1)
+  np.testing.assert_allclose(np.exp(lp).sum(), 1.0, rtol=1e-10)
+
+
+def test_probe_versions_change_one_factor():
+  tables, probes = _domain_probes()
+  o = probes["original"]
+  ps, pt, pj, pv = (SPEC.positions(k) for k in range(4))
+  assert np.all((o[:, pt] - SPEC.topic_start) // SPEC.topic_vocab == SPEC.domain_topic)
+  assert np.all((o[:, ps] - SPEC.style_start) // SPEC.style_vocab == SPEC.domain_style)
+  for name, pos in (("topic", pt), ("style", ps), ("counterfactual", pv)):
+    diff = probes[name] != o
+    assert np.all(diff[:, pos]) and not np.any(np.delete(diff, pos, axis=1)), name
+  t = (probes["topic"][:, pt] - SPEC.topic_start) // SPEC.topic_vocab
+  assert np.all(t == t[:, :1]) and np.all(t != SPEC.domain_topic)
+  assert np.all(probes["topic"][:, pt] % SPEC.topic_vocab == o[:, pt] % SPEC.topic_vocab)  # same word index
+
+
+def test_token_logprob_change_matches_scoring_and_masks():
+  cfg = lm.tiny_config(vocab_size=50)
+  init = jax.jit(lm.init_params, static_argnums=1)
+  p0, p1 = init(jax.random.key(0), cfg), init(jax.random.key(1), cfg)
+  ids = jax.random.randint(jax.random.key(2), (3, 7), 0, 50)
+  mask = jnp.array([[1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4], bool)
+  f = jax.jit(fd.token_logprob_change, static_argnums=2)
+  d = f(p0, p1, cfg, ids, mask)
+  chex.assert_shape(d, (3, 7))
+  score = jax.jit(lm.token_logprobs, static_argnums=1)
+  ref = score(p1, cfg, ids, mask) - score(p0, cfg, ids, mask)
+  np.testing.assert_allclose(d, ref, atol=1e-6)
+  assert np.all(np.asarray(d)[~np.asarray(mask)] == 0.0) and np.all(np.asarray(d)[:, 0] == 0.0)
+  np.testing.assert_allclose(f(p0, p0, cfg, ids, mask), 0.0, atol=0.0)
+  with pytest.raises(ValueError, match="batch, time"):
+    fd.token_logprob_change(p0, p1, cfg, ids[0], None)
+  with pytest.raises(ValueError, match="mask shape"):
+    fd.token_logprob_change(p0, p1, cfg, ids, mask[:, :3])
+  with pytest.raises(ValueError, match="integer"):
+    fd.token_logprob_change(p0, p1, cfg, ids.astype(jnp.float32), None)
+
+
+def test_decompose_by_hand_with_rejected_rows():
+  # Two documents, 3 positions. Per-token means: original [2, 4]; topic [1, 1]; style [0, NaN (rejected)];
+  # cf [2, 3]. topic = mean(1, 3) = 2; style = mean(2) = 2 (row 1 dropped); factual = mean(0, 1) = 0.5.
+  deltas = {"original": np.array([[1., 2., 3.], [4., 4., 4.]]), "topic": np.array([[1., 1., 1.], [1., 1., 1.]]),
+            "style": np.array([[0., 0., 0.], [9., 9., 9.]]), "counterfactual": np.array([[2., 2., 2.], [3., 3., 3.]])}
+  masks = {k: np.ones((2, 3), bool) for k in deltas}
+  masks["style"] = np.array([[1, 1, 1], [0, 0, 0]], bool)
+  out = fd.decompose(deltas, masks)
+  assert out["topic"] == pytest.approx(2.0) and out["style"] == pytest.approx(2.0)
+  assert out["factual"] == pytest.approx(0.5) and out["total"] == pytest.approx(3.0)
+  assert out["num_documents"]["style"] == 1 and out["num_documents"]["topic"] == 2
+  # By position: original [2.5, 3, 3.5]; style rows: only row 0 -> [0, 0, 0].
+  np.testing.assert_allclose(out["by_position"]["style"], [2.5, 3.0, 3.5])
+  np.testing.assert_allclose(out["by_position"]["factual"], [0.0, 0.5, 1.0])
+  # Versions of different lengths are padded (masked) to one T.
+  short = dict(deltas, topic=np.array([[1.], [1.]]))
+  out2 = fd.decompose(short, None)
+  assert out2["by_position"]["topic"].shape == (3,) and np.isnan(out2["by_position"]["versions"]["topic"][1])
+  with pytest.raises(ValueError, match="missing"):
+    fd.decompose({"original": deltas["original"]})
+  with pytest.raises(ValueError, match="NaN"):
+    fd.decompose(dict(deltas, topic=np.array([[np.nan] * 3, [1.] * 3])))
+  with pytest.raises(ValueError, match="one row per source document"):
+    fd.decompose(dict(deltas, topic=np.ones((3, 3))))
+
+
+def test_half_time_and_early_share_by_hand():
+  # values 0 -> (10: 1) -> (20: 3) -> (30: 4): half of 4 = 2 reached between 10 and 20, at 10 + 10 * (1/2) = 15.
+  assert fd.half_time(np.array([10, 20, 30]), np.array([1.0, 3.0, 4.0])) == pytest.approx(15.0)
+  assert math.isnan(fd.half_time(np.array([10, 20]), np.array([0.0, -1.0])))
+  # |c| = [3, 1, 0, 0, 0, 0, 0, 4] -> first quarter (2 positions) = 4 / 8.
+  assert fd.early_share(np.array([3., -1., 0., 0., 0., 0., 0., 4.])) == pytest.approx(0.5)
+
+
+def test_make_probe_set_and_filter():
+  docs = ["Is the sky blue? yes, because of scattering.", "Do fish swim? yes, they have fins."]
+  seen = []
+
+  def rewriter(prompts):
+    seen.extend(prompts)
+    tag = lambda p: "CASUAL" if "casual" in p else ("TOPIC" if "different subject" in p else "CF")
+    return [f"Sure! Here is the text: \"{tag(p)} {p.splitlines()[-1].upper()}\"" for p in prompts]
+
+  probes = fd.make_probe_set(docs, rewriter)
+  assert set(probes) == {"original", "topic", "style", "counterfactual"}
+  assert probes["style"][0] == "CASUAL " + docs[0].upper() and len(seen) == 6   # preamble and quotes stripped
+  # Embeddings by hand: original e0; style row 0 cos 0.8 (kept), row 1 cos 0.5 (rejected); topic cos 0 (kept).
+  e = {docs[0]: [1, 0, 0], docs[1]: [0, 1, 0]}
+  rows = {("style", 0): [0.8, 0.6, 0], ("style", 1): [0, 0.5, math.sqrt(0.75)], ("topic", 0): [0, 0, 1],
+          ("topic", 1): [0, 0, 1], ("counterfactual", 0): [0.7, 0, math.sqrt(0.51)],
+          ("counterfactual", 1): [0, 0.99, math.sqrt(1 - 0.99 ** 2)]}
+  table = {probes[v][i]: vec for (v, i), vec in rows.items()}
+  table.update(e)
+  kept, report = fd.filter_probes(probes, lambda ts: np.array([table[t] for t in ts], float))
+  assert kept["style"][0] is not None and kept["style"][1] is None
+  assert kept["topic"] == probes["topic"]
+  assert kept["counterfactual"][0] is not None and kept["counterfactual"][1] is None   # 0.99 > 0.95: a copy
+  assert report["style"]["accepted"] == 1 and report["style"]["rate"] == 0.5
+  with pytest.raises(ValueError, match="empty"):
+    fd.make_probe_set(["ok", " "], rewriter)
+  with pytest.raises(ValueError, match="answers"):
+    fd.make_probe_set(docs, lambda ps: ps[:1])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  from iclr24_jax.papers.finetune_dissect import experiment
+  workdir = str(tmp_path_factory.mktemp("finetune_dissect_tiny"))
+  return workdir, experiment.run(cfg_mod.get_config("tiny"), workdir)
+
+
+def test_full_and_lora_finetuning_learn(tiny_run):
+  # The tiny run pretrains 2 seeds, then finetunes fully and with rank-2 LoRA adapters (one program each).
+  _, res = tiny_run
+  assert set(res["methods"]) == {"full", "lora2"}
+  for m, r in res["methods"].items():
+    assert np.all(np.array(r["final_loss"]) < np.array(r["first_loss"])), m
+    # Finetuning on the domain raises the original domain texts' likelihood (per token, every seed).
+    assert np.all(np.array(r["total"])[:, -1] > 0.0), m
+  with pytest.raises(ValueError, match="lora<rank>"):
+    ft.method_lora("qlora", cfg_mod.get_config("tiny").lora)
+
+
+def test_finetune_checks_and_lora_init_is_base():
+  cfg = cfg_mod.get_config("tiny")
+  spec = ft.spec_from_config(cfg.data)
+  mcfg = ft.model_config(spec, cfg.model)
+  with pytest.raises(ValueError, match="multiple"):
+    ft.make_finetune(spec, mcfg, None, steps=15, eval_every=10, batch_size=8, learning_rate=1e-3)
+  # LoRA starts at the base model (B = 0): Eq. (1) is exactly 0 there.
+  lora = ft.lora_config(2)
+
+  @jax.jit
+  def base_and_merged(key):
+    params = lm.init_params(key, mcfg)
+    state = ft.lm_train.init_train_state(params, ft.make_optimizer(1e-3, 10), lora_config=lora,
+                                         key=jax.random.fold_in(key, 1))
+    return params, ft.lm_train.model_params(state, lora)
+  params, merged = base_and_merged(jax.random.key(0))
+  ids = jnp.asarray(_domain_probes()[1]["original"]) % mcfg.vocab_size
+  d = jax.jit(fd.token_logprob_change, static_argnums=2)(params, merged, mcfg, ids)
+  np.testing.assert_allclose(d, 0.0, atol=1e-6)
+
+
+def test_experiment_tiny(tiny_run):
+  workdir, res = tiny_run
+  with open(os.path.join(workdir, "results.json")) as f:
+    saved = json.load(f)
+  assert len(saved["methods"]["full"]["topic"]) == 2 and len(saved["methods"]["full"]["topic"][0]) == 2
+  assert all(os.path.exists(p) for p in res["plots"])
+  assert os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+  with pytest.raises(ValueError, match="unknown variant"):
+    cfg_mod.get_config("huge")
