@@ -56,15 +56,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.sampler = ml_collections.ConfigDict(dict(num_samples=100, num_steps=25, method="ddim", eta=0.0,
                                              guidance_scale=2.0, clip_x0=1.0))
-  c.judge = ml_collections.ConfigDict(dict(enabled=True, num_steps=400, batch_size=64, features=(16, 32), dense=64,
+  c.judge = ml_collections.ConfigDict(dict(enabled=True, num_steps=300, batch_size=64, features=(16, 32), dense=64,
                                            learning_rate=2e-3))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   c.mesh_devices = 0               # 0: all devices; n: the first n
   c.fast_compile = False           # True: compile run()'s evaluation programs at XLA backend level 0
-  # The reproduction (experiment.reproduce): equal compute (XLA FLOPs of a train step) for three arms, 3 seeds.
+  # The reproduction (papers/mdm/study.py reproduce): equal compute (XLA FLOPs of a train step) for three arms, 3 seeds.
   c.repro = ml_collections.ConfigDict(dict(
-      seeds=(0, 1, 2), budget_nested_steps=300, inner_fraction=0.25, checkpoints=3, eval_examples=256,
-      samples_per_seed=40, sample_steps=16))
+      seeds=(0, 1, 2), budget_nested_steps=150, inner_fraction=0.25, checkpoints=3, eval_examples=128,
+      samples_per_seed=30, sample_steps=16))
 
   if "p2" in parts:
     c.diffusion.power = 2.0
