@@ -98,6 +98,15 @@ def ddim_sigma2(alpha_bar_t: jax.Array, alpha_bar_s: jax.Array, eta: float) -> j
   """sigma_t(eta)^2 = eta^2 (1 - abar_s) / (1 - abar_t) (1 - abar_t / abar_s).   # DDIM Eq. (16)
 
   eta = 1 is DDPM's posterior variance beta-tilde; eta = 0 is the deterministic DDIM.
+
+  Args:
+    alpha_bar_t: abar at the current (noisier) time; scalar or any shape broadcasting with alpha_bar_s,
+      in [0, 1).
+    alpha_bar_s: abar at the next (cleaner) time, abar_s > abar_t; 1 gives variance 0.
+    eta: float >= 0, DDIM's stochasticity.
+
+  Returns:
+    the variance sigma^2, of the broadcast shape of the two noise levels.
   """
   return eta ** 2 * (1.0 - alpha_bar_s) / (1.0 - alpha_bar_t) * (1.0 - alpha_bar_t / alpha_bar_s)
 
@@ -128,7 +137,25 @@ def ddim_transition(x_t: jax.Array, model_out: jax.Array, alpha_bar_t: jax.Array
 
 def transition(method: str, x_t, model_out, alpha_bar_t, alpha_bar_s, *, eta: float = 0.0,
                prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None) -> Transition:
-  """Dispatches to `ddpm_transition` or `ddim_transition` by name."""
+  """Dispatches to `ddpm_transition` or `ddim_transition` by name.
+
+  Args:
+    method: 'ddpm' or 'ddim'.
+    x_t: [B, ...] current state.
+    model_out: [B, ...] network output of type `prediction`.
+    alpha_bar_t: scalar or [B] current noise level.
+    alpha_bar_s: scalar or [B] next noise level, abar_t < abar_s.
+    eta: DDIM's eta (ignored by 'ddpm').
+    prediction: 'eps' | 'x0' | 'v'.
+    variance: DDPM's 'posterior' or 'beta' (ignored by 'ddim').
+    clip_x0: None, a float c or a (lo, hi) pair.
+
+  Returns:
+    Transition(mean, var, x0, eps).
+
+  Raises:
+    ValueError: unknown method (or, from the kernels, unknown variance / prediction).
+  """
   if method == "ddpm":
     return ddpm_transition(x_t, model_out, alpha_bar_t, alpha_bar_s, prediction=prediction, variance=variance,
                            clip_x0=clip_x0)
@@ -189,7 +216,15 @@ def sampling_grid(schedule: Schedule, num_steps: int | None = None, spacing: str
 
 
 def split_sampler_keys(key: jax.Array, num_steps: int) -> tuple[jax.Array, jax.Array]:
-  """(key_init for x_T, step_keys [N]) exactly as `sample` splits its key (so steps can be replayed)."""
+  """(key_init for x_T, step_keys [N]) exactly as `sample` splits its key (so steps can be replayed).
+
+  Args:
+    key: the PRNG key passed to `sample`.
+    num_steps: N, the number of sampler steps.
+
+  Returns:
+    (key_init, step_keys) with step_keys of shape [N] (typed keys) or [N, 2] uint32 (raw keys).
+  """
   key_init, key_steps = jax.random.split(key)
   return key_init, jax.random.split(key_steps, num_steps)
 
@@ -234,6 +269,15 @@ def bind_condition(denoiser: Callable, cond: Any = None, null_cond: Any = None,
                    guidance_scale: float | None = None) -> Callable:
   """`(x, t) -> prediction` from a denoiser: guided (CFG) when guidance_scale is given, conditioned when cond
   is, the denoiser itself otherwise. Shared by `sample` and `sample_levels`.
+
+  Args:
+    denoiser: (x_t [B, ...], t [B]) -> prediction, or (x_t, t, c) -> prediction when cond is given.
+    cond: None or the condition (pytree, leading axis B).
+    null_cond: the "no condition" value for guidance (same structure; leading axis B or 1).
+    guidance_scale: None (no guidance) or CFG's w (see `classifier_free_guidance`).
+
+  Returns:
+    denoiser(x_t, t) -> prediction of x_t's shape.
 
   Raises:
     ValueError: guidance_scale without both cond and null_cond.

@@ -111,7 +111,18 @@ class DiscreteSchedule:
 
 
 def from_betas(betas, name: str = "custom") -> DiscreteSchedule:
-  """Builds a DiscreteSchedule from betas [T] (checked to lie in (0, 1))."""
+  """Builds a DiscreteSchedule from betas [T] (checked to lie in (0, 1)).
+
+  Args:
+    betas: [T] array-like of beta_t, strictly inside (0, 1); alpha_bar and log-SNR are computed in float64.
+    name: label stored on the schedule.
+
+  Returns:
+    DiscreteSchedule with float32 [T] betas, alphas, alpha_bars, log_snrs.
+
+  Raises:
+    ValueError: betas empty, not 1-D, non-finite or outside (0, 1).
+  """
   betas = np.asarray(betas, np.float64)
   if betas.ndim != 1 or betas.size == 0:
     raise ValueError(f"betas must be a non-empty 1-D array, got shape {betas.shape}.")
@@ -126,7 +137,18 @@ def from_betas(betas, name: str = "custom") -> DiscreteSchedule:
 
 
 def from_alpha_bars(alpha_bars, name: str = "custom") -> DiscreteSchedule:
-  """Builds a DiscreteSchedule from a decreasing alpha_bar [T] in (0, 1]: beta_t = 1 - abar_t / abar_{t-1}."""
+  """Builds a DiscreteSchedule from a decreasing alpha_bar [T] in (0, 1]: beta_t = 1 - abar_t / abar_{t-1}.
+
+  Args:
+    alpha_bars: [T] array-like, strictly decreasing, inside (0, 1].
+    name: label stored on the schedule.
+
+  Returns:
+    DiscreteSchedule of length T.
+
+  Raises:
+    ValueError: alpha_bars not 1-D, not strictly decreasing or outside (0, 1].
+  """
   ab = np.asarray(alpha_bars, np.float64)
   if ab.ndim != 1 or np.any(ab <= 0) or np.any(ab > 1) or np.any(np.diff(ab) >= 0):
     raise ValueError("alpha_bars must be 1-D, strictly decreasing and inside (0, 1].")
@@ -139,19 +161,44 @@ def linear_beta_schedule(num_timesteps: int = 1000, beta_start: float = 1e-4, be
   """DDPM's linear schedule (Ho et al. 2020, Sec. 4): beta_t = linspace(beta_start, beta_end, T).
 
   The DDPM defaults (1e-4, 0.02, T = 1000) are diffusers' 'linear'.
+
+  Args:
+    num_timesteps: T.
+    beta_start: beta_0.
+    beta_end: beta_{T-1}.
+
+  Returns:
+    DiscreteSchedule named 'linear'.
   """
   return from_betas(np.linspace(beta_start, beta_end, num_timesteps, dtype=np.float64), "linear")
 
 
 def scaled_linear_beta_schedule(num_timesteps: int = 1000, beta_start: float = 0.00085, beta_end: float = 0.012
                                 ) -> DiscreteSchedule:
-  """Latent-diffusion's 'scaled_linear': beta_t = linspace(sqrt(beta_start), sqrt(beta_end), T) ** 2."""
+  """Latent-diffusion's 'scaled_linear': beta_t = linspace(sqrt(beta_start), sqrt(beta_end), T) ** 2.
+
+  Args:
+    num_timesteps: T.
+    beta_start: beta_0.
+    beta_end: beta_{T-1}.
+
+  Returns:
+    DiscreteSchedule named 'scaled_linear'.
+  """
   return from_betas(np.linspace(beta_start ** 0.5, beta_end ** 0.5, num_timesteps, dtype=np.float64) ** 2,
                     "scaled_linear")
 
 
 def cosine_alpha_bar(u, s: float = 0.008):
-  """Nichol & Dhariwal (2021) Eq. (17) before normalisation: f(u) = cos(((u + s) / (1 + s)) * pi / 2) ** 2."""
+  """Nichol & Dhariwal (2021) Eq. (17) before normalisation: f(u) = cos(((u + s) / (1 + s)) * pi / 2) ** 2.
+
+  Args:
+    u: float or array (any shape) of fractional times t / T in [0, 1].
+    s: the small offset that keeps beta away from 0 near u = 0.
+
+  Returns:
+    float64 numpy array of u's shape, f(u) in [0, 1].
+  """
   return np.cos((np.asarray(u, np.float64) + s) / (1.0 + s) * np.pi / 2) ** 2
 
 
@@ -162,6 +209,14 @@ def cosine_beta_schedule(num_timesteps: int = 1000, s: float = 0.008, max_beta: 
   alpha_bar_t = f(t / T) / f(0) for DDPM step t = 1..T, so with our 0-indexed t:
   beta_t = min(1 - f((t + 1) / T) / f(t / T), max_beta)  (the f(0) normalisation cancels in the ratio; the cap
   0.999 avoids the singularity at the end, as both the paper and diffusers do).
+
+  Args:
+    num_timesteps: T.
+    s: offset of `cosine_alpha_bar`.
+    max_beta: cap on every beta_t.
+
+  Returns:
+    DiscreteSchedule named 'cosine'.
   """
   i = np.arange(num_timesteps, dtype=np.float64)
   betas = np.minimum(1.0 - cosine_alpha_bar((i + 1) / num_timesteps, s) / cosine_alpha_bar(i / num_timesteps, s),
@@ -180,13 +235,33 @@ def shift_schedule(schedule: DiscreteSchedule, shift: float) -> DiscreteSchedule
 
   With `shift = resolution_shift(base, res)` this is the SNR shift of simple diffusion / MDM for a discrete
   schedule (negative shift = more noise at every step).
+
+  Args:
+    schedule: the DiscreteSchedule to shift (length T).
+    shift: float added to every log-SNR.
+
+  Returns:
+    DiscreteSchedule of length T named '<name>+shift<shift>'.
   """
   lam = np.asarray(schedule.log_snrs, np.float64) + float(shift)
   return from_alpha_bars(1.0 / (1.0 + np.exp(-lam)), f"{schedule.name}+shift{shift:+.3g}")
 
 
 def make_schedule(name: str, num_timesteps: int = 1000, **kwargs) -> DiscreteSchedule:
-  """A discrete schedule by name: 'linear', 'scaled_linear', 'cosine', 'squaredcos_cap_v2'."""
+  """A discrete schedule by name: 'linear', 'scaled_linear', 'cosine', 'squaredcos_cap_v2'.
+
+  Args:
+    name: schedule name (above).
+    num_timesteps: T.
+    **kwargs: passed to the named builder (beta_start / beta_end, or s / max_beta; other names raise
+      TypeError; 'squaredcos_cap_v2' silently ignores them).
+
+  Returns:
+    DiscreteSchedule of length T.
+
+  Raises:
+    ValueError: unknown name.
+  """
   if name == "linear":
     return linear_beta_schedule(num_timesteps, **kwargs)
   if name == "scaled_linear":
@@ -207,6 +282,16 @@ def resolution_shift(base_resolution: float, resolution: float) -> float:
 
   Hoogeboom et al. 2023 ("simple diffusion", Eq. 4 and Sec. 3.1) and Matryoshka Diffusion (Gu et al. 2024):
   lambda_res(t) = lambda_base(t) + 2 log(base / res). E.g. base 64, res 256: shift = 2 log(1/4) = -2.7726.
+
+  Args:
+    base_resolution: side length the schedule was designed for (> 0).
+    resolution: side length it is used at (> 0).
+
+  Returns:
+    the shift as a Python float (negative when resolution > base_resolution).
+
+  Raises:
+    ValueError: a non-positive resolution.
   """
   if base_resolution <= 0 or resolution <= 0:
     raise ValueError(f"resolutions must be positive, got base={base_resolution}, res={resolution}.")
@@ -291,7 +376,18 @@ Schedule = Union[DiscreteSchedule, ContinuousSchedule]
 
 
 def discretize(schedule: ContinuousSchedule, num_timesteps: int = 1000) -> DiscreteSchedule:
-  """Samples a continuous schedule at t = (i + 1) / T, i = 0..T-1, as a DiscreteSchedule."""
+  """Samples a continuous schedule at t = (i + 1) / T, i = 0..T-1, as a DiscreteSchedule.
+
+  Args:
+    schedule: a ContinuousSchedule.
+    num_timesteps: T.
+
+  Returns:
+    DiscreteSchedule of length T named '<name>@<T>'.
+
+  Raises:
+    ValueError: the sampled alpha_bars are not strictly decreasing in (0, 1] (from `from_alpha_bars`).
+  """
   t = (np.arange(num_timesteps, dtype=np.float64) + 1) / num_timesteps
   ab = 1.0 / (1.0 + np.exp(-schedule.log_snr(t, xp=np)))
   return from_alpha_bars(ab, f"{schedule.name}@{num_timesteps}")
