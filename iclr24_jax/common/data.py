@@ -40,6 +40,13 @@ class Dataset:
 
 
 def repo_root() -> pathlib.Path:
+  """The repository root (two folders above this file), e.g. /work/main for an editable checkout.
+
+  For a non-editable install this is the folder above site-packages' `iclr24_jax`, not a checkout.
+
+  Returns:
+    absolute pathlib.Path.
+  """
   return pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -66,7 +73,18 @@ def shared_data_dir(required: bool = False) -> pathlib.Path | None:
 
 
 def resolve_data_dir(path: str | os.PathLike, what: str = "data_dir") -> pathlib.Path:
-  """Returns `path` as an existing folder/file or raises a FileNotFoundError that says how to fix it."""
+  """Returns `path` as an existing folder/file or raises a FileNotFoundError that says how to fix it.
+
+  Args:
+    path: a folder or file path; `~` is expanded.
+    what: the config / flag name to cite in the error message.
+
+  Returns:
+    pathlib.Path of the existing path.
+
+  Raises:
+    FileNotFoundError: the path does not exist.
+  """
   p = pathlib.Path(os.path.expanduser(str(path)))
   if not p.exists():
     raise FileNotFoundError(f"{what} '{p}' does not exist; point config.data.data_dir (or --{what}) at the "
@@ -102,7 +120,17 @@ def load_mnist5k() -> Dataset:
 
 
 def load_natural_images(size: int | None = None, grey: bool = False) -> dict[str, np.ndarray]:
-  """scikit-image natural test images as float32 [H, W, C] in [0, 1] (optionally resized square)."""
+  """scikit-image natural test images as float32 [H, W, C] in [0, 1] (optionally resized square).
+
+  Images missing from the installed scikit-image (or needing a download) are skipped silently.
+
+  Args:
+    size: None keeps each image's own [H, W]; an int resizes to [size, size] (anti-aliased).
+    grey: True gives C = 1 (the channel mean of colour images); False gives C = 3 (grey images repeated).
+
+  Returns:
+    dict name -> float32 [H, W, C] array in [0, 1].
+  """
   import skimage.data as sd
   from skimage.transform import resize
   names = ["astronaut", "camera", "coffee", "chelsea", "rocket", "cat", "coins", "moon", "page", "text"]
@@ -131,7 +159,24 @@ def load_natural_images(size: int | None = None, grey: bool = False) -> dict[str
 
 def load_tfds(name: str, data_dir: str, image_key: str = "image", label_key: str = "label",
               val_fraction: float = 0.1) -> Dataset:
-  """Reads a prepared TFDS data set from `data_dir` with `tfds.data_source` (no TensorFlow needed)."""
+  """Reads a prepared TFDS data set from `data_dir` with `tfds.data_source` (no TensorFlow needed).
+
+  The 'train' split is shuffled with a fixed seed (0) and its first `val_fraction` becomes val; 'test' is kept.
+  Images are divided by 255 when their maximum exceeds 1.
+
+  Args:
+    name: TFDS builder name, e.g. 'mnist'.
+    data_dir: folder holding the prepared TFDS data.
+    image_key: feature name of the images.
+    label_key: feature name of the integer class labels.
+    val_fraction: share of 'train' held out as val, in [0, 1).
+
+  Returns:
+    Dataset with x float32 [N, H, W, C] in [0, 1] and y int32 [N].
+
+  Raises:
+    FileNotFoundError: data_dir is missing or holds no prepared data set `name`.
+  """
   import tensorflow_datasets as tfds
   resolve_data_dir(data_dir)
   try:
@@ -261,9 +306,19 @@ class BatchStream:
 
 def eval_batches(arrays: Mapping[str, np.ndarray], batch_size: int, pad_multiple: int = 1
                  ) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
-  """Fixed-size, in-order batches with a validity mask [batch_size] (the last batch is padded).
+  """Fixed-size, in-order batches with a validity mask [bs] (the last batch is padded).
 
   Padding keeps every batch the same shape, so an eval step compiles once.
+
+  Args:
+    arrays: mapping name -> array [N, ...] (all with the same N).
+    batch_size: rows per batch before rounding.
+    pad_multiple: the batch size used is bs = batch_size rounded up to a multiple of this (e.g. the device
+      count).
+
+  Yields:
+    (batch, mask): batch maps each name to [bs, ...] (zero rows after the data end), mask is bool [bs],
+    True on real rows.
   """
   arrays = {k: np.asarray(v) for k, v in arrays.items()}
   n = next(iter(arrays.values())).shape[0]
@@ -283,9 +338,25 @@ def eval_batches(arrays: Mapping[str, np.ndarray], batch_size: int, pad_multiple
 
 
 def as_batch(split: Split) -> dict[str, np.ndarray]:
+  """A split as a batch dict {'x': [N, ...] float32, 'y': [N] int32}.
+
+  Args:
+    split: a Split.
+
+  Returns:
+    dict with the split's own arrays (no copy).
+  """
   return {"x": split.x, "y": split.y}
 
 
 def describe(ds: Dataset) -> dict[str, Any]:
+  """A JSON-ready summary of a data set: name, split sizes, input_shape (list) and num_classes.
+
+  Args:
+    ds: a Dataset.
+
+  Returns:
+    dict name, train, val, test (ints), input_shape (list of ints), num_classes.
+  """
   return {"name": ds.name, "train": len(ds.train), "val": len(ds.val), "test": len(ds.test),
           "input_shape": list(ds.input_shape), "num_classes": ds.num_classes}
