@@ -15,6 +15,7 @@ from iclr24_jax.common import bench
 from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
+from iclr24_jax.common import stats
 from iclr24_jax.common.loop import compile_step
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.papers.pmp import data as data_lib
@@ -23,18 +24,17 @@ from iclr24_jax.papers.pmp.model import create_model
 from iclr24_jax.papers.pmp.experiment import FRAUD_ENV, MODEL_NAMES, PAPER_AUC, curve_plot, load_graph
 
 
-def _mean_std(vals: list[float]) -> tuple[float, float]:
-  return float(np.mean(vals)), float(np.std(vals, ddof=1)) if len(vals) > 1 else 0.0
-
-
 def _fmt(vals: list[float]) -> str:
-  m, s = _mean_std(vals)
-  return f"{m:.4f} +- {s:.4f}"
+  """'mean+-SE' over seeds."""
+  m, se = stats.mean_se(vals)
+  return f"{m:.4f}+-{se:.4f}"
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """PMP vs GraphSAGE vs GCN (same wrapper, same loop, same data) on the synthetic fraud graph (3 seeds) and the
-  four geom_gcn graphs (3 splits), next to the paper's YelpChi / Amazon / T-Finance AUC."""
+  four geom_gcn graphs (3 splits), next to the paper's YelpChi / Amazon / T-Finance AUC; plus the label-access
+  control (GraphSAGE with the neighbours' training labels as features). Comparison rows are judged with
+  `common.stats.compare_row` (paired by seed / split, 2 standard errors)."""
   from iclr24_jax.configs import pmp as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
@@ -43,12 +43,12 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   plots: list[str] = []
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
 
-  # 1) The embedded synthetic fraud graph.
+  # 1) The embedded synthetic fraud graph. Every arm sees the same graph and split per seed (paired by seed).
   cfg = cfg_mod.get_config("")
   if fast:
     cfg.num_steps = 60
     cfg.data.num_nodes = 1500
-  variants = ("pmp", "sage", "gcn") if fast else ("pmp", "sage", "gcn", "pmp_mean")
+  variants = ("pmp", "sage", "gcn", "sage_labels") if fast else ("pmp", "sage", "gcn", "sage_labels", "pmp_mean")
   res: dict[str, dict[str, list]] = {m: {"auc": [], "f1_macro": [], "gmean": []} for m in variants}
   homophily, histories = [], {}
   for seed in seeds:
@@ -59,32 +59,46 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
       c = cfg.copy_and_resolve_references()
       if m == "pmp_mean":
         c.model.aggregation = "mean"
-      out = train_lib.fit(c, data, mesh=mesh, model_name=m.split("_")[0])
+      # The label-access control: GraphSAGE (sum) with each node's per-relation counts of neighbours by
+      # training label (benign / fraud / unknown) as extra input features - PMP's label information without
+      # its partitioned, node-specific filters.
+      d = data_lib.with_neighbour_labels(data) if m == "sage_labels" else data
+      out = train_lib.fit(c, d, mesh=mesh, model_name=m.split("_")[0])
       for k in res[m]:
         res[m][k].append(out["test"][k])
-      if seed == seeds[0] and m != "pmp_mean":
+      if seed == seeds[0] and m in MODEL_NAMES:
         histories[m] = out["history"]
   plots.append(curve_plot(histories, "eval/val_auc", os.path.join(workdir, "synthetic_val_auc.png"),
                            "synthetic fraud graph: validation AUC (seed 0)"))
-  pmp_auc = np.mean(res["pmp"]["auc"])
-  base_auc = max(np.mean(res["sage"]["auc"]), np.mean(res["gcn"]["auc"]))
   paper_claim = "PMP best: YelpChi 0.9397 / Amazon 0.9757 / T-Finance 0.9710 AUC (GraphSAGE, GCN lower)"
   n_nodes = cfg.data.num_nodes
   hom = np.mean([[v[1] for v in h.values()] for h in homophily], 0)
   hom_b = np.mean([[v[0] for v in h.values()] for h in homophily], 0)
-  setting = (f"synthetic fraud graph (N={n_nodes}, 3 relations, 10% fraud, {len(seeds)} seed(s), "
-             f"{cfg.num_steps} full-graph steps)")
-  for m, label in (("pmp", "PMP (sum)"), ("sage", "GraphSAGE (sum)"), ("gcn", "GCN"), ("pmp_mean", "PMP (mean)")):
-    if m not in res:
-      continue
-    rows.append({"paper": "pmp", "experiment": f"{setting}: {label}", "metric": "test AUC (mean over seeds)",
-                 "ours": float(np.mean(res[m]["auc"])),
-                 "paper_value": paper_claim if m == "pmp" else ("below PMP" if m != "pmp_mean" else
-                                                                "official code sums (its config says mean)"),
-                 "holds": (bool(pmp_auc > base_auc) if not fast else None) if m == "pmp" else None,
-                 "notes": (f"AUC {_fmt(res[m]['auc'])}; F1-macro {_fmt(res[m]['f1_macro'])}; "
-                           f"G-mean {_fmt(res[m]['gmean'])} (threshold tuned on val)"),
-                 "plots": plots if m == "pmp" else []})
+  setting = (f"synthetic fraud graph (N={n_nodes}, 3 relations, 10% fraud, {cfg.num_steps} full-graph steps)")
+  others = {"F1-macro": "f1_macro", "G-mean": "gmean"}
+
+  def extra(m):
+    return "; ".join(f"{lab} {_fmt(res[m][k])}" for lab, k in others.items())
+
+  for m, label, claim in (
+      ("sage", "GraphSAGE (sum)", paper_claim),
+      ("gcn", "GCN", paper_claim),
+      ("sage_labels", "GraphSAGE + neighbours' training labels",
+       "(control, not in the paper) PMP's gain is more than label access: PMP > GraphSAGE given the same "
+       "training labels as neighbour features")):
+    rows.append(stats.compare_row(
+        paper="pmp", experiment=f"{setting}: PMP vs {label}", metric="test AUC", a=res["pmp"]["auc"],
+        b=res[m]["auc"], name_a="PMP", name_b=label, paper_value=claim, direction="greater", paired=True,
+        notes=f"paired by seed (same graph and split); PMP {extra('pmp')}; {label} {extra(m)} "
+              "(threshold tuned on val)", plots=plots if m == "sage" else []))
+  if "pmp_mean" in res:
+    row = stats.compare_row(
+        paper="pmp", experiment=f"{setting}: PMP sum vs PMP mean aggregation", metric="test AUC",
+        a=res["pmp"]["auc"], b=res["pmp_mean"]["auc"], name_a="sum", name_b="mean",
+        paper_value="(no claim) the official code sums; its config says mean", paired=True,
+        notes=f"mean aggregation: {extra('pmp_mean')}")
+    row["holds"] = None
+    rows.append(row)
   rows.append({"paper": "pmp", "experiment": "synthetic generator: per-relation fraud-class homophily",
                "metric": "homophily (fraud / benign)", "ours": " ".join(f"{a:.2f}/{b:.2f}" for a, b in zip(hom, hom_b)),
                "paper_value": "fraud nodes heterophilic (camouflage), benign homophilic", "holds": bool(np.all(hom < 0.5)),
@@ -100,8 +114,6 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   acc_table: dict[str, dict[str, list]] = {}
   for name in geom:
     gcfg = cfg_mod.get_config(name)
-    if fast:
-      gcfg.num_steps = 40
     acc = {m: {"accuracy": [], "auc": []} for m in ("pmp", "sage", "gcn")}
     for seed in seeds:
       gcfg.seed = seed
@@ -111,15 +123,14 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         acc[m]["accuracy"].append(out["test"]["accuracy"])
         acc[m]["auc"].append(out["test"]["auc"])
     acc_table[name] = acc
-    p = np.mean(acc["pmp"]["accuracy"])
-    b = max(np.mean(acc["sage"]["accuracy"]), np.mean(acc["gcn"]["accuracy"]))
-    rows.append({"paper": "pmp", "experiment": f"geom_gcn {name} (5 classes, multi-class PMP, {len(seeds)} split(s))",
-                 "metric": "test accuracy PMP (mean)", "ours": float(p),
-                 "paper_value": "no number in the paper; checked: PMP > GraphSAGE, GCN on a heterophilic graph",
-                 "holds": bool(p > b) if not fast else None,
-                 "notes": (f"accuracy PMP {_fmt(acc['pmp']['accuracy'])}, GraphSAGE {_fmt(acc['sage']['accuracy'])}, "
-                           f"GCN {_fmt(acc['gcn']['accuracy'])}; macro OvR AUC PMP {_fmt(acc['pmp']['auc'])}, "
-                           f"GraphSAGE {_fmt(acc['sage']['auc'])}, GCN {_fmt(acc['gcn']['auc'])}")})
+    for m in ("sage", "gcn"):
+      rows.append(stats.compare_row(
+          paper="pmp", experiment=f"geom_gcn {name} (5 classes, multi-class PMP): PMP vs {MODEL_NAMES[m]}",
+          metric="test accuracy", a=acc["pmp"]["accuracy"], b=acc[m]["accuracy"], name_a="PMP",
+          name_b=MODEL_NAMES[m], direction="greater", paired=True,
+          paper_value="no number in the paper; checked: PMP > GraphSAGE, GCN on a heterophilic graph",
+          notes=(f"paired by split (seed s = split {gcfg.data.split_seed} + s); macro OvR AUC PMP "
+                 f"{_fmt(acc['pmp']['auc'])}, {MODEL_NAMES[m]} {_fmt(acc[m]['auc'])}")))
   if acc_table:
     plots.append(_bar_plot(res, acc_table, os.path.join(workdir, "pmp_vs_baselines.png")))
     rows[0]["plots"] = plots
