@@ -11,6 +11,17 @@ def make_schedule(opt_config: Any, num_steps: int) -> optax.Schedule:
 
   Config fields: learning_rate, schedule ('constant' | 'cosine' | 'linear'), warmup_steps (default 0),
   end_factor (final lr / peak lr for cosine/linear, default 0).
+
+  Args:
+    opt_config: ConfigDict-like (supports `.learning_rate` and `.get`) with the fields above.
+    num_steps: total training steps; the decay spans max(num_steps - warmup_steps, 1) steps after a linear
+      warm-up from 0 to learning_rate.
+
+  Returns:
+    optax schedule: step (int) -> float32 learning rate.
+
+  Raises:
+    ValueError: unknown schedule kind.
   """
   lr = float(opt_config.learning_rate)
   kind = opt_config.get("schedule", "constant")
@@ -34,7 +45,19 @@ def make_optimizer(opt_config: Any, num_steps: int) -> optax.GradientTransformat
   """Builds the optax optimizer described by `config.optimizer`.
 
   Config fields: name ('adam' | 'adamw' | 'sgd' | 'lamb'), learning_rate, schedule, warmup_steps,
-  weight_decay, momentum (sgd), b1, b2, eps, grad_clip (global norm; 0 = off).
+  weight_decay, momentum (sgd; 0 = none), nesterov (sgd), b1, b2, eps (adam / adamw), grad_clip (global norm;
+  0 = off). For 'adam' and 'sgd' weight_decay is an L2 term added to the gradient (torch style); 'adamw' and
+  'lamb' decouple it.
+
+  Args:
+    opt_config: ConfigDict-like with the fields above (see `make_schedule` for the schedule ones).
+    num_steps: total training steps (for the schedule).
+
+  Returns:
+    optax.GradientTransformation.
+
+  Raises:
+    ValueError: unknown optimizer name or schedule.
   """
   name = opt_config.get("name", "adam")
   sched = make_schedule(opt_config, num_steps)

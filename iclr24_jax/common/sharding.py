@@ -65,7 +65,15 @@ def replicated_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
-  """Places every leaf of `tree` replicated on all devices of `mesh`."""
+  """Places every leaf of `tree` replicated on all devices of `mesh`.
+
+  Args:
+    tree: pytree of arrays (numpy or jax), any shapes.
+    mesh: the device mesh.
+
+  Returns:
+    the same pytree of jax.Arrays with sharding P() (a full copy on each device).
+  """
   return jax.device_put(tree, replicated_sharding(mesh))
 
 
@@ -133,6 +141,15 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   (tests, the notes in shared/notes/jax-distributed-cpu.md) pass the coordinator address, the process
   count and id, and the number of CPU devices per process; gloo collectives are enabled for them.
   Must run before any other JAX call in the process.
+
+  Args:
+    coordinator_address: 'host:port' of process 0's coordinator, or None to auto-detect.
+    num_processes: total number of processes, or None.
+    process_id: this process's index in [0, num_processes), or None.
+    cpu_devices_per_process: None (real accelerators) or the number of simulated CPU devices per process.
+
+  Raises:
+    ValueError: cpu_devices_per_process < 1 (from `simulate_cpu_devices`).
   """
   if cpu_devices_per_process is not None:
     simulate_cpu_devices(cpu_devices_per_process)
