@@ -60,7 +60,19 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def write_results(workdir: str, results: Mapping[str, Any], filename: str = "results.json") -> str:
-  """Writes the final numbers of a run as `workdir/results.json`; returns the path."""
+  """Writes the final numbers of a run as `workdir/results.json`; returns the path.
+
+  Values are converted with `to_python` (arrays -> lists, numpy scalars -> Python) and written atomically
+  (temporary file, then rename), keys sorted.
+
+  Args:
+    workdir: output folder (created if missing).
+    results: mapping of JSON-serialisable values (after `to_python`).
+    filename: file name inside workdir.
+
+  Returns:
+    the path written.
+  """
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, filename)
   tmp = path + ".tmp"
@@ -112,7 +124,15 @@ class Progress:
 
 
 def save_figure(fig, path: str) -> str:
-  """Saves a matplotlib figure as PNG (creating folders) and closes it; returns the path."""
+  """Saves a matplotlib figure as PNG (creating folders) and closes it; returns the path.
+
+  Args:
+    fig: a matplotlib Figure.
+    path: output file path (dpi 110, tight bounding box).
+
+  Returns:
+    path.
+  """
   import matplotlib
   matplotlib.use("Agg", force=False)
   import matplotlib.pyplot as plt
@@ -123,7 +143,16 @@ def save_figure(fig, path: str) -> str:
 
 
 def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (4.0, 3.0)):
-  """Returns (fig, axes) from a headless matplotlib backend."""
+  """Returns (fig, axes) from a headless matplotlib backend.
+
+  Args:
+    ncols: number of subplot columns.
+    nrows: number of subplot rows.
+    size: (width, height) in inches of ONE subplot; the figure is ncols * width by nrows * height.
+
+  Returns:
+    (fig, axes) with axes a numpy object array [nrows, ncols] (never squeezed).
+  """
   import matplotlib
   matplotlib.use("Agg", force=False)
   import matplotlib.pyplot as plt
@@ -132,7 +161,18 @@ def new_figure(ncols: int = 1, nrows: int = 1, size: tuple[float, float] = (4.0,
 
 def plot_curves(rows: Iterable[Mapping[str, Any]], keys: Iterable[str], path: str, x: str = "step",
                 title: str | None = None) -> str:
-  """Plots metric curves (e.g. rows of metrics.jsonl) for the given keys into a PNG."""
+  """Plots metric curves (e.g. rows of metrics.jsonl) for the given keys into a PNG.
+
+  Args:
+    rows: dicts, each holding the x key and some of `keys`; rows whose value is not an int/float are skipped.
+    keys: metric names to draw, one line each (keys absent from every row draw nothing).
+    path: PNG output path.
+    x: the row key used as abscissa.
+    title: optional axes title.
+
+  Returns:
+    path.
+  """
   rows = list(rows)
   fig, axes = new_figure()
   ax = axes[0, 0]
@@ -149,7 +189,17 @@ def plot_curves(rows: Iterable[Mapping[str, Any]], keys: Iterable[str], path: st
 
 
 def plot_image_grid(images: np.ndarray, path: str, ncols: int = 8, title: str | None = None) -> str:
-  """Saves a grid of images [N, H, W] or [N, H, W, C] (values in [0, 1]) as PNG."""
+  """Saves a grid of images [N, H, W] or [N, H, W, C] (values in [0, 1]) as PNG.
+
+  Args:
+    images: [N, H, W] or [N, H, W, C] (C = 1 or 3) with values in [0, 1] (clipped); grey images use a grey map.
+    path: PNG output path.
+    ncols: images per row; rows = ceil(N / ncols).
+    title: optional figure title.
+
+  Returns:
+    path.
+  """
   images = np.asarray(images)
   n = images.shape[0]
   nrows = max(1, math.ceil(n / ncols))
@@ -239,5 +289,17 @@ def ssim(x, truth, value_range: tuple[float, float] = (-1.0, 1.0)) -> np.ndarray
 
 
 def psnr_ssim(x, truth, value_range: tuple[float, float] = (-1.0, 1.0)) -> tuple[np.ndarray, np.ndarray]:
-  """(PSNR dB [N], SSIM [N]) per image for [N, H, W, C] arrays in `value_range` (compared in [0, 1])."""
+  """(PSNR dB [N], SSIM [N]) per image for [N, H, W, C] arrays in `value_range` (compared in [0, 1]).
+
+  Args:
+    x: images [N, H, W, C] in `value_range`.
+    truth: reference images [N, H, W, C].
+    value_range: (low, high) of the inputs.
+
+  Returns:
+    (psnr [N] float64 in dB, ssim [N] float64), see `psnr` and `ssim`.
+
+  Raises:
+    ValueError: shapes differ or are not 4-D, non-finite values, a bad value_range, or images under 3x3.
+  """
   return psnr(x, truth, value_range), ssim(x, truth, value_range)
