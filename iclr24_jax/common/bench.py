@@ -87,7 +87,21 @@ def time_fn(fn: Callable, *args: Any, repeats: int = 10, warmup: int = 1, items:
 
 
 def time_host(fn: Callable[[], Any], repeats: int = 3, items: int | None = None, name: str = "", **extra) -> dict:
-  """Times a whole host-side routine (first call reported separately as it includes compilation)."""
+  """Times a whole host-side routine (first call reported separately as it includes compilation).
+
+  Each call's outputs are blocked on (jax.block_until_ready) before the clock stops.
+
+  Args:
+    fn: zero-argument callable to time.
+    repeats: timed calls after the first (0: median_s is the first call's time).
+    items: items processed per call (for items_per_s), or None.
+    name: the row's name.
+    **extra: more columns copied into the row.
+
+  Returns:
+    row dict: name, first_call_s, median_s, steps_per_s, items_per_s, repeats, devices, backend, the peak
+    memory columns of `peak_memory_bytes()` and `extra`.
+  """
   t0 = time.perf_counter()
   _block(fn())
   first = time.perf_counter() - t0
@@ -118,7 +132,15 @@ def _fmt(v: Any) -> str:
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
-  """Formats rows as a Markdown table (columns default to the union of keys, in first-seen order)."""
+  r"""Formats rows as a Markdown table (columns default to the union of keys, in first-seen order).
+
+  Args:
+    rows: dicts of cell values (missing / None cells print '-'; floats 4 significant digits, 3 when tiny or huge).
+    columns: column names to show, in order, or None.
+
+  Returns:
+    the table as a string ending in a newline ('(no rows)\n' for no rows).
+  """
   if not rows:
     return "(no rows)\n"
   if columns is None:
@@ -135,7 +157,14 @@ def format_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> 
 
 def write_rows(rows: Sequence[dict], path_json: str, path_md: str | None = None,
                columns: Sequence[str] | None = None) -> None:
-  """Writes rows as JSON (and a Markdown table)."""
+  """Writes rows as JSON (and a Markdown table).
+
+  Args:
+    rows: dicts (non-JSON values are written with str()).
+    path_json: JSON output path (folders created).
+    path_md: optional Markdown output path for `format_table(rows, columns)` (its folder must exist).
+    columns: the Markdown table's columns (see `format_table`).
+  """
   os.makedirs(os.path.dirname(os.path.abspath(path_json)), exist_ok=True)
   with open(path_json, "w") as f:
     json.dump(list(rows), f, indent=2, default=str)

@@ -169,7 +169,16 @@ def bootstrap_diff(a: Sequence[float], b: Sequence[float], *, paired: bool = Tru
 
 
 def fmt_mean_se(mean: float, se: float, digits: int = 3) -> str:
-  """'0.712+-0.010' with `digits` significant digits."""
+  """'0.712+-0.010' with `digits` significant digits.
+
+  Args:
+    mean: the mean, printed with `digits` significant digits (format 'g').
+    se: its standard error, printed with 2 significant digits.
+    digits: significant digits of the mean.
+
+  Returns:
+    the string '<mean>+-<se>'.
+  """
   return f"{mean:.{digits}g}+-{se:.2g}"
 
 
