@@ -47,6 +47,16 @@ def bias_vector(logit_bias: Mapping[int, float] | None, vocab_size: int) -> np.n
   """{token id: additive bias} -> a dense [V] float32 vector (None stays None).
 
   Use -1e9 to forbid a token, large positive values to force it.
+
+  Args:
+    logit_bias: mapping token id (int in [0, V)) -> additive logit bias, or None; repeated ids add up.
+    vocab_size: V.
+
+  Returns:
+    float32 numpy [V] (zeros except the biased ids), or None.
+
+  Raises:
+    ValueError: a token id outside [0, V).
   """
   if logit_bias is None:
     return None
@@ -275,7 +285,15 @@ def decode_loop(first_logits: jax.Array, next_logits: Callable, carry0: Any, max
 
 
 def bucket(n: int, minimum: int = 16) -> int:
-  """Rounds a length up to a power of two (>= minimum) so varying inputs share compiled shapes."""
+  """Rounds a length up to a power of two (>= minimum) so varying inputs share compiled shapes.
+
+  Args:
+    n: the length to fit.
+    minimum: the smallest bucket (the result is minimum * 2^k).
+
+  Returns:
+    int: the smallest minimum * 2^k >= n.
+  """
   size = minimum
   while size < n:
     size *= 2

@@ -61,6 +61,15 @@ def _walk(node: Any, path: tuple[str, ...], out: dict):
 def target_paths(params: Any, targets: Sequence[str]) -> list[str]:
   """Paths ('layers/0/q_proj') of the dense layers whose name is in `targets`.
 
+  A dense layer is any dict holding a 'kernel'; its name is the last path component.
+
+  Args:
+    params: the base model's params pytree (nested dicts / lists).
+    targets: layer names to adapt, e.g. ('q_proj', 'v_proj').
+
+  Returns:
+    list of '/'-joined paths, in traversal order.
+
   Raises:
     ValueError: when nothing matches, listing the dense layer names that exist.
   """
@@ -122,7 +131,19 @@ def _map_targets(params: Any, lora_params: dict, fn: Callable[[dict, dict], dict
 
 
 def merge(params: Any, lora_params: dict, config: LoraConfig) -> Any:
-  """Base params with each targeted kernel replaced by W + (alpha / r) A B (a plain model again)."""
+  """Base params with each targeted kernel replaced by W + (alpha / r) A B (a plain model again).
+
+  Args:
+    params: the base model's params; each targeted 'kernel' is [in, out].
+    lora_params: {path: {'a': [in, r], 'b': [r, out]}} from `init`.
+    config: LoraConfig (its scale = alpha / r).
+
+  Returns:
+    params of the same structure, targeted kernels [in, out] in their original dtype.
+
+  Raises:
+    ValueError: a lora_params path is not a dense layer of params.
+  """
   def fn(p, ab):
     return {**p, "kernel": (p["kernel"] + config.scale * (ab["a"] @ ab["b"])).astype(p["kernel"].dtype)}
   return _map_targets(params, lora_params, fn)
@@ -132,6 +153,18 @@ def apply(params: Any, lora_params: dict, config: LoraConfig) -> Any:
   """Base params with the adapters attached unmerged (`layers.dense` computes x W + (x A) B * alpha / r).
 
   Cheaper than `merge` inside a train step when kernels are large; same outputs up to rounding.
+
+  Args:
+    params: the base model's params.
+    lora_params: {path: {'a': [in, r], 'b': [r, out]}} from `init`.
+    config: LoraConfig (its scale = alpha / r).
+
+  Returns:
+    params where each targeted layer dict also holds 'lora_a' [in, r], 'lora_b' [r, out] and a scalar
+    'lora_scale' (the adapters' dtype).
+
+  Raises:
+    ValueError: a lora_params path is not a dense layer of params.
   """
   def fn(p, ab):
     return {**p, "lora_a": ab["a"], "lora_b": ab["b"], "lora_scale": jnp.asarray(config.scale, ab["a"].dtype)}
