@@ -17,23 +17,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.paper = "mario"
   c.seed = 0
-  c.data = ml_collections.ConfigDict(dict(name="strategyqa", data_dir="", num_train=512, num_eval=48))
+  c.data = ml_collections.ConfigDict(dict(name="strategyqa", data_dir="", num_train=512, num_eval=32,
+                                          max_response_tokens=40))  # SFT / expert data: short silver only
   # Policy: SmolLM2-135M-Instruct + LoRA (the paper: T5-large, full finetuning).
   c.model = ml_collections.ConfigDict(dict(name="smollm2", vocab_size=0, lora_rank=8, lora_alpha=16.0,
                                            lora_targets=("q_proj", "v_proj", "o_proj", "up_proj", "down_proj")))
-  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=5e-4, max_grad_norm=0.5))
+  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3, max_grad_norm=0.5))
   c.rewards = ("plausibility", "diversity", "consistency")   # quantile-binned; task accuracy is the 4th code
   c.num_bins = 5                 # official n_extra_tokens 5
   c.kl_coef = 0.1                # the beta (official argument default 0.05)
   c.entropy_coef = 0.05          # official default
   c.temperature = 1.0            # official sampling: top-p 0.9 at temperature 1
   c.top_p = 0.9
-  c.eval_temperature = 0.0       # greedy evaluation
+  c.eval_temperature = 1.0       # evaluation samples like training (one compiled sampler); 0 = greedy
   c.expert_rollouts = True       # silver rationales join the pool (official ReferenceDataPool)
-  c.sft_steps = 16
+  c.sft_steps = 10
   c.quark_rounds = 1
-  c.samples_per_round = 48
-  c.quark_steps_per_round = 16
+  c.samples_per_round = 32
+  c.quark_steps_per_round = 10
   c.batch_size = 8
   c.max_len = 96                 # prompt (~22) + codes (4) + response; silver p90 ~60 tokens
   c.prompt_width = 48
@@ -61,6 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.optimizer.learning_rate = 1e-2
     c.data.num_train = 16
     c.data.num_eval = 4
+    c.data.max_response_tokens = 0
     c.sft_steps = 2
     c.samples_per_round = 4
     c.quark_steps_per_round = 2

@@ -32,6 +32,7 @@ def run(config: Any, workdir: str) -> dict:
                                    seed=int(config.seed) + 1)
   texts = [it["question"] + " " + it["rationale"] for it in train_items]
   models = pipeline.load_models(config, texts)
+  train_items = pipeline.short_items(models, train_items, int(config.data.get("max_response_tokens", 0)))
   out = pipeline.train_mario(config, models, train_items)
   names = tuple(config.rewards) + ("accuracy",)
   evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),

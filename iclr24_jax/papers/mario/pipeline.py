@@ -50,6 +50,20 @@ def load_items(dataset: str, split: str, data_dir: str | None = None, limit: int
   return items
 
 
+def short_items(models: Models, items: Sequence[dict], max_tokens: int) -> list[dict]:
+  """The items whose silver response (+ end token) fits in `max_tokens` tokens (0: all).
+
+  # Deviation: the SFT / expert data keep only short silver rationales so that sampled responses reach
+  # "So the answer is" within the decoding budget (a response cut before it is invalid).
+  """
+  if not max_tokens:
+    return list(items)
+  tok = models.tokenizer
+  return [it for it in items
+          if len(tok.encode(" " + rewards_lib.format_response(it["rationale"], it["answer"]), add_bos=False)) + 1
+          <= max_tokens]
+
+
 def tiny_models(config: Any, texts: Sequence[str]) -> Models:
   """A random tiny Llama with a BPE trained on `texts` (the 'tiny' config: seconds on CPU)."""
   tok = tok_lib.train_bpe(list(texts) + ["<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"],
@@ -106,14 +120,14 @@ def policy_params(models: Models, state) -> Any:
 def train_steps(models: Models, config: Any, state, kind: str, questions: Sequence[str], responses: Sequence[str],
                 prefixes: Sequence[Sequence[int]] | None, num_steps: int, rng: np.random.Generator,
                 history: list | None = None, stage: str = "") -> Any:
-  """`num_steps` SFT or Quark steps on minibatches drawn (shuffled, without replacement per epoch) from the rows."""
-  if kind == "sft":
-    step = _compiled(models, "sft_step", lambda: jax.jit(quark.make_sft_step(models.config, models.lora_config),
-                                                         donate_argnums=0))
-  else:
-    step = _compiled(models, "quark_step", lambda: jax.jit(quark.make_quark_step(
-        models.config, models.lora_config, kl_coef=float(config.kl_coef), entropy_coef=float(config.entropy_coef)),
-        donate_argnums=0))
+  """`num_steps` SFT (kind 'sft', prefixes None) or Quark steps on minibatches drawn (shuffled, without replacement per epoch) from the rows."""
+  if kind not in ("sft", "quark"):
+    raise ValueError(f"kind must be 'sft' or 'quark', got {kind!r}.")
+  # One compiled program for both: SFT is the Quark loss without codes and with the KL / entropy scales at 0.
+  step = _compiled(models, "quark_step", lambda: jax.jit(quark.make_quark_step(
+      models.config, models.lora_config, kl_coef=float(config.kl_coef), entropy_coef=float(config.entropy_coef)),
+      donate_argnums=0))
+  scale = np.float32(0.0 if kind == "sft" else 1.0)
   n = len(questions)
   bsz = int(config.batch_size)
   if n < bsz:
@@ -127,8 +141,7 @@ def train_steps(models: Models, config: Any, state, kind: str, questions: Sequen
     pos += bsz
     batch = quark.encode_examples(models.tokenizer, [questions[j] for j in idx], [responses[j] for j in idx],
                                   None if prefixes is None else [prefixes[j] for j in idx], max_len=int(config.max_len))
-    if kind == "sft":
-      batch = {k: v for k, v in batch.items() if k != "code_mask"}
+    batch.update(kl_scale=scale, entropy_scale=scale)
     state, metrics = step(state, batch, jax.random.key(0))
     if history is not None and (i % max(int(config.log_every), 1) == 0 or i == num_steps - 1):
       history.append({"stage": stage, "step": i, **{k: float(v) for k, v in jax.device_get(metrics).items()}})
@@ -258,7 +271,7 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
 
 def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Mapping[str, int] | None,
              key: jax.Array | None = None) -> dict[str, Any]:
-  """Responses to `items` (greedy unless config.eval_temperature > 0) and their per-item rewards.
+  """Responses to `items` (top-p sampling as in training, config.eval_temperature / top_p) and per-item rewards.
 
   Returns:
     {'responses': [N] str, 'valid': [N] bool, name: [N] float for every reward and 'accuracy'}.
@@ -266,7 +279,7 @@ def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Ma
   key = jax.random.key(int(config.seed) + 1000) if key is None else key
   qs = [it["question"] for it in items]
   resp = generate(models, config, policy_params(models, state), qs, bins, key,
-                  temperature=float(config.eval_temperature), top_p=1.0)
+                  temperature=float(config.eval_temperature), top_p=float(config.top_p))
   out: dict[str, Any] = {"responses": resp, "valid": np.asarray([_is_valid(r) for r in resp])}
   out.update(score(models, config, qs, resp, [it["answer"] for it in items]))
   return out

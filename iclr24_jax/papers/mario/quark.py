@@ -98,7 +98,9 @@ def quark_loss(params: Any, config: Any, batch: Mapping[str, jax.Array], ref_par
     config: `llama.LlamaConfig` (decoder-only) or `t5.T5Config`.
     batch: Llama: ids, mask, loss_mask, code_mask [B, T] (see `encode_examples`). T5: inputs, input_mask,
       labels [B, K + T'] (codes then response), label_mask, loss_mask (no codes), ref_labels [B, T'] and
-      ref_label_mask (the response alone; K = the difference of the two widths).
+      ref_label_mask (the response alone; K = the difference of the two widths). Either may hold scalars
+      `kl_scale` / `entropy_scale` multiplying the coefficients (0 and 0 with no codes: the SFT loss, so one
+      compiled step serves SFT and Quark).
     ref_params: the frozen reference (the LoRA base).
     kl_coef, entropy_coef, task_coef: the coefficients (official defaults 0.05, 0.05, 1.0; the issue's beta 0.1).
 
@@ -124,7 +126,10 @@ def quark_loss(params: Any, config: Any, batch: Mapping[str, jax.Array], ref_par
   kl_tok = lm_train.token_kl(logits, ref_logits)
   ent_tok = _entropy(logp)
   nll, kl, ent = (jnp.sum(x * w) / n for x in (nll_tok, kl_tok, ent_tok))
-  loss = nll + kl_coef * kl - entropy_coef * ent                 # reduce_mean(lm + kl_coef kl - ent_coef H)
+  # Optional batch scalars scale the two regularisers (SFT = scales 0 through the same compiled step).
+  kl_w = kl_coef * batch.get("kl_scale", 1.0)
+  ent_w = entropy_coef * batch.get("entropy_scale", 1.0)
+  loss = nll + kl_w * kl - ent_w * ent                           # reduce_mean(lm + kl_coef kl - ent_coef H)
   task_nll = jnp.zeros((), jnp.float32)
   if task_coef > 0 and "task_ids" in batch:
     task_nll, _ = lm_train.causal_lm_loss(params, config, {"ids": batch["task_ids"], "mask": batch["task_mask"],

@@ -107,11 +107,23 @@ def answer_prompt(question: str, rationale: str | None = None) -> str:
   return text + ANSWER_MARKER
 
 
+# Prompt widths of the reward LMs: one compiled scorer for nearly every prompt (shorter ones are padded).
+SCORE_WIDTHS = (128, 256, 512)
+
+
+def _logprobs(params, config, tokenizer, prompts, options, batch_size):
+  """`choice_logprobs` on full batches only (padded with copies of the first prompt): one compiled program."""
+  n = len(prompts)
+  padded = list(prompts) + [prompts[0]] * (-n % batch_size)
+  return scoring.choice_logprobs(params, config, tokenizer, padded, options, batch_size=batch_size,
+                                 widths=SCORE_WIDTHS)[:n]
+
+
 def _choice_probs(params, config, tokenizer, prompts, choices, batch_size):
   """[N, C] softmax over the choices of the length-normalised log-probabilities (the official rq_score)."""
   options = [" " + c.strip() for c in choices]
   lengths = np.asarray([len(tokenizer.encode(o, add_bos=False)) for o in options], np.float64)
-  lp = scoring.choice_logprobs(params, config, tokenizer, prompts, options, batch_size=batch_size) / lengths
+  lp = _logprobs(params, config, tokenizer, prompts, options, batch_size) / lengths
   lp = lp - lp.max(axis=1, keepdims=True)
   p = np.exp(lp)
   return p / p.sum(axis=1, keepdims=True)
@@ -189,8 +201,8 @@ def plausibility_reward(params, config, tokenizer, questions: Sequence[str], rat
   if not questions:
     return np.zeros((0,), np.float64)
   pairs = [plausibility_prompts(q, r) for q, r in zip(questions, rationales)]
-  lp = scoring.choice_logprobs(params, config, tokenizer, [p for pair in pairs for p in pair],
-                               list(PLAUSIBILITY_OPTIONS), batch_size=batch_size)
+  lp = _logprobs(params, config, tokenizer, [p for pair in pairs for p in pair], list(PLAUSIBILITY_OPTIONS),
+                 batch_size)
   lp_ab, lp_ba = lp[0::2], lp[1::2]
   # In order ab "Yes" is option (a); in order ba it is option (b): debiased log-odds for "Yes".
   pref = np.asarray(scoring.debiased_preference(lp_ab, lp_ba), np.float64)

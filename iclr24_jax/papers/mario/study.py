@@ -13,7 +13,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -62,14 +61,20 @@ def _bar_plot(evals: dict, silver: dict, names: tuple, path: str) -> str:
   return metrics_lib.save_figure(fig, path)
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """SFT vs MaRio and the controllability check on StrategyQA (see the module docstring)."""
+def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> list[dict]:
+  """SFT vs MaRio and the controllability check on StrategyQA (see the module docstring).
+
+  Args:
+    workdir: output folder (plot, mario_details.json).
+    fast: smaller settings (4 + 4 steps, 16 samples, 16 questions).
+    variant: the config variant ('strategyqa'; 'strategyqa,tiny' runs the whole study on the tiny model).
+  """
   from iclr24_jax.configs import mario as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   cpu_start = time.process_time()
-  config = cfg_mod.get_config("strategyqa")
-  if fast:
+  config = cfg_mod.get_config(variant)
+  if fast and config.model.name != "tiny":
     config.sft_steps, config.quark_steps_per_round, config.samples_per_round = 4, 4, 16
     config.data.num_eval = 16
   data_dir = config.data.get("data_dir") or None
@@ -77,7 +82,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                                     silver_only=True, seed=int(config.seed))
   test_items = pipeline.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
                                    seed=int(config.seed) + 1)
-  models = pipeline.load_models(config)
+  models = pipeline.load_models(config, [it["question"] + " " + it["rationale"] for it in train_items])
+  train_items = pipeline.short_items(models, train_items, int(config.data.max_response_tokens))
   out = pipeline.train_mario(config, models, train_items)
   evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
            "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
@@ -85,7 +91,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   silver = pipeline.score_silver(models, config, test_items)
   names = tuple(config.rewards) + ("accuracy",)
   n_eval = len(test_items)
-  setting = (f"StrategyQA test ({n_eval} questions), SmolLM2-135M-Instruct + LoRA r{config.model.lora_rank}: "
+  model = "SmolLM2-135M-Instruct" if config.model.name == "smollm2" else "tiny random Llama"
+  setting = (f"StrategyQA test ({n_eval} questions), {model} + LoRA r{config.model.lora_rank}: "
              f"SFT {config.sft_steps} steps, {config.quark_rounds} Quark round(s) x {config.samples_per_round} "
              f"samples + silver, {config.quark_steps_per_round} Quark steps (batch {config.batch_size}); 1 seed")
   plot = _bar_plot(evals, silver, names, os.path.join(workdir, "mario_rewards.png"))
