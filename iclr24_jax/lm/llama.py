@@ -121,7 +121,19 @@ def tiny_config(vocab_size: int = 256, **changes) -> LlamaConfig:
 
 def gpt2_config(vocab_size: int = 50257, hidden_size: int = 768, num_layers: int = 12, num_heads: int = 12,
                 max_seq_len: int = 1024, **changes) -> LlamaConfig:
-  """GPT-2 style: LayerNorm, learned positions, GELU MLP (4x), biases, tied head, full multi-head attention."""
+  """GPT-2 style: LayerNorm, learned positions, GELU MLP (4x), biases, tied head, full multi-head attention.
+
+  Args:
+    vocab_size: V (50257 for the GPT-2 tokenizer).
+    hidden_size: D (768 for GPT-2 small).
+    num_layers: transformer blocks.
+    num_heads: attention heads (also the kv heads: no grouped-query attention).
+    max_seq_len: number of learned positions.
+    **changes: any other LlamaConfig field, overriding the GPT-2 defaults.
+
+  Returns:
+    LlamaConfig.
+  """
   base = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers, num_heads=num_heads,
               num_kv_heads=num_heads, intermediate_size=4 * hidden_size, norm="layer", mlp="gelu",
               position="learned", use_bias=True, norm_eps=1e-5, max_seq_len=max_seq_len, tie_embeddings=True)
@@ -364,7 +376,15 @@ def _mlp(layer: dict, x: jax.Array, config: LlamaConfig) -> jax.Array:
 
 
 def embed_tokens(params: Params, ids: jax.Array) -> jax.Array:
-  """Token embeddings [..., D] (float32 table, or the int8 table of `quantize_params`)."""
+  """Token embeddings [..., D] (float32 table, or the int8 table of `quantize_params`).
+
+  Args:
+    params: LM params holding 'embed' [V, D], or 'embed_q' int8 [V, D] with 'embed_scale' [V].
+    ids: int token ids of any shape [...], values in [0, V).
+
+  Returns:
+    [..., D] embeddings in the table's dtype (float32 when dequantised from int8).
+  """
   if "embed_q" in params:
     return (jnp.take(params["embed_q"], ids, axis=0).astype(jnp.float32)
             * jnp.take(params["embed_scale"], ids, axis=0)[..., None])
@@ -417,7 +437,16 @@ def quantize_params(params: Params, quantize_head: bool = True) -> Params:
 
 
 def output_logits(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax.Array:
-  """Logits from final (normed) hidden states [..., D] -> [..., V] (tied or untied head)."""
+  """Logits from final (normed) hidden states [..., D] -> [..., V] (tied or untied head).
+
+  Args:
+    params: LM params (the tied table 'embed' / 'embed_q', or 'lm_head' when config.tie_embeddings is False).
+    config: LlamaConfig (its tie_embeddings selects the head).
+    hidden: [..., D] final normed hidden states.
+
+  Returns:
+    logits [..., V].
+  """
   if config.tie_embeddings:
     if "embed_q" in params:
       return layers.int8_matmul(hidden, params["embed_q"], params["embed_scale"])
@@ -438,8 +467,19 @@ def hidden_states(params: Params, config: LlamaConfig, ids: jax.Array, mask: jax
                   cache: KVCache | None = None, last_only: bool = False):
   """The transformer trunk: final normed hidden states (see `forward` for the arguments).
 
+  Args:
+    params: parameter pytree (canonical or `fuse_params` / `quantize_params` form).
+    config: the model configuration.
+    ids: [B, T] int token ids.
+    mask: [B, T] bool/int, 1 for real tokens (default all ones).
+    cache: optional KVCache the T new tokens are written into.
+    last_only: keep only each row's last real token.
+
   Returns:
     hidden [B, T, D] (or [B, D] when last_only), and the updated cache when `cache` is given.
+
+  Raises:
+    ValueError: ids not [B, T] integers, or mask of another shape.
   """
   _check_inputs(ids, mask, config)
   b, t = ids.shape
