@@ -30,7 +30,17 @@ from iclr24_jax.lm.weights import (find_smollm2_gguf, load_gguf_llama, load_hf_g
 
 def chat_prompt(tok: Tokenizer, messages, add_generation_prompt: bool = True, system: str | None = None) -> str:
   """Renders a conversation (list of {'role', 'content'} dicts, or one user message str) with the
-  tokenizer's chat template (SmolLM2: ChatML with its default system prompt)."""
+  tokenizer's chat template (SmolLM2: ChatML with its default system prompt).
+
+  Args:
+    tok: the Tokenizer whose chat template is used.
+    messages: list of {'role': 'system' | 'user' | 'assistant', 'content': str}, or one user message str.
+    add_generation_prompt: end with the assistant header so the model answers next.
+    system: system prompt (None: the template's default).
+
+  Returns:
+    the prompt text (str, not token ids).
+  """
   return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, system=system)
 
 

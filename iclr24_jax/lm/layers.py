@@ -62,14 +62,32 @@ def int8_matmul(x: jax.Array, qkernel: jax.Array, qscale: jax.Array) -> jax.Arra
 
 
 def rms_norm(p: dict, x: jax.Array, eps: float) -> jax.Array:
-  """x / rms(x) * scale, computed in float32 (Llama RMSNorm; T5's LayerNorm is the same)."""
+  """x / rms(x) * scale, computed in float32 (Llama RMSNorm; T5's LayerNorm is the same).
+
+  Args:
+    p: {'scale': [D]}.
+    x: [..., D] activations (any float dtype).
+    eps: added to mean(x^2) before the inverse square root.
+
+  Returns:
+    [..., D] in x's dtype.
+  """
   xf = x.astype(jnp.float32)
   y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
   return (y * p["scale"]).astype(x.dtype)
 
 
 def layer_norm(p: dict, x: jax.Array, eps: float) -> jax.Array:
-  """Standard LayerNorm with scale and bias, computed in float32."""
+  """Standard LayerNorm with scale and bias, computed in float32.
+
+  Args:
+    p: {'scale': [D], 'bias': [D]}.
+    x: [..., D] activations (any float dtype).
+    eps: added to the variance before the inverse square root.
+
+  Returns:
+    [..., D] in x's dtype.
+  """
   xf = x.astype(jnp.float32)
   mu = jnp.mean(xf, axis=-1, keepdims=True)
   var = jnp.mean(jnp.square(xf - mu), axis=-1, keepdims=True)
@@ -79,7 +97,19 @@ def layer_norm(p: dict, x: jax.Array, eps: float) -> jax.Array:
 
 def dense_init(key: jax.Array, d_in: int, d_out: int, dtype=jnp.float32, bias: bool = False,
                std: float = 0.02) -> dict:
-  """Normal(0, std) kernel [d_in, d_out] and optional zero bias."""
+  """Normal(0, std) kernel [d_in, d_out] and optional zero bias.
+
+  Args:
+    key: PRNG key.
+    d_in: input width.
+    d_out: output width.
+    dtype: parameter dtype (the kernel is drawn in float32, then cast).
+    bias: add a zero 'bias' [d_out].
+    std: kernel standard deviation.
+
+  Returns:
+    {'kernel': [d_in, d_out]} (plus 'bias': [d_out]).
+  """
   p = {"kernel": (std * jax.random.normal(key, (d_in, d_out), jnp.float32)).astype(dtype)}
   if bias:
     p["bias"] = jnp.zeros((d_out,), dtype)
