@@ -172,7 +172,24 @@ class Tokenizer:
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, max_len: int | None = None, padding: str = "right",
                   truncation: str = "left", pad_to_multiple: int = 1, min_len: int = 1) -> tuple[np.ndarray, np.ndarray]:
-  """Pads lists of token ids into `ids [B, T] int32` and `mask [B, T] bool` (see Tokenizer.encode_batch)."""
+  """Pads lists of token ids into `ids [B, T] int32` and `mask [B, T] bool` (see Tokenizer.encode_batch).
+
+  Args:
+    seqs: B lists of int token ids (may be empty).
+    pad_id: id written at padded slots.
+    max_len: T; longer sequences are truncated. None: T = max(longest, min_len) rounded up to a multiple of
+      pad_to_multiple (both only used when max_len is None).
+    padding: 'right' or 'left' (where the pad slots go).
+    truncation: 'left' (keep the last max_len tokens) or 'right' (keep the first).
+    pad_to_multiple: see max_len.
+    min_len: see max_len.
+
+  Returns:
+    (ids int32 [B, T], mask bool [B, T], True at real tokens).
+
+  Raises:
+    ValueError: bad padding / truncation value, or no sequences.
+  """
   if padding not in ("right", "left"):
     raise ValueError(f"padding must be 'right' or 'left', got {padding!r}.")
   if truncation not in ("right", "left"):

@@ -97,6 +97,17 @@ def target_logits(params: Any, config: Any, batch: Mapping[str, jax.Array]
 
   `LlamaConfig`: `causal_target_logits` (batch ids / mask / loss_mask); `t5.T5Config`: `t5.label_logits`
   (batch inputs or input_embeds / input_mask / labels / label_mask / loss_mask).
+
+  Args:
+    params: the model's parameters.
+    config: LlamaConfig or t5.T5Config (selects the family).
+    batch: mapping of the family's batch arrays above ([B, T] ids / masks).
+
+  Returns:
+    (logits [B, T, V] float32, targets [B, T] int ids, weight [B, T] float loss weights).
+
+  Raises:
+    TypeError: config is neither LlamaConfig nor T5Config.
   """
   if isinstance(config, t5.T5Config):
     return t5.label_logits(params, config, batch)
@@ -215,7 +226,18 @@ def _base(state: TrainState):
 
 
 def model_params(state: TrainState, lora_config: lora_lib.LoraConfig | None = None) -> llama.Params:
-  """The parameters the model runs with: state.params, or the base with the adapters merged in."""
+  """The parameters the model runs with: state.params, or the base with the adapters merged in.
+
+  Args:
+    state: TrainState (its params are the adapters when training LoRA; the base is in state.extra['base']).
+    lora_config: the LoraConfig of the adapters, or None for full finetuning.
+
+  Returns:
+    model params pytree (`lora.merge`d when lora_config is given).
+
+  Raises:
+    ValueError: lora_config given but the state holds no base params.
+  """
   if lora_config is None:
     return state.params
   return lora_lib.merge(_base(state), state.params, lora_config)
@@ -230,7 +252,18 @@ def wants_reference(loss_fn: Callable) -> bool:
 
 
 def reference_params(state: TrainState, lora_config: lora_lib.LoraConfig | None = None) -> Any:
-  """The frozen reference policy: the LoRA base, or the copy kept by `init_train_state(keep_reference=True)`."""
+  """The frozen reference policy: the LoRA base, or the copy kept by `init_train_state(keep_reference=True)`.
+
+  Args:
+    state: TrainState.
+    lora_config: the LoraConfig when training adapters (the base is then the reference), else None.
+
+  Returns:
+    the reference params pytree.
+
+  Raises:
+    ValueError: the state keeps no reference (nor LoRA base).
+  """
   if lora_config is not None:
     return _base(state)
   if isinstance(state.extra, dict) and "reference" in state.extra:
