@@ -133,6 +133,11 @@ def _mlp_init(key, config, dtype):
 def init_params(key: jax.Array, config: T5Config, dtype=jnp.float32) -> dict:
   """Random T5 parameters (Hugging Face's initialisation scheme).
 
+  Args:
+    key: PRNG key.
+    config: T5Config (vocab_size V, d_model D, num_heads H, num_layers / n_dec, feed_forward_proj).
+    dtype: parameter dtype.
+
   Returns:
     {'shared': [V, D], 'encoder': {'rel_bias': [buckets, H], 'layers': [...], 'final_norm'},
      'decoder': {... each layer also has 'cross_attn'}, 'lm_head' (untied only)}.
@@ -166,7 +171,18 @@ def init_params(key: jax.Array, config: T5Config, dtype=jnp.float32) -> dict:
 def relative_position_bucket(relative_position: jax.Array, bidirectional: bool, num_buckets: int,
                              max_distance: int) -> jax.Array:
   """T5's bucketing of (key position - query position): exact for small offsets, log-spaced up to
-  max_distance; separate buckets for positive offsets when bidirectional (the encoder)."""
+  max_distance; separate buckets for positive offsets when bidirectional (the encoder).
+
+  Args:
+    relative_position: int array (any shape, e.g. [Q, K]) of key position - query position.
+    bidirectional: True for the encoder (half the buckets for positive offsets); False for the causal
+      decoder (positive offsets all land in bucket 0).
+    num_buckets: total number of buckets (32 in T5).
+    max_distance: offsets at or beyond this share the last bucket (128 in T5).
+
+  Returns:
+    int bucket ids in [0, num_buckets), relative_position's shape and dtype.
+  """
   buckets = jnp.zeros_like(relative_position)
   if bidirectional:
     num_buckets //= 2
@@ -185,7 +201,18 @@ def relative_position_bucket(relative_position: jax.Array, bidirectional: bool, 
 
 def position_bias(rel_bias: jax.Array, query_pos: jax.Array, key_pos: jax.Array, bidirectional: bool,
                   config: T5Config) -> jax.Array:
-  """[H, Q, K] additive attention bias from the bucket table [buckets, H]."""
+  """[H, Q, K] additive attention bias from the bucket table [buckets, H].
+
+  Args:
+    rel_bias: [buckets, H] learned bias table of the stack.
+    query_pos: [Q] int query positions.
+    key_pos: [K] int key positions.
+    bidirectional: True for the encoder, False for the decoder's self-attention.
+    config: T5Config (relative_attention_num_buckets, relative_attention_max_distance).
+
+  Returns:
+    [H, Q, K] bias in rel_bias's dtype.
+  """
   rel = key_pos[None, :] - query_pos[:, None]
   b = relative_position_bucket(rel, bidirectional, config.relative_attention_num_buckets,
                                config.relative_attention_max_distance)
@@ -278,7 +305,19 @@ class T5Cache:
 
 
 def init_cache(params: dict, config: T5Config, enc_out: jax.Array, enc_mask: jax.Array, max_len: int) -> T5Cache:
-  """An empty decoder cache with the cross-attention keys/values of `enc_out` precomputed."""
+  """An empty decoder cache with the cross-attention keys/values of `enc_out` precomputed.
+
+  Args:
+    params: T5 params.
+    config: T5Config (num_heads H, d_kv).
+    enc_out: [B, S, D] encoder output.
+    enc_mask: [B, S] bool/int encoder mask.
+    max_len: decoder slots L to allocate.
+
+  Returns:
+    T5Cache with self-attention k, v: per decoder layer [B, H, L, d_kv] zeros (enc_out's dtype); cross_k,
+    cross_v: per layer [B, H, S, d_kv]; enc_mask [B, S] bool; index 0.
+  """
   b = enc_out.shape[0]
   shape = (b, config.num_heads, max_len, config.d_kv)
   dec = params["decoder"]["layers"]
@@ -352,7 +391,15 @@ def decode(params: dict, config: T5Config, enc_out: jax.Array | None, enc_mask: 
 
 
 def shift_right(labels: jax.Array, start_id: int) -> jax.Array:
-  """Decoder inputs for teacher forcing: [start, labels[:-1]]."""
+  """Decoder inputs for teacher forcing: [start, labels[:-1]].
+
+  Args:
+    labels: [B, T] int target ids.
+    start_id: decoder start id (T5: the pad id 0).
+
+  Returns:
+    [B, T] ids in labels' dtype: start_id then labels[:, :-1].
+  """
   return jnp.concatenate([jnp.full((labels.shape[0], 1), start_id, labels.dtype), labels[:, :-1]], axis=1)
 
 
@@ -532,7 +579,19 @@ def _get(cfg, key, default):
 
 
 def convert_hf_state_dict(sd: Mapping[str, np.ndarray], config: T5Config, dtype=jnp.float32) -> dict:
-  """Hugging Face T5 weights ({'encoder.block.0.layer.0.SelfAttention.q.weight': [out, in], ...}) -> params."""
+  """Hugging Face T5 weights ({'encoder.block.0.layer.0.SelfAttention.q.weight': [out, in], ...}) -> params.
+
+  Args:
+    sd: name -> numpy array, Hugging Face layout (linear weights [out, in]).
+    config: T5Config matching the weights (layer counts, feed_forward_proj, tie_word_embeddings).
+    dtype: parameter dtype.
+
+  Returns:
+    params in the `init_params` layout (kernels transposed to [in, out]).
+
+  Raises:
+    KeyError: a weight the config expects is missing.
+  """
   sd = dict(sd)
   lin = lambda k: {"kernel": jnp.asarray(np.ascontiguousarray(sd[k].T), dtype)}  # noqa: E731
   norm = lambda k: {"scale": jnp.asarray(sd[k], dtype)}  # noqa: E731
@@ -568,7 +627,18 @@ def convert_hf_state_dict(sd: Mapping[str, np.ndarray], config: T5Config, dtype=
 
 
 def load_hf_t5(path: str | os.PathLike, dtype=jnp.float32) -> tuple[dict, T5Config]:
-  """A local Hugging Face T5 folder (config.json + *.safetensors) as (params, config)."""
+  """A local Hugging Face T5 folder (config.json + *.safetensors) as (params, config).
+
+  Args:
+    path: the model folder.
+    dtype: parameter dtype.
+
+  Returns:
+    (params, T5Config).
+
+  Raises:
+    FileNotFoundError: the folder has no config.json.
+  """
   from iclr24_jax.lm.weights import read_safetensors
   p = pathlib.Path(path)
   if not (p / "config.json").exists():
