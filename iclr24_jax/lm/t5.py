@@ -395,7 +395,7 @@ def shift_right(labels: jax.Array, start_id: int) -> jax.Array:
 
   Args:
     labels: [B, T] int target ids.
-    start_id: decoder start id (T5: the pad id 0).
+    start_id: decoder start id (config.decoder_start_id; T5 uses its pad id).
 
   Returns:
     [B, T] ids in labels' dtype: start_id then labels[:, :-1].
