@@ -171,7 +171,15 @@ def convert_gguf(path: str | os.PathLike) -> tuple[dict[str, np.ndarray], llama.
 
 
 def unflatten_params(flat: dict[str, Any], num_layers: int) -> llama.Params:
-  """{'layers.3.q_proj.kernel': x, ...} -> the nested pytree (layers as a list)."""
+  """{'layers.3.q_proj.kernel': x, ...} -> the nested pytree (layers as a list).
+
+  Args:
+    flat: dotted name -> array; names starting 'layers.<i>.' go to layer i, the rest nest by their dots.
+    num_layers: length of the 'layers' list (layers absent from flat stay empty dicts).
+
+  Returns:
+    the canonical llama params pytree (arrays unchanged).
+  """
   params: dict[str, Any] = {"layers": [{} for _ in range(num_layers)]}
   for key, value in flat.items():
     parts = key.split(".")
@@ -259,7 +267,15 @@ def load_gguf_llama(path: str | os.PathLike, dtype=jnp.float32, use_cache: bool 
 
 
 def load_gguf_tokenizer(path: str | os.PathLike, use_cache: bool = True) -> tok_lib.Tokenizer:
-  """Only the tokenizer of a GGUF file (from the cache when the weights were converted before)."""
+  """Only the tokenizer of a GGUF file (from the cache when the weights were converted before).
+
+  Args:
+    path: the .gguf file.
+    use_cache: read the tokenizer from the conversion cache when present (a broken cache entry is ignored).
+
+  Returns:
+    the byte-level BPE Tokenizer stored in the GGUF metadata.
+  """
   path = pathlib.Path(path)
   cdir = cache_dir() if use_cache else None
   if cdir is not None:
@@ -329,7 +345,18 @@ def load_safetensors_llama(path: str | os.PathLike, dtype=jnp.float32) -> tuple[
   """A Hugging Face Llama checkpoint folder (config.json + *.safetensors) as (params, config).
 
   Hugging Face stores Linear weights as [out, in] and q/k rows in the rotate-half layout; kernels are
-  transposed to [in, out].
+  transposed to [in, out] and the config says rope_layout='half'. A 'model.' key prefix is dropped; tensors
+  the model does not use are ignored.
+
+  Args:
+    path: the checkpoint folder.
+    dtype: parameter dtype.
+
+  Returns:
+    (canonical params with kernels [in, out], LlamaConfig).
+
+  Raises:
+    KeyError: a weight the config expects is missing.
   """
   p = pathlib.Path(path)
   with open(p / "config.json") as f:
@@ -391,7 +418,15 @@ def convert_hf_gpt2_state_dict(sd: dict[str, np.ndarray], config: llama.LlamaCon
 
 def load_hf_gpt2(path: str | os.PathLike, dtype=jnp.float32) -> tuple[llama.Params, llama.LlamaConfig]:
   """A local Hugging Face GPT-2 folder (config.json + *.safetensors) as (params, config); pair it with
-  `tokenizer.gpt2_tokenizer()`."""
+  `tokenizer.gpt2_tokenizer()`.
+
+  Args:
+    path: the model folder.
+    dtype: parameter dtype.
+
+  Returns:
+    (params, a `gpt2_config` LlamaConfig).
+  """
   p = pathlib.Path(path)
   with open(p / "config.json") as f:
     config = gpt2_config_from_hf(json.load(f))
@@ -400,7 +435,16 @@ def load_hf_gpt2(path: str | os.PathLike, dtype=jnp.float32) -> tuple[llama.Para
 
 def save_safetensors_llama(params: llama.Params, config: llama.LlamaConfig, path: str | os.PathLike) -> None:
   """Writes canonical params in Hugging Face Llama naming (config.json + model.safetensors); the inverse of
-  `load_safetensors_llama` (used by tests and to hand a model to other tools)."""
+  `load_safetensors_llama` (used by tests and to hand a model to other tools).
+
+  Args:
+    params: canonical (unfused, unquantised) llama params; kernels [in, out] are written as [out, in].
+    config: its LlamaConfig (Llama style only).
+    path: output folder (created).
+
+  Raises:
+    ValueError: config is not Llama style (rms norm, swiglu MLP, rope 'half').
+  """
   from safetensors.numpy import save_file
   if config.norm != "rms" or config.mlp != "swiglu" or config.position != "rope" or config.rope_layout != "half":
     raise ValueError("only Llama-style configs (rms norm, swiglu, rope 'half') can be saved in HF Llama format.")
