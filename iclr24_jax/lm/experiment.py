@@ -60,7 +60,22 @@ def _texts(config) -> tuple[list[str], list[str]]:
 
 
 def make_examples(config, tok: tok_lib.Tokenizer) -> tuple[list, list, list[str]]:
-  """(train examples, eval examples, sample prompts); an example is (ids, loss_mask) lists."""
+  """(train examples, eval examples, sample prompts); an example is (ids, loss_mask) lists.
+
+  Args:
+    config: the lm experiment ConfigDict (config.data.name 'qa' or 'paragraphs'; paragraphs read
+      config.data.data_dir when set, else the built-in corpus).
+    tok: the model's Tokenizer.
+
+  Returns:
+    (train, eval, prompts): train / eval are lists of (ids: list[int], loss_mask: list[int] of 0/1, same
+    length); 'qa' examples are the chat-templated question (mask 0) then the answer + EOS (mask 1),
+    'paragraphs' examples are whole texts (mask 1). prompts are str (held-out questions, or each eval
+    text's first six words).
+
+  Raises:
+    ValueError: unknown config.data.name.
+  """
   def qa(pairs):
     out = []
     for q, a in pairs:
@@ -91,7 +106,17 @@ def _pack(examples, rows: np.ndarray, seq_len: int, pad_id: int) -> dict[str, np
 
 
 def run(config: Any, workdir: str) -> dict:
-  """Finetunes config.model on config.data; writes metrics.jsonl, checkpoints, results.json, curves.png."""
+  """Finetunes config.model on config.data; writes metrics.jsonl, checkpoints, results.json, curves.png.
+
+  Args:
+    config: the lm experiment ConfigDict (`configs/lm.py`): model, data, lora, optimizer, mesh, batch_size,
+      seq_len, num_steps, log/eval/checkpoint cadence, seed, max_new_tokens.
+    workdir: output folder (a run resumes from its checkpoints).
+
+  Returns:
+    results dict: model, lora, trainable_params, eval_loss_before / after, eval_perplexity_before / after,
+    samples (prompt -> generated text), steps_per_s, num_steps, resumed_from_step.
+  """
   params, cfg, tok = _build_model(config)
   train_ex, eval_ex, prompts = make_examples(config, tok)
   mesh = sharding.make_mesh(config.mesh)
@@ -168,7 +193,15 @@ def _decode_speed(params, cfg, batch: int, prompt_len: int, new_tokens: int, rep
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """SmolLM2 sanity figures (Paris, natural vs shuffled, long paragraph, rope layout), MiniLM paraphrases,
-  speed against llama.cpp (notes), and a LoRA finetuning check."""
+  speed against llama.cpp (notes), and a LoRA finetuning check.
+
+  Args:
+    workdir: output folder (created).
+    fast: skip the wrong-rope and speed rows and finetune the 'tiny' config variant.
+
+  Returns:
+    list of reproduction row dicts (paper 'lm', experiment, metric, ours, paper_value, holds, notes, plots).
+  """
   os.makedirs(workdir, exist_ok=True)
   rows = []
   row = lambda **kw: rows.append({"paper": "lm", "plots": [], "notes": "", **kw})  # noqa: E731
@@ -497,6 +530,17 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
   first), total tokens/s = N / (prefill + N tokens). llama.cpp runs with its fastest thread counts, probed
   first (`_llamacpp_threads`). CPU seconds per token (this process, all threads) are reported beside the
   wall-clock rates: they depend less on what else runs on the machine.
+
+  Args:
+    params: canonical SmolLM2 params (used for scoring).
+    fused: the same params after `llama.fuse_params` (used for greedy decoding).
+    cfg: SmolLM2's LlamaConfig.
+    tok: its Tokenizer.
+    repeats: timed repetitions per measurement.
+    score_batch: rows scored per call.
+    score_len: tokens per scored row.
+    prompt_len: greedy prompt length in tokens.
+    new_tokens: N, greedy tokens generated.
 
   Returns:
     Rows 'lm/vs_llamacpp/{score,greedy_decode,greedy_total}' (ours, llama.cpp's figure, the ratio and the
