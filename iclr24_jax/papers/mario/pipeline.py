@@ -95,11 +95,13 @@ def load_models(config: Any, texts: Sequence[str] = ()) -> Models:
   return _models(config, params, mcfg, tok)
 
 
-def init_state(models: Models, config: Any, key: jax.Array):
-  """LoRA TrainState (adapters zero-initialised in B: the policy starts as the base)."""
+def init_state(models: Models, config: Any, key: jax.Array, base: Any = None):
+  """LoRA TrainState on `base` (default the pretrained model); B = 0, so the policy starts as the base, and the
+  base is also the frozen KL reference."""
   tx = optax.chain(optax.clip_by_global_norm(float(config.optimizer.max_grad_norm)),
                    optax.adam(float(config.optimizer.learning_rate)))
-  init = jax.jit(lambda k: lm_train.init_train_state(lm_train.params_from_host(models.params), tx,
+  base = models.params if base is None else base
+  init = jax.jit(lambda k: lm_train.init_train_state(lm_train.params_from_host(base), tx,
                                                      lora_config=models.lora_config, key=k))
   return init(key)
 
@@ -216,7 +218,7 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   "So the answer is" enter the pool; the silver rationales join the pool as expert rollouts.
 
   Returns:
-    {'sft': SFT state, 'mario': Quark state, 'history': [metrics rows], 'pool': DataPool, 'timing': {...}}.
+    {'sft': SFT state (adapters on the pretrained base), 'mario': Quark state (adapters on the merged SFT model), 'history': [metrics rows], 'pool': DataPool, 'timing': {...}}.
   """
   rng = np.random.default_rng(int(config.seed))
   key = jax.random.key(int(config.seed))
@@ -233,8 +235,14 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
                       "sft")
   jax.block_until_ready(state.params)
   timing["sft_s"] = time.perf_counter() - t0
-  sft_adapters = jax.tree.map(np.asarray, jax.device_get(state.params))
+  sft_state = state
   log(f"[mario] SFT: {config.sft_steps} steps in {timing['sft_s']:.0f}s")
+  # Quark starts from the SFT model and keeps it as the KL reference (official: --init-model and --ref-model are
+  # the SFT checkpoint): the SFT adapters are merged into a new frozen base and fresh adapters train on top.
+  merge = _compiled(models, "merge_plain", lambda: jax.jit(lambda b, ad: lora.merge(b, ad, models.lora_config)))
+  sft_base = jax.device_get(merge(sft_state.extra["base"], sft_state.params))
+  state = init_state(models, config, jax.random.fold_in(key_init, 1), base=sft_base)
+  del sft_base
 
   pool = control.DataPool(models.codes)
   n_samples = int(config.samples_per_round)
@@ -265,7 +273,6 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
     timing[f"round{r}_train_s"] = time.perf_counter() - t0 - t_gen - t_score
     log(f"[mario] round {r}: {len(keep)}/{len(qs)} valid samples, pool {len(pool)}; sample {t_gen:.0f}s, "
         f"score {t_score:.0f}s, train {timing[f'round{r}_train_s']:.0f}s")
-  sft_state = state.replace(params=jax.tree.map(jax.numpy.asarray, sft_adapters))
   return {"sft": sft_state, "mario": state, "history": history, "pool": pool, "timing": timing}
 
 
