@@ -135,7 +135,15 @@ def value_loss(values: jax.Array, returns: jax.Array, old_values: jax.Array | No
 
 
 def normalize_advantages(adv: jax.Array, eps: float = 1e-8) -> jax.Array:
-  """(A - mean A) / (std A + eps) over all entries."""
+  """(A - mean A) / (std A + eps) over all entries.
+
+  Args:
+    adv: advantages of any shape, e.g. [T, B] (mean and std are over every entry).
+    eps: added to the standard deviation.
+
+  Returns:
+    normalised advantages, adv's shape.
+  """
   return (adv - jnp.mean(adv)) / (jnp.std(adv) + eps)
 
 

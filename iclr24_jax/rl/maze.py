@@ -243,6 +243,13 @@ def waypoint_policy(env: PointMaze, noise_std: float = 0.0):
   """The controller as a rollout PolicyFn (key, obs [B, D]) -> (action, action, {}).
 
   The goal is read from the observation when `env.goal_in_obs`, else it is the layout's goal 'G'.
+
+  Args:
+    env: the PointMaze (obs[:, 0:2] position, 2:4 velocity, 4:6 goal when goal_in_obs).
+    noise_std: std of Gaussian noise added to each action before clipping to [-1, 1] (0: deterministic).
+
+  Returns:
+    policy_fn(key, obs [B, D]) -> (raw action [B, 2], env action [B, 2] (the same), {}), actions in [-1, 1].
   """
 
   def policy_fn(key: jax.Array, obs: jax.Array):
@@ -256,6 +263,14 @@ def waypoint_policy(env: PointMaze, noise_std: float = 0.0):
 
 
 def describe(env: PointMaze) -> dict[str, Any]:
+  """A JSON-ready summary of a maze: name, height, width, free_cells (count), goal_cell, start_cell, max_episode_steps.
+
+  Args:
+    env: the PointMaze.
+
+  Returns:
+    dict of Python values (cells as [row, col] lists).
+  """
   return {"name": env.spec.name, "height": env.height, "width": env.width, "free_cells": int(env.free_cells.shape[0]),
           "goal_cell": env.goal_cell.tolist(), "start_cell": env.start_cell.tolist(),
           "max_episode_steps": env.spec.max_episode_steps}

@@ -46,6 +46,7 @@ def blstats_names() -> list[str]:
 
 
 def max_glyph() -> int:
+  """NLE's MAX_GLYPH: the number of glyph ids (glyph observations lie in [0, max_glyph)); needs nle installed."""
   return int(_nle().MAX_GLYPH)
 
 

@@ -21,6 +21,11 @@ ACTIVATIONS: dict[str, Callable] = {"tanh": nn.tanh, "relu": nn.relu, "swish": n
 
 
 def activation_fn(name: str | Callable) -> Callable:
+  """An activation function by name ('tanh', 'relu', 'swish', 'elu', 'gelu'); a callable is returned as is.
+
+  Raises:
+    ValueError: unknown name.
+  """
   if callable(name):
     return name
   if name not in ACTIVATIONS:

@@ -61,11 +61,31 @@ def update(stats: RunningStats, x: jax.Array, mask: jax.Array | None = None) -> 
 
 
 def normalize(stats: RunningStats, x: jax.Array, clip: float = 10.0, eps: float = 1e-8) -> jax.Array:
-  """(x - mean) / sqrt(var + eps), clipped to [-clip, clip]; identity while count == 0."""
+  """(x - mean) / sqrt(var + eps), clipped to [-clip, clip]; identity while count == 0.
+
+  Args:
+    stats: RunningStats with mean / m2 [*shape].
+    x: [..., *shape] observations.
+    clip: clip bound (0 or None: no clipping).
+    eps: added to the variance.
+
+  Returns:
+    [..., *shape] float normalised observations (x unchanged while stats.count == 0).
+  """
   z = (x - stats.mean) / jnp.sqrt(stats.var + eps)
   z = jnp.clip(z, -clip, clip) if clip else z
   return jnp.where(stats.count > 0, z, x)
 
 
 def denormalize(stats: RunningStats, z: jax.Array, eps: float = 1e-8) -> jax.Array:
+  """Inverse of `normalize` (without its clipping): z * sqrt(var + eps) + mean.
+
+  Args:
+    stats: RunningStats with mean / m2 [*shape].
+    z: [..., *shape] normalised values.
+    eps: added to the variance (use the value given to `normalize`).
+
+  Returns:
+    [..., *shape] values in the original scale.
+  """
   return z * jnp.sqrt(stats.var + eps) + stats.mean

@@ -50,7 +50,18 @@ def _num_items(items: Any) -> int:
 
 
 def uniform_init(example: Any, capacity: int) -> UniformBuffer:
-  """An empty buffer for items shaped like `example` (one item, no leading axis)."""
+  """An empty buffer for items shaped like `example` (one item, no leading axis).
+
+  Args:
+    example: pytree of arrays (or scalars) with one item's shapes / dtypes, e.g. {'obs': [D], 'reward': []}.
+    capacity: number of slots C (>= 1).
+
+  Returns:
+    UniformBuffer with zero leaves [C, ...], insert = size = 0 (int32 scalars).
+
+  Raises:
+    ValueError: capacity < 1.
+  """
   if capacity < 1:
     raise ValueError(f"replay capacity must be >= 1, got {capacity}.")
   return UniformBuffer(_empty_like(example, capacity), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
@@ -66,7 +77,18 @@ def _write(data: Any, items: Any, start: jax.Array, capacity: int) -> tuple[Any,
 
 
 def uniform_add(buf: UniformBuffer, items: Any) -> UniformBuffer:
-  """Writes N items (leaves [N, ...]) at the ring position, overwriting the oldest when full."""
+  """Writes N items (leaves [N, ...]) at the ring position, overwriting the oldest when full.
+
+  Args:
+    buf: the buffer (capacity C).
+    items: pytree like the buffer's example with leaves [N, ...], N <= C (cast to the buffer's dtypes).
+
+  Returns:
+    the updated UniformBuffer (insert advanced by N mod C, size capped at C).
+
+  Raises:
+    ValueError: leaves with different N, or N > C.
+  """
   cap = buf.capacity
   data, _ = _write(buf.data, items, buf.insert, cap)
   n = _num_items(items)
@@ -77,6 +99,14 @@ def uniform_sample(buf: UniformBuffer, key: jax.Array, batch_size: int) -> Any:
   """`batch_size` items drawn uniformly with replacement from the filled slots (leaves [batch_size, ...]).
 
   Sampling an empty buffer returns slot 0 (zeros); check `buf.size` on the host first.
+
+  Args:
+    buf: the buffer.
+    key: PRNG key.
+    batch_size: B, items drawn.
+
+  Returns:
+    pytree of the items with leaves [B, ...].
   """
   idx = jax.random.randint(key, (batch_size,), 0, jnp.maximum(buf.size, 1))
   return jax.tree.map(lambda d: d[idx], buf.data)
@@ -111,7 +141,20 @@ class PrioritizedBuffer:
 
 
 def prioritized_init(example: Any, capacity: int, alpha: float = 0.6) -> PrioritizedBuffer:
-  """An empty prioritised buffer (alpha = 0 gives uniform sampling)."""
+  """An empty prioritised buffer (alpha = 0 gives uniform sampling).
+
+  Args:
+    example: pytree with one item's shapes / dtypes (no leading axis).
+    capacity: number of slots C (>= 1); the sum-tree has L = C rounded up to a power of two leaves.
+    alpha: priority exponent, P(i) proportional to p_i^alpha (static).
+
+  Returns:
+    PrioritizedBuffer with zero leaves [C, ...], tree float32 [2 L] zeros, insert = size = 0,
+    max_priority 1.0.
+
+  Raises:
+    ValueError: capacity < 1.
+  """
   if capacity < 1:
     raise ValueError(f"replay capacity must be >= 1, got {capacity}.")
   leaves = 1 << max(capacity - 1, 0).bit_length()
@@ -130,7 +173,19 @@ def _tree_set(tree: jax.Array, idx: jax.Array, values: jax.Array, num_leaves: in
 
 
 def prioritized_add(buf: PrioritizedBuffer, items: Any, priorities: jax.Array | None = None) -> PrioritizedBuffer:
-  """Writes N items; their priority is `priorities` [N] (raw, before alpha) or the max seen so far."""
+  """Writes N items; their priority is `priorities` [N] (raw, before alpha) or the max seen so far.
+
+  Args:
+    buf: the buffer (capacity C).
+    items: pytree with leaves [N, ...], N <= C.
+    priorities: optional [N] raw priorities (> 0); None gives each new item buf.max_priority.
+
+  Returns:
+    the updated PrioritizedBuffer (ring insert, size capped at C, max_priority raised to max(priorities)).
+
+  Raises:
+    ValueError: leaves with different N, or N > C.
+  """
   cap = buf.capacity
   data, idx = _write(buf.data, items, buf.insert, cap)
   n = idx.shape[0]
@@ -141,14 +196,32 @@ def prioritized_add(buf: PrioritizedBuffer, items: Any, priorities: jax.Array | 
 
 
 def prioritized_update(buf: PrioritizedBuffer, idx: jax.Array, priorities: jax.Array) -> PrioritizedBuffer:
-  """Sets the raw priorities [N] (> 0, e.g. |TD| + 1e-6) of slots idx [N]."""
+  """Sets the raw priorities [N] (> 0, e.g. |TD| + 1e-6) of slots idx [N].
+
+  Args:
+    buf: the buffer.
+    idx: [N] int slot indices (from `prioritized_sample`); for a repeated slot the last write wins.
+    priorities: [N] raw priorities (before alpha).
+
+  Returns:
+    the updated PrioritizedBuffer (max_priority raised to max(priorities)).
+  """
   p = jnp.asarray(priorities, jnp.float32)
   tree = _tree_set(buf.tree, idx, jnp.power(p, buf.alpha), buf.num_leaves)
   return buf.replace(tree=tree, max_priority=jnp.maximum(buf.max_priority, jnp.max(p)))
 
 
 def sum_tree_find(tree: jax.Array, u: jax.Array, num_leaves: int) -> jax.Array:
-  """Leaf index i with cumsum_{<i} <= u < cumsum_{<=i} for each u [B] in [0, total)."""
+  """Leaf index i with cumsum_{<i} <= u < cumsum_{<=i} for each u [B] in [0, total).
+
+  Args:
+    tree: [2 L] float sum-tree (root at index 1, leaves at L .. 2L - 1).
+    u: [B] float masses in [0, tree[1]).
+    num_leaves: L, a power of two (static).
+
+  Returns:
+    [B] int32 leaf indices in [0, L).
+  """
   node = jnp.ones_like(u, dtype=jnp.int32)
   for _ in range(num_leaves.bit_length() - 1):
     left = tree[2 * node]
@@ -162,8 +235,15 @@ def prioritized_sample(buf: PrioritizedBuffer, key: jax.Array, batch_size: int,
                        beta: float = 0.4) -> tuple[Any, jax.Array, jax.Array]:
   """Proportional sampling with stratified uniforms (one per equal slice of the total mass).
 
+  Args:
+    buf: the buffer (sampling an empty buffer returns slot 0).
+    key: PRNG key.
+    batch_size: B.
+    beta: importance-sampling exponent (0: all weights 1; 1: full correction).
+
   Returns:
     (items with leaves [batch_size, ...], slot indices [batch_size] int32, importance weights [batch_size]).
+    The weights are float32 in (0, 1], normalised by their batch maximum.
   """
   total = buf.total
   u = (jnp.arange(batch_size) + jax.random.uniform(key, (batch_size,))) * (total / batch_size)

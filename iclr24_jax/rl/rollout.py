@@ -81,6 +81,16 @@ def actor_critic_policy(model, params: Any, obs_stats: normalization.RunningStat
   """A PolicyFn from an ActorCritic (networks.ActorCritic) and params {'policy', 'value'}.
 
   Extras: 'log_prob' and 'value' of the sampled raw action.
+
+  Args:
+    model: the ActorCritic module; model.apply({'params': params}, obs) -> (distribution, value [B]).
+    params: its parameters.
+    obs_stats: optional RunningStats; observations are normalised with them first.
+    deterministic: take the distribution's mode instead of sampling.
+    obs_clip: clip bound of the observation normalisation.
+
+  Returns:
+    policy_fn(key, obs [B, ...]) -> (raw action [B, ...], env action [B, ...], {'log_prob': [B], 'value': [B]}).
   """
 
   def policy_fn(key, obs):
