@@ -81,7 +81,16 @@ def validate_dataset(ds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def save_npz(path: str | os.PathLike, ds: dict[str, np.ndarray], meta: dict | None = None) -> str:
-  """Writes a data set (and JSON metadata under key 'meta') atomically as .npz; returns the path."""
+  """Writes a data set (and JSON metadata under key 'meta') atomically as .npz; returns the path.
+
+  Args:
+    path: output .npz path (folders created).
+    ds: data set dict of numpy arrays (see the module docstring's format).
+    meta: optional JSON-serialisable dict, stored as a 0-d string array 'meta'.
+
+  Returns:
+    path as str.
+  """
   path = str(path)
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp.npz"
@@ -150,7 +159,15 @@ def load_dataset(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 def episode_returns(ds: dict[str, np.ndarray], complete_only: bool = False) -> np.ndarray:
   """Returns of the episodes in a data set (split at terminals | timeouts; a trailing partial episode counts
-  unless complete_only)."""
+  unless complete_only).
+
+  Args:
+    ds: data set with rewards [N], terminals [N] and timeouts [N].
+    complete_only: drop a trailing episode that ends without a terminal / timeout.
+
+  Returns:
+    float32 [E] episode returns (summed in float64), in data order.
+  """
   ends = np.asarray(ds["terminals"], bool) | np.asarray(ds["timeouts"], bool)
   r = np.asarray(ds["rewards"], np.float64)
   out, acc = [], 0.0
@@ -189,7 +206,19 @@ def reference_returns(env_name: str) -> tuple[float, float]:
 
 
 def normalized_score(env_name: str, returns: Any) -> np.ndarray | float:
-  """D4RL's normalised score 100 * (R - R_random) / (R_expert - R_random) (array or scalar)."""
+  """D4RL's normalised score 100 * (R - R_random) / (R_expert - R_random) (array or scalar).
+
+  Args:
+    env_name: a name in reference_returns.json, e.g. 'brax/hopper', 'maze/umaze', 'd4rl/hopper'.
+    returns: a return or an array of returns (any shape).
+
+  Returns:
+    float for a scalar input, else a float64 array of the input's shape.
+
+  Raises:
+    KeyError: no reference returns recorded for env_name.
+    ValueError: R_random == R_expert.
+  """
   lo, hi = reference_returns(env_name)
   if hi == lo:
     raise ValueError(f"reference returns of '{env_name}' are equal ({lo}); the score is undefined.")
@@ -225,8 +254,16 @@ def collect(env: envs_lib.Env, policy_fn: rollout_lib.PolicyFn, num_transitions:
             num_envs: int = 16) -> dict[str, np.ndarray]:
   """Rolls out a policy in `num_envs` environments until `num_transitions` rows exist.
 
+  Args:
+    env: the batched environment.
+    policy_fn: rollout PolicyFn (key, obs [num_envs, D]) -> (raw action, env action, extras).
+    num_transitions: N, rows kept (ceil(N / num_envs) steps are rolled out per env, then truncated).
+    key: PRNG key (reset and rollout).
+    num_envs: parallel environments.
+
   Returns:
-    A data set dict (see module docstring), env-major with a timeout at the end of each env's segment.
+    A data set dict (see module docstring), env-major with a timeout at the end of each env's segment;
+    observations [N, D] float32, actions [N, A] float32 or [N] int32, rewards [N], terminals / timeouts [N] bool.
   """
   steps = math.ceil(num_transitions / num_envs)
   k_reset, k_roll = jax.random.split(key)
@@ -244,6 +281,18 @@ def collect_maze(env: maze_lib.PointMaze, num_transitions: int, key: jax.Array, 
   """Maze data: the waypoint controller (+ Gaussian noise) or uniform actions; new goal when one is reached.
 
   Rewards are the sparse reward w.r.t. the goal being pursued at that step (stored as 'goals').
+
+  Args:
+    env: the PointMaze.
+    num_transitions: N, rows kept.
+    key: PRNG key.
+    noise_std: std of the controller's Gaussian action noise (a traced argument: no recompile per value).
+    random_actions: uniform random actions instead of the controller.
+    resample_goal: draw a new random goal each time the current one is reached.
+    num_envs: parallel environments.
+
+  Returns:
+    A data set dict as `collect` returns, plus goals [N, 2] float32.
   """
   steps = math.ceil(num_transitions / num_envs)
   go = _maze_collector(env, steps, num_envs, bool(random_actions), bool(resample_goal))
@@ -410,7 +459,20 @@ def _agent_collector(agent, steps: int, num_envs: int, deterministic: bool):
 
 def collect_agent(agent, params: Any, stats: Any, num_transitions: int, key: jax.Array, num_envs: int = 16,
                   deterministic: bool = False) -> dict[str, np.ndarray]:
-  """`collect` for a PPO agent's policy at given params / observation statistics (one compile per agent)."""
+  """`collect` for a PPO agent's policy at given params / observation statistics (one compile per agent).
+
+  Args:
+    agent: the PPO data agent (its env and policy_fn(params, stats, deterministic)).
+    params: the policy parameters (host or device arrays).
+    stats: its observation RunningStats.
+    num_transitions: N, rows kept.
+    key: PRNG key.
+    num_envs: parallel environments.
+    deterministic: act with the distribution's mode instead of sampling.
+
+  Returns:
+    A data set dict as `collect` returns.
+  """
   steps = math.ceil(num_transitions / num_envs)
   go = _agent_collector(agent, steps, num_envs, deterministic)
   tr = go(jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, stats), key)
@@ -427,6 +489,13 @@ def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 
                               cache_dir: str | os.PathLike | None = None, agent_seed: int = 0) -> dict[str, Any]:
   """Measures R_random (uniform actions) and R_expert (the final data agent, stochastic, or the noise-free
   waypoint controller for mazes) as mean returns over `num_episodes` episodes of the evaluation env.
+
+  Args:
+    env_name: 'brax/<env>' (trains or loads the cached data agent) or 'maze/<layout>'.
+    seed: evaluation seed (the rollout key is derived from seed + 1000).
+    num_episodes: episodes per policy.
+    cache_dir: cache folder of the data agent (None: the default).
+    agent_seed: seed of the data agent.
 
   Returns:
     {'random', 'expert', 'random_std', 'expert_std', 'episodes', 'seed', 'how'}.
