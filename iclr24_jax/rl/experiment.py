@@ -41,6 +41,11 @@ def run(config: Any, workdir: str) -> dict:
   Writes workdir/metrics.jsonl (train/* per chunk, eval/* at evaluations), checkpoints/ (train state and update
   count; a resumed run restarts its environments), results.json and curves.png.
 
+  Args:
+    config: the PPO ConfigDict (`configs/ppo.py`): env, agent hyper-parameters, seed, log_every, eval_every,
+      checkpoint_every, eval_episodes, optional mesh {'data', 'model'} (1 x 1 or absent: no mesh).
+    workdir: output folder (created; resumes from its checkpoints).
+
   Returns:
     results dict: eval_return (deterministic policy), random_return, final train episode return, env_steps,
     env_steps_per_s, compile_s.
@@ -273,7 +278,16 @@ def _recorded_rows() -> list[dict]:
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """CartPole solved, inverted_pendulum well above random, offline data sets, reference returns."""
+  """CartPole solved, inverted_pendulum well above random, offline data sets, reference returns.
+
+  Args:
+    workdir: output folder (created).
+    fast: shorter runs; the brax rows (inverted_pendulum, its offline data sets) are replaced by one
+      'skipped' row.
+
+  Returns:
+    list of reproduction row dicts (paper, experiment, metric, ours, paper_value, holds, notes).
+  """
   os.makedirs(workdir, exist_ok=True)
   rows = [_cartpole(workdir, fast)]
   if fast:  # brax compiles take tens of seconds on CPU: the fast smoke run leaves them out
