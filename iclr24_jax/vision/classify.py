@@ -40,7 +40,21 @@ def init_state(key: jax.Array, model: nn.Module, input_shape: tuple[int, ...], t
 
 def apply_model(model: nn.Module, params: Any, extra: Any, x: jax.Array, train: bool, key: jax.Array | None = None,
                 return_features: bool = False):
-  """Runs the model; returns (outputs, new_extra). Handles batch statistics and dropout rngs."""
+  """Runs the model; returns (outputs, new_extra). Handles batch statistics and dropout rngs.
+
+  Args:
+    model: a Linen classifier taking (x, train=, return_features=).
+    params: its parameters.
+    extra: TrainState.extra ({'batch_stats': ...} for models with batch norm, else {}).
+    x: [B, H, W, C] (or [B, ...]) float32 inputs.
+    train: training mode (dropout on; batch statistics used and updated).
+    key: dropout key (only used when train).
+    return_features: also return the penultimate features.
+
+  Returns:
+    (logits [B, K], new_extra), or ((logits [B, K], features [B, F]), new_extra) with return_features;
+    new_extra carries updated batch statistics only when train.
+  """
   variables = {"params": params}
   has_bs = bool(extra) and "batch_stats" in extra
   if has_bs:
@@ -55,7 +69,16 @@ def apply_model(model: nn.Module, params: Any, extra: Any, x: jax.Array, train: 
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
-  """Mean softmax cross-entropy of logits [B, K] against integer labels [B]."""
+  """Mean softmax cross-entropy of logits [B, K] against integer labels [B].
+
+  Args:
+    logits: [B, K] float.
+    labels: [B] int in [0, K).
+    label_smoothing: optax label-smoothing factor in [0, 1) (0: none).
+
+  Returns:
+    scalar float32 mean loss.
+  """
   k = logits.shape[-1]
   onehot = jax.nn.one_hot(labels, k)
   if label_smoothing:
@@ -64,7 +87,19 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
 
 
 def loss_fn(params: Any, extra: Any, model: nn.Module, batch: dict, key: jax.Array, label_smoothing: float = 0.0):
-  """Cross-entropy loss of a batch {'x': [B, ...], 'y': [B]} -> (loss, (metrics, new_extra))."""
+  """Cross-entropy loss of a batch {'x': [B, ...], 'y': [B]} -> (loss, (metrics, new_extra)).
+
+  Args:
+    params: model parameters (differentiated).
+    extra: TrainState.extra (batch statistics).
+    model: the Linen classifier.
+    batch: {'x': [B, ...] float32, 'y': [B] int32}.
+    key: dropout key.
+    label_smoothing: see `cross_entropy`.
+
+  Returns:
+    (loss scalar, ({'loss', 'accuracy'} scalars, new_extra)).
+  """
   logits, new_extra = apply_model(model, params, extra, batch["x"], train=True, key=key)
   loss = cross_entropy(logits, batch["y"], label_smoothing)
   acc = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
@@ -72,7 +107,16 @@ def loss_fn(params: Any, extra: Any, model: nn.Module, batch: dict, key: jax.Arr
 
 
 def make_train_step(model: nn.Module, label_smoothing: float = 0.0) -> Callable:
-  """Returns the pure `train_step(state, batch, key) -> (state, metrics)` for `model`."""
+  """Returns the pure `train_step(state, batch, key) -> (state, metrics)` for `model`.
+
+  Args:
+    model: the Linen classifier.
+    label_smoothing: see `cross_entropy`.
+
+  Returns:
+    train_step(state, batch {'x': [B, ...], 'y': [B]}, key) -> (new TrainState, {'loss', 'accuracy'});
+    it folds state.step into key.
+  """
 
   def train_step(state: TrainState, batch: dict, key: jax.Array):
     key = jax.random.fold_in(key, state.step)
@@ -97,7 +141,18 @@ def make_eval_step(model: nn.Module) -> Callable:
 
 def evaluate(model: nn.Module, state: TrainState, split: data_lib.Split, batch_size: int = 512,
              mesh=None) -> dict[str, float]:
-  """Accuracy and mean loss of `state` on a split (fixed-shape padded batches; compiled once)."""
+  """Accuracy and mean loss of `state` on a split (fixed-shape padded batches; compiled once).
+
+  Args:
+    model: the Linen classifier.
+    state: TrainState.
+    split: Split with x [N, ...], y [N].
+    batch_size: rows per batch (rounded up to a multiple of the mesh's data axis).
+    mesh: device mesh (None: `sharding.make_mesh()`, all devices).
+
+  Returns:
+    {'accuracy': float in [0, 1], 'loss': mean cross-entropy}, over the N real rows.
+  """
   mesh = sharding.make_mesh() if mesh is None else mesh
   n_data = mesh.shape[sharding.DATA_AXIS]
   step = _compiled_eval(model, mesh)
@@ -128,7 +183,18 @@ def _forward_fn(model: nn.Module, return_features: bool) -> Callable:
 
 def predict(model: nn.Module, state: TrainState, x: np.ndarray, batch_size: int = 512,
             return_features: bool = False):
-  """Logits [N, K] (and features [N, F]) for inputs x [N, ...], on the default device, in batches."""
+  """Logits [N, K] (and features [N, F]) for inputs x [N, ...], on the default device, in batches.
+
+  Args:
+    model: the Linen classifier.
+    state: TrainState (params, extra).
+    x: [N, ...] float32 inputs.
+    batch_size: rows per forward call (the last batch is padded).
+    return_features: also return the penultimate features.
+
+  Returns:
+    numpy logits [N, K], or (logits [N, K], features [N, F]) with return_features.
+  """
   fwd = _forward_fn(model, return_features)
   outs = []
   n = x.shape[0]
@@ -146,10 +212,18 @@ def train_classifier(config: Any, dataset: data_lib.Dataset, workdir: str | None
   """Trains `create_model(config.model)` on `dataset` with the shared loop.
 
   Config fields: seed, model, optimizer, num_steps, batch_size, log_every, eval_every, checkpoint_every,
-  label_smoothing (optional).
+  label_smoothing (optional), mesh (optional).
+
+  Args:
+    config: ConfigDict with the fields above.
+    dataset: Dataset (x [N, H, W, C] float32, y [N] int32; val is evaluated).
+    workdir: folder for metrics / checkpoints (None: nothing written).
+    mesh: device mesh (None: from config.mesh).
+    progress: print a progress line.
+    stop_at: stop after this step without the final save (tests of resumption).
 
   Returns:
-    (model, LoopResult); LoopResult.final_eval holds val accuracy/loss.
+    (model, LoopResult); LoopResult.final_eval holds 'eval/val_accuracy' and 'eval/val_loss'.
   """
   model = create_model(config.model, dataset.num_classes)
   tx = make_optimizer(config.optimizer, config.num_steps)
