@@ -339,7 +339,19 @@ class CLIP(nn.Module):
 
 
 def create_image_encoder(cfg: Any, embed_dim: int) -> nn.Module:
-  """Image tower from config: name 'cnn' | 'resnet' | 'mlp' (vision.models, last layer = projection) | 'vit'."""
+  """Image tower from config: name 'cnn' | 'resnet' | 'mlp' (vision.models, last layer = projection) | 'vit'.
+
+  Args:
+    cfg: the tower's ConfigDict (name; 'vit' reads patch_size, width, depth, heads, pool; the others are
+      passed to `vision.models.create_model`).
+    embed_dim: D, the output (projection) width.
+
+  Returns:
+    Linen module images [B, H, W, C] -> [B, D] (not normalised; CLIP.encode_image normalises).
+
+  Raises:
+    ValueError: unknown tower name.
+  """
   name = cfg.get("name", "cnn")
   if name == "vit":
     return ViT(embed_dim, patch_size=int(cfg.get("patch_size", 4)), width=int(cfg.get("width", 64)),
@@ -350,7 +362,19 @@ def create_image_encoder(cfg: Any, embed_dim: int) -> nn.Module:
 
 
 def create_text_encoder(cfg: Any, embed_dim: int, vocab_size: int | None = None) -> nn.Module:
-  """Text tower from config: name 'transformer' (needs vocab_size) | 'features' (frozen embeddings + projection)."""
+  """Text tower from config: name 'transformer' (needs vocab_size) | 'features' (frozen embeddings + projection).
+
+  Args:
+    cfg: the tower's ConfigDict ('transformer': max_len, width, depth, heads, causal; 'features': hidden).
+    embed_dim: D, the output width.
+    vocab_size: token vocabulary size (required for 'transformer').
+
+  Returns:
+    Linen module texts ([B, T] int ids or [B, F] float features) -> [B, D].
+
+  Raises:
+    ValueError: unknown tower name, or 'transformer' without vocab_size.
+  """
   name = cfg.get("name", "transformer")
   if name == "transformer":
     if not vocab_size:
@@ -364,7 +388,15 @@ def create_text_encoder(cfg: Any, embed_dim: int, vocab_size: int | None = None)
 
 
 def create_clip(model_config: Any, vocab_size: int | None = None) -> CLIP:
-  """CLIP from `config.model` with fields embed_dim, image (tower config), text (tower config), logit_scale_init."""
+  """CLIP from `config.model` with fields embed_dim, image (tower config), text (tower config), logit_scale_init.
+
+  Args:
+    model_config: the ConfigDict above (embed_dim default 64).
+    vocab_size: text vocabulary size (for a 'transformer' text tower).
+
+  Returns:
+    the CLIP module.
+  """
   d = int(model_config.get("embed_dim", 64))
   return CLIP(create_image_encoder(model_config.image, d), create_text_encoder(model_config.text, d, vocab_size),
               float(model_config.get("logit_scale_init", LOGIT_SCALE_INIT)))
@@ -380,6 +412,14 @@ def l2_normalize(x: jax.Array, axis: int = -1, eps: float = 1e-12) -> jax.Array:
 
   Written as x * rsqrt(max(sum x^2, eps^2)) so the gradient stays finite at x = 0 (an all-black image
   through a ReLU network at init gives an exactly zero embedding; the gradient of ||x|| there is NaN).
+
+  Args:
+    x: float array of any shape, e.g. [N, D].
+    axis: the axis normalised.
+    eps: norm floor.
+
+  Returns:
+    x's shape, unit norm along axis (zero vectors stay zero).
   """
   sq = jnp.sum(jnp.square(x), axis=axis, keepdims=True)
   return x * jax.lax.rsqrt(jnp.maximum(sq, eps * eps))
@@ -422,7 +462,18 @@ def clip_loss(image_emb: jax.Array, text_emb: jax.Array, logit_scale: jax.Array)
 
 
 def clamp_logit_scale(params: Any, max_scale: float = LOGIT_SCALE_MAX) -> Any:
-  """Clamps the stored log scale to [0, log(max_scale)] (OpenCLIP does this after every optimizer step)."""
+  """Clamps the stored log scale to [0, log(max_scale)] (OpenCLIP does this after every optimizer step).
+
+  Args:
+    params: CLIP params dict with a scalar 'logit_scale' (the log of the multiplier).
+    max_scale: the largest multiplier exp(logit_scale) allowed (100 in CLIP).
+
+  Returns:
+    params with 'logit_scale' clipped (other entries shared, not copied).
+
+  Raises:
+    KeyError: params have no 'logit_scale'.
+  """
   if "logit_scale" not in params:
     raise KeyError("params have no 'logit_scale' entry; pass the params of a CLIP module.")
   return {**params, "logit_scale": jnp.clip(params["logit_scale"], 0.0, math.log(max_scale))}
@@ -445,7 +496,18 @@ def zero_shot_classifier(class_text_emb: jax.Array) -> jax.Array:
 
 
 def zero_shot_logits(image_emb: jax.Array, class_text_emb: jax.Array) -> jax.Array:
-  """Cosine similarities [N, C] between unit-norm images [N, D] and the class classifier of `class_text_emb`."""
+  """Cosine similarities [N, C] between unit-norm images [N, D] and the class classifier of `class_text_emb`.
+
+  Args:
+    image_emb: [N, D] unit-norm image embeddings.
+    class_text_emb: [C, T, D] template embeddings or [C, D] class embeddings (see `zero_shot_classifier`).
+
+  Returns:
+    [N, C] cosine similarities in [-1, 1] (unscaled).
+
+  Raises:
+    ValueError: class_text_emb is neither 2-D nor 3-D.
+  """
   return image_emb @ zero_shot_classifier(class_text_emb).T
 
 
@@ -481,6 +543,14 @@ def make_optimizer(opt_config: Any, num_steps: int) -> optax.GradientTransformat
 
   Config fields: learning_rate, schedule, warmup_steps, end_factor (see common.optim.make_schedule),
   weight_decay (0.2 in OpenCLIP), b1 (0.9), b2 (0.98), eps (1e-6), grad_clip (0 = off).
+  Weight decay applies only to leaves with ndim >= 2 not named bias / scale / logit_scale.
+
+  Args:
+    opt_config: ConfigDict with the fields above.
+    num_steps: total training steps (for the schedule).
+
+  Returns:
+    optax.GradientTransformation.
   """
   sched = make_schedule(opt_config, num_steps)
 
@@ -519,6 +589,15 @@ def loss_fn(params: Any, model: CLIP, batch: dict, key: jax.Array | None = None)
   """CLIP loss of a batch {'image': [B, H, W, C], 'text': [B, T] ids or [B, F]} -> (loss, metrics).
 
   Metrics: loss, logit_scale (the multiplier), i2t / t2i in-batch retrieval accuracy.
+
+  Args:
+    params: CLIP params (differentiated).
+    model: the CLIP module.
+    batch: {'image': [B, H, W, C] float32, 'text': [B, T] int32 ids or [B, F] float32 features}.
+    key: dropout key (None: no dropout rng).
+
+  Returns:
+    (scalar loss, metrics dict of scalars).
   """
   rngs = {"dropout": key} if key is not None else None
   img, txt, scale = model.apply({"params": params}, batch["image"], batch["text"], train=True, rngs=rngs)
@@ -536,6 +615,13 @@ def make_train_step(model: CLIP, logit_scale_max: float = LOGIT_SCALE_MAX) -> Ca
 
   The step is written in the global view: under `common.loop.compile_step` the batch is sharded over the
   mesh's 'data' axis and XLA gathers the embeddings for the [B, B] similarity matrix (CLIP's all-gather).
+
+  Args:
+    model: the CLIP module.
+    logit_scale_max: see `clamp_logit_scale`.
+
+  Returns:
+    train_step(state, batch as in `loss_fn`, key) -> (TrainState, metrics); it folds state.step into key.
   """
 
   def train_step(state: TrainState, batch: dict, key: jax.Array):
@@ -568,10 +654,36 @@ def _encode(model: CLIP, params: Any, x: np.ndarray, which: str, batch_size: int
 
 
 def encode_images(model: CLIP, params: Any, images: np.ndarray, batch_size: int = 1024) -> np.ndarray:
-  """Unit-norm image embeddings [N, D] of images [N, H, W, C] (fixed-size batches, compiled once)."""
+  """Unit-norm image embeddings [N, D] of images [N, H, W, C] (fixed-size batches, compiled once).
+
+  Args:
+    model: the CLIP module.
+    params: its params.
+    images: [N, H, W, C] float32 (N >= 1), in the range the model was trained on.
+    batch_size: rows per call (capped at N; the last batch is padded).
+
+  Returns:
+    numpy float32 [N, D].
+
+  Raises:
+    ValueError: N == 0.
+  """
   return _encode(model, params, images, "image", batch_size)
 
 
 def encode_texts(model: CLIP, params: Any, texts: np.ndarray, batch_size: int = 1024) -> np.ndarray:
-  """Unit-norm text embeddings [N, D] of token ids [N, T] or features [N, F] (fixed-size batches)."""
+  """Unit-norm text embeddings [N, D] of token ids [N, T] or features [N, F] (fixed-size batches).
+
+  Args:
+    model: the CLIP module.
+    params: its params.
+    texts: [N, T] int token ids or [N, F] float features (N >= 1).
+    batch_size: rows per call (capped at N; the last batch is padded).
+
+  Returns:
+    numpy float32 [N, D].
+
+  Raises:
+    ValueError: N == 0.
+  """
   return _encode(model, params, texts, "text", batch_size)
