@@ -15,7 +15,17 @@ from iclr24_jax.vision import classify
 
 
 def run(config: Any, workdir: str) -> dict:
-  """Trains config.model on config.data; writes metrics.jsonl, checkpoints, results.json, plots."""
+  """Trains config.model on config.data; writes metrics.jsonl, checkpoints, results.json, plots.
+
+  Args:
+    config: the classify ConfigDict (`configs/classify.py`): data {name, data_dir}, model, optimizer,
+      num_steps, batch_size, seed, log / eval / checkpoint cadence.
+    workdir: output folder (resumes from its checkpoints); plots curves.png and test_predictions.png.
+
+  Returns:
+    results dict: data (`describe`), test_accuracy, test_loss, final_eval, resumed_from_step, steps_per_s,
+    num_steps.
+  """
   ds = data_lib.load_dataset(config.data.name, config.data.get("data_dir") or None)
   model, res = classify.train_classifier(config, ds, workdir=workdir)
   test = classify.evaluate(model, res.state, ds.test)
@@ -34,7 +44,15 @@ def run(config: Any, workdir: str) -> dict:
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Digits CNN (default config) test accuracy vs the >= 95% the foundation promises."""
+  """Digits CNN (default config) test accuracy vs the >= 95% the foundation promises.
+
+  Args:
+    workdir: output folder (the run goes to workdir/classify).
+    fast: train the 'tiny' config variant; the row's holds is then None.
+
+  Returns:
+    one reproduction row dict in a list.
+  """
   from iclr24_jax.configs import classify as cfg_mod
   cfg = cfg_mod.get_config("tiny" if fast else "")
   res = run(cfg, os.path.join(workdir, "classify"))

@@ -153,7 +153,19 @@ class ResNet(nn.Module):
 
 
 def create_model(model_config: Any, num_classes: int) -> nn.Module:
-  """Builds a classifier from `config.model` (name: 'mlp' | 'cnn' | 'resnet18' | 'resnet')."""
+  """Builds a classifier from `config.model` (name: 'mlp' | 'cnn' | 'mnist_cnn' | 'resnet18' | 'resnet').
+
+  Args:
+    model_config: ConfigDict with name and the model's fields ('mlp': hidden, dropout; 'cnn': features,
+      dense, dropout; 'mnist_cnn': widths; 'resnet18' / 'resnet': stage_sizes, width, norm).
+    num_classes: K, the output width.
+
+  Returns:
+    Linen module x [B, H, W, C] (or [B, ...]) -> logits [B, K] ((logits, features) with return_features).
+
+  Raises:
+    ValueError: unknown name.
+  """
   name = model_config.get("name", "cnn")
   if name == "mlp":
     return MLP(num_classes, hidden=tuple(model_config.get("hidden", (256, 256))),
