@@ -35,7 +35,18 @@ CHANCE = 0.1  # ten digit classes
 
 
 def digits_images(split: data_lib.Split, image_size: int) -> np.ndarray:
-  """Digits [N, 8, 8, 1] in [0, 1] -> [N, S, S, 1] in [-1, 1] (bilinear upsampling when S > 8)."""
+  """Digits [N, 8, 8, 1] in [0, 1] -> [N, S, S, 1] in [-1, 1] (bilinear upsampling when S > 8).
+
+  Args:
+    split: Split with x [N, h, h, 1] float32 in [0, 1] (h = 8 for digits).
+    image_size: S, a multiple of h.
+
+  Returns:
+    float32 numpy [N, S, S, 1] in [-1, 1].
+
+  Raises:
+    ValueError: S is not a multiple of h.
+  """
   x = np.asarray(split.x, np.float32)
   if image_size != x.shape[1]:
     if image_size % x.shape[1]:
@@ -56,7 +67,16 @@ def to_classifier_input(samples: np.ndarray) -> np.ndarray:
 
 
 def train_digits_classifier(cfg: Any, ds: data_lib.Dataset, progress: bool = False):
-  """Trains the judging CNN on 8x8 digits; returns (model, state, test accuracy)."""
+  """Trains the judging CNN on 8x8 digits; returns (model, state, test accuracy).
+
+  Args:
+    cfg: the config.classifier block: num_steps, batch_size, features, dense, learning_rate.
+    ds: the Dataset (x [N, 8, 8, 1] in [0, 1], 10 classes); trained on one device.
+    progress: print a progress line.
+
+  Returns:
+    (Linen CNN, TrainState, test accuracy float in [0, 1]).
+  """
   from iclr24_jax.vision import classify
   ccfg = ml_collections.ConfigDict(dict(
       seed=0, num_steps=int(cfg.num_steps), batch_size=int(cfg.batch_size), log_every=max(int(cfg.num_steps), 1),
@@ -72,7 +92,19 @@ def train_digits_classifier(cfg: Any, ds: data_lib.Dataset, progress: bool = Fal
 
 def judge_samples(model, state, samples: np.ndarray, labels: np.ndarray | None, logits: np.ndarray | None = None
                   ) -> dict[str, float]:
-  """Classifier verdict on samples: accuracy vs the requested labels, mean confidence, class-histogram entropy."""
+  """Classifier verdict on samples: accuracy vs the requested labels, mean confidence, class-histogram entropy.
+
+  Args:
+    model: the judging classifier.
+    state: its TrainState.
+    samples: [N, S, S, 1] in [-1, 1] (only used when logits is None).
+    labels: [N] int requested digits, or None (unconditional: no accuracy).
+    logits: precomputed [N, 10] judge logits, or None to compute them.
+
+  Returns:
+    {'confidence': mean max-probability, 'class_entropy_bits': entropy of the predicted-class histogram
+    (log2 10 = 3.32 for uniform), 'accuracy' (with labels)}.
+  """
   from iclr24_jax.vision import classify
   if logits is None:
     logits = classify.predict(model, state, to_classifier_input(samples))
@@ -90,7 +122,18 @@ def judge_samples(model, state, samples: np.ndarray, labels: np.ndarray | None, 
 
 
 def make_sample_fn(model, schedule, cfg: Any, num_classes: int):
-  """A jitted (params, key, labels) -> samples function following config.sampler."""
+  """A jitted (params, key, labels) -> samples function following config.sampler.
+
+  Args:
+    model: the UNet module.
+    schedule: the noise schedule.
+    cfg: the experiment config (sampler: method, num_steps, eta, clip_x0, guidance_scale; diffusion.prediction).
+    num_classes: K > 0 for a class-conditional UNet (null class id K for guidance), 0 for unconditional.
+
+  Returns:
+    sample_fn(params, key, labels [N] int (ignored when unconditional), shape (static, e.g. (N, S, S, 1)))
+    -> samples of `shape`.
+  """
   s = cfg.sampler
 
   @functools.partial(jax.jit, static_argnums=(3,))
@@ -110,7 +153,20 @@ def make_sample_fn(model, schedule, cfg: Any, num_classes: int):
 
 
 def run(config: Any, workdir: str) -> dict:
-  """Trains the digits DDPM, samples it, judges the samples; writes metrics.jsonl, results.json and PNGs."""
+  """Trains the digits DDPM, samples it, judges the samples; writes metrics.jsonl, results.json and PNGs.
+
+  Args:
+    config: the diffusion ConfigDict (`configs/diffusion.py`): data, model, schedule, diffusion, optimizer,
+      sampler, classifier, num_steps, ...
+    workdir: output folder (created; resumes from its checkpoints).
+
+  Returns:
+    results dict: num_steps, image_size, schedule, prediction, sampler, first_loss, final_loss, steps_per_s,
+    resumed_from_step, classifier_test_accuracy, chance, samples_* and noise_* judge verdicts.
+
+  Raises:
+    ValueError: the data set is not grey 10-class digits.
+  """
   os.makedirs(workdir, exist_ok=True)
   ds = data_lib.load_dataset(config.data.name, config.data.get("data_dir") or None)
   if ds.input_shape[-1] != 1 or ds.num_classes != 10:
@@ -261,7 +317,15 @@ def _gmm_rows(workdir: str, fast: bool) -> list[dict]:
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """GMM exactness of DDPM / DDIM (with a wrong-schedule control) and the digits model's recognisability."""
+  """GMM exactness of DDPM / DDIM (with a wrong-schedule control) and the digits model's recognisability.
+
+  Args:
+    workdir: output folder (created).
+    fast: fewer GMM samples and the 'tiny' digits config.
+
+  Returns:
+    list of reproduction row dicts.
+  """
   from iclr24_jax.configs import diffusion as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   rows = _gmm_rows(workdir, fast)
