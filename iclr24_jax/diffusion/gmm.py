@@ -220,6 +220,15 @@ def ring_gmm(num_components: int = 6, radius: float = 3.0, std: float = 0.35, we
 
   Neighbouring means are 2 r sin(pi / K) apart (3.0 for K = 6, r = 3), i.e. ~8.6 std: nearest-component
   assignment of a sample is then almost never wrong, so mixture weights can be read off samples.
+
+  Args:
+    num_components: K.
+    radius: r, the circle's radius.
+    std: base standard deviation (x 1.3 along the tangent, x 0.7 radially).
+    weights: optional [K] positive weights (normalised); default proportional to 1, 2, ..., K.
+
+  Returns:
+    GaussianMixture with weights [K], means [K, 2], covs [K, 2, 2], all float32.
   """
   ang = 2 * np.pi * np.arange(num_components) / num_components
   means = radius * np.stack([np.cos(ang), np.sin(ang)], -1)

@@ -8,7 +8,16 @@ from iclr24_jax.diffusion.gmm import GaussianMixture
 
 
 def random_directions(key: jax.Array, num_projections: int, dim: int) -> jax.Array:
-  """[P, D] unit vectors uniform on the sphere."""
+  """[P, D] unit vectors uniform on the sphere.
+
+  Args:
+    key: PRNG key.
+    num_projections: P.
+    dim: D.
+
+  Returns:
+    float32 [P, D], each row of unit norm.
+  """
   d = jax.random.normal(key, (num_projections, dim))
   return d / jnp.linalg.norm(d, axis=-1, keepdims=True)
 
@@ -40,7 +49,15 @@ def sliced_wasserstein(x: jax.Array, y: jax.Array, key: jax.Array, num_projectio
 
 
 def component_frequencies(gmm: GaussianMixture, x: jax.Array) -> jax.Array:
-  """[K] fraction of points whose most responsible component (at alpha_bar = 1) is k."""
+  """[K] fraction of points whose most responsible component (at alpha_bar = 1) is k.
+
+  Args:
+    gmm: the mixture (K components in D dimensions).
+    x: [N, D] points.
+
+  Returns:
+    float32 [K] frequencies summing to 1.
+  """
   comp = jnp.argmax(gmm.responsibilities(x), -1)
   return jnp.mean(jax.nn.one_hot(comp, gmm.num_components), 0)
 
@@ -48,8 +65,13 @@ def component_frequencies(gmm: GaussianMixture, x: jax.Array) -> jax.Array:
 def moment_errors(gmm: GaussianMixture, x: jax.Array) -> dict[str, jax.Array]:
   """Errors of the sample mean and covariance against the mixture's exact moments.
 
+  Args:
+    gmm: the mixture (K components in D dimensions).
+    x: [N, D] samples (N >= 2).
+
   Returns:
-    dict: mean_err (max |mean_hat - mean|), cov_err (max |cov_hat - cov|), weight_err (max |freq_k - w_k|).
+    dict: mean_err (max |mean_hat - mean|), cov_err (max |cov_hat - cov|), weight_err (max |freq_k - w_k|),
+    each a scalar.
   """
   mean_hat = jnp.mean(x, 0)
   cov_hat = jnp.cov(x, rowvar=False)

@@ -39,6 +39,17 @@ def timestep_embedding(t: jax.Array, dim: int, max_period: float = 10000.0) -> j
   """Sinusoidal embedding of (float) times t [B] -> [B, dim] (Vaswani et al. 2017; DDPM App. B; ADM ordering).
 
   emb = [cos(t f_0), ..., cos(t f_{h-1}), sin(t f_0), ..., sin(t f_{h-1})], f_i = max_period^(-i / h), h = dim / 2.
+
+  Args:
+    t: times, any shape (flattened to [B]); cast to float32.
+    dim: embedding width (even).
+    max_period: the lowest frequency's period.
+
+  Returns:
+    float32 [B, dim].
+
+  Raises:
+    ValueError: dim is odd.
   """
   if dim % 2:
     raise ValueError(f"timestep embedding dim must be even, got {dim}.")
