@@ -83,6 +83,21 @@ def dps_sample(key: jax.Array, denoiser: Denoiser, schedule: Any, operator: Line
 def ddim_sample(key: jax.Array, denoiser: Denoiser, schedule: Any, x_shape: tuple[int, ...], num_samples: int,
                 num_steps: int | None, *, eta: float = 0.0, prediction: str = "eps", clip_x0: Any = None
                 ) -> jax.Array:
-  """Plain unconditional DDIM samples [num_samples, *x_shape] (the measurement is ignored: a floor)."""
+  """Plain unconditional DDIM samples [num_samples, *x_shape] (the measurement is ignored: a floor).
+
+  Args:
+    key: PRNG key.
+    denoiser: (x_t [B, ...], t [B]) -> prediction of x_t's shape.
+    schedule: the diffusion schedule.
+    x_shape: one sample's shape, e.g. (S, S, 1) or (D,).
+    num_samples: B.
+    num_steps: sampler steps (None: every step of a discrete schedule, 100 for a continuous one).
+    eta: DDIM's eta.
+    prediction: the denoiser's output type ('eps' | 'x0' | 'v').
+    clip_x0: None, a float c or a (lo, hi) pair.
+
+  Returns:
+    [num_samples, *x_shape] float32 samples.
+  """
   return samplers.sample(denoiser, schedule, (num_samples,) + tuple(x_shape), key, method="ddim",
                          num_steps=num_steps, eta=eta, prediction=prediction, clip_x0=clip_x0)

@@ -42,7 +42,18 @@ def gmm_posterior(prior: GaussianMixture, operator: LinearOperator, y, sigma: fl
 
 
 def gaussian_posterior(mean, cov, a, y, sigma: float) -> tuple[np.ndarray, np.ndarray]:
-  """N(mean, cov) prior, y = A x + sigma n -> posterior (mean [D], cov [D, D]) in float64."""
+  """N(mean, cov) prior, y = A x + sigma n -> posterior (mean [D], cov [D, D]) in float64.
+
+  Args:
+    mean: [D] prior mean.
+    cov: [D, D] prior covariance.
+    a: [k, D] measurement matrix A.
+    y: [k] measurement (any shape with k entries; flattened).
+    sigma: measurement noise std (> 0, or A cov A^T must be invertible).
+
+  Returns:
+    (posterior mean [D], symmetrised posterior covariance [D, D]), float64 numpy.
+  """
   mean, cov, a, y = (np.asarray(v, np.float64) for v in (mean, cov, a, y))
   s = a @ cov @ a.T + sigma ** 2 * np.eye(a.shape[0])
   k = np.linalg.solve(s, a @ cov).T
@@ -230,7 +241,22 @@ def chain_moments(mean0, cov0, alpha_bar_t, alpha_bar_s, *, sampler: str = "ddpm
                   ) -> tuple[np.ndarray, np.ndarray]:
   """The output law N(mean [D], cov [D, D]) of the sampler's chain from x_T ~ N(0, I) with the exact denoiser of
   N(mean0, cov0) (no measurement; float64). 'exact' starts from q(x_T) and uses the exact reverse kernel (returns
-  the data law up to rounding)."""
+  the data law up to rounding).
+
+  Args:
+    mean0: [D] data mean.
+    cov0: [D, D] data covariance.
+    alpha_bar_t: [N] noise levels of the sampler's steps (decreasing noise order).
+    alpha_bar_s: [N] the next level of each step (the last 1.0).
+    sampler: 'ddpm', 'ddim' (the c-rate kernel) or 'exact'.
+    c: the DDIM kernel's fresh-noise fraction (variance c (1 - abar_s)).
+
+  Returns:
+    (mean [D], symmetrised cov [D, D]) float64.
+
+  Raises:
+    ValueError: unknown sampler.
+  """
   if sampler not in KERNELS:
     raise ValueError(f"unknown sampler '{sampler}'; choose one of {KERNELS}.")
   mean0, cov0 = np.asarray(mean0, np.float64), np.asarray(cov0, np.float64)
@@ -271,7 +297,15 @@ def telescoping_reference(mean0, cov0, a, sigma: float, y, alpha_bar_t, alpha_ba
 
 
 def moments_over_sequences(means, cov) -> tuple[np.ndarray, np.ndarray]:
-  """Mean and covariance of the equal-weight mixture of N(means[k] [S, D], cov [D, D] or [S, D, D])."""
+  """Mean and covariance of the equal-weight mixture of N(means[k] [S, D], cov [D, D] or [S, D, D]).
+
+  Args:
+    means: [S, D] component means (one per measurement sequence).
+    cov: shared [D, D] covariance, or [S, D, D] per component (averaged).
+
+  Returns:
+    (mean [D], cov [D, D]) float64: law-of-total-variance moments of the mixture.
+  """
   means, cov = np.asarray(means, np.float64), np.asarray(cov, np.float64)
   mu = means.mean(0)
   dev = means - mu

@@ -114,5 +114,13 @@ def get_prior(cfg: Any, workdir: str | None = None, use_cache: bool = True, prog
 
 
 def make_denoiser(model, params):
-  """denoiser(x_t [B, S, S, 1], t [B]) -> eps [B, S, S, 1] of the trained UNet."""
+  """denoiser(x_t [B, S, S, 1], t [B]) -> eps [B, S, S, 1] of the trained UNet.
+
+  Args:
+    model: the UNet module.
+    params: its trained params.
+
+  Returns:
+    the denoiser closure (t in the schedule's units).
+  """
   return training.make_denoiser(model, params)

@@ -342,7 +342,18 @@ class SuperResolution(LinearOperator):
 
 
 def gaussian_kernel(kernel_size: int, std: float) -> np.ndarray:
-  """[k, k] normalised Gaussian kernel (float64)."""
+  """[k, k] normalised Gaussian kernel (float64).
+
+  Args:
+    kernel_size: k, a positive odd integer.
+    std: the Gaussian's std in pixels (> 0).
+
+  Returns:
+    float64 [k, k] summing to 1.
+
+  Raises:
+    ValueError: k not positive odd, or std <= 0.
+  """
   if kernel_size < 1 or kernel_size % 2 == 0:
     raise ValueError(f"kernel_size must be a positive odd integer, got {kernel_size}.")
   if not std > 0:
@@ -357,6 +368,17 @@ def motion_kernel(kernel_size: int, angle: float = 45.0, length: float | None = 
   """[k, k] linear motion-blur kernel: a segment of `length` pixels through the centre at `angle` degrees.
 
   The segment is sampled densely and splatted bilinearly (anti-aliased), then normalised to sum 1.
+
+  Args:
+    kernel_size: k, a positive odd integer.
+    angle: the segment's direction in degrees (counter-clockwise from the x axis).
+    length: segment length in pixels, in (0, k sqrt 2] (None: k).
+
+  Returns:
+    float64 [k, k] summing to 1.
+
+  Raises:
+    ValueError: k not positive odd, or length out of range.
   """
   if kernel_size < 1 or kernel_size % 2 == 0:
     raise ValueError(f"kernel_size must be a positive odd integer, got {kernel_size}.")

@@ -37,20 +37,46 @@ def multinomial(key: jax.Array, log_weights: jax.Array, num: int | None = None) 
 
   Drawn by inverting the CDF at N i.i.d. uniforms: O(N log M), where `jax.random.categorical` with a sample
   shape would build an N x M Gumbel array.
+
+  Args:
+    key: PRNG key.
+    log_weights: [M] unnormalised log-weights.
+    num: N, draws (None: M).
+
+  Returns:
+    int32 [N] ancestor indices in [0, M).
   """
   num = log_weights.shape[0] if num is None else num
   return _inverse_cdf(log_weights, jax.random.uniform(key, (num,)))
 
 
 def systematic(key: jax.Array, log_weights: jax.Array, num: int | None = None) -> jax.Array:
-  """One uniform U, points (i + U) / N, inverted through the weights' CDF."""
+  """One uniform U, points (i + U) / N, inverted through the weights' CDF.
+
+  Args:
+    key: PRNG key.
+    log_weights: [M] unnormalised log-weights.
+    num: N, draws (None: M).
+
+  Returns:
+    int32 [N] ancestor indices in [0, M), non-decreasing.
+  """
   num = log_weights.shape[0] if num is None else num
   u = (jnp.arange(num) + jax.random.uniform(key)) / num
   return _inverse_cdf(log_weights, u)
 
 
 def stratified(key: jax.Array, log_weights: jax.Array, num: int | None = None) -> jax.Array:
-  """One uniform per stratum: (i + U_i) / N, inverted through the CDF."""
+  """One uniform per stratum: (i + U_i) / N, inverted through the CDF.
+
+  Args:
+    key: PRNG key.
+    log_weights: [M] unnormalised log-weights.
+    num: N, draws (None: M).
+
+  Returns:
+    int32 [N] ancestor indices in [0, M), non-decreasing.
+  """
   num = log_weights.shape[0] if num is None else num
   u = (jnp.arange(num) + jax.random.uniform(key, (num,))) / num
   return _inverse_cdf(log_weights, u)
@@ -58,7 +84,20 @@ def stratified(key: jax.Array, log_weights: jax.Array, num: int | None = None) -
 
 def resample(key: jax.Array, log_weights: jax.Array, scheme: str = "multinomial", num: int | None = None
              ) -> jax.Array:
-  """Ancestor indices [num] by `scheme` ('multinomial' | 'systematic' | 'stratified')."""
+  """Ancestor indices [num] by `scheme` ('multinomial' | 'systematic' | 'stratified').
+
+  Args:
+    key: PRNG key.
+    log_weights: [M] unnormalised log-weights.
+    scheme: the resampling scheme.
+    num: N, draws (None: M).
+
+  Returns:
+    int32 [N] ancestor indices in [0, M).
+
+  Raises:
+    ValueError: unknown scheme.
+  """
   if scheme == "multinomial":
     return multinomial(key, log_weights, num)
   if scheme == "systematic":

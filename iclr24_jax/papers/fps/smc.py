@@ -152,7 +152,24 @@ def crate_ddim_transition(x_t: jax.Array, model_out: jax.Array, alpha_bar_t, alp
 def kernel(sampler: str, x_t, model_out, alpha_bar_t, alpha_bar_s, c, *, prediction="eps", clip_x0=None
            ) -> samplers.Transition:
   """The unconditional Gaussian step p(x_s | x_t) of `sampler` ('ddpm': the diffusion core's ancestral kernel;
-  'ddim': the c-rate kernel)."""
+  'ddim': the c-rate kernel).
+
+  Args:
+    sampler: 'ddpm' or 'ddim'.
+    x_t: [B, ...] current particles.
+    model_out: [B, ...] the denoiser's output at x_t.
+    alpha_bar_t: scalar or [B] current noise level.
+    alpha_bar_s: scalar or [B] next noise level.
+    c: DDIM fresh-noise fraction (ignored by 'ddpm').
+    prediction: 'eps' | 'x0' | 'v'.
+    clip_x0: None, a float c or a (lo, hi) pair.
+
+  Returns:
+    samplers.Transition(mean [B, ...], var, x0, eps).
+
+  Raises:
+    ValueError: unknown sampler.
+  """
   if sampler == "ddpm":
     return samplers.ddpm_transition(x_t, model_out, alpha_bar_t, alpha_bar_s, prediction=prediction,
                                     variance="posterior", clip_x0=clip_x0)
@@ -169,6 +186,18 @@ def kernel_rates(sampler: str, c, alpha_bar_t: jax.Array, alpha_bar_s: jax.Array
   ancestral step is DDIM with sigma^2 = beta-tilde (DDIM paper, Eq. 16 with eta = 1); the two forms agree to
   float precision (tested against the diffusion core's `ddpm_transition`). One kernel form lets one compiled
   filter serve both samplers (the rates are data).
+
+  Args:
+    sampler: 'ddpm' or 'ddim'.
+    c: DDIM's fraction (ignored by 'ddpm').
+    alpha_bar_t: [N] current noise levels of the grid.
+    alpha_bar_s: [N] next levels.
+
+  Returns:
+    float32 [N] rates in [0, 1].
+
+  Raises:
+    ValueError: unknown sampler.
   """
   if sampler == "ddpm":
     return ((1.0 - alpha_bar_t / alpha_bar_s) / (1.0 - alpha_bar_t)).astype(jnp.float32)
@@ -178,7 +207,16 @@ def kernel_rates(sampler: str, c, alpha_bar_t: jax.Array, alpha_bar_s: jax.Array
 
 
 def bridge_rate(c: float | None, alpha_bar_t, alpha_bar_s):
-  """Fresh-noise fraction of the y bridge: c, or (c=None) DDPM's beta-tilde / (1 - abar_s)."""
+  """Fresh-noise fraction of the y bridge: c, or (c=None) DDPM's beta-tilde / (1 - abar_s).
+
+  Args:
+    c: a fixed fraction in [0, 1], or None.
+    alpha_bar_t: current noise level(s), scalar or [N].
+    alpha_bar_s: next noise level(s), same shape.
+
+  Returns:
+    float32 scalar c, or the per-step rates of alpha_bar_t's shape.
+  """
   if c is None:
     return (1.0 - alpha_bar_t / alpha_bar_s) / (1.0 - alpha_bar_t)
   return jnp.asarray(c, jnp.float32)
