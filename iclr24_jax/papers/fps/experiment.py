@@ -30,6 +30,14 @@ def compile_call(fn, *args, fast_compile: bool = True):
 
   The image study's programs run for about a second and took 8-13 s to compile at the default level on this
   2-core machine; level 0 compiles 3-4x faster and runs about 2x slower, a net win for one-shot calls.
+
+  Args:
+    fn: a jax.jit-wrapped function.
+    *args: example arguments (their shapes / dtypes / shardings fix the compiled program).
+    fast_compile: use optimisation level 0 on CPU (ignored on other backends).
+
+  Returns:
+    the compiled executable; call it with arguments like `args`.
   """
   lowered = fn.lower(*args)
   if fast_compile and jax.default_backend() == "cpu":
@@ -52,6 +60,18 @@ def fps_runs_fn(denoiser, schedule, operator, num_particles: int, num_steps: int
   = 0 FPS's, 1 telescoping -- so both kernels and both weightings share one program) runs R independent FPS
   samplers with M = `num_particles` particles; a run returns its final (equally weighted) particles -- the official
   code returns the first one -- and its mean ESS / M.
+
+  Args:
+    denoiser: (x_t [B, ...], t [B]) -> eps prediction.
+    schedule: the diffusion schedule.
+    operator: the linear measurement operator A.
+    num_particles: M.
+    num_steps: N, sampler steps.
+    clip_x0: None, a float c or a (lo, hi) pair.
+    resampling: 'multinomial' | 'systematic' | 'stratified'.
+
+  Returns:
+    the jitted f above (ess as a fraction of M, in (0, 1]).
   """
   times, a_t, a_s = samplers.sampling_grid(schedule, num_steps)
 
@@ -74,7 +94,19 @@ def fps_runs_fn(denoiser, schedule, operator, num_particles: int, num_steps: int
 
 
 def dps_runs_fn(denoiser, schedule, operator, num_samples: int, num_steps: int, clip_x0=None):
-  """A jitted f(keys [C], y [C, *y_shape], zeta [C]) -> DPS samples [C, num_samples, *x_shape]."""
+  """A jitted f(keys [C], y [C, *y_shape], zeta [C]) -> DPS samples [C, num_samples, *x_shape].
+
+  Args:
+    denoiser: (x_t [B, ...], t [B]) -> eps prediction.
+    schedule: the diffusion schedule.
+    operator: the linear measurement operator A.
+    num_samples: samples per configuration.
+    num_steps: sampler steps.
+    clip_x0: None, a float c or a (lo, hi) pair.
+
+  Returns:
+    the jitted f above (one vmapped DPS run per configuration, step size zeta).
+  """
   return jax.jit(jax.vmap(lambda k, y, z: baselines.dps_sample(k, denoiser, schedule, operator, y, num_samples,
                                                                num_steps, z, clip_x0=clip_x0)))
 
@@ -109,6 +141,16 @@ def posterior_metrics(post: PosteriorSummary, x, refs, a, x_pooled=None) -> dict
   posterior weights; obs_var_ratio: tr(A Cov A^T) / tr(A Cov[x | y] A^T), the spread of the measured coordinates;
   sw: `diffusion.metrics.sliced_wasserstein` of x to each ref on fixed directions, averaged over the refs (one
   draw's mixture fractions make a single distance noisy).
+
+  Args:
+    post: PosteriorSummary of the exact posterior.
+    x: [R, D] one sample per run.
+    refs: list of exact posterior draws, each [>= R, D] (its first R rows are used).
+    a: [k, D] measurement matrix.
+    x_pooled: optional [R * M, D] all particles (default x).
+
+  Returns:
+    dict of floats: mean_err, cov_err, weight_tv, obs_var_ratio, sw.
   """
   x = np.asarray(x, np.float64)
   xp = x if x_pooled is None else np.asarray(x_pooled, np.float64)
@@ -154,7 +196,15 @@ def seed_metrics(post: PosteriorSummary, x_runs, refs, a, num_seeds: int, floor_
 
 
 def group_floor(refs, num_seeds: int) -> float:
-  """Exact-vs-exact sliced W2 at the seed-group size: each group of draw i against the same group of draw j != i."""
+  """Exact-vs-exact sliced W2 at the seed-group size: each group of draw i against the same group of draw j != i.
+
+  Args:
+    refs: list of (>= 2) exact draws, each [R, D].
+    num_seeds: number of row groups (np.array_split of the R rows).
+
+  Returns:
+    the mean sliced W2 over groups and ordered pairs (i, j), i != j (float).
+  """
   key = jax.random.key(KEY_DIRECTIONS)
   groups = np.array_split(np.arange(refs[0].shape[0]), num_seeds)
   vals = [float(_sliced_w2(jnp.asarray(refs[i][g], jnp.float32), jnp.asarray(refs[j][g], jnp.float32), key,
@@ -164,7 +214,16 @@ def group_floor(refs, num_seeds: int) -> float:
 
 
 def gmm_problem(dim: int, cfg: Any):
-  """The study's prior, operator and measurements: returns (prior, operator, y_of_sigma, description)."""
+  """The study's prior, operator and measurements: returns (prior, operator, y_of_sigma, description).
+
+  Args:
+    dim: D; 2 gives the ring GMM with A = [1, 0] and y = cfg.ring_y; other D a random 4-component GMM with a
+      Gaussian A [cfg.obs_dim_8d, D] / sqrt(D) and y = A x_true + sigma n (fixed x_true, n).
+    cfg: the config.exactness block (ring_y, obs_dim_8d).
+
+  Returns:
+    (GaussianMixture prior, operators.Dense, y_of_sigma: sigma -> float32 [k] measurement, description str).
+  """
   if dim == 2:
     prior = gmm_lib.ring_gmm()
     op = operators.Dense(np.array([[1.0, 0.0]]))
@@ -197,6 +256,16 @@ def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
   (per-seed values for `common.stats`). The c sweep (rates other than 0.95) runs up to `sweep_max_particles`,
   the small-sigma configurations up to `full_grid_max_particles`, the 'ddim' kernel up to `ddim_max_particles`;
   the telescoping weights run at c = 0.95.
+
+  Args:
+    cfg: the fps ConfigDict (schedule, exactness: dims, num_runs, num_steps, particles, rates, sigma,
+      sigma_small, num_seeds, weights, ...).
+    workdir: folder for the plots.
+    progress: print progress lines.
+
+  Returns:
+    {'dims': {D: {description, runs, num_steps, sigmas, num_seeds, posterior_weights, floor, floor_seeds,
+    fps: {label: {M: metrics}}, fps_seeds, dps}}, 'plots': [png paths]}.
   """
   e = cfg.exactness
   sched = schedules.from_config(cfg.schedule)
@@ -293,7 +362,16 @@ def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
 
 
 def plot_exactness(out: dict, cfg: Any, path: str) -> str:
-  """Error vs number of particles per dimension (4 metrics), FPS lines, DPS (best zeta) dashed, floor dotted."""
+  """Error vs number of particles per dimension (4 metrics), FPS lines, DPS (best zeta) dashed, floor dotted.
+
+  Args:
+    out: the (partial) result of `exactness_study`: its 'dims' entries' fps, dps and floor metrics.
+    cfg: the fps ConfigDict.
+    path: PNG output path.
+
+  Returns:
+    path.
+  """
   metrics = [("weight_tv", "mixture weight TV"), ("cov_err", "rel. covariance error"),
              ("obs_var_ratio", "Var(Ax) / exact"), ("sw_ratio", "sliced W2 / floor")]
   dims = list(out["dims"])
@@ -325,7 +403,15 @@ def plot_exactness(out: dict, cfg: Any, path: str) -> str:
 
 
 def plot_samples_2d(res: dict, path: str) -> str:
-  """Scatter plots of the 2-D posterior samples (exact, FPS at several M, DPS)."""
+  """Scatter plots of the 2-D posterior samples (exact, FPS at several M, DPS).
+
+  Args:
+    res: one dimension's result of `exactness_study` with its 'samples' {name: [n, 2]}, description and sigmas.
+    path: PNG output path.
+
+  Returns:
+    path.
+  """
   items = list(res["samples"].items())
   fig, axes = metrics_lib.new_figure(ncols=len(items), size=(2.6, 2.6))
   for ax, (name, x) in zip(axes[0], items):
@@ -353,6 +439,13 @@ def gaussian_limit_study(cfg: Any, workdir: str) -> dict:
     'telescoping': the M -> infinity limit of weights='telescoping' (`exact.telescoping_reference`);
     'none' (sigma None): A = 0, the sampler's own error (the chain's output law vs the prior).
   The c sweep (`exactness.rates`) runs at the largest N.
+
+  Args:
+    cfg: the fps ConfigDict (schedule, exactness block).
+    workdir: folder for the plot.
+
+  Returns:
+    {'rows': [dicts], 'plots': [png path], 'prior_mean': [2], 'prior_cov': [2, 2]} (lists).
   """
   e = cfg.exactness
   sched = schedules.from_config(cfg.schedule)
@@ -436,7 +529,21 @@ def gaussian_limit_study(cfg: Any, workdir: str) -> dict:
 
 
 def make_operator(task: str, icfg: Any, shape: tuple[int, ...]) -> operators.LinearOperator:
-  """The image task's operator on x_shape `shape` ([S, S, 1])."""
+  """The image task's operator on x_shape `shape` ([S, S, 1]).
+
+  Args:
+    task: 'inpainting' (centred box_size box masked), 'super_resolution' (factor sr_factor), 'gaussian_blur'
+      or 'motion_blur'.
+    icfg: the config.images block (box_size, sr_factor, blur_kernel, blur_std, motion_kernel, motion_angle,
+      motion_length).
+    shape: x's shape [S, S, 1].
+
+  Returns:
+    the operators.LinearOperator.
+
+  Raises:
+    ValueError: unknown task.
+  """
   if task == "inpainting":
     mask = np.ones(shape, np.float32)
     b, s = int(icfg.box_size), shape[0]
@@ -460,6 +567,16 @@ def sample_scores(samples, x_true, op, y) -> dict[str, float]:
   psnr_first: the first sample only (the official protocol, one sample per image); psnr_avg / ssim_avg: of the mean
   of the k samples (an estimate of E[x | y], which favours smooth estimates); measurement_residual: mean
   ||A x - y|| over samples.
+
+  Args:
+    samples: [n, k, S, S, 1] in [-1, 1].
+    x_true: [n, S, S, 1] in [-1, 1].
+    op: the task's operator.
+    y: [n, *y_shape] measurements.
+
+  Returns:
+    dict: psnr, psnr_se, ssim, ssim_se, psnr_per_image [n], ssim_per_image [n] (lists), psnr_first,
+    samples_per_image, measurement_residual, and psnr_avg / ssim_avg when k > 1.
   """
   samples = np.asarray(samples)
   n, k = samples.shape[:2]
@@ -485,6 +602,19 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
   independent filters, as the official code returns); scores average over them (see `sample_scores`). Per task,
   the FPS variants with the same particle count share one compiled program (the kernel rates are data) and the
   DPS step sizes another.
+
+  Args:
+    cfg: the fps ConfigDict (data, schedule, fps, images, seed, use_cache).
+    workdir: folder for the prior's cache (workdir/prior) and images.png.
+    progress: print progress lines.
+
+  Returns:
+    {'prior': training info, 'tasks': {task: {scores: {method: `sample_scores`}, dps_psnr_by_zeta,
+    dps_best_zeta, mean_ess_fraction, seconds}}, 'num_images', 'num_steps', 'samples_per_image', 'sigma',
+    'plots': [png path]}.
+
+  Raises:
+    ValueError: an unknown method in images.methods.
   """
   ic, fc = cfg.images, cfg.fps
   t0 = time.perf_counter()
@@ -580,7 +710,17 @@ def _show_measurement(op, y):
 
 
 def plot_images(x_true, recon_all: dict, path: str, num: int = 3) -> str:
-  """Rows: task x first `num` images; columns: truth, measurement, then each method."""
+  """Rows: task x first `num` images; columns: truth, measurement, then each method.
+
+  Args:
+    x_true: [n, S, S, 1] in [-1, 1].
+    recon_all: {task: (y [n, ...], {method: [n, S, S, 1] first samples}, operator)}.
+    path: PNG output path.
+    num: images shown per task (capped at n).
+
+  Returns:
+    path.
+  """
   tasks = list(recon_all)
   names = []   # every method of any task, in first-seen order (a method run on some tasks only leaves blanks)
   for _, recon, _ in recon_all.values():
@@ -610,7 +750,19 @@ def plot_images(x_true, recon_all: dict, path: str, num: int = 3) -> str:
 
 
 def run(config: Any, workdir: str, progress: bool = True) -> dict:
-  """Runs the configured study (config.task: 'exactness' | 'images' | 'both') and writes results.json + PNGs."""
+  """Runs the configured study (config.task: 'exactness' | 'images' | 'both') and writes results.json + PNGs.
+
+  Args:
+    config: the fps ConfigDict (`configs/fps.py`).
+    workdir: output folder (created).
+    progress: print progress lines.
+
+  Returns:
+    results dict: paper, task, exactness and gaussian_limit (exactness / both), images (images / both), seconds.
+
+  Raises:
+    ValueError: unknown config.task.
+  """
   os.makedirs(workdir, exist_ok=True)
   if config.task not in ("exactness", "images", "both"):
     raise ValueError(f"config.task must be 'exactness', 'images' or 'both', got '{config.task}'.")
