@@ -306,6 +306,33 @@ def test_smoke_run_writes_results_metrics_and_plots(tiny_run):
     assert os.path.exists(os.path.join(workdir, p))
 
 
+def test_best_epoch_accuracy_is_the_max_of_the_evaluated_curve(tiny_run):
+  _, _, res = tiny_run
+  for name in ("coboosting", "dense"):
+    curve = res["curves"][name]
+    assert len(curve) == 2  # tiny: eval_every=1, 2 epochs
+    assert res[f"{name}/best_test_accuracy"] == max(a for _, a in curve)
+    assert res[f"{name}/best_test_accuracy"] >= res[f"{name}/test_accuracy"]
+    assert dict(curve)[res[f"{name}/best_epoch"]] == res[f"{name}/best_test_accuracy"]
+
+
+def test_coboosting_and_dense_are_paired_by_key(monkeypatch, tmp_path):
+  seen = {}
+  real_fit = experiment.coboost.fit
+
+  def spy(method, client_params, *, key, **kw):
+    seen[method.hardness] = jax.random.key_data(key)
+    return real_fit(method, client_params, key=key, **kw)
+
+  monkeypatch.setattr(experiment.coboost, "fit", spy)
+  cfg = cfg_mod.get_config("tiny")
+  cfg.progress, cfg.plots, cfg.num_epochs, cfg.methods = False, False, 1, ("coboosting", "dense")
+  experiment.run(cfg, None)
+  assert len(seen) == 2  # Co-Boosting (hardness 1) and DENSE-like (hardness 0) both ran ...
+  a, b = seen.values()
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # ... on the same server / generator key
+
+
 def test_clients_are_never_retrained(tiny_run):
   cfg, _, _ = tiny_run
   ds = data_lib.load_dataset(cfg.data.name)

@@ -13,7 +13,7 @@ Public API:
   update_weights, ods_perturb, synthesis_step, distill_step      (pure steps; callers compile)
   Method, dense_like, knobs, init_synthesis, init_server, fit    (a whole server training)
   Generator, ClientSet, train_clients, fedavg_params             (models and clients)
-  run (experiment.run(config, workdir)), reproduce, benchmark
+  run (experiment.run(config, workdir)); the study (reproduce, benchmark) is in study.py
 """
 from iclr24_jax.papers.coboosting.clients import train_clients
 from iclr24_jax.papers.coboosting.coboost import (Method, SynthState, dense_like, distill_step, fit,

@@ -465,6 +465,12 @@ def fit(method: Method, client_params: Any, *, key: jax.Array, input_shape: tupl
         ) -> FitResult:
   """Trains the server with Co-Boosting (or the baseline `method` describes) for `epochs` epochs.
 
+  This is Co-Boosting's own epoch loop, not `common.loop.train_loop`: an epoch is three phases with
+  different states (g_steps generator/synthesis steps, one pass of ensemble re-weighting over the whole
+  pool, one pass of distillation over it), and the pool grows by a batch every epoch, so the number of
+  steps per epoch changes and there is no single (state, batch) step for train_loop to scan. The compiled
+  pieces are the per-phase steps of `compiled`; the best-epoch accuracy is read from `history` by callers.
+
   Args:
     method: the Method (see `dense_like` for the baseline).
     client_params: the clients' params (stacked tree or tuple); read, never updated.
