@@ -48,6 +48,10 @@ def make_coreset_trainer(model: nn.Module, tx: optax.GradientTransformation, inp
   with a fixed number of steps the two differ only in sampling noise). The number of steps is the same
   for every coreset size, as in the official (and CCS) protocol of training coresets for the same number
   of iterations as the full data.
+
+  Not `common.loop.train_loop`: that loop drives one state from host batches; here R independent runs are
+  one `vmap` of a whole-run `lax.scan` (one compiled program for ~100 runs, sharded over devices by run), with
+  nothing to log, checkpoint or select between steps.
   """
   step = classify.make_train_step(model)
 

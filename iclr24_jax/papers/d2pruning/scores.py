@@ -84,7 +84,8 @@ def make_dynamics_trainer(model: nn.Module, tx: optax.GradientTransformation, in
 
   Each epoch visits every example once in a fresh random order (the last batch is padded and masked,
   like a DataLoader's short last batch); epochs and batches are `lax.scan`s, so the whole run is one
-  compiled program.
+  compiled program (not `common.loop.train_loop`: the per-example, per-epoch dynamics are outputs of the
+  scan, not metrics logged between steps).
 
   Args:
     model: a Linen classifier (`iclr24_jax.vision.create_model`).
