@@ -28,7 +28,17 @@ CRITERION = (0.8, 1.25)   # Var(A x) / exact counted as "the exact spread"
 
 def range_verdict(values, lo: float = CRITERION[0], hi: float = CRITERION[1], z: float = 2.0) -> str:
   """'yes' if mean +- z se of the per-seed values lies inside [lo, hi], 'no' if entirely outside, else
-  'inconclusive' (the range analogue of `common.stats.verdict`; a single value needs no se)."""
+  'inconclusive' (the range analogue of `common.stats.verdict`; a single value needs no se).
+
+  Args:
+    values: per-seed values (a sequence of floats).
+    lo: lower end of the accepted range.
+    hi: upper end.
+    z: standard errors on each side of the mean.
+
+  Returns:
+    'yes' | 'no' | 'inconclusive'.
+  """
   m, se = stats.mean_se(values)
   if m - z * se >= lo and m + z * se <= hi:
     return "yes"
@@ -57,6 +67,13 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   the image comparisons are paired over test images (bootstrap). 'no' is written only where a closed-form reference
   rules out a bug: the Gaussian prior's exact limits (`exact.noise_tracking_kalman` = the exact posterior to 1e-9 on
   the same sequences; `exact.kalman_reference` = FPS's limit, which the particle filter matches in the tests).
+
+  Args:
+    workdir: output folder (created).
+    fast: a smoke run (2 particle counts, 30 steps, one image task on 4 images, 200 prior steps); verdicts None.
+
+  Returns:
+    list of reproduction row dicts.
   """
   from iclr24_jax.configs import fps as cfg_mod
   os.makedirs(workdir, exist_ok=True)
