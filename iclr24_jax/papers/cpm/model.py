@@ -279,6 +279,12 @@ def accuracy(model: Model, features_a: jax.Array, features_b: jax.Array, labels:
 def pair_correct(model: Model, features_a: jax.Array, features_b: jax.Array, labels: jax.Array) -> jax.Array:
   """Per-pair correctness: 1 if the preferred reply gets the higher reward, 0.5 on a tie, else 0.
 
+  Args:
+    model: the fitted reward Model (linear in the features).
+    features_a: [N, F] features of reply A.
+    features_b: [N, F] features of reply B.
+    labels: [N] in {0, 1}, 1 when A is preferred.
+
   Returns:
     [N] float32.
   """
@@ -290,8 +296,16 @@ def pair_correct(model: Model, features_a: jax.Array, features_b: jax.Array, lab
 def fold_ids(num_items: int, num_folds: int, seed: int = 0) -> np.ndarray:
   """Random fold assignment of `num_items` rows into `num_folds` near-equal folds.
 
+  Args:
+    num_items: N rows.
+    num_folds: K in [2, N].
+    seed: permutation seed.
+
   Returns:
     [num_items] int32 fold index.
+
+  Raises:
+    ValueError: K outside [2, N].
   """
   if num_folds < 2 or num_folds > num_items:
     raise ValueError(f"num_folds must be in [2, {num_items}], got {num_folds}.")

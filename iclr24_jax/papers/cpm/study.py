@@ -24,7 +24,15 @@ def _ms(d: dict) -> str:
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """The reproduction rows (see the module docstring); `fast` runs the tiny config (fake scorer)."""
+  """The reproduction rows (see the module docstring); `fast` runs the tiny config (fake scorer).
+
+  Args:
+    workdir: output folder.
+    fast: run the 'tiny' config instead of 'repro'.
+
+  Returns:
+    list of reproduction row dicts.
+  """
   from iclr24_jax.configs import cpm as cfg_mod
   config = cfg_mod.get_config("tiny" if fast else "repro")
   res = run(config, workdir)
