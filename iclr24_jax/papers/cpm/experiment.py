@@ -60,6 +60,13 @@ def score_pairs(scorer, pairs: list[dict], cache: scoring.ScoreCache, mode: str 
                 log=print) -> dict[str, np.ndarray]:
   """Features [N, 14] (13 LM features + length) and PM embeddings of both replies of every pair.
 
+  Args:
+    scorer: a `scoring.SmolLMScorer` or `FakeScorer`.
+    pairs: N dicts with 'history', 'reply_a', 'reply_b', 'label' (1: reply A preferred, 0: B).
+    cache: ScoreCache of per-reply scores (new scores are added).
+    mode: 'expected' (expected score under the answer distribution) or 'parse' (greedy text + regex).
+    log: printer of progress lines.
+
   Returns:
     {'fa', 'fb': [N, 14], 'ea', 'eb': [N, E] or None, 'labels': [N], 'complete': [N] bool}.
   """
@@ -91,9 +98,20 @@ def _correct(model, fa, fb, y) -> np.ndarray:
 def preference_study(fa, fb, ea, eb, labels, num_train: int, seeds, cv: Any) -> dict:
   """Held-out accuracy of CPM and the baselines over random re-splits (see the module docstring).
 
+  Args:
+    fa: [N, 14] features of reply A; fb: [N, 14] of reply B.
+    ea: [N, E] PM embeddings of reply A, or None (no standard PM); eb: [N, E] of reply B, or None.
+    labels: [N] int in {0, 1}, 1 when reply A is preferred.
+    num_train: pairs used for training per split (2 <= num_train < N; the rest are the test pairs).
+    seeds: split seeds (one random re-split each).
+    cv: cross-validation settings (penalties, Cs, num_folds, pad_rows).
+
   Returns:
     {'acc': {method: [S] test accuracy}, 'correct': {method: [N_test] per-pair 0/1 of the first seed},
      'weights': [S, 14] CPM weights, 'cv': [S] chosen (penalty, C), 'num_test': int}.
+
+  Raises:
+    ValueError: num_train outside [2, N).
   """
   n = len(labels)
   if not 2 <= num_train < n:
@@ -173,7 +191,16 @@ def bon_study(fa, fb, ea, eb, labels, sample_feats, sample_embs, seeds, ns, cv: 
 
 def synthetic_study(cfg: Any, seeds) -> dict:
   """Known weights and a known reward (see `data.make_synthetic`); per seed: weight cosine, CPM / Bayes / PM
-  accuracy on held-out pairs, and the true reward of best-of-n picks by CPM-A vs PM-A."""
+  accuracy on held-out pairs, and the true reward of best-of-n picks by CPM-A vs PM-A.
+
+  Args:
+    cfg: the config.synthetic block (weights [F], num_train, num_test, embed_dim, embed_noise, bon_prompts,
+      bon_n, penalties, Cs, num_folds, pad_rows).
+    seeds: one synthetic draw per seed.
+
+  Returns:
+    {key: [S] float64} for cosine, acc_cpm, acc_bayes, acc_pm, bon_true_cpm, bon_true_pm, agree_cpm, agree_pm.
+  """
   w = np.asarray(cfg.weights, np.float64)
   res = {k: [] for k in ("cosine", "acc_cpm", "acc_bayes", "acc_pm", "bon_true_cpm", "bon_true_pm",
                          "agree_cpm", "agree_pm")}
@@ -220,6 +247,13 @@ def synthetic_study(cfg: Any, seeds) -> dict:
 def bon_samples(config: Any, pairs_for_prompts: list[dict], cache: scoring.ScoreCache, scorer, log=print
                 ) -> tuple[list[str], list[list[str]]]:
   """n samples per prompt (SmolLM2, sampled; cached) or, for the fake scorer, replies drawn from the pool.
+
+  Args:
+    config: the cpm ConfigDict (scorer, bon: num_prompts P, n, temperature, top_p, max_new_tokens, seed).
+    pairs_for_prompts: pairs whose first P histories are the prompts (and, for 'fake', whose replies form the pool).
+    cache: ScoreCache that also stores generated samples.
+    scorer: the scorer (its LM generates the samples).
+    log: printer of progress lines.
 
   Returns:
     (histories [P], samples [P][n]).
@@ -317,6 +351,11 @@ def _summarise(v) -> dict:
 
 def run(config: Any, workdir: str, log=print) -> dict:
   """Runs the studies a config asks for; writes results.json and plots into `workdir`.
+
+  Args:
+    config: the cpm ConfigDict (`configs/cpm.py`): num_seeds, synthetic, data, scorer, cv, bon, ...
+    workdir: output folder (created).
+    log: printer of progress lines.
 
   Returns:
     {'synthetic': ..., 'preference': ..., 'bon': ..., 'timing': ...} (numbers as lists / floats).
