@@ -263,7 +263,18 @@ def _progress_hook(progress, counter):
 
 
 def resolve_judge_mode(judge: Judge, judge_mode: str) -> str:
-  """'generate' or 'logprob' ('auto': 'logprob' when the judge can score options, else 'generate')."""
+  """'generate' or 'logprob' ('auto': 'logprob' when the judge can score options, else 'generate').
+
+  Args:
+    judge: the Judge (it can score options when it has a callable `choice_logprobs`).
+    judge_mode: one of JUDGE_MODES ('auto', 'generate', 'logprob').
+
+  Returns:
+    'generate' or 'logprob'.
+
+  Raises:
+    ValueError: unknown judge_mode, or 'logprob' for a judge without choice_logprobs.
+  """
   if judge_mode not in JUDGE_MODES:
     raise ValueError(f"judge_mode must be one of {JUDGE_MODES}, got {judge_mode!r}.")
   can_score = callable(getattr(judge, "choice_logprobs", None))

@@ -79,6 +79,16 @@ def map_back(winner: int | None, order: int | str) -> int:
   """Maps a position-level answer (1 = shown as (a), 2 = shown as (b)) to the instance's output id.
 
   In the swapped order output_2 is shown as (a), so 1 <-> 2; a failure (None or 0) stays 0.
+
+  Args:
+    winner: 1, 2, 0 or None (the parsed position-level pick).
+    order: 0 / 'original' or 1 / 'swapped', the presentation order.
+
+  Returns:
+    1 (output_1), 2 (output_2) or 0 (no valid answer).
+
+  Raises:
+    ValueError: winner not in {None, 0, 1, 2}, or an unknown order.
   """
   if winner in (None, 0):
     return 0

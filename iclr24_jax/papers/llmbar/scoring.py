@@ -104,7 +104,15 @@ def item_correctness(labels: Sequence[int], winners_original: Sequence[int],
 
 def first_position_rate(winners_original: Sequence[int], winners_swapped: Sequence[int]) -> float:
   """Share of the 2N judgements that picked the output shown as (a) (original pick 1, or a swapped pick
-  mapped back to 2). 1.0 = the always-"(a)" judge, 0.5 = no positional preference on balance."""
+  mapped back to 2). 1.0 = the always-"(a)" judge, 0.5 = no positional preference on balance.
+
+  Args:
+    winners_original: [N] output ids picked in the original order (1, 2, or 0 for a failure).
+    winners_swapped: [N] output ids picked in the swapped order, mapped back (1, 2 or 0).
+
+  Returns:
+    float in [0, 1] (failures count as not (a)).
+  """
   w0 = _as_int_vector(winners_original, "winners_original")
   w1 = _as_int_vector(winners_swapped, "winners_swapped")
   return float((np.sum(w0 == 1) + np.sum(w1 == 2)) / (2 * max(w0.size, 1)))
