@@ -71,7 +71,8 @@ def train_digits_classifier(cfg: Any, ds: data_lib.Dataset, progress: bool = Fal
 
   Args:
     cfg: the config.classifier block: num_steps, batch_size, features, dense, learning_rate.
-    ds: the Dataset (x [N, 8, 8, 1] in [0, 1], 10 classes); trained on one device.
+    ds: the Dataset (grey x [N, H, W, 1] in [0, 1], 10 classes: 8x8 digits here, 32x32 MNIST in mdm's judge);
+      trained on one device.
     progress: print a progress line.
 
   Returns:
