@@ -106,6 +106,15 @@ def build(config: Any) -> dict[str, Any]:
 
 
 def loss_kwargs(config: Any) -> dict[str, Any]:
+  """The `training.loss_fn` keyword arguments from config.diffusion.
+
+  Args:
+    config: the mdm ConfigDict (diffusion: prediction, loss_target, level_weights, mixed_ratio, cond_drop_prob).
+
+  Returns:
+    dict prediction, loss_target, level_weights (tuple or None), mixed_ratio (tuple or None),
+    cond_drop_prob (float).
+  """
   d = config.diffusion
   return dict(prediction=d.prediction, loss_target=d.loss_target,
               level_weights=None if d.level_weights is None else tuple(d.level_weights),
@@ -166,7 +175,20 @@ def heldout_mse(model, params, scheds, x, y, key, loss_kw):
 
 
 def run(config: Any, workdir: str) -> dict:
-  """Trains one arm (config.arm), samples it jointly, writes samples.png, metrics.jsonl and results.json."""
+  """Trains one arm (config.arm), samples it jointly, writes samples.png, metrics.jsonl and results.json.
+
+  Args:
+    config: the mdm ConfigDict (`configs/mdm.py`): arm (one of ARMS), data, model, diffusion, optimizer,
+      num_steps, sampler / judge settings.
+    workdir: output folder (created).
+
+  Returns:
+    results dict: arm, image_size, factor, power, train_seconds, heldout_eps_mse (per level), consistency_mse
+    (nested arms), judge_test_accuracy and sample scores (when judged), ...
+
+  Raises:
+    ValueError: config.arm not in ARMS.
+  """
   os.makedirs(workdir, exist_ok=True)
   if config.arm not in ARMS:
     raise ValueError(f"config.arm must be one of {ARMS}, got {config.arm!r}.")
@@ -276,7 +298,16 @@ class Judge:
 
 
 def train_judge(judge_cfg: Any, arrays: dict[str, np.ndarray]) -> Judge:
-  """Trains the MNIST CNN on the training digits (in [0, 1]) and embeds the held-out digits."""
+  """Trains the MNIST CNN on the training digits (in [0, 1]) and embeds the held-out digits.
+
+  Args:
+    judge_cfg: the config.judge block (see `diffusion.experiment.train_digits_classifier`).
+    arrays: {'x_train': [N, S, S, 1] in [-1, 1], 'y_train': [N] int, 'x_eval': [M, S, S, 1], 'y_eval': [M]};
+      the first half of the eval digits is the judge's val split, the second half its test split.
+
+  Returns:
+    Judge with its test accuracy and real_features [M, F] (penultimate features of all eval digits).
+  """
   from iclr24_jax.diffusion.experiment import train_digits_classifier
   to01 = lambda x: ((x + 1.0) / 2.0).astype(np.float32)  # noqa: E731
   n_eval = arrays["x_eval"].shape[0]

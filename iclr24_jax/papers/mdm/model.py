@@ -74,7 +74,15 @@ def shifted_log_snr(log_snr: jax.Array, ratio: float, power: float = 1.0) -> jax
 
 
 def level_ratios(num_levels: int, factor: int) -> tuple[int, ...]:
-  """s_r for r = 0..L-1 (high to low): factor ** (L - 1 - r); the lowest level has s = 1."""
+  """s_r for r = 0..L-1 (high to low): factor ** (L - 1 - r); the lowest level has s = 1.
+
+  Args:
+    num_levels: L.
+    factor: resolution ratio between neighbouring levels.
+
+  Returns:
+    tuple of L ints.
+  """
   return tuple(factor ** (num_levels - 1 - r) for r in range(num_levels))
 
 
@@ -294,7 +302,21 @@ def num_levels(model: nn.Module) -> int:
 
 
 def apply_model(model: nn.Module, params: Any, xs: Sequence[jax.Array], t: jax.Array, **kw) -> list[jax.Array]:
-  """Runs a UNet or NestedUNet on a list of levels -> list of predictions (a UNet has one level)."""
+  """Runs a UNet or NestedUNet on a list of levels -> list of predictions (a UNet has one level).
+
+  Args:
+    model: a UNet or NestedUNet.
+    params: its params.
+    xs: L noisy levels [B, H_r, W_r, C], high to low (one for a UNet).
+    t: [B] times.
+    **kw: passed to the module (class_labels, cond, ...).
+
+  Returns:
+    list of L predictions, each of its level's shape.
+
+  Raises:
+    ValueError: a plain UNet given more than one level.
+  """
   if isinstance(model, NestedUNet):
     return model.apply({"params": params}, list(xs), t, **kw)
   if len(xs) != 1:

@@ -24,7 +24,19 @@ from iclr24_jax.papers.mdm.experiment import ARMS, ARM_NAMES, PAPER, fast_compil
 
 
 def step_flops(model, scheds, image_shape, batch_size, tx, loss_kw) -> float:
-  """XLA's FLOP count of one train step (forward + backward + update) at this batch size."""
+  """XLA's FLOP count of one train step (forward + backward + update) at this batch size.
+
+  Args:
+    model: the UNet / NestedUNet.
+    scheds: one schedule per level.
+    image_shape: (H, W, C) of the highest level.
+    batch_size: B.
+    tx: the optimizer.
+    loss_kw: `training.loss_fn` keyword arguments.
+
+  Returns:
+    float FLOPs (from the lowered program's cost analysis; nothing is run).
+  """
   step = training.make_train_step(model, scheds, **loss_kw)
   state = jax.eval_shape(lambda k: TrainState.create(training.init_params(k, model, image_shape), tx),
                          jax.random.key(0))
@@ -89,7 +101,15 @@ class _Arm:
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Nested + progressive vs nested from scratch vs single resolution at equal compute (3 seeds)."""
+  """Nested + progressive vs nested from scratch vs single resolution at equal compute (3 seeds).
+
+  Args:
+    workdir: output folder (created).
+    fast: run the 'tiny' config variant without the judge.
+
+  Returns:
+    list of reproduction row dicts.
+  """
   os.makedirs(workdir, exist_ok=True)
   cfg = get_config("tiny" if fast else "")
   rp = cfg.repro

@@ -33,7 +33,18 @@ def level_factors(model: nn.Module) -> tuple[int, ...]:
 
 
 def model_pyramid(model: nn.Module, x: jax.Array) -> list[jax.Array]:
-  """The model's input levels for clean images x [B, H, W, C] (average pooling by each nesting's factor)."""
+  """The model's input levels for clean images x [B, H, W, C] (average pooling by each nesting's factor).
+
+  Args:
+    model: a UNet (one level) or NestedUNet.
+    x: [B, H, W, C] images.
+
+  Returns:
+    list of L arrays [B, H_r, W_r, C], high to low.
+
+  Raises:
+    ValueError: a level's size is not divisible by its factor.
+  """
   levels = [x]
   for f in level_factors(model):
     b, h, w, c = levels[-1].shape
@@ -44,7 +55,16 @@ def model_pyramid(model: nn.Module, x: jax.Array) -> list[jax.Array]:
 
 
 def level_shapes(model: nn.Module, batch: int, image_shape: Sequence[int]) -> list[tuple[int, ...]]:
-  """[(B, H_r, W_r, C)] for every level of the model, high to low."""
+  """[(B, H_r, W_r, C)] for every level of the model, high to low.
+
+  Args:
+    model: a UNet or NestedUNet.
+    batch: B.
+    image_shape: (H, W, C) of the highest level.
+
+  Returns:
+    list of L shape tuples.
+  """
   h, w, c = (int(v) for v in image_shape)
   shapes = [(batch, h, w, c)]
   for f in level_factors(model):
@@ -143,7 +163,16 @@ def _num_classes(model: nn.Module) -> int:
 
 
 def init_params(key: jax.Array, model: nn.Module, image_shape: Sequence[int]) -> Any:
-  """Initial params of a UNet / NestedUNet for images [H, W, C] (batch 1; class label 0 when conditional)."""
+  """Initial params of a UNet / NestedUNet for images [H, W, C] (batch 1; class label 0 when conditional).
+
+  Args:
+    key: PRNG key.
+    model: a UNet or NestedUNet.
+    image_shape: (H, W, C) of the highest level.
+
+  Returns:
+    the params pytree.
+  """
   xs = [jnp.zeros(s, jnp.float32) for s in level_shapes(model, 1, image_shape)]
   kw = {"class_labels": jnp.zeros((1,), jnp.int32)} if _num_classes(model) else {}
   if isinstance(model, NestedUNet):
@@ -226,7 +255,15 @@ def sample(key: jax.Array, params: Any, *, model: nn.Module, schedules: Sequence
 
 
 def consistency(samples: Sequence[jax.Array], model: nn.Module) -> jax.Array:
-  """Cross-level consistency of joint samples: mean over pixels of ||avgpool(x_0) - x_{L-1}||^2 -> [B]."""
+  """Cross-level consistency of joint samples: mean over pixels of ||avgpool(x_0) - x_{L-1}||^2 -> [B].
+
+  Args:
+    samples: L sampled levels [B, H_r, W_r, C], high to low.
+    model: the NestedUNet (its factors define the pooling).
+
+  Returns:
+    [B] float mean squared difference between the pooled highest level and the lowest level.
+  """
   pooled = model_pyramid(model, samples[0])[-1]
   return jnp.mean(((pooled - samples[-1]) ** 2).reshape(pooled.shape[0], -1), axis=-1)
 
