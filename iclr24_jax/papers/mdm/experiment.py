@@ -183,11 +183,13 @@ def run(config: Any, workdir: str) -> dict:
     workdir: output folder (created).
 
   Returns:
-    results dict: arm, image_size, factor, power, train_seconds, heldout_eps_mse (per level), consistency_mse
-    (nested arms), judge_test_accuracy and sample scores (when judged), ...
+    results dict: arm, image_size, factor, power, train_seconds, first_loss, final_loss, steps_per_s,
+    heldout_eps_mse (list, see `heldout_mse`), consistency_mse (more than one level), and with
+    config.judge.enabled samples_* (`Judge.score`) and judge_test_accuracy.
 
   Raises:
     ValueError: config.arm not in ARMS.
+    FloatingPointError: the samples contain NaN / inf.
   """
   os.makedirs(workdir, exist_ok=True)
   if config.arm not in ARMS:
