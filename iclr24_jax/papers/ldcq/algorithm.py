@@ -138,7 +138,17 @@ def sample_latents(key: jax.Array, params: LDCQParams, states: jax.Array, n: int
 
 
 def q_values(params: LDCQParams, states: jax.Array, latents: jax.Array, target: bool = True) -> jax.Array:
-  """min(Q_0, Q_1)(s, z) for states [B, D] and latents [B, N, Z] -> [B, N] (target nets by default)."""
+  """min(Q_0, Q_1)(s, z) for states [B, D] and latents [B, N, Z] -> [B, N] (target nets by default).
+
+  Args:
+    params: LDCQParams (spec.q_net, q and q_target twin params).
+    states: [B, D] float32.
+    latents: [B, N, Z] candidate latents per state.
+    target: use the target twin (True) or the online twin (False).
+
+  Returns:
+    [B, N] float32 pessimistic Q values.
+  """
   b, n, zd = latents.shape
   qp = params.q_target if target else params.q
   q = twin_q_apply(params.spec.q_net, qp, jnp.repeat(states, n, axis=0), latents.reshape(b * n, zd))
@@ -171,7 +181,18 @@ def act(key: jax.Array, params: LDCQParams, state: jax.Array, num_samples: int) 
 
 def low_level_action(key: jax.Array, params: LDCQParams, state: jax.Array, z: jax.Array,
                      deterministic: bool = False) -> jax.Array:
-  """a ~ pi(a | s, z) [B, A] for states [B, D], latents [B, Z] (sampled, as the official numpy_policy)."""
+  """a ~ pi(a | s, z) [B, A] for states [B, D], latents [B, Z] (sampled, as the official numpy_policy).
+
+  Args:
+    key: PRNG key.
+    params: LDCQParams (spec.vae and its params).
+    state: [B, D] float32 states.
+    z: [B, Z] skill latents.
+    deterministic: take the decoder's mean action instead of sampling.
+
+  Returns:
+    [B, A] float32 actions.
+  """
   return params.spec.vae.apply({"params": params.vae}, key, state, z, deterministic, method=SkillVAE.sample_action)
 
 
@@ -205,7 +226,19 @@ class QConfig:
 
 def q_init(key: jax.Array, cfg: QConfig, buffer: replay.PrioritizedBuffer | None, state_dim: int, z_dim: int,
            learning_rate: float = 1e-3) -> TrainState:
-  """A Q TrainState: params = twin online Q [2, ...]; extra = {'target': twin target (a copy), 'buffer': buffer}."""
+  """A Q TrainState: params = twin online Q [2, ...]; extra = {'target': twin target (a copy), 'buffer': buffer}.
+
+  Args:
+    key: PRNG key.
+    cfg: QConfig (its q_net).
+    buffer: the prioritised buffer of the Q data set, or None (batches passed to `q_train_step`).
+    state_dim: D.
+    z_dim: Z.
+    learning_rate: Adam step size.
+
+  Returns:
+    TrainState (params leaves carry a leading twin axis of 2).
+  """
   q = twin_q_init(key, cfg.q_net, state_dim, z_dim)
   target = jax.tree.map(jnp.copy, q)  # own buffers: a caller may donate the state
   return TrainState.create(q, optax.adam(learning_rate), extra={"target": target, "buffer": buffer})
@@ -283,6 +316,16 @@ def train_vae(key: jax.Array, vae: SkillVAE, segs: dict[str, jax.Array], *, num_
               ) -> tuple[Any, dict[str, jax.Array]]:
   """Trains the skill VAE on segments (states [M, H, D], actions [M, H, A], next_state [M, D]) with Adam.
 
+  Args:
+    key: PRNG key (init and training).
+    vae: the SkillVAE module.
+    segs: {'states': [M, H, D], 'actions': [M, H, A], 'next_state': [M, D]} float32 segments.
+    num_steps: Adam steps (one lax.scan), minibatches drawn uniformly with replacement.
+    batch_size: segments per step.
+    learning_rate: Adam step size.
+    beta: weight of the KL term (`losses.vae_loss`).
+    terminal_loss: also fit the terminal-state head.
+
   Returns:
     (params, metrics with leaves [num_steps]).
   """
@@ -305,7 +348,18 @@ def train_vae(key: jax.Array, vae: SkillVAE, segs: dict[str, jax.Array], *, num_
 
 def encode(vae: SkillVAE, params: Any, states: jax.Array, actions: jax.Array, chunk: int = 4096
            ) -> tuple[jax.Array, jax.Array]:
-  """Posterior (mean, std) [M, Z] of every segment, in chunks (lax.map) to bound memory."""
+  """Posterior (mean, std) [M, Z] of every segment, in chunks (lax.map) to bound memory.
+
+  Args:
+    vae: the SkillVAE module.
+    params: its params.
+    states: [M, H, D] segment states.
+    actions: [M, H, A] segment actions.
+    chunk: segments per encoder call (the last chunk is zero-padded).
+
+  Returns:
+    (mean [M, Z], std [M, Z]).
+  """
   m = states.shape[0]
   c = min(chunk, m)
   pad = (-m) % c
@@ -318,7 +372,20 @@ def encode(vae: SkillVAE, params: Any, states: jax.Array, actions: jax.Array, ch
 
 def train_diffusion(key: jax.Array, spec: LDCQSpec, s0: jax.Array, latents: jax.Array, *, num_steps: int,
                     batch_size: int = 128, learning_rate: float = 1e-4) -> tuple[Any, dict[str, jax.Array]]:
-  """Trains the latent diffusion prior on (s_0 [M, D], z [M, Z]) pairs with `latent_diffusion_loss`."""
+  """Trains the latent diffusion prior on (s_0 [M, D], z [M, Z]) pairs with `latent_diffusion_loss`.
+
+  Args:
+    key: PRNG key (init and training).
+    spec: LDCQSpec (its denoiser and schedule).
+    s0: [M, D] segment start states (the condition).
+    latents: [M, Z] the segments' posterior latents.
+    num_steps: Adam steps (one lax.scan).
+    batch_size: pairs per step (drawn with replacement).
+    learning_rate: Adam step size.
+
+  Returns:
+    (denoiser params, {'loss': [num_steps]}).
+  """
   k_init, k_train = jax.random.split(key)
   m = s0.shape[0]
   params = spec.denoiser.init(k_init, latents[:1], jnp.zeros((1,), jnp.int32), cond=s0[:1])["params"]
@@ -338,7 +405,20 @@ def train_diffusion(key: jax.Array, spec: LDCQSpec, s0: jax.Array, latents: jax.
 
 def train_bc(key: jax.Array, policy: BCPolicy, observations: jax.Array, actions: jax.Array, *, num_steps: int,
              batch_size: int = 256, learning_rate: float = 1e-3) -> tuple[Any, dict[str, jax.Array]]:
-  """Behaviour cloning of the data actions (the BC baseline)."""
+  """Behaviour cloning of the data actions (the BC baseline).
+
+  Args:
+    key: PRNG key (init and training).
+    policy: the BCPolicy module.
+    observations: [N, D] float32.
+    actions: [N, A] float32.
+    num_steps: Adam steps (one lax.scan).
+    batch_size: rows per step (drawn with replacement).
+    learning_rate: Adam step size.
+
+  Returns:
+    (policy params, {'loss': [num_steps]}).
+  """
   k_init, k_train = jax.random.split(key)
   n = observations.shape[0]
   params = policy.init(k_init, observations[:1])["params"]
@@ -358,6 +438,17 @@ def q_dataset(key: jax.Array, params: LDCQParams, s0: jax.Array, z: jax.Array, r
   """The Q data set: each segment's (s_0, posterior mean z, r_{0:H}, s_H, done) and `num_samples` latents
   pre-sampled from the agent's prior at s_H (official collect_offline_q_learning_dataset: 1000 per state).
 
+  Args:
+    key: PRNG key.
+    params: LDCQParams with a trained diffusion prior.
+    s0: [M, D] segment start states.
+    z: [M, Z] posterior mean latents.
+    reward: [M] discounted segment rewards.
+    next_state: [M, D] states s_H after the segment.
+    done: [M] terminal flags.
+    num_samples: K latents per next state.
+    chunk: next states per sampling call (the last chunk is zero-padded).
+
   Returns:
     dict of [M, ...] arrays; next_latents [M, K, Z].
   """
@@ -373,7 +464,15 @@ def q_dataset(key: jax.Array, params: LDCQParams, s0: jax.Array, z: jax.Array, r
 
 
 def make_buffer(data: dict[str, jax.Array], alpha: float = 0.6) -> replay.PrioritizedBuffer:
-  """A prioritised buffer holding the whole Q data set (every item at priority 1, official NaivePrioritizedBuffer)."""
+  """A prioritised buffer holding the whole Q data set (every item at priority 1, official NaivePrioritizedBuffer).
+
+  Args:
+    data: the `q_dataset` dict (leaves [M, ...]).
+    alpha: priority exponent.
+
+  Returns:
+    PrioritizedBuffer of capacity M, full.
+  """
   example = jax.tree.map(lambda x: x[0], data)
   m = data["s0"].shape[0]
   buf = replay.prioritized_init(example, m, alpha=alpha)
@@ -382,7 +481,19 @@ def make_buffer(data: dict[str, jax.Array], alpha: float = 0.6) -> replay.Priori
 
 def train_q(key: jax.Array, cfg: QConfig, data: dict[str, jax.Array], *, num_steps: int, learning_rate: float = 1e-3,
             alpha: float = 0.6) -> tuple[TrainState, dict[str, jax.Array]]:
-  """Fits the twin Q-networks with prioritised replay over the Q data set for num_steps updates."""
+  """Fits the twin Q-networks with prioritised replay over the Q data set for num_steps updates.
+
+  Args:
+    key: PRNG key (init and training).
+    cfg: QConfig.
+    data: the `q_dataset` dict.
+    num_steps: Q updates (one lax.scan of `q_train_step`).
+    learning_rate: Adam step size.
+    alpha: priority exponent of the buffer.
+
+  Returns:
+    (final Q TrainState, metrics with leaves [num_steps]).
+  """
   k_init, k_train = jax.random.split(key)
   buf = make_buffer(data, alpha)
   state = q_init(k_init, cfg, buf, data["s0"].shape[1], data["z"].shape[1], learning_rate)
@@ -397,6 +508,19 @@ def evaluate_skills(key: jax.Array, params: LDCQParams, env: Any, *, num_episode
 
   All episodes run in parallel; the planning is one batched `act` over the episodes (one lax.scan over replans,
   an inner scan over the executed steps). `env` offers reset_core / step_core (an rl.envs.Env, e.g. PointMaze).
+
+  Args:
+    key: PRNG key.
+    params: LDCQParams (Q params None: latent BC, the first prior sample).
+    env: the environment (reset_core, step_core, spec.max_episode_steps).
+    num_episodes: E.
+    num_samples: latents drawn per replan.
+    exec_horizon: low-level steps per latent.
+    episode_steps: episode length (None: env.spec.max_episode_steps); episodes do not stop at a terminal.
+    deterministic_policy: low-level mean actions.
+
+  Returns:
+    float32 [E] episode returns.
   """
   steps = int(episode_steps or env.spec.max_episode_steps)
   n_plans = math.ceil(steps / exec_horizon)
@@ -430,7 +554,19 @@ def evaluate_skills(key: jax.Array, params: LDCQParams, env: Any, *, num_episode
 
 def evaluate_bc(key: jax.Array, policy: BCPolicy, params: Any, env: Any, *, num_episodes: int,
                 episode_steps: int | None = None) -> jax.Array:
-  """Episode returns [E] of the BC policy (its mean action)."""
+  """Episode returns [E] of the BC policy (its mean action).
+
+  Args:
+    key: PRNG key.
+    policy: the BCPolicy module.
+    params: its params.
+    env: the environment (reset_core, step_core, spec.max_episode_steps).
+    num_episodes: E.
+    episode_steps: episode length (None: env.spec.max_episode_steps).
+
+  Returns:
+    float32 [E] episode returns.
+  """
   steps = int(episode_steps or env.spec.max_episode_steps)
   k_reset, k_run = jax.random.split(key)
   core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
@@ -447,4 +583,5 @@ def evaluate_bc(key: jax.Array, policy: BCPolicy, params: Any, env: Any, *, num_
 
 
 def to_numpy(tree: Any) -> Any:
+  """A pytree of device arrays as host numpy arrays (same structure)."""
   return jax.tree.map(np.asarray, jax.device_get(tree))
