@@ -22,12 +22,31 @@ LOG_2PI = jnp.log(2.0 * jnp.pi)
 
 
 def gaussian_log_prob(x: jax.Array, mean: jax.Array, std: jax.Array) -> jax.Array:
-  """Elementwise log N(x; mean, std^2) (same shape as x)."""
+  """Elementwise log N(x; mean, std^2) (same shape as x).
+
+  Args:
+    x: values, any shape.
+    mean: means, broadcastable to x.
+    std: standard deviations (> 0), broadcastable to x.
+
+  Returns:
+    log-densities of the broadcast shape.
+  """
   return -0.5 * (((x - mean) / std) ** 2 + LOG_2PI) - jnp.log(std)
 
 
 def gaussian_kl(mean_q: jax.Array, std_q: jax.Array, mean_p: jax.Array, std_p: jax.Array) -> jax.Array:
-  """Elementwise KL(N(mean_q, std_q^2) || N(mean_p, std_p^2))."""
+  """Elementwise KL(N(mean_q, std_q^2) || N(mean_p, std_p^2)).
+
+  Args:
+    mean_q: q's means, any shape.
+    std_q: q's standard deviations (> 0).
+    mean_p: p's means (broadcastable).
+    std_p: p's standard deviations (> 0).
+
+  Returns:
+    KL values (>= 0) of the broadcast shape (not summed).
+  """
   return (jnp.log(std_p / std_q) + (std_q ** 2 + (mean_q - mean_p) ** 2) / (2.0 * std_p ** 2) - 0.5)
 
 
@@ -138,7 +157,17 @@ def q_target(q_net: QNetwork, target_params: Any, rewards: jax.Array, next_state
 
 def bc_loss(params: Any, policy: BCPolicy, states: jax.Array, actions: jax.Array
             ) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Behaviour cloning: -mean_b sum_a log pi(a | s) for states [B, D], actions [B, A]."""
+  """Behaviour cloning: -mean_b sum_a log pi(a | s) for states [B, D], actions [B, A].
+
+  Args:
+    params: BCPolicy params (differentiated).
+    policy: the BCPolicy module (-> mean [B, A], std [B, A]).
+    states: [B, D] float32.
+    actions: [B, A] float32 data actions.
+
+  Returns:
+    (scalar loss, {'loss': loss}).
+  """
   mean, std = policy.apply({"params": params}, states)
   loss = -jnp.mean(jnp.sum(gaussian_log_prob(actions, mean, std), -1))
   return loss, {"loss": loss}

@@ -200,11 +200,31 @@ class BCPolicy(nn.Module):
 
 
 def twin_q_init(key: jax.Array, q_net: QNetwork, state_dim: int, z_dim: int) -> Any:
-  """Two independently initialised Q params stacked on a leading axis [2, ...]."""
+  """Two independently initialised Q params stacked on a leading axis [2, ...].
+
+  Args:
+    key: PRNG key.
+    q_net: the QNetwork module.
+    state_dim: D.
+    z_dim: Z.
+
+  Returns:
+    params pytree whose leaves have a leading axis of 2.
+  """
   keys = jax.random.split(key, 2)
   return jax.vmap(lambda k: q_net.init(k, jnp.zeros((1, state_dim)), jnp.zeros((1, z_dim)))["params"])(keys)
 
 
 def twin_q_apply(q_net: QNetwork, q_params: Any, s: jax.Array, z: jax.Array) -> jax.Array:
-  """Both Q values: q_params [2, ...], s [B, D], z [B, Z] -> [2, B]."""
+  """Both Q values: q_params [2, ...], s [B, D], z [B, Z] -> [2, B].
+
+  Args:
+    q_net: the QNetwork module.
+    q_params: twin params (leaves [2, ...]).
+    s: [B, D] states.
+    z: [B, Z] latents.
+
+  Returns:
+    [2, B] float32 Q values.
+  """
   return jax.vmap(lambda p: q_net.apply({"params": p}, s, z))(q_params)
