@@ -27,7 +27,17 @@ METHODS = {"ldcq": "LDCQ (diffusion prior + Q)", "vae_q": "VAE prior + Q", "late
 
 # --- building blocks ------------------------------------------------------------------------------------------------
 def build_spec(config: Any, state_dim: int, action_dim: int, prior: str = "diffusion") -> alg.LDCQSpec:
-  """The LDCQSpec of a config (modules and sampler settings)."""
+  """The LDCQSpec of a config (modules and sampler settings).
+
+  Args:
+    config: the ldcq ConfigDict (model, diffusion, horizon).
+    state_dim: D.
+    action_dim: A.
+    prior: 'diffusion' (LDCQ) or 'gaussian' (the VAE's own prior).
+
+  Returns:
+    alg.LDCQSpec.
+  """
   m, d = config.model, config.diffusion
   vae = SkillVAE(state_dim, action_dim, int(m.z_dim), int(m.hidden), int(m.gru_layers), str(m.policy_type))
   den = MLPDenoiser(hidden=int(m.denoiser_hidden), num_blocks=int(m.denoiser_blocks),
@@ -39,6 +49,16 @@ def build_spec(config: Any, state_dim: int, action_dim: int, prior: str = "diffu
 
 
 def q_config(config: Any, spec: alg.LDCQSpec, num_segments: int) -> alg.QConfig:
+  """The QConfig of a config: discount gamma^H, the q block's settings, epochs of num_segments / batch_size steps.
+
+  Args:
+    config: the ldcq ConfigDict (gamma, horizon, q).
+    spec: the LDCQSpec (its q_net).
+    num_segments: segments in the Q data set (sets steps_per_epoch for PER's beta annealing).
+
+  Returns:
+    alg.QConfig.
+  """
   q = config.q
   return alg.QConfig(q_net=spec.q_net, discount=float(config.gamma) ** int(config.horizon),
                      batch_size=int(q.batch_size), num_target_samples=int(q.num_target_samples), tau=float(q.tau),
@@ -84,7 +104,15 @@ def prepare(config: Any) -> dict[str, Any]:
 
 def compiled(fn, fast_compile: bool = False):
   """`jax.jit(fn)`; with fast_compile on CPU each call lowers and compiles at XLA backend optimisation level 0
-  (the stages run once, and on this 2-core CPU their compilation costs more than the level-0 slowdown)."""
+  (the stages run once, and on this 2-core CPU their compilation costs more than the level-0 slowdown).
+
+  Args:
+    fn: the function to compile.
+    fast_compile: compile at level 0 on CPU (recompiles on every call: use for one-shot stages only).
+
+  Returns:
+    a callable with fn's signature.
+  """
   jitted = jax.jit(fn)
   if not fast_compile or jax.default_backend() != "cpu":
     return jitted
@@ -104,10 +132,20 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
              log=print) -> dict[str, Any]:
   """Runs every stage for `num_seeds` independent seeds (each stage one jitted program vmapped over seeds).
 
+  Args:
+    config: the ldcq ConfigDict (`configs/ldcq.py`).
+    num_seeds: S (None: config.num_seeds).
+    prep: the result of `prepare(config)` (None: computed here).
+    methods: subset of METHODS to evaluate (None: config.methods).
+    log: printer of progress lines.
+
   Returns:
     dict with returns {method: [S, E]}, scores {method: [S, E]} (normalised), sw {'diffusion', 'gaussian'} [S]
     (held-out sliced W2 to the posterior means), histories, params (the LDCQ agent of every seed, leading axis S),
     seconds per stage, and the held-out latents of seed 0 (for the plot).
+
+  Raises:
+    ValueError: an unknown method.
   """
   prep = prep or prepare(config)
   methods = tuple(methods or config.methods)
@@ -260,6 +298,16 @@ def _summary(res: dict) -> dict[str, Any]:
 
 
 def plot_scores(path: str, scores: dict, title: str) -> str:
+  """Bar chart of the normalised score per method (mean over seeds, +- se; dots: the seeds).
+
+  Args:
+    path: PNG output path.
+    scores: {method: [S, E] normalised returns}.
+    title: the axes title.
+
+  Returns:
+    path.
+  """
   fig, axes = metrics.new_figure(size=(5.2, 3.2))
   ax = axes[0, 0]
   names = list(scores)
@@ -277,6 +325,16 @@ def plot_scores(path: str, scores: dict, title: str) -> str:
 
 
 def plot_latents(path: str, lat: dict, title: str) -> str:
+  """Scatter plots of held-out latents on the first two principal axes of the posterior means.
+
+  Args:
+    path: PNG output path.
+    lat: {'posterior': [n, Z] encoder means, 'diffusion': [n, Z] and 'gaussian': [n, Z] prior samples}.
+    title: the figure title.
+
+  Returns:
+    path.
+  """
   post = lat["posterior"]
   mu = post.mean(0)
   _, _, vt = np.linalg.svd(post - mu, full_matrices=False)
@@ -303,7 +361,16 @@ def _log_history(writer: metrics.MetricWriter, hist: dict, every: int) -> None:
 
 def run(config: Any, workdir: str) -> dict:
   """The whole LDCQ pipeline for config.num_seeds seeds: writes metrics.jsonl (losses averaged over seeds),
-  results.json (normalised scores per method and seed, held-out sliced W2), plots and a checkpoint of the agents."""
+  results.json (normalised scores per method and seed, held-out sliced W2), plots and a checkpoint of the agents.
+
+  Args:
+    config: the ldcq ConfigDict (`configs/ldcq.py`).
+    workdir: output folder (created; a rerun replaces the checkpoint).
+
+  Returns:
+    results dict: env, data_kind, num_seeds, methods (per-method score summary), seconds, sliced_w2_heldout,
+    checkpoint, plots, wall_seconds.
+  """
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   writer = metrics.MetricWriter(workdir)

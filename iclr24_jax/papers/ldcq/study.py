@@ -47,7 +47,15 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """(a) Held-out latent fit: sliced W2 from prior samples to the encoder's posterior means at held-out s_0, diffusion
   prior vs the Gaussian VAE prior (the in-support mechanism); (b) maze/medium: normalised return of LDCQ vs the VAE
   prior + Q, latent BC and BC (5 seeds x 20 episodes, paired by seed); (c) maze/umaze (3 seeds) as the
-  short-horizon control. Every comparison is judged with `common.stats` (2 standard errors over seeds)."""
+  short-horizon control. Every comparison is judged with `common.stats` (2 standard errors over seeds).
+
+  Args:
+    workdir: output folder (created).
+    fast: the 'tiny' networks (`reproduction_configs(fast=True)`).
+
+  Returns:
+    list of reproduction row dicts.
+  """
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   rows: list[dict] = []
