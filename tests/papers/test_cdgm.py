@@ -375,6 +375,52 @@ def test_model_errors(generated_setup):
     tfm.fit_transform(np.array([[1.0, np.nan]]))
 
 
+def test_fit_seeds_matches_one_fit_per_seed(generated_setup):
+  table, tf, enc, layer = generated_setup
+  # Unconstrained: the seed axis is what is tested, and the layer-free step compiles in a fraction of the time.
+  m = model_lib.TVAE(tf, None, "unconstrained", _adam(1e-3), embedding_dim=8, compress_dims=(16,),
+                     decompress_dims=(16,), batch_size=50)
+  data = {"x": jnp.asarray(enc)}
+  keys = jax.vmap(jax.random.key)(jnp.arange(3))
+  many = train_lib.fit_seeds(m, data, 12, keys, log_every=6)          # two chunks of 6: one compilation
+  assert jax.tree.leaves(many.state.params)[0].shape[0] == 3
+  assert [r["step"] for r in many.history] == [6, 12] and len(many.history[0]["train/loss"]) == 3
+  one = train_lib.fit(m, data, 12, jax.random.key(2), log_every=6).state
+  chex.assert_trees_all_close(jax.tree.map(lambda x: x[2], many.state.params), one.params, rtol=1e-4, atol=1e-5)
+  other = jax.tree.map(lambda x: x[0], many.state.params)              # another seed: really another run
+  assert not np.allclose(np.asarray(other["sigma"]), np.asarray(one.params["sigma"])) or not np.allclose(
+      np.asarray(jax.tree.leaves(other)[0]), np.asarray(jax.tree.leaves(one.params)[0]))
+  with pytest.raises(ValueError, match=r"\[S\] array of keys"):
+    train_lib.fit_seeds(m, data, 2, jax.random.key(0))
+
+
+def test_on_boundary_by_hand():
+  cons = cdgm.parse_constraints("y_0 >= y_1\ny_1 >= 0")
+  x = np.array([[2.0, 1.0],    # slack 1 and 1: inside
+                [1.0, 1.0],    # y_0 - y_1 = 0: on the first boundary
+                [3.0, 0.0],    # y_1 = 0: on the second
+                [0.5, 1.0]])   # violates, on no boundary
+  np.testing.assert_array_equal(np.asarray(cdgm.on_boundary(jnp.asarray(x), cons)), [False, True, True, False])
+  # The layer's output lands on a boundary exactly where it corrected a row.
+  layer = cdgm.ConstraintLayer(cons, 2)
+  y = np.asarray(layer(jnp.asarray(x, jnp.float32)))
+  assert bool(cdgm.on_boundary(jnp.asarray(y[3:]), cons)[0])
+
+
+def test_detection_groups_split_the_held_out_synthetic_rows():
+  from iclr24_jax.papers.cdgm import evaluation
+  rng = np.random.default_rng(0)
+  real = rng.normal(0, 1, (400, 3))
+  # the first half of the synthetic rows is far from the real ones (always detected), the second half is real-like
+  synth = np.concatenate([rng.normal(8, 1, (200, 3)), rng.normal(0, 1, (200, 3))])
+  far = np.arange(400) < 200
+  out = evaluation.detection(real, synth, seed=0, groups={"far": far, "near": ~far})
+  assert out["count_far"] + out["count_near"] == 120      # 30% of 400 synthetic rows held out
+  assert out["detected_far"] == 1.0 and out["detected_near"] < 0.8
+  with pytest.raises(ValueError, match="one per synthetic row"):
+    evaluation.detection(real, synth, groups={"bad": far[:10]})
+
+
 def _constrained_samples(table, kind, version="constrained", steps=0):
   """(network-only rows, the model's own samples) of a small model, after `steps` training steps."""
   tf = tfm.fit_transform(table.train, table.discrete, max_fit_rows=300, max_iter=20)
@@ -446,6 +492,9 @@ def test_config_variants():
   from iclr24_jax.configs import cdgm as cfg
   assert cfg.get_config().data.name == "generated"
   assert cfg.get_config("heloc").data.name == "heloc"
+  o = cfg.get_config("heloc_official")
+  assert (o.data.name, o.model.name, o.num_steps, o.model.loss_factor, o.optimizer.tvae.weight_decay) == (
+      "heloc", "tvae", 2250, 2.0, 5e-6)
   c = cfg.get_config("faults_ctgan_postprocessing")
   assert (c.data.name, c.model.name, c.model.version) == ("faults", "ctgan", "postprocessing")
   with pytest.raises(ValueError, match="unknown variant"):

@@ -16,7 +16,8 @@ time) gives a C-DGM whose samples always satisfy the constraints.
 """
 from iclr24_jax.papers.cdgm.constraints import (Constraints, InfeasibleConstraintsError, Reduction, load_constraints,
                                                 parse_constraints, reduce_constraints)
-from iclr24_jax.papers.cdgm.layer import ConstraintLayer, constraint_slack, satisfied, satisfied_per_constraint, violation_rate
+from iclr24_jax.papers.cdgm.layer import (ConstraintLayer, constraint_slack, on_boundary, satisfied,
+                                         satisfied_per_constraint, violation_rate)
 from iclr24_jax.papers.cdgm.model import CTGAN, TVAE
 from iclr24_jax.papers.cdgm.orderings import correlation_ordering, correlation_scores, random_ordering
 
@@ -35,5 +36,6 @@ BIBTEX = """@inproceedings{stoian2024realistic,
 __all__ = [
     "parse_constraints", "load_constraints", "Constraints", "InfeasibleConstraintsError", "reduce_constraints",
     "Reduction", "ConstraintLayer", "satisfied", "satisfied_per_constraint", "violation_rate", "constraint_slack",
+    "on_boundary",
     "random_ordering", "correlation_ordering", "correlation_scores", "TVAE", "CTGAN",
 ]

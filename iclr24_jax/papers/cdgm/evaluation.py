@@ -72,7 +72,8 @@ def utility(synthetic: np.ndarray, real_test: np.ndarray, label: int, num_classe
   return out
 
 
-def detection(real: np.ndarray, synthetic: np.ndarray, seed: int = 0, max_rows: int = 3000) -> dict:
+def detection(real: np.ndarray, synthetic: np.ndarray, seed: int = 0, max_rows: int = 3000,
+              groups: dict[str, np.ndarray] | None = None) -> dict:
   """How well classifiers separate real from synthetic rows (lower is better).
 
   Args:
@@ -80,20 +81,32 @@ def detection(real: np.ndarray, synthetic: np.ndarray, seed: int = 0, max_rows: 
     synthetic: [M, D] synthetic rows.
     seed: split/classifier seed.
     max_rows: rows used from each side.
+    groups: optional {name: [M] bool mask over the synthetic rows} (e.g. rows the Constraint Layer changed vs
+      left alone): for each group, the fraction of its held-out synthetic rows the classifiers call synthetic.
 
   Returns:
-    {'f1': mean detection F1 (synthetic = positive), 'accuracy': mean accuracy, per-classifier values}.
+    {'f1': mean detection F1 (synthetic = positive), 'accuracy': mean accuracy, per-classifier values}, and per
+    group 'detected_<name>' (mean over classifiers; NaN when the group has no held-out row) and 'count_<name>'.
   """
   from sklearn.metrics import accuracy_score, f1_score
   from sklearn.model_selection import train_test_split
   rng = np.random.default_rng(seed)
   n = min(len(real), len(synthetic), max_rows)
+  groups = {} if groups is None else groups
+  for g, mask in groups.items():
+    if np.shape(mask) != (len(synthetic),):
+      raise ValueError(f"group '{g}' mask has shape {np.shape(mask)}; expected ({len(synthetic)},) (one per "
+                       "synthetic row).")
   r = np.asarray(real, np.float64)[rng.choice(len(real), n, replace=False)]
-  s = np.asarray(synthetic, np.float64)[rng.choice(len(synthetic), n, replace=False)]
+  s_idx = rng.choice(len(synthetic), n, replace=False)
+  s = np.asarray(synthetic, np.float64)[s_idx]
   x = np.nan_to_num(np.concatenate([r, s]), nan=0.0, posinf=0.0, neginf=0.0)
   y = np.concatenate([np.zeros(n), np.ones(n)])
-  x_tr, x_te, y_tr, y_te = train_test_split(x, y, test_size=0.3, random_state=seed, stratify=y)
-  out = {}
+  # Row ids travel with the split so held-out synthetic rows can be traced back to their group (-1: real rows).
+  ids = np.concatenate([np.full(n, -1), s_idx])
+  x_tr, x_te, y_tr, y_te, _, id_te = train_test_split(x, y, ids, test_size=0.3, random_state=seed, stratify=y)
+  out, detected = {}, {g: [] for g in groups}
+  held = {g: (id_te >= 0) & np.asarray(m, bool)[np.maximum(id_te, 0)] for g, m in groups.items()}
   for name, clf in _classifiers(seed).items():
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")
@@ -101,6 +114,11 @@ def detection(real: np.ndarray, synthetic: np.ndarray, seed: int = 0, max_rows: 
     pred = clf.predict(x_te)
     out[f"f1_{name}"] = float(f1_score(y_te, pred, zero_division=0))
     out[f"accuracy_{name}"] = float(accuracy_score(y_te, pred))
+    for g, sel in held.items():
+      detected[g].append(float(np.mean(pred[sel] == 1)) if sel.any() else float("nan"))
   out["f1"] = float(np.mean([v for k, v in out.items() if k.startswith("f1_")]))
   out["accuracy"] = float(np.mean([v for k, v in out.items() if k.startswith("accuracy_")]))
+  for g, sel in held.items():
+    out[f"detected_{g}"] = float(np.mean(detected[g]))
+    out[f"count_{g}"] = int(sel.sum())
   return out

@@ -320,3 +320,21 @@ def violation_rate(x: jax.Array, constraints: Constraints, tol: float = 1e-6) ->
     A float32 scalar in [0, 1] (a 0-d array; `float()` it on the host).
   """
   return 1.0 - jnp.mean(satisfied(x, constraints, tol).astype(jnp.float32))
+
+
+def on_boundary(x: jax.Array, constraints: Constraints, tol: float = 1e-6) -> jax.Array:
+  """Which rows sit exactly on a constraint boundary: some constraint holds with equality, |A x - b| <= tol * scale.
+
+  The Constraint Layer projects a violating variable onto the nearest bound, so corrected rows land on a boundary
+  (e.g. `X_Maximum = X_Minimum + epsilon`); this counts how often that happens, for synthetic and real rows alike.
+
+  Args:
+    x: [B, D] values in the original feature space.
+    constraints: the constraints.
+    tol: relative tolerance (the scale of `constraint_slack`); a strict row's margin epsilon is within it.
+
+  Returns:
+    [B] bool.
+  """
+  slack, scale = constraint_slack(x, constraints)
+  return jnp.any(jnp.abs(slack) <= tol * scale, axis=-1)
