@@ -63,6 +63,13 @@ def caption_values() -> np.ndarray:
 def oracle_preference(caption_1: str, caption_2: str) -> int:
   """The oracle's label for a pair (official AnnotationIdx convention): 0 = first better, 1 = second, 2 = tie.
 
+  Args:
+    caption_1: a caption of `CAPTIONS`.
+    caption_2: another (or the same) caption.
+
+  Returns:
+    0, 1 or 2 by the captions' oracle progress values.
+
   Raises:
     ValueError: a caption that is not one of `CAPTIONS`.
   """
@@ -75,7 +82,15 @@ def oracle_preference(caption_1: str, caption_2: str) -> int:
 
 
 def caption_bytes(captions=CAPTIONS, length: int = 256) -> np.ndarray:
-  """Captions as NetHack-style message buffers: [N, length] uint8, NUL-padded (latin-1)."""
+  """Captions as NetHack-style message buffers: [N, length] uint8, NUL-padded (latin-1).
+
+  Args:
+    captions: N strings (latin-1 encodable; default the toy world's CAPTIONS).
+    length: buffer length (longer captions are cut).
+
+  Returns:
+    uint8 [N, length].
+  """
   out = np.zeros((len(captions), length), np.uint8)
   for i, c in enumerate(captions):
     b = c.encode("latin-1")[:length]
@@ -175,6 +190,11 @@ class CaptionedGridWorld(Env):
 def caption_and_count(obs: jax.Array, max_episode_steps: int) -> tuple[jax.Array, jax.Array]:
   """Reads the caption id and its episode count N_episode(caption) from toy observations [..., 3 h w + 4].
 
+  Args:
+    obs: [..., 3 h w + 4] float32 observations (the last two entries: caption id / NUM_CAPTIONS and
+      count / max_episode_steps).
+    max_episode_steps: the env's episode length (the count's scale).
+
   Returns:
     (caption [...] int32, count [...] int32); count >= 1 after any step (0 only on a reset observation).
   """
@@ -185,7 +205,15 @@ def caption_and_count(obs: jax.Array, max_episode_steps: int) -> tuple[jax.Array
 
 def scripted_policy(env: CaptionedGridWorld, epsilon: float = 0.2):
   """A simple scripted agent (a PolicyFn for rl.rollout): heads for the key, then the door, then the goal,
-  aligning the row first and then the column; a uniform random action with probability `epsilon`."""
+  aligning the row first and then the column; a uniform random action with probability `epsilon`.
+
+  Args:
+    env: the CaptionedGridWorld (its layout).
+    epsilon: probability of a uniform random action at each step.
+
+  Returns:
+    policy_fn(key, obs [B, 3 h w + 4]) -> (action [B] int32, action [B] int32, {}).
+  """
 
   hw, w, wall, door = env.height * env.width, env.width, env.wall_col, env.door
 
@@ -214,7 +242,18 @@ def scripted_policy(env: CaptionedGridWorld, epsilon: float = 0.2):
 
 def collect_captions(env: CaptionedGridWorld, policy_fn, key: jax.Array, num_envs: int = 32,
                      num_steps: int = 100) -> np.ndarray:
-  """Caption ids of every step of a rollout: [num_steps * num_envs] int32 (the observation data set)."""
+  """Caption ids of every step of a rollout: [num_steps * num_envs] int32 (the observation data set).
+
+  Args:
+    env: the CaptionedGridWorld.
+    policy_fn: rollout PolicyFn, e.g. `scripted_policy(env)`.
+    key: PRNG key.
+    num_envs: parallel environments.
+    num_steps: steps per environment (episodes restart automatically).
+
+  Returns:
+    numpy int32 [num_steps * num_envs] caption ids in [0, NUM_CAPTIONS), step-major.
+  """
   from iclr24_jax.rl import rollout as rollout_lib
   k_reset, k_roll = jax.random.split(key)
   state = env.reset_batch(k_reset, num_envs)
@@ -225,6 +264,12 @@ def collect_captions(env: CaptionedGridWorld, policy_fn, key: jax.Array, num_env
 
 def episode_stats(env: CaptionedGridWorld, policy_fn, key: jax.Array, num_envs: int = 64) -> dict[str, jax.Array]:
   """Success and caption statistics of the first episode of each of `num_envs` environments (pure; jit it).
+
+  Args:
+    env: the CaptionedGridWorld.
+    policy_fn: rollout PolicyFn.
+    key: PRNG key.
+    num_envs: environments (one first episode each; max_episode_steps steps are rolled out).
 
   Returns:
     dict of scalars: success (goal reached), key (picked up), unlock (door opened), bumps and locked (mean
