@@ -65,7 +65,18 @@ def fit_normalisation(rewards: Any, unique_rewards: Any = None, levels: Sequence
 
 def threshold(normalised_unique: Any, quantile: float | None) -> float:
   """eps = the `quantile` of the normalised unique training rewards (linear interpolation, as torch.quantile);
-  None -> -inf (no threshold)."""
+  None -> -inf (no threshold).
+
+  Args:
+    normalised_unique: the normalised rewards (r - mu) / sigma of the unique training messages (any shape).
+    quantile: level in [0, 1], or None.
+
+  Returns:
+    eps as a float (-inf for None).
+
+  Raises:
+    ValueError: quantile outside [0, 1], or no rewards.
+  """
   # Deviation: any quantile, computed here (the official reads one of its 19 saved quantiles or crashes).
   if quantile is None:
     return float("-inf")
@@ -100,7 +111,20 @@ def intrinsic_reward(r: jax.Array, mu: Any, sigma: Any, eps: Any, counts: jax.Ar
 
 
 def combine_rewards(r_ext: jax.Array, r_int: jax.Array, alpha_ext: Any = 0.1, alpha_int: Any = 0.1) -> jax.Array:
-  """alpha_ext r_ext + alpha_int r_int ([sum]; official defaults 0.1 and 0.1 on NetHackScore)."""
+  """alpha_ext r_ext + alpha_int r_int ([sum]; official defaults 0.1 and 0.1 on NetHackScore).
+
+  Args:
+    r_ext: [...] extrinsic rewards.
+    r_int: [...] intrinsic rewards, same shape.
+    alpha_ext: weight of the extrinsic reward.
+    alpha_int: weight of the intrinsic reward.
+
+  Returns:
+    [...] float32 combined rewards.
+
+  Raises:
+    ValueError: r_ext and r_int of different shapes.
+  """
   r_ext, r_int = jnp.asarray(r_ext, jnp.float32), jnp.asarray(r_int, jnp.float32)
   if r_ext.shape != r_int.shape:
     raise ValueError(f"combine_rewards: r_ext {r_ext.shape} and r_int {r_int.shape} must have the same shape.")

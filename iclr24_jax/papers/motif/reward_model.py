@@ -78,7 +78,15 @@ class RewardModel(nn.Module):
 
 
 def init_params(key: jax.Array, model: RewardModel | None = None) -> Any:
-  """Fresh reward-model params (from a [1, 256] dummy message)."""
+  """Fresh reward-model params (from a [1, 256] dummy message).
+
+  Args:
+    key: PRNG key.
+    model: the RewardModel (None: the default RewardModel()).
+
+  Returns:
+    the params pytree.
+  """
   model = model or RewardModel()
   return model.init(key, jnp.zeros((1, MESSAGE_LEN), jnp.uint8))["params"]
 
@@ -94,6 +102,17 @@ def pair_rewards(params: Any, batch: dict, model: RewardModel | None = None) -> 
 
   `batch` either holds the pairs' messages ('message_1', 'message_2': [B, 256]) or, equivalently and cheaper
   when messages repeat, the unique messages 'messages' [M, 256] and 'pairs' [B, 2] int indices into them.
+
+  Args:
+    params: reward-model params.
+    batch: one of the two layouts above (uint8 message buffers).
+    model: the RewardModel (None: the default).
+
+  Returns:
+    float32 [B, 2] rewards r_phi of the first and second message.
+
+  Raises:
+    ValueError: neither layout, or message_1 / message_2 of different shapes.
   """
   model = model or RewardModel()
   if "pairs" in batch:
@@ -205,7 +224,17 @@ def fit_reward_model(key: jax.Array, messages: np.ndarray, pairs: np.ndarray, la
 
 def message_rewards(params: Any, messages: np.ndarray, model: RewardModel | None = None,
                     batch_size: int = 256) -> np.ndarray:
-  """r_phi of many messages [N, 256] -> [N] float32 (batched; batches padded to one compiled shape)."""
+  """r_phi of many messages [N, 256] -> [N] float32 (batched; batches padded to one compiled shape).
+
+  Args:
+    params: reward-model params.
+    messages: [N, 256] uint8 message buffers.
+    model: the RewardModel (None: the default).
+    batch_size: rows per compiled call (the last batch is zero-padded).
+
+  Returns:
+    numpy float32 [N] (empty for N = 0).
+  """
   model = model or RewardModel()
   messages = np.asarray(messages, np.uint8)
   fn = _jitted_apply(model)
