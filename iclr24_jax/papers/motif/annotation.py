@@ -96,7 +96,18 @@ def parse_preference(text: str) -> int | None:
 
 
 def label_from_margin(margin: float, tau: float) -> int:
-  """Debiased log-odds that the first caption is better -> label (|margin| < tau: no preference)."""
+  """Debiased log-odds that the first caption is better -> label (|margin| < tau: no preference).
+
+  Args:
+    margin: debiased log-odds (finite float); > 0 favours the first caption.
+    tau: no-preference band (>= 0).
+
+  Returns:
+    FIRST (0), SECOND (1) or TIE (2).
+
+  Raises:
+    ValueError: a non-finite margin.
+  """
   if not np.isfinite(margin):
     raise ValueError(f"annotation margin must be finite, got {margin}.")
   return TIE if abs(margin) < tau else (FIRST if margin > 0 else SECOND)
@@ -229,7 +240,17 @@ def _debiased(ab: np.ndarray, ba: np.ndarray) -> np.ndarray:
 
 def chat_prompts(tok: Any, user_messages: Sequence[str], answer_prefix: str = ANSWER_PREFIX,
                  system: str | None = None) -> list[str]:
-  """Renders user messages with the tokenizer's chat template and appends the answer prefix."""
+  """Renders user messages with the tokenizer's chat template and appends the answer prefix.
+
+  Args:
+    tok: the LM's Tokenizer (apply_chat_template).
+    user_messages: N user messages (str).
+    answer_prefix: text appended after the assistant header (the start of the judge's answer).
+    system: system prompt (None: the template's default).
+
+  Returns:
+    N prompt strings.
+  """
   return [tok.apply_chat_template(m, add_generation_prompt=True, system=system) + answer_prefix
           for m in user_messages]
 

@@ -85,7 +85,15 @@ def collect_messages(num_envs: int = 4, num_steps: int = 250, policy: str = "ran
 
 def message_reward_fn(params: Any, model: reward_model.RewardModel | None = None):
   """NetHack message buffers [K, 256] -> r_phi [K], through the same text -> bytes path as the training data
-  (trailing spaces stripped, latin-1)."""
+  (trailing spaces stripped, latin-1).
+
+  Args:
+    params: reward-model params.
+    model: the RewardModel (None: the default).
+
+  Returns:
+    fn(buffers: uint8 [K, 256]) -> numpy float32 [K].
+  """
 
   def fn(buffers: np.ndarray) -> np.ndarray:
     return reward_model.message_rewards(params, toy.caption_bytes(nethack.decode_messages(buffers)), model)

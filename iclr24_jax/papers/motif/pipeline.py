@@ -36,10 +36,17 @@ def sample_pairs(captions: Sequence[str], num_pairs: int, seed: int = 0) -> list
 def to_arrays(records: Sequence[dict], length: int = reward_model.MESSAGE_LEN) -> dict[str, Any]:
   """Annotation records -> training arrays over unique messages; unparsable labels (None) are dropped.
 
+  Args:
+    records: annotation dicts with 'caption_1', 'caption_2' (str) and 'label' (0, 1, 2 or None).
+    length: message buffer length.
+
   Returns:
     dict: messages [M, length] uint8 (unique), texts [M] str, pairs [P, 2] int32, labels [P] int32,
     weights [P] float32 (multiplicity of each unique (pair, label)), occurrences [M] float32 (how often each
     message appears in the kept pairs; for the normalisation's mu and sigma).
+
+  Raises:
+    ValueError: no record has a label.
   """
   kept = [r for r in records if r["label"] is not None]
   if not kept:
@@ -62,7 +69,17 @@ def to_arrays(records: Sequence[dict], length: int = reward_model.MESSAGE_LEN) -
 
 def split_by_pair(data: dict, holdout: float, seed: int = 0) -> tuple[dict, dict]:
   """Splits unique unordered caption pairs into train / held-out (a held-out pair never appears in training,
-  in either order)."""
+  in either order).
+
+  Args:
+    data: the `to_arrays` dict.
+    holdout: fraction of unique unordered pairs held out, in [0, 1].
+    seed: shuffle seed.
+
+  Returns:
+    (train, held_out): copies of data with their own pairs [P', 2], labels, weights and occurrences [M]
+    (messages and texts are shared).
+  """
   rng = np.random.default_rng(seed)
   unordered = [tuple(sorted(p)) for p in data["pairs"].tolist()]
   keys = sorted(set(unordered))
@@ -86,6 +103,14 @@ def split_by_pair(data: dict, holdout: float, seed: int = 0) -> tuple[dict, dict
 def fit_reward(key: jax.Array, data: dict, num_steps: int, learning_rate: float, eps_quantile: float | None,
                model: reward_model.RewardModel | None = None) -> dict[str, Any]:
   """Reward model + normalisation + threshold from training arrays (see `to_arrays`).
+
+  Args:
+    key: PRNG key.
+    data: the (training) `to_arrays` dict.
+    num_steps: Adam steps of the reward model.
+    learning_rate: Adam step size.
+    eps_quantile: threshold quantile of the normalised rewards, or None (no threshold).
+    model: the RewardModel (None: the default).
 
   Returns:
     dict: params, rewards [M] (r_phi of data['messages']), mu, sigma, quantiles, eps, history.
@@ -127,6 +152,14 @@ def make_toy_train(config: Any, env: toy.CaptionedGridWorld, eval_envs: int = 64
 
   `setting` is a dict of scalars / arrays: caption_rewards [C], mu, sigma, eps, alpha_ext, alpha_int, beta.
   Returns {'curve': per-update dict of [num_updates] arrays, 'final': episode_stats of the final policy}.
+
+  Args:
+    config: the PPO ConfigDict of the toy agent.
+    env: the CaptionedGridWorld.
+    eval_envs: environments of the final `toy.episode_stats`.
+
+  Returns:
+    the pure train(key, setting) function above.
   """
 
   def train(key, setting):
