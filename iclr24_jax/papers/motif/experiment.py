@@ -31,18 +31,43 @@ def keyword_value(message: str) -> float:
 
 
 def toy_env(config: Any) -> toy.CaptionedGridWorld:
+  """The toy CaptionedGridWorld of config.env (height, width, max_episode_steps, noise_prob).
+
+  Args:
+    config: the motif ConfigDict.
+
+  Returns:
+    toy.CaptionedGridWorld.
+  """
   e = config.env
   return toy.CaptionedGridWorld(int(e.height), int(e.width), int(e.max_episode_steps), float(e.noise_prob))
 
 
 def reward_net(config: Any) -> reward_model.RewardModel:
+  """The RewardModel of config.model (embed_dim, hidden, trunk).
+
+  Args:
+    config: the motif ConfigDict.
+
+  Returns:
+    reward_model.RewardModel.
+  """
   m = config.model
   return reward_model.RewardModel(int(m.embed_dim), int(m.hidden), int(m.trunk))
 
 
 def toy_dataset(config: Any, env: toy.CaptionedGridWorld, key: jax.Array) -> list[str]:
   """Captions of every step of a random and a scripted agent (the observation data set), as strings: one
-  rollout of 2 x data.num_envs environments, the first half acting at random, the second half scripted."""
+  rollout of 2 x data.num_envs environments, the first half acting at random, the second half scripted.
+
+  Args:
+    config: the motif ConfigDict (data: num_envs, num_steps, scripted_epsilon).
+    env: the toy world.
+    key: PRNG key of the rollout.
+
+  Returns:
+    list of num_steps * 2 num_envs caption strings (step-major).
+  """
   d = config.data
   n = int(d.num_envs)
   rand, script = rollout_lib.random_policy(env), toy.scripted_policy(env, float(d.scripted_epsilon))
@@ -73,6 +98,17 @@ def make_judge(config: Any, kind: str | None = None) -> tuple[Any, str]:
 
   kinds: 'smollm2' (debiased log-odds), 'generate' (SmolLM2 text + official parser), 'oracle' (toy oracle),
   'keywords' (a keyword stand-in for NetHack smoke runs).
+
+  Args:
+    config: the motif ConfigDict (annotation: annotator, tau, batch_size, widths, temperature, top_p,
+      max_new_tokens).
+    kind: overrides config.annotation.annotator.
+
+  Returns:
+    (judge, name): the annotation judge and the name its cached annotations are stored under.
+
+  Raises:
+    ValueError: unknown kind.
   """
   a = config.annotation
   kind = kind or a.annotator
@@ -107,7 +143,16 @@ def make_judge(config: Any, kind: str | None = None) -> tuple[Any, str]:
 
 
 def cache_path(config: Any, workdir: str, name: str) -> str:
-  """Where the annotation JSONL lives: config.annotation.cache_dir (shared across runs) or the workdir."""
+  """Where the annotation JSONL lives: config.annotation.cache_dir (shared across runs) or the workdir.
+
+  Args:
+    config: the motif ConfigDict.
+    workdir: the run folder (used when annotation.cache_dir is empty).
+    name: the cache's name (judge name with '/' replaced).
+
+  Returns:
+    the path '<root>/motif_annotations_<name>.jsonl'.
+  """
   root = config.annotation.get("cache_dir") or workdir
   return os.path.join(root, f"motif_annotations_{name}.jsonl")
 
@@ -115,7 +160,21 @@ def cache_path(config: Any, workdir: str, name: str) -> str:
 def annotate(config: Any, pairs: Sequence[tuple[str, str]], task: str, judge: Any, judge_name: str,
              path: str | None, max_unique: int | None = None, verbose: bool = True) -> list[dict]:
   """Annotates pairs through the resumable cache. With `max_unique`, only pairs among the first `max_unique`
-  distinct non-identical pairs (in data order) are kept (a CPU budget for the LLM)."""
+  distinct non-identical pairs (in data order) are kept (a CPU budget for the LLM).
+
+  Args:
+    config: the motif ConfigDict (not read).
+    pairs: (caption_1, caption_2) string pairs (identical pairs are kept).
+    task: the task description given to the judge.
+    judge: the annotation judge (`make_judge`).
+    judge_name: its cache name.
+    path: the JSONL cache file, or None (memory only).
+    max_unique: the budget of distinct non-identical pairs, or None.
+    verbose: print progress lines.
+
+  Returns:
+    list of annotation record dicts (caption_1, caption_2, label 0 / 1 / 2 / None, ...), one per kept pair.
+  """
   pairs = list(pairs)
   if max_unique is not None:
     allowed: dict[tuple[str, str], None] = {}
@@ -159,6 +218,13 @@ def label_agreement(records: Sequence[dict]) -> dict[str, Any]:
 def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracle: bool = True) -> dict[str, Any]:
   """Reward model + normalisation from annotation records, with held-out pair accuracy.
 
+  Args:
+    config: the motif ConfigDict (data.holdout, seed, reward_steps, optimizer.learning_rate,
+      intrinsic.eps_quantile, model).
+    records: annotation records.
+    key: PRNG key of the reward model.
+    oracle: also score against the toy oracle (toy world only).
+
   Returns:
     dict: fit (pipeline.fit_reward output), train / heldout arrays, heldout_accuracy (vs the annotator's
     labels), heldout_oracle_accuracy (toy only), train_accuracy, caption_rewards [NUM_CAPTIONS] (toy only).
@@ -183,7 +249,20 @@ def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracl
 
 def toy_settings(config: Any, fits: dict[str, dict], settings: Sequence[tuple[str, str]]) -> dict[str, jax.Array]:
   """Stacked reward settings for `pipeline.make_toy_train`: one row per (label source, kind), kind in
-  'intrinsic' (alpha_ext 0), 'extrinsic' (alpha_int 0) or 'both'."""
+  'intrinsic' (alpha_ext 0), 'extrinsic' (alpha_int 0) or 'both'.
+
+  Args:
+    config: the motif ConfigDict (intrinsic: beta, alpha_ext, alpha_int).
+    fits: {label source: `fit_from_records` output} (unused for 'extrinsic' rows).
+    settings: S (label source, kind) pairs.
+
+  Returns:
+    dict of float32 arrays with leading axis S: caption_rewards [S, NUM_CAPTIONS], mu, sigma, eps, beta,
+    alpha_ext, alpha_int [S].
+
+  Raises:
+    ValueError: an unknown kind.
+  """
   i = config.intrinsic
   rows = []
   for source, kind in settings:
@@ -206,9 +285,17 @@ def toy_agents(config: Any, env: toy.CaptionedGridWorld, settings: dict[str, jax
   """PPO agents for every setting x seed in one jitted, vmapped program (seed s shares its key across
   settings: paired comparisons).
 
+  Args:
+    config: the motif ConfigDict (agent, eval_envs).
+    env: the toy world.
+    settings: `toy_settings` output (leading axis S).
+    key: PRNG key (split into num_seeds seed keys).
+    num_seeds: seeds per setting.
+
   Returns:
     dict of numpy arrays: final stats [S, num_seeds] (success, key, unlock, bumps, locked, length), curves
-    [S, num_seeds, num_updates] (episode_return = success of episodes finished in each rollout), seconds.
+    [S, num_seeds, num_updates] (episode_return = success of episodes finished in each rollout), seconds,
+    env_steps.
   """
   n_set = int(settings["alpha_ext"].shape[0])
   train = pipeline.make_toy_train(config.agent, env, int(config.eval_envs))
@@ -227,7 +314,17 @@ def toy_agents(config: Any, env: toy.CaptionedGridWorld, settings: dict[str, jax
 
 
 def plot_toy(agents: dict, names: Sequence[str], path: str, title: str) -> str:
-  """Success rate (mean +- SE over seeds) per setting and the training curves."""
+  """Success rate (mean +- SE over seeds) per setting and the training curves.
+
+  Args:
+    agents: `toy_agents` output.
+    names: S setting labels, in the settings' order.
+    path: PNG output path.
+    title: the left panel's title.
+
+  Returns:
+    path.
+  """
   fig, axes = metrics_lib.new_figure(ncols=2, size=(10.0, 3.6))
   s = agents["final"]["success"]
   n = s.shape[1]
@@ -249,7 +346,19 @@ def plot_toy(agents: dict, names: Sequence[str], path: str, title: str) -> str:
 def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
                      settings: Sequence[str] = ("extrinsic", "intrinsic", "both")) -> dict[str, Any]:
   """NetHack: messages of a random and a scripted agent -> pairs -> annotations -> reward model -> HostPPO
-  agents per reward setting (a CPU-sized budget: measurements, no claims)."""
+  agents per reward setting (a CPU-sized budget: measurements, no claims).
+
+  Args:
+    config: the motif ConfigDict (nethack block, intrinsic, seed, ...).
+    workdir: folder of the annotation cache (unless annotation.cache_dir).
+    judge: the annotation judge.
+    judge_name: its cache name.
+    settings: reward settings to train: 'extrinsic', 'intrinsic', 'both'.
+
+  Returns:
+    dict: collect_steps_per_s, num_messages, unique_messages, annotated_pairs, decided_pairs, annotate_seconds,
+    reward (accuracies), mu, sigma, eps, runs (per setting), ranked_messages [(reward, text)].
+  """
   from iclr24_jax.rl import ppo
   nh = config.nethack
   max_steps = int(nh.max_episode_steps) or None
@@ -286,7 +395,19 @@ def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
 
 
 def run(config: Any, workdir: str) -> dict:
-  """The Motif pipeline for config.env.name ('toy' or 'nethack'); writes results.json, metrics.jsonl, plots."""
+  """The Motif pipeline for config.env.name ('toy' or 'nethack'); writes results.json, metrics.jsonl, plots.
+
+  Args:
+    config: the motif ConfigDict (`configs/motif.py`).
+    workdir: output folder (created).
+
+  Returns:
+    results dict (JSON-ready): toy: annotator, captions, pairs, agreement_with_oracle, reward_model, agents,
+    agent_seconds, env_steps, plots; nethack: the `nethack_pipeline` summary.
+
+  Raises:
+    ValueError: unknown env.name, or the oracle annotator on NetHack.
+  """
   os.makedirs(workdir, exist_ok=True)
   key = jax.random.key(int(config.seed))
   k_data, k_reward, k_agents = jax.random.split(key, 3)

@@ -39,7 +39,15 @@ def _config(fast: bool):
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models,
   (c) toy success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels (claims judged
-  on paired seeds), (d) NetHack measurements (steps/s, score and messages at a CPU budget; no claims)."""
+  on paired seeds), (d) NetHack measurements (steps/s, score and messages at a CPU budget; no claims).
+
+  Args:
+    workdir: output folder (created).
+    fast: the 'tiny' config, no LM (the keyword source is labelled by the oracle): a smoke test.
+
+  Returns:
+    list of reproduction row dicts.
+  """
   os.makedirs(workdir, exist_ok=True)
   c = _config(fast)
   t_start = time.time()
