@@ -106,6 +106,74 @@ def test_train_step_lowers_loss_and_compiles_once():
   assert float(np.mean(np.asarray(out.tokens) == labels)) > 0.5
 
 
+def test_multi_train_step_equals_separate_steps():
+  """M models vmapped in one step give each model exactly its own single-model step (key fold_in(key, m))."""
+  import optax
+  inv = _tiny_inverter()
+  rng = np.random.default_rng(1)
+  lp = np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(4, 2, 40)) * 2), -1))  # [B, M, V]
+  labels = rng.integers(3, 32, size=(4, 2, 5)).astype(np.int32)
+  batch = {"logprobs": jnp.asarray(lp), "labels": jnp.asarray(labels), "label_mask": jnp.ones((4, 2, 5), bool)}
+  tx = optax.adam(1e-2)
+  keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in (3, 4)])
+  states = jax.vmap(lambda k: li.init_state(jax.random.wrap_key_data(k), inv, tx, 40))(keys)
+  step = li.make_train_step(inv)
+  new, m = jax.jit(li.make_multi_train_step(step, 2))(states, batch, jax.random.key(7))
+  for i in range(2):
+    one = jax.tree.map(lambda x: x[i], states)
+    ref, mi = step(one, jax.tree.map(lambda x: x[:, i], batch), jax.random.fold_in(jax.random.key(7), i))
+    chex.assert_trees_all_close(jax.tree.map(lambda x: x[i], new.params), ref.params, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(new.extra["unigram"][i], ref.extra["unigram"], rtol=1e-6)
+    np.testing.assert_allclose(m[f"loss_m{i}"], mi["loss"], rtol=1e-5)
+  np.testing.assert_allclose(m["loss"], (m["loss_m0"] + m["loss_m1"]) / 2, rtol=1e-6)
+
+
+def test_sample_inverter_memorises_a_batch():
+  """The sample-inversion T5 (text in, prompt out) learns a fixed batch; greedy decoding returns its labels."""
+  import optax
+  cfg = _tiny_inverter().t5_config
+  rng = np.random.default_rng(2)
+  inputs = rng.integers(3, 32, size=(8, 7)).astype(np.int32)
+  labels = rng.integers(3, 32, size=(8, 5)).astype(np.int32)
+  labels[:, -1] = 2
+  batch = {"inputs": jnp.asarray(inputs), "input_mask": jnp.ones((8, 7), bool), "labels": jnp.asarray(labels),
+           "label_mask": jnp.ones((8, 5), bool)}
+  state = li.init_sample_state(jax.random.key(0), cfg, optax.adam(1e-2))
+  step = jax.jit(li.make_sample_train_step(cfg))
+  first = None
+  for _ in range(60):
+    state, m = step(state, batch, jax.random.key(1))
+    first = float(m["loss"]) if first is None else first
+  assert float(m["loss"]) < 0.3 * first, (first, float(m["loss"]))
+  out = li.invert_samples(state.params, batch["inputs"], batch["input_mask"], t5_config=cfg, max_len=5)
+  chex.assert_shape(out.tokens, (8, 5))
+  assert float(np.mean(np.asarray(out.tokens) == labels)) > 0.8
+
+
+def test_target_samples_cached_per_prompt_and_resumed(tmp_path):
+  """Sampled continuations: cached per prompt (a subset reuses them), a lost batch is regenerated identically."""
+  from iclr24_jax import lm
+  from iclr24_jax.lm import tokenizer as tok_lib
+  tok = tok_lib.train_bpe(["is the sky blue today? can a dog fly over the sea?"] * 4, vocab_size=300)
+  assert li_data.special_ids(tok) == [0, 1, 2, 3]  # train_bpe's pad, bos, eos, unk: forbidden in the samples
+  cfg = lm.tiny_config(vocab_size=tok.vocab_size)
+  params = lm.init_params(jax.random.key(0), cfg)
+  prompts = ["is the sky blue", "can a dog fly", "the sea", "a dog", "blue sky today"]
+  kw = dict(model_id="tiny", max_tokens=8, new_tokens=3, batch_size=2)
+  texts = li.target_samples(params, cfg, tok, prompts, str(tmp_path), **kw)
+  assert len(texts) == 5 and all(t.strip() for t in texts)
+  import glob, json
+  (path,) = glob.glob(str(tmp_path / "samples_*.json"))
+  with open(path) as f:
+    data = json.load(f)
+  assert data["texts"] == dict(zip(prompts, texts))
+  del data["texts"]["the sea"], data["texts"]["a dog"]  # the second batch was lost: it is regenerated the same
+  with open(path, "w") as f:
+    json.dump(data, f)
+  assert li.target_samples(params, cfg, tok, prompts, str(tmp_path), **kw) == texts
+  assert li.target_samples(None, cfg, tok, prompts[3:], str(tmp_path), **kw) == texts[3:]  # all cached: no LM
+
+
 def test_baselines():
   rng = np.random.default_rng(0)
   train = np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(6, 50)) * 2), -1))
@@ -163,3 +231,18 @@ def test_tiny_run_smoke(tmp_path):
   import json
   states = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("dist_*.json")]
   assert sorted(s["rows_done"] for s in states) == [32, 64] and all(s["rows_done"] == s["num_prompts"] for s in states)
+  (samples,) = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("samples_*.json")]
+  assert len(samples["texts"]) == 96 and samples["new_tokens"] == 4
+
+
+@pytest.mark.slow
+@needs_data
+def test_study_fast_rows(tmp_path, monkeypatch):
+  """The whole study on the tiny config: every arm trains and the rows carry seed-judged verdicts."""
+  from iclr24_jax.papers.lm_inversion import study
+  monkeypatch.setenv("ICLR24_LM_INVERSION_CACHE", str(tmp_path / "cache"))
+  rows = study.reproduce(str(tmp_path / "study"), fast=True)
+  judged = [r for r in rows if r.get("judgement")]
+  assert len(judged) == 8 and all(r["holds"] in ("yes", "no", "inconclusive") for r in judged)
+  assert all(r["judgement"]["n"] == 3 for r in judged)
+  assert sum(r["metric"].startswith("top-") for r in rows) == 2

@@ -11,10 +11,12 @@ estimate) is unrolled into pseudo-embeddings, projected, and read by a T5 encode
   lm_inversion.metrics(predictions, references)                    # bleu, token_f1, exact_match
 """
 from iclr24_jax.papers.lm_inversion.data import (bag_of_top_tokens, load_prompts, nearest_by_kl, split_prompts,
-                                                 target_distributions)
+                                                 target_distributions, target_samples)
 from iclr24_jax.papers.lm_inversion.evaluation import metrics, per_example, sentence_bleu, token_f1
-from iclr24_jax.papers.lm_inversion.model import (Inverter, Projection, embed, init, init_state, invert, loss_fn,
-                                                  make_train_step, num_chunks, topk_access, unroll, update_unigram)
+from iclr24_jax.papers.lm_inversion.model import (Inverter, Projection, embed, init, init_sample_state, init_state,
+                                                  invert, invert_samples, loss_fn, make_multi_train_step,
+                                                  make_sample_train_step, make_train_step, num_chunks,
+                                                  sample_loss_fn, topk_access, unroll, update_unigram)
 
 TITLE = "Language Model Inversion"
 URL = "https://openreview.net/forum?id=t9dWHpGkPj"
@@ -30,5 +32,7 @@ BIBTEX = """@inproceedings{morris2024language,
 __all__ = [
     "unroll", "update_unigram", "num_chunks", "topk_access", "Inverter", "Projection", "init", "init_state", "embed",
     "loss_fn", "make_train_step", "invert", "metrics", "per_example", "sentence_bleu", "token_f1", "load_prompts",
-    "split_prompts", "target_distributions", "bag_of_top_tokens", "nearest_by_kl", "TITLE", "URL", "CODE", "BIBTEX",
+    "split_prompts", "target_distributions", "target_samples", "bag_of_top_tokens", "nearest_by_kl",
+    "make_multi_train_step", "sample_loss_fn", "make_sample_train_step", "init_sample_state", "invert_samples",
+    "TITLE", "URL", "CODE", "BIBTEX",
 ]

@@ -141,6 +141,83 @@ def target_distributions(params: Any, config: Any, tokenizer: Any, prompts: Sequ
   return np.load(path, mmap_mode="r")
 
 
+def special_ids(tokenizer: Any) -> list[int]:
+  """Ids of the tokenizer's special (control) tokens (SmolLM2: 0..16), falling back to pad/bos/eos."""
+  try:
+    return sorted(int(k) for k, v in tokenizer.backend.get_added_tokens_decoder().items() if v.special)
+  except AttributeError:
+    return sorted({int(i) for i in (tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id) if i is not None})
+
+
+def target_samples(params: Any, config: Any, tokenizer: Any, prompts: Sequence[str], cache_dir: str,
+                   model_id: str = "smollm2-135m-instruct", max_tokens: int = 64, new_tokens: int = 16,
+                   temperature: float = 1.0, seed: int = 0, batch_size: int = 32,
+                   progress: Callable[[int, int], None] | None = None) -> list[str]:
+  """Text the target LM samples after each prompt (the sample-inversion baseline's input), cached per prompt.
+
+  The paper's "sample inversion" baseline reads the LM's generated text instead of its distribution. Here each
+  prompt (raw text, no chat template, as for `target_distributions`) gets `new_tokens` tokens sampled at
+  `temperature` with the special tokens forbidden (so every continuation has `new_tokens` real tokens: the
+  instruct model otherwise often ends the turn at once).
+  # Deviation: one short continuation (16 tokens) per prompt; the paper samples full responses from Llama-2.
+
+  The cache is one JSON file per (model_id, max_tokens, new_tokens, temperature, seed) mapping prompt -> text, so
+  any subset or superset of prompts reuses what was generated; it is written after every batch (resumable).
+  A batch's sampling key is fold_in(key(seed), crc32 of its first prompt).
+
+  Args:
+    params, config: the target LM (lm.llama; `fuse_params` form is fastest).
+    tokenizer: its tokenizer.
+    prompts: N prompt strings.
+    cache_dir: folder for the cache (created).
+    model_id: names the model in the cache key.
+    max_tokens: prompt length cap (left-padded to it: one compiled shape [batch_size, max_tokens]).
+    new_tokens: tokens generated per prompt.
+    temperature: sampling temperature (0: greedy).
+    seed: the sampling seed.
+    batch_size: prompts per generation call.
+    progress: optional callback (done, total).
+
+  Returns:
+    N continuation strings (special tokens skipped, not stripped).
+  """
+  import zlib
+
+  from iclr24_jax.lm import generation
+  if new_tokens < 1:
+    raise ValueError(f"new_tokens must be >= 1, got {new_tokens}.")
+  os.makedirs(cache_dir, exist_ok=True)
+  tag = f"{model_id}|samples|{new_tokens}|{temperature}|{seed}"
+  path = pathlib.Path(cache_dir) / f"samples_{_key(tag, [], max_tokens)}.json"
+  cache: dict[str, str] = {}
+  if path.exists():
+    with open(path) as f:
+      cache = dict(json.load(f)["texts"])
+  todo = list(dict.fromkeys(p for p in prompts if p not in cache))
+  if todo:
+    bias = generation.bias_vector({i: -1e9 for i in special_ids(tokenizer)}, int(config.vocab_size))
+    fn = jax.jit(lambda ids, mask, key: generation.generate(
+        params, config, ids, mask, key, int(new_tokens), temperature=float(temperature),
+        logit_bias=jnp.asarray(bias), pad_id=int(tokenizer.pad_id)))
+    for start in range(0, len(todo), batch_size):
+      chunk = todo[start:start + batch_size]
+      real = len(chunk)
+      chunk = chunk + [chunk[-1]] * (batch_size - real)
+      ids, mask = tokenizer.encode_batch(chunk, max_len=max_tokens, padding="left", truncation="right")
+      key = jax.random.fold_in(jax.random.key(seed), zlib.crc32(chunk[0].encode()) & 0x7FFFFFFF)
+      out = fn(jnp.asarray(ids), jnp.asarray(mask), key)
+      texts = tokenizer.decode_batch(np.asarray(out.tokens)[:real], np.asarray(out.mask)[:real])
+      cache.update(zip(chunk[:real], texts))
+      tmp = path.with_suffix(".tmp")
+      with open(tmp, "w") as f:
+        json.dump({"texts": cache, "model_id": model_id, "new_tokens": new_tokens, "temperature": temperature,
+                   "seed": seed, "max_tokens": max_tokens}, f)
+      os.replace(tmp, path)
+      if progress is not None:
+        progress(start + real, len(todo))
+  return [cache[p] for p in prompts]
+
+
 def bag_of_top_tokens(logprobs: np.ndarray, unigram: np.ndarray, tokenizer: Any, k: int = 10) -> list[str]:
   """Baseline: the k tokens most raised above the unigram estimate, decoded one by one and joined by spaces.
 

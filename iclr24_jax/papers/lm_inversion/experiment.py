@@ -24,7 +24,14 @@ from iclr24_jax.papers.lm_inversion import model as model_lib
 
 
 def load_target(config: Any):
-  """The target LM (params, LlamaConfig, tokenizer): SmolLM2-135M-Instruct, or a tiny random Llama ('tiny')."""
+  """The target LM: SmolLM2-135M-Instruct, or a tiny random Llama with a 512-token BPE ('tiny').
+
+  Args:
+    config: the config (target.name 'smollm2' | 'tiny_random', target.path, target.seed, target.vocab_size).
+
+  Returns:
+    (params, LlamaConfig, tokenizer).
+  """
   from iclr24_jax import lm
   if config.target.name == "smollm2":
     return lm.load_smollm2(config.target.get("path") or None)
@@ -38,12 +45,32 @@ def load_target(config: Any):
   raise ValueError(f"unknown target.name {config.target.name!r}; choose 'smollm2' or 'tiny_random'.")
 
 
-def prepare(config: Any, workdir: str | None = None) -> dict:
-  """Prompts, their split, cached target distributions, the decoder tokenizer and the label arrays.
+def cache_location(config: Any, cache_dir: str | None = None) -> str:
+  """Where the distribution and sample caches live.
+
+  Args:
+    config: the config (data.cache_dir).
+    cache_dir: an explicit folder (wins).
 
   Returns:
-    dict(train_prompts, test_prompts, train_lp [N, V] float16, test_lp [M, V], target_tok, dec_tok, t5_config,
-         inverter, train_labels/train_label_mask [N, T], vocab_size, seconds_distributions).
+    `cache_dir`, else config.data.cache_dir, else $ICLR24_LM_INVERSION_CACHE, else results/cache/lm_inversion in
+    the repository (ignored by git; kept between runs so distributions and samples are computed once).
+  """
+  return cache_dir or config.data.get("cache_dir") or os.environ.get("ICLR24_LM_INVERSION_CACHE") or os.path.join(
+      str(common_data.repo_root()), "results", "cache", "lm_inversion")
+
+
+def prepare(config: Any, cache_dir: str | None = None) -> dict:
+  """Prompts, their split, cached target distributions (and sampled continuations), the decoder tokenizer, labels.
+
+  Args:
+    config: the lm_inversion config (`iclr24_jax.configs.lm_inversion`).
+    cache_dir: the cache folder for distributions and samples (see `cache_location`).
+
+  Returns:
+    dict(train_prompts [N], test_prompts [M], train_lp [N, V] float16 memmap, test_lp [M, V], target_tok, dec_tok,
+         t5_config, inverter, train_labels / train_label_mask [N, T], vocab_size V, seconds_distributions,
+         train_samples [N] / test_samples [M] strings and seconds_samples (when config.samples.new_tokens > 0)).
   """
   params, lm_config, target_tok = load_target(config)
   prompts = data_lib.load_prompts(target_tok, config.data.max_tokens, config.data.get("data_dir") or None,
@@ -52,15 +79,29 @@ def prepare(config: Any, workdir: str | None = None) -> dict:
     prompts = prompts[: int(config.data.max_prompts)]
   train_p, test_p = data_lib.split_prompts(prompts, int(config.data.num_test), config.data.get("num_train") or None,
                                            seed=int(config.data.split_seed))
-  cache_dir = config.data.get("cache_dir") or os.path.join(
-      str(common_data.repo_root()), "results", "cache", "lm_inversion")
+  cache_dir = cache_location(config, cache_dir)
   t0 = time.time()
   model_id = f"{config.target.name}-{config.target.get('seed', 0)}"
   train_lp = data_lib.target_distributions(params, lm_config, target_tok, train_p, cache_dir, model_id,
                                            config.data.max_tokens, config.data.lm_batch_size)
+  if config.data.get("train_used", 0):
+    # the distribution cache holds num_train prompts; train on its first train_used (a prefix of the same split)
+    train_p, train_lp = train_p[: int(config.data.train_used)], train_lp[: int(config.data.train_used)]
   test_lp = data_lib.target_distributions(params, lm_config, target_tok, test_p, cache_dir, model_id,
                                           config.data.max_tokens, config.data.lm_batch_size)
   seconds = time.time() - t0
+  out = {}
+  sc = config.get("samples")
+  if sc is not None and int(sc.new_tokens) > 0:
+    from iclr24_jax.lm import llama
+    t0 = time.time()
+    gen_params = llama.fuse_params(params)
+    kw = dict(model_id=model_id, max_tokens=int(config.data.max_tokens), new_tokens=int(sc.new_tokens),
+              temperature=float(sc.temperature), seed=int(sc.seed), batch_size=int(sc.batch_size))
+    out["train_samples"] = data_lib.target_samples(gen_params, lm_config, target_tok, train_p, cache_dir, **kw)
+    out["test_samples"] = data_lib.target_samples(gen_params, lm_config, target_tok, test_p, cache_dir, **kw)
+    out["seconds_samples"] = time.time() - t0
+    del gen_params
   dec_tok = tok_lib.train_bpe(train_p, vocab_size=int(config.model.decoder_vocab))
   t5_config = t5.T5Config.from_tokenizer(dec_tok, d_model=config.model.d_model, d_kv=config.model.d_kv,
                                          d_ff=config.model.d_ff, num_layers=config.model.num_layers,
@@ -72,7 +113,7 @@ def prepare(config: Any, workdir: str | None = None) -> dict:
   labels, label_mask = encode_labels(dec_tok, train_p, int(config.data.label_len))
   return dict(train_prompts=train_p, test_prompts=test_p, train_lp=train_lp, test_lp=test_lp, target_tok=target_tok,
               dec_tok=dec_tok, t5_config=t5_config, inverter=inverter, train_labels=labels,
-              train_label_mask=label_mask, vocab_size=v, seconds_distributions=seconds)
+              train_label_mask=label_mask, vocab_size=v, seconds_distributions=seconds, **out)
 
 
 def encode_labels(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +132,17 @@ def encode_labels(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, 
 
 
 def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = True) -> loop_lib.LoopResult:
-  """Trains the inverter with `common.loop.train_loop` (K steps per compiled call)."""
+  """Trains one inverter on the full distributions with `common.loop.train_loop` (K steps per compiled call).
+
+  Args:
+    config: the config (seed, num_steps, batch_size, optimizer, model, mesh, log_every, steps_per_call).
+    prep: `prepare(config)`.
+    workdir: metrics and checkpoints (None: nothing written).
+    progress: print a progress line.
+
+  Returns:
+    common.loop.LoopResult (state.params {'projection', 't5'}, state.extra['unigram'] [V]).
+  """
   inverter = prep["inverter"]
   n = len(prep["train_prompts"])
   bs = int(config.batch_size)
@@ -101,9 +152,7 @@ def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = 
   rng_seed = int(config.seed)
 
   def batches(step: int) -> dict:
-    epoch, pos = divmod(step * bs, n - n % bs)
-    order = np.random.default_rng([rng_seed, epoch]).permutation(n)
-    idx = np.sort(order[pos:pos + bs])  # sorted: memmap reads in file order
+    idx = _order(rng_seed, step, n, bs)  # sorted: memmap reads in file order
     return {"logprobs": np.asarray(prep["train_lp"][idx]), "labels": prep["train_labels"][idx],
             "label_mask": prep["train_label_mask"][idx]}
 
@@ -118,7 +167,15 @@ def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = 
 
 def predict(params: Any, logprobs: np.ndarray, unigram: jax.Array, prep: dict, config: Any,
             batch_size: int = 64) -> list[str]:
-  """Greedy inversions of [N, V] distributions, decoded to text with the decoder tokenizer."""
+  """Greedy inversions of [N, V] distributions by one inverter, decoded to text with the decoder tokenizer.
+
+  Args:
+    params: the inverter's params; logprobs: [N, V]; unigram: [V] its unigram estimate.
+    prep: `prepare(config)`; config: the config (label_len); batch_size: prompts per compiled call.
+
+  Returns:
+    N predicted prompts.
+  """
   inverter = prep["inverter"]
   fn = jax.jit(lambda p, lp, u: model_lib.invert(p, lp, u, inverter=inverter, max_len=int(config.data.label_len),
                                                  official_padding=bool(config.model.official_padding)))
@@ -133,10 +190,204 @@ def predict(params: Any, logprobs: np.ndarray, unigram: jax.Array, prep: dict, c
   return [t.strip() for t in texts]
 
 
+def _order(seed: int, step: int, n: int, bs: int) -> np.ndarray:
+  """Indices of training batch `step` for a model with this seed (a fresh permutation each epoch, sorted)."""
+  epoch, pos = divmod(step * bs, n - n % bs)
+  order = np.random.default_rng([seed, epoch]).permutation(n)
+  return np.sort(order[pos:pos + bs])
+
+
+def train_inverters(config: Any, prep: dict, arms: list[dict], progress: bool = True
+                    ) -> tuple[Any, loop_lib.LoopResult]:
+  """Trains M distribution inverters at once (one compiled `vmap`-ed step, `model.make_multi_train_step`).
+
+  Model m is initialised from key fold_in(key(config.seed), seed_m), reads its own batch order (seeded by
+  seed_m, as `train`), and sees the full distribution (k_m = 0) or its top-k access (`topk_access`, k = k_m) in
+  training, so an access level gets its own inverter. Arms with the same seed share init and batches: they
+  differ only in access.
+
+  Args:
+    config: the lm_inversion config (num_steps, batch_size, optimizer, model).
+    prep: `prepare(config)`.
+    arms: M dicts {'seed': int, 'k': int (0 = full distribution)}.
+    progress: print a progress line.
+
+  Returns:
+    (stacked TrainState with a leading [M] axis (params, extra['unigram'] [M, V]), the LoopResult).
+  """
+  inverter, n, bs, v = prep["inverter"], len(prep["train_prompts"]), int(config.batch_size), prep["vocab_size"]
+  if n < bs:
+    raise ValueError(f"{n} training prompts for batch_size={bs}: lower the batch size or add prompts.")
+  m = len(arms)
+  seeds = [int(a["seed"]) for a in arms]
+  ks = [int(a.get("k", 0)) for a in arms]
+  tx = make_optimizer(config.optimizer, int(config.num_steps))
+  topk_fns = {k: jax.jit(lambda x, k=k: model_lib.topk_access(x, k)) for k in set(ks) if k}
+
+  def batches(step: int) -> dict:
+    lps, labels, masks = [], [], []
+    for seed, k in zip(seeds, ks):
+      idx = _order(seed, step, n, bs)
+      lp = np.asarray(prep["train_lp"][idx], np.float32)
+      lps.append(np.asarray(topk_fns[k](lp)) if k else lp)
+      labels.append(prep["train_labels"][idx])
+      masks.append(prep["train_label_mask"][idx])
+    return {"logprobs": np.stack(lps, 1), "labels": np.stack(labels, 1), "label_mask": np.stack(masks, 1)}
+
+  seed_arr = jnp.asarray(seeds)
+
+  def init_fn(key):
+    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(seed_arr)
+    return jax.vmap(lambda k: model_lib.init_state(k, inverter, tx, v))(keys)
+
+  res = loop_lib.train_loop(
+      init_fn=init_fn, train_step=model_lib.make_multi_train_step(
+          model_lib.make_train_step(inverter, bool(config.model.official_padding)), m),
+      batches=batches, num_steps=int(config.num_steps), key=jax.random.key(int(config.seed)), workdir=None,
+      mesh=sharding.make_mesh(config.get("mesh")), log_every=int(config.log_every), progress=progress,
+      name=f"lm_inversion x{m}")
+  return res.state, res
+
+
+def predict_models(params: Any, unigrams: jax.Array, logprobs: np.ndarray, ks: list[int], prep: dict, config: Any,
+                   batch_size: int = 64) -> list[list[str]]:
+  """Greedy inversions by M stacked inverters, model m reading access k_m (0 = full) of the same distributions.
+
+  Args:
+    params: stacked inverter params (leading [M] axis, from `train_inverters`).
+    unigrams: [M, V] each model's unigram estimate.
+    logprobs: [N, V] distributions (a float16 memmap is fine).
+    ks: M access levels (0 = full distribution).
+    prep: `prepare(config)`.
+    config: the config (label_len: decoded tokens).
+    batch_size: prompts per compiled call.
+
+  Returns:
+    M lists of N predicted prompts.
+  """
+  inverter, m = prep["inverter"], len(ks)
+  one = lambda p, lp, u: model_lib.invert(p, lp, u, inverter=inverter, max_len=int(config.data.label_len),
+                                          official_padding=bool(config.model.official_padding))
+  fn = jax.jit(jax.vmap(one))
+  topk_fns = {k: jax.jit(lambda x, k=k: model_lib.topk_access(x, k)) for k in set(ks) if k}
+  texts: list[list[str]] = [[] for _ in range(m)]
+  for s in range(0, len(logprobs), batch_size):
+    chunk = np.asarray(logprobs[s:s + batch_size], np.float32)
+    real = len(chunk)
+    if real < batch_size:
+      chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, 0)])
+    x = jnp.stack([topk_fns[k](chunk) if k else jnp.asarray(chunk) for k in ks])
+    out = fn(params, x, unigrams)
+    toks, masks = np.asarray(out.tokens), np.asarray(out.mask)
+    for i in range(m):
+      texts[i] += [t.strip() for t in prep["dec_tok"].decode_batch(toks[i, :real], masks[i, :real])]
+  return texts
+
+
+def encode_samples(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+  """The sample-inversion encoder input: continuations in the decoder's tokens, cut / right-padded to `length`.
+
+  Returns:
+    (ids [N, length] int32, mask [N, length] bool; every row has at least one real token).
+  """
+  ids, mask = tok.encode_batch([t if t.strip() else "." for t in texts], max_len=length, truncation="right",
+                               add_bos=False)
+  if ids.shape[1] < length:
+    pad = length - ids.shape[1]
+    ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=tok.pad_id)
+    mask = np.pad(mask, ((0, 0), (0, pad)))
+  return ids.astype(np.int32), mask.astype(bool)
+
+
+def train_sample_inverters(config: Any, prep: dict, seeds: list[int], progress: bool = True
+                           ) -> tuple[Any, loop_lib.LoopResult]:
+  """Trains the sample-inversion baseline (a T5 reading the sampled continuation), one model per seed, vmapped.
+
+  Same T5 size, vocabulary, steps, batch size, optimizer and per-seed batch order as `train_inverters`, so the
+  two are paired by seed.
+
+  Args:
+    config: the config (samples.input_len: encoder tokens).
+    prep: `prepare(config)` with train_samples.
+    seeds: the seeds.
+    progress: print a progress line.
+
+  Returns:
+    (stacked TrainState [M], LoopResult).
+  """
+  if "train_samples" not in prep:
+    raise ValueError("prep has no sampled continuations: set config.samples.new_tokens > 0 and rerun prepare.")
+  t5_config, n, bs = prep["t5_config"], len(prep["train_prompts"]), int(config.batch_size)
+  ids, mask = encode_samples(prep["dec_tok"], prep["train_samples"], int(config.samples.input_len))
+  tx = make_optimizer(config.optimizer, int(config.num_steps))
+
+  def batches(step: int) -> dict:
+    idx = [_order(int(s), step, n, bs) for s in seeds]
+    return {"inputs": np.stack([ids[i] for i in idx], 1), "input_mask": np.stack([mask[i] for i in idx], 1),
+            "labels": np.stack([prep["train_labels"][i] for i in idx], 1),
+            "label_mask": np.stack([prep["train_label_mask"][i] for i in idx], 1)}
+
+  seed_arr = jnp.asarray([int(s) for s in seeds])
+
+  def init_fn(key):
+    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(seed_arr)
+    return jax.vmap(lambda k: model_lib.init_sample_state(k, t5_config, tx))(keys)
+
+  res = loop_lib.train_loop(
+      init_fn=init_fn, train_step=model_lib.make_multi_train_step(model_lib.make_sample_train_step(t5_config),
+                                                                  len(seeds)),
+      batches=batches, num_steps=int(config.num_steps), key=jax.random.key(int(config.seed) + 1), workdir=None,
+      mesh=sharding.make_mesh(config.get("mesh")), log_every=int(config.log_every), progress=progress,
+      name=f"lm_inversion samples x{len(seeds)}")
+  return res.state, res
+
+
+def predict_samples(params: Any, texts: list[str], prep: dict, config: Any, batch_size: int = 64
+                    ) -> list[list[str]]:
+  """Greedy inversions of sampled continuations by M stacked sample-inversion T5s.
+
+  Args:
+    params: stacked {'t5': ...} (leading [M] axis).
+    texts: N continuations.
+    prep, config: as `predict_models`.
+    batch_size: rows per compiled call.
+
+  Returns:
+    M lists of N predicted prompts.
+  """
+  t5_config = prep["t5_config"]
+  ids, mask = encode_samples(prep["dec_tok"], texts, int(config.samples.input_len))
+  fn = jax.jit(jax.vmap(lambda p, i, mk: model_lib.invert_samples(p, i, mk, t5_config=t5_config,
+                                                                  max_len=int(config.data.label_len)),
+                        in_axes=(0, None, None)))
+  m = jax.tree.leaves(params)[0].shape[0]
+  out_texts: list[list[str]] = [[] for _ in range(m)]
+  for s in range(0, len(ids), batch_size):
+    ci, cm = ids[s:s + batch_size], mask[s:s + batch_size]
+    real = len(ci)
+    if real < batch_size:
+      ci = np.concatenate([ci, np.repeat(ci[-1:], batch_size - real, 0)])
+      cm = np.concatenate([cm, np.repeat(cm[-1:], batch_size - real, 0)])
+    out = fn(params, jnp.asarray(ci), jnp.asarray(cm))
+    toks, masks = np.asarray(out.tokens), np.asarray(out.mask)
+    for i in range(m):
+      out_texts[i] += [t.strip() for t in prep["dec_tok"].decode_batch(toks[i, :real], masks[i, :real])]
+  return out_texts
+
+
 def run(config: Any, workdir: str) -> dict:
-  """Prepares the data, trains the inverter, inverts the held-out prompts; writes results.json and examples."""
+  """Prepares the data, trains one inverter, inverts the held-out prompts; writes results.json and examples.
+
+  Args:
+    config: the lm_inversion config ('' or 'tiny').
+    workdir: output folder (metrics.jsonl, results.json, examples.jsonl).
+
+  Returns:
+    dict(test {bleu, token_f1, exact_match}, num_train, num_test, num_chunks, steps_per_s, final_train_loss,
+         seconds_distributions).
+  """
   os.makedirs(workdir, exist_ok=True)
-  prep = prepare(config, workdir)
+  prep = prepare(config)
   res = train(config, prep, workdir)
   params, unigram = res.state.params, res.state.extra["unigram"]
   preds = predict(params, prep["test_lp"], unigram, prep, config)

@@ -263,3 +263,76 @@ def check_distributions(logprobs: np.ndarray, name: str = "logprobs") -> None:
   if np.any(np.abs(mass - 1.0) > 1e-2):
     raise ValueError(f"{name} rows are not normalised (sum of exp from {mass.min():.3f} to {mass.max():.3f}); "
                      "pass log_softmax(logits), not logits.")
+
+
+def make_multi_train_step(train_step: Any, num_models: int):
+  """Trains M independent models in one compiled step (`jax.vmap` over seeds / access levels).
+
+  Args:
+    train_step: `(state, batch, key) -> (state, metrics)` of one model (`make_train_step`,
+      `make_sample_train_step`).
+    num_models: M.
+
+  Returns:
+    `multi_step(states, batch, key) -> (states, metrics)`: states stacked on a leading [M] axis (`jax.vmap` of
+    the init), every batch leaf [B, M, ...] (the batch axis first, so `common.loop` shards it over 'data'), model m
+    gets key fold_in(key, m). Metrics: the mean over models, and each model's loss as 'loss_m{m}'.
+  """
+  def multi_step(states, batch, key):
+    keys = jax.vmap(lambda m: jax.random.fold_in(key, m))(jnp.arange(num_models))
+    states, metrics = jax.vmap(train_step, in_axes=(0, 1, 0))(states, batch, keys)
+    out = {k: jnp.mean(v) for k, v in metrics.items()}
+    out.update({f"loss_m{m}": metrics["loss"][m] for m in range(num_models)})
+    return states, out
+  return multi_step
+
+
+def sample_loss_fn(params: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.Array, *,
+                   t5_config: t5.T5Config) -> tuple[jax.Array, dict]:
+  """The sample-inversion baseline's loss: a T5 reads text the target LM generated and writes the prompt.
+
+  Args:
+    params: {'t5': T5 params}.
+    batch: inputs [B, L] int32 (the generated continuation in the decoder's tokens), input_mask [B, L],
+      labels [B, T] (prompt tokens ending with EOS), label_mask [B, T].
+    key: unused (no dropout); kept for the common signature.
+    t5_config: the T5 (same size and vocabulary as the inverter's).
+
+  Returns:
+    (loss, {'loss', 'accuracy', 'tokens'}).
+  """
+  del key
+  return t5.seq2seq_loss(params["t5"], t5_config, batch)
+
+
+def make_sample_train_step(t5_config: t5.T5Config):
+  """`train_step(state, batch, key) -> (state, metrics)` of the sample-inversion T5 (batch as `sample_loss_fn`)."""
+  def train_step(state, batch, key):
+    key = jax.random.fold_in(key, state.step)
+    (_, metrics), grads = jax.value_and_grad(sample_loss_fn, has_aux=True)(state.params, batch, key,
+                                                                          t5_config=t5_config)
+    metrics = dict(metrics, grad_norm=optax.global_norm(grads))
+    return state.apply_gradients(grads=grads), metrics
+  return train_step
+
+
+def init_sample_state(key: jax.Array, t5_config: t5.T5Config, tx: Any):
+  """TrainState of the sample-inversion T5: params {'t5': ...}, extra {} (no unigram: its input is text)."""
+  from iclr24_jax.common.train_state import TrainState
+  return TrainState.create({"t5": t5.init_params(key, t5_config)}, tx, extra={})
+
+
+def invert_samples(params: Mapping[str, Any], ids: jax.Array, mask: jax.Array, *, t5_config: t5.T5Config,
+                   max_len: int) -> t5.GenerationOutput:
+  """Greedy prompt reconstruction from generated text (the sample-inversion baseline).
+
+  Args:
+    params: {'t5': ...} trained with `make_sample_train_step`.
+    ids: [B, L] the continuation in the decoder's tokens; mask: [B, L] real tokens (>= 1 per row).
+    t5_config: the T5.
+    max_len: tokens to decode at most (static).
+
+  Returns:
+    t5.GenerationOutput (tokens [B, max_len] ...).
+  """
+  return t5.generate(params["t5"], t5_config, ids, mask, jax.random.key(0), max_len)
