@@ -59,6 +59,13 @@ def cosine_thetas(num_steps: int, s: float = 0.008) -> jax.Array:
 
   abar(x) = cos(((x / (T + 2)) + s) / (1 + s) * pi / 2)^2 / abar(0) (Nichol & Dhariwal's cosine, truncated
   at both ends as the official code does).
+
+  Args:
+    num_steps: T.
+    s: the cosine's offset.
+
+  Returns:
+    float32 [T + 1] thetas in (0, 1).
   """
   n = num_steps + 2
   x = jnp.linspace(0.0, n, n + 1, dtype=jnp.float32)
@@ -117,17 +124,46 @@ def _at(table: jax.Array, t: Any, x: jax.Array) -> jax.Array:
 
 
 def mean_factor(t: Any, schedule: IRSDESchedule) -> jax.Array:
-  """exp(-theta_bar_t dt): the weight of x0 - mu left in the mean at time t (1 at t = 0, eps at t = T)."""
+  """exp(-theta_bar_t dt): the weight of x0 - mu left in the mean at time t (1 at t = 0, eps at t = T).
+
+  Args:
+    t: int times in 0..T, any shape.
+    schedule: IRSDESchedule.
+
+  Returns:
+    float32 of t's shape.
+  """
   return jnp.exp(-schedule.thetas_cumsum[jnp.asarray(t, jnp.int32)] * schedule.dt)
 
 
 def irsde_mean(x0: jax.Array, mu: jax.Array, t: Any, schedule: IRSDESchedule) -> jax.Array:
-  """m_t = mu + (x0 - mu) exp(-theta_bar_t dt)  (Eq. 5). x0, mu [B, ...]; t scalar or [B]."""
+  """m_t = mu + (x0 - mu) exp(-theta_bar_t dt)  (Eq. 5). x0, mu [B, ...]; t scalar or [B].
+
+  Args:
+    x0: [B, ...] clean images.
+    mu: [B, ...] degraded images.
+    t: int time in 0..T, a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    m_t [B, ...].
+
+  Raises:
+    ValueError: t neither a scalar nor [B].
+  """
   return mu + (x0 - mu) * _at(jnp.exp(-schedule.thetas_cumsum * schedule.dt), t, x0)
 
 
 def irsde_std(t: Any, schedule: IRSDESchedule) -> jax.Array:
-  """sqrt(v_t) = lambda sqrt(1 - exp(-2 theta_bar_t dt))  (Eq. 5)."""
+  """sqrt(v_t) = lambda sqrt(1 - exp(-2 theta_bar_t dt))  (Eq. 5).
+
+  Args:
+    t: int times in 0..T, any shape.
+    schedule: IRSDESchedule.
+
+  Returns:
+    float32 of t's shape (not broadcast against images).
+  """
   return schedule.sigma_bars[jnp.asarray(t, jnp.int32)]
 
 
@@ -152,7 +188,18 @@ def irsde_forward_sample(key: jax.Array, x0: jax.Array, mu: jax.Array, t: Any,
 
 
 def forward_euler_step(key: jax.Array, x: jax.Array, mu: jax.Array, t: Any, schedule: IRSDESchedule) -> jax.Array:
-  """One Euler-Maruyama step t-1 -> t of dx = theta_t (mu - x) dt + sigma_t dW (the official `forward_step`)."""
+  """One Euler-Maruyama step t-1 -> t of dx = theta_t (mu - x) dt + sigma_t dW (the official `forward_step`).
+
+  Args:
+    key: PRNG key.
+    x: [B, ...] state at t - 1.
+    mu: [B, ...] degraded images.
+    t: int time in 1..T, a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    x_t [B, ...].
+  """
   drift = _at(schedule.thetas, t, x) * (mu - x) * schedule.dt
   return x + drift + _at(schedule.sigmas, t, x) * jnp.sqrt(schedule.dt) * jax.random.normal(key, x.shape, x.dtype)
 
@@ -185,7 +232,15 @@ def optimal_reverse_step(x_t: jax.Array, x0: jax.Array, mu: jax.Array, t: Any, s
 
 def optimal_reverse_std(t: Any, schedule: IRSDESchedule) -> jax.Array:
   """Std of p(x_{t-1} | x_t, x0): lambda sqrt((1 - A^2)(1 - C^2) / (1 - B^2)) (official `reverse_optimum_std`,
-  with its floor of 1e-20 dt on the variance)."""
+  with its floor of 1e-20 dt on the variance).
+
+  Args:
+    t: int times in 1..T (t = 0 would read theta_bar_{-1}, the last entry), any shape.
+    schedule: IRSDESchedule.
+
+  Returns:
+    float32 of t's shape.
+  """
   t = jnp.asarray(t, jnp.int32)
   one_a2 = -jnp.expm1(-2 * schedule.thetas[t] * schedule.dt)
   one_b2 = -jnp.expm1(-2 * schedule.thetas_cumsum[t] * schedule.dt)
@@ -195,18 +250,49 @@ def optimal_reverse_std(t: Any, schedule: IRSDESchedule) -> jax.Array:
 
 
 def score_from_noise(noise: jax.Array, t: Any, schedule: IRSDESchedule) -> jax.Array:
-  """Score grad log p_t(x) = -noise / sqrt(v_t) for a predicted standard-normal noise [B, ...]."""
+  """Score grad log p_t(x) = -noise / sqrt(v_t) for a predicted standard-normal noise [B, ...].
+
+  Args:
+    noise: [B, ...] predicted noise.
+    t: int time in 1..T (v_t > 0), a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    score [B, ...].
+  """
   return -noise / _at(schedule.sigma_bars, t, noise)
 
 
 def x0_from_noise(x_t: jax.Array, noise: jax.Array, mu: jax.Array, t: Any, schedule: IRSDESchedule) -> jax.Array:
-  """x0 = (x_t - mu - sqrt(v_t) noise) exp(theta_bar_t dt) + mu (official `get_init_state_from_noise`)."""
+  """x0 = (x_t - mu - sqrt(v_t) noise) exp(theta_bar_t dt) + mu (official `get_init_state_from_noise`).
+
+  Args:
+    x_t: [B, ...] states.
+    noise: [B, ...] predicted noise.
+    mu: [B, ...] degraded images.
+    t: int time in 0..T, a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    x0 estimate [B, ...] (not clipped).
+  """
   inv = _at(jnp.exp(schedule.thetas_cumsum * schedule.dt), t, x_t)
   return (x_t - mu - _at(schedule.sigma_bars, t, x_t) * noise) * inv + mu
 
 
 def reverse_sde_mean(x_t: jax.Array, score: jax.Array, mu: jax.Array, t: Any, schedule: IRSDESchedule) -> jax.Array:
-  """Mean of one reverse-SDE step t -> t-1: x - (theta_t (mu - x) - sigma_t^2 score) dt  (Eq. 7, Euler)."""
+  """Mean of one reverse-SDE step t -> t-1: x - (theta_t (mu - x) - sigma_t^2 score) dt  (Eq. 7, Euler).
+
+  Args:
+    x_t: [B, ...] states.
+    score: [B, ...] score at x_t.
+    mu: [B, ...] degraded images.
+    t: int time in 1..T, a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    [B, ...] mean of x_{t-1}.
+  """
   th = _at(schedule.thetas, t, x_t)
   sig2 = _at(schedule.sigmas, t, x_t) ** 2
   return x_t - (th * (mu - x_t) - sig2 * score) * schedule.dt
@@ -214,14 +300,38 @@ def reverse_sde_mean(x_t: jax.Array, score: jax.Array, mu: jax.Array, t: Any, sc
 
 def reverse_sde_step(key: jax.Array, x_t: jax.Array, score: jax.Array, mu: jax.Array, t: Any,
                      schedule: IRSDESchedule) -> jax.Array:
-  """One reverse-SDE Euler-Maruyama step t -> t-1 (official `reverse_sde_step`)."""
+  """One reverse-SDE Euler-Maruyama step t -> t-1 (official `reverse_sde_step`).
+
+  Args:
+    key: PRNG key.
+    x_t: [B, ...] states.
+    score: [B, ...] score at x_t.
+    mu: [B, ...] degraded images.
+    t: int time in 1..T, a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    x_{t-1} [B, ...].
+  """
   noise = jax.random.normal(key, x_t.shape, x_t.dtype)
   return reverse_sde_mean(x_t, score, mu, t, schedule) - _at(schedule.sigmas, t, x_t) * jnp.sqrt(schedule.dt) * noise
 
 
 def reverse_posterior_step(key: jax.Array, x_t: jax.Array, noise_pred: jax.Array, mu: jax.Array, t: Any,
                            schedule: IRSDESchedule) -> jax.Array:
-  """One posterior-sampling step: x0 from the predicted noise, then a draw from p(x_{t-1} | x_t, x0)."""
+  """One posterior-sampling step: x0 from the predicted noise, then a draw from p(x_{t-1} | x_t, x0).
+
+  Args:
+    key: PRNG key.
+    x_t: [B, ...] states.
+    noise_pred: [B, ...] predicted noise.
+    mu: [B, ...] degraded images.
+    t: int time in 1..T, a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    x_{t-1} [B, ...].
+  """
   x0 = x0_from_noise(x_t, noise_pred, mu, t, schedule)
   mean = optimal_reverse_step(x_t, x0, mu, t, schedule)
   std = optimal_reverse_std(t, schedule)
@@ -232,7 +342,19 @@ def reverse_posterior_step(key: jax.Array, x_t: jax.Array, noise_pred: jax.Array
 def matching_loss(noise_pred: jax.Array, x_t: jax.Array, x0: jax.Array, mu: jax.Array, t: Any,
                   schedule: IRSDESchedule) -> jax.Array:
   """IR-SDE's maximum-likelihood loss: L1 between the network's reverse step and the optimal one (Eq. 9;
-  official `MatchingLoss('l1')`, unweighted): mean |reverse_sde_mean(x_t, score(noise_pred)) - x*_{t-1}|."""
+  official `MatchingLoss('l1')`, unweighted): mean |reverse_sde_mean(x_t, score(noise_pred)) - x*_{t-1}|.
+
+  Args:
+    noise_pred: [B, ...] predicted noise at x_t.
+    x_t: [B, ...] states (e.g. from `irsde_forward_sample`).
+    x0: [B, ...] clean images.
+    mu: [B, ...] degraded images.
+    t: int time in 1..T, a scalar or [B].
+    schedule: IRSDESchedule.
+
+  Returns:
+    scalar mean L1 loss.
+  """
   pred = reverse_sde_mean(x_t, score_from_noise(noise_pred, t, schedule), mu, t, schedule)
   target = optimal_reverse_step(x_t, x0, mu, t, schedule)
   return jnp.mean(jnp.abs(pred - target))
