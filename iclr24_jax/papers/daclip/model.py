@@ -81,7 +81,19 @@ class DaClip(nn.Module):
 
 
 def daclip_from_clip(clip_model: clip.CLIP, reverse_controls: bool = True) -> DaClip:
-  """A DaClip whose encoder / controller have the settings of `clip_model.image_encoder` (a `clip.ViT`)."""
+  """A DaClip whose encoder / controller have the settings of `clip_model.image_encoder` (a `clip.ViT`).
+
+  Args:
+    clip_model: a vision.clip.CLIP with a ViT image tower.
+    reverse_controls: the DaClip's reverse_controls flag (controller outputs added to the encoder blocks in
+      reverse order).
+
+  Returns:
+    DaClip with the ViT's embed_dim, patch_size, width, depth, heads and pool.
+
+  Raises:
+    ValueError: the image tower is not a clip.ViT.
+  """
   vit = clip_model.image_encoder
   if not isinstance(vit, clip.ViT):
     raise ValueError(f"DA-CLIP controls a ViT image tower; this CLIP has {type(vit).__name__}. Build the CLIP "
@@ -147,7 +159,16 @@ def controller_loss(params: dict, model: DaClip, batch: dict) -> tuple[jax.Array
 
 
 def make_controller_optimizer(opt_config: Any, num_steps: int, params: dict) -> optax.GradientTransformation:
-  """AdamW as CLIP (`vision.clip.make_optimizer`) on the trainable parts; the frozen encoder gets no updates."""
+  """AdamW as CLIP (`vision.clip.make_optimizer`) on the trainable parts; the frozen encoder gets no updates.
+
+  Args:
+    opt_config: the optimizer ConfigDict (see `vision.clip.make_optimizer`).
+    num_steps: total training steps (for the schedule).
+    params: DaClip params (their top-level keys define the trainable / frozen labels).
+
+  Returns:
+    optax.GradientTransformation (multi_transform: 'train' AdamW, 'frozen' zero updates).
+  """
   return optax.multi_transform({"train": clip.make_optimizer(opt_config, num_steps), "frozen": optax.set_to_zero()},
                                trainable_mask(params))
 
@@ -166,7 +187,15 @@ def make_controller_train_step(model: DaClip) -> Callable:
 
 def degradation_logits(e_d: jax.Array, name_emb: jax.Array) -> jax.Array:
   """Cosine similarities [N, K] of degradation embeddings [N, D] to the K degradation-name embeddings [K, D]
-  (zero-shot degradation classification: argmax over K)."""
+  (zero-shot degradation classification: argmax over K).
+
+  Args:
+    e_d: [N, D] degradation embeddings (normalised here).
+    name_emb: [K, D] text embeddings of the degradation names (normalised here).
+
+  Returns:
+    [N, K] cosine similarities in [-1, 1].
+  """
   return clip.l2_normalize(e_d) @ clip.l2_normalize(name_emb).T
 
 
@@ -189,6 +218,18 @@ def predict_noise(model: nn.Module, params: Any, x_t: jax.Array, mu: jax.Array, 
   """Predicted noise [B, H, W, C] of x_t given mu [B, H, W, C], t [B], e_c / e_d [B, D] (or None).
 
   The input is concat(x_t - mu, mu) (official ConditionalUNet), e_d goes to `cond`, e_c to `context` [B, 1, D].
+
+  Args:
+    model: the restorer UNet (its input is [B, H, W, 2 C]).
+    params: its params.
+    x_t: [B, H, W, C] IR-SDE states.
+    mu: [B, H, W, C] degraded images in [0, 1].
+    t: [B] int times in 1..T.
+    e_c: [B, D] content embeddings, or None.
+    e_d: [B, D] degradation embeddings, or None.
+
+  Returns:
+    [B, H, W, C] predicted noise.
   """
   x = jnp.concatenate([x_t - mu, mu], axis=-1)
   context = None if e_c is None else e_c[:, None, :]
@@ -197,7 +238,18 @@ def predict_noise(model: nn.Module, params: Any, x_t: jax.Array, mu: jax.Array, 
 
 def restoration_loss(params: Any, model: nn.Module, batch: dict, key: jax.Array,
                      schedule: irsde.IRSDESchedule) -> tuple[jax.Array, dict]:
-  """IR-SDE matching loss of a batch {gt, lq [B, H, W, C], optional e_c, e_d [B, D]} at uniform t in 1..T."""
+  """IR-SDE matching loss of a batch {gt, lq [B, H, W, C], optional e_c, e_d [B, D]} at uniform t in 1..T.
+
+  Args:
+    params: restorer params (differentiated).
+    model: the restorer UNet.
+    batch: {'gt': clean [B, H, W, C], 'lq': degraded [B, H, W, C], in [0, 1]; optional 'e_c', 'e_d' [B, D]}.
+    key: PRNG key (times and forward noise).
+    schedule: IRSDESchedule.
+
+  Returns:
+    (scalar loss, {'loss': loss}).
+  """
   key_t, key_x = jax.random.split(key)
   gt, lq = batch["gt"], batch["lq"]
   t = jax.random.randint(key_t, (gt.shape[0],), 1, schedule.num_steps + 1)
@@ -208,7 +260,15 @@ def restoration_loss(params: Any, model: nn.Module, batch: dict, key: jax.Array,
 
 
 def make_restoration_train_step(model: nn.Module, schedule: irsde.IRSDESchedule) -> Callable:
-  """Pure `train_step(state, batch, key) -> (state, metrics)` for the restorer (key folded with the step)."""
+  """Pure `train_step(state, batch, key) -> (state, metrics)` for the restorer (key folded with the step).
+
+  Args:
+    model: the restorer UNet.
+    schedule: IRSDESchedule.
+
+  Returns:
+    train_step(state, batch as in `restoration_loss`, key) -> (TrainState, {'loss'}).
+  """
 
   def train_step(state: TrainState, batch: dict, key: jax.Array):
     key = jax.random.fold_in(key, state.step)
@@ -221,7 +281,7 @@ def make_restoration_train_step(model: nn.Module, schedule: irsde.IRSDESchedule)
 
 @functools.lru_cache(maxsize=16)
 def noise_fn_for(model: nn.Module) -> Callable:
-  """noise_fn(params, x_t, mu, t, e_c=None, e_d=None) for `irsde.restore` with this restorer."""
+  """noise_fn(params, x_t, mu, t, e_c=None, e_d=None) for `irsde.reverse_sample` with this restorer."""
   return lambda params, x_t, mu, t, e_c=None, e_d=None: predict_noise(model, params, x_t, mu, t, e_c, e_d)
 
 
