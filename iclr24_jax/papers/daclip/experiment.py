@@ -126,6 +126,13 @@ def load_data(cfg: Any) -> dict:
 def train_clip(cfg: Any, data: dict, key: jax.Array, writer=None, progress=True) -> tuple[clip.CLIP, Any, Any]:
   """Stage 0: a small CLIP (ViT image tower, transformer text tower) on clean digits with captions.
 
+  Args:
+    cfg: the daclip ConfigDict (clip: model, optimizer, num_steps, batch_size; log_every).
+    data: `load_data` output (clean_x [N, H, W, 1] in [0, 1], clean_y [N] digit labels).
+    key: PRNG key.
+    writer: optional MetricWriter for the loss curve.
+    progress: print progress lines.
+
   Returns:
     (clip model, trained params, tokenizer).
   """
@@ -151,7 +158,17 @@ def train_clip(cfg: Any, data: dict, key: jax.Array, writer=None, progress=True)
 
 
 def text_tables(clip_model: clip.CLIP, clip_params: Any, tok: clip.WordTokenizer, max_len: int) -> tuple:
-  """Frozen unit-norm text embeddings of the 10 digit captions [10, D] and the degradation names [K, D]."""
+  """Frozen unit-norm text embeddings of the 10 digit captions [10, D] and the degradation names [K, D].
+
+  Args:
+    clip_model: the trained CLIP.
+    clip_params: its params.
+    tok: its WordTokenizer.
+    max_len: token length of the text tower.
+
+  Returns:
+    (caption embeddings [10, D], degradation-name embeddings [K, D]) as jax arrays.
+  """
   cap = clip.encode_texts(clip_model, clip_params, tok.encode(digit_captions(range(10)), max_len))
   names = clip.encode_texts(clip_model, clip_params, tok.encode(list(deg.DEGRADATIONS), max_len))
   return jnp.asarray(cap), jnp.asarray(names)
@@ -159,7 +176,22 @@ def text_tables(clip_model: clip.CLIP, clip_params: Any, tok: clip.WordTokenizer
 
 def train_controller(cfg: Any, clip_model: clip.CLIP, clip_params: Any, data: dict, cap_emb, name_emb,
                      key: jax.Array, writer=None, progress=True) -> tuple[model_lib.DaClip, Any]:
-  """Stage 1: the DA-CLIP controller on the degraded train suite (the CLIP weights stay frozen)."""
+  """Stage 1: the DA-CLIP controller on the degraded train suite (the CLIP weights stay frozen).
+
+  Args:
+    cfg: the daclip ConfigDict (controller: optimizer, num_steps, batch_size; log_every).
+    clip_model: the trained CLIP (ViT image tower).
+    clip_params: its params.
+    data: `load_data` output; data['train'] holds lq [N, H, W, 1], label [N] (digit), type [N] (degradation).
+    cap_emb: [10, D] caption embeddings (`text_tables`).
+    name_emb: [K, D] degradation-name embeddings.
+    key: PRNG key.
+    writer: optional MetricWriter.
+    progress: print progress lines.
+
+  Returns:
+    (DaClip module, trained DaClip params).
+  """
   dac = model_lib.daclip_from_clip(clip_model)
   params = model_lib.init_daclip_params(dac, clip_params, data["train"]["lq"].shape[1:])
   steps = int(cfg.controller.num_steps)
@@ -184,7 +216,17 @@ def _embed_fn(dac: model_lib.DaClip):
 
 
 def embed(dac: model_lib.DaClip, params: Any, images: np.ndarray, batch_size: int = 512) -> dict[str, np.ndarray]:
-  """e_c, e_d (DA-CLIP) and the frozen encoder's embedding e_frozen, each [N, D] unnormalised, in fixed batches."""
+  """e_c, e_d (DA-CLIP) and the frozen encoder's embedding e_frozen, each [N, D] unnormalised, in fixed batches.
+
+  Args:
+    dac: the DaClip module.
+    params: its params.
+    images: [N, H, W, C] float32 in [0, 1].
+    batch_size: rows per compiled call (the last batch is zero-padded when N > batch_size).
+
+  Returns:
+    {'e_c', 'e_d', 'e_frozen'}: numpy [N, D] each.
+  """
   fn = _embed_fn(dac)
   outs = {"e_c": [], "e_d": [], "e_frozen": []}
   n = len(images)
@@ -202,7 +244,20 @@ def embed(dac: model_lib.DaClip, params: Any, images: np.ndarray, batch_size: in
 def degradation_accuracy(emb_train: dict, emb_test: dict, train: dict, test: dict, name_emb, cap_emb) -> dict:
   """Per-item correctness [N_test] of: e_d zero-shot (nearest degradation name), the frozen encoder zero-shot,
   a linear probe (logistic regression) on the frozen encoder's embedding, and digit (content) zero-shot
-  from e_c vs the frozen encoder on the degraded test images."""
+  from e_c vs the frozen encoder on the degraded test images.
+
+  Args:
+    emb_train: `embed` output of the train suite (the probe's training data).
+    emb_test: `embed` output of the test suite.
+    train: the train suite (type [N_train]).
+    test: the test suite (type, label [N_test]).
+    name_emb: [K, D] degradation-name embeddings.
+    cap_emb: [10, D] caption embeddings.
+
+  Returns:
+    {'ed_zero_shot', 'frozen_zero_shot', 'frozen_linear_probe', 'content_ec', 'content_frozen'}:
+    float [N_test] 0/1 arrays.
+  """
   from sklearn.linear_model import LogisticRegression
   name_emb, cap_emb = np.asarray(name_emb), np.asarray(cap_emb)
   norm = lambda v: v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)  # noqa: E731
@@ -229,8 +284,17 @@ def condition_tables(emb: dict, types: np.ndarray, conditions, seed: int) -> tup
     shuffled: e_d of another image (a fixed random permutation), e_c
     oracle:   the one-hot degradation type (zero-padded to D), e_c
 
+  Args:
+    emb: `embed` output ({'e_c', 'e_d'} [N, D]).
+    types: [N] int degradation types.
+    conditions: C condition names from the list above.
+    seed: seed of the 'shuffled' permutation.
+
   Returns:
     cond [C, N, D], ctx [C, N, D] float32.
+
+  Raises:
+    ValueError: an unknown condition, or D smaller than the number of degradation types.
   """
   e_c, e_d = np.asarray(emb["e_c"], np.float32), np.asarray(emb["e_d"], np.float32)
   n, d = e_d.shape
@@ -248,7 +312,16 @@ def condition_tables(emb: dict, types: np.ndarray, conditions, seed: int) -> tup
 
 
 def make_restorers(cfg: Any, image_shape, embed_dim: int):
-  """The restorer module, its optimizer, the IR-SDE schedule and a per-model init(key) -> TrainState."""
+  """The restorer module, its optimizer, the IR-SDE schedule and a per-model init(key) -> TrainState.
+
+  Args:
+    cfg: the daclip ConfigDict (model, sde: T, lambda_, schedule, eps; optimizer, num_steps).
+    image_shape: (H, W, C) of the images.
+    embed_dim: D of the cond / context embeddings.
+
+  Returns:
+    (net, sde schedule, tx, init): init(key) -> TrainState of one restorer (input [1, H, W, 2 C]).
+  """
   net = model_lib.create_restorer(cfg.model)
   sde = irsde.irsde_schedule(int(cfg.sde.T), float(cfg.sde.lambda_), cfg.sde.schedule, float(cfg.sde.eps))
   tx = make_optimizer(cfg.optimizer, int(cfg.num_steps))
@@ -270,6 +343,15 @@ def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, wri
   draws, shared by the conditions (paired comparisons). The models run one after another through the same
   compiled chunk (condition and seed are traced arguments): on CPU a vmap over models turns every convolution
   into a grouped convolution, which XLA:CPU runs far slower than C x S plain ones.
+
+  Args:
+    cfg: the daclip ConfigDict (num_seeds S, batch_size, num_steps, log_every, conditions, ...).
+    data: `load_data` output (train: gt, lq [N, H, W, C]).
+    cond_tab: [C, N, D] cond embeddings (`condition_tables`).
+    ctx_tab: [C, N, D] context embeddings.
+    key: PRNG key.
+    writer: optional MetricWriter.
+    progress: print progress lines.
 
   Returns:
     (net, sde, stacked TrainState with leading axis C * S).
@@ -311,7 +393,22 @@ def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, wri
 def restore_all(cfg: Any, net, sde, params, test: dict, cond_tab, ctx_tab, key: jax.Array,
                 batch_size: int = 256) -> np.ndarray:
   """Restored test images [C * S, N, H, W, 1] from every model (paired sampling noise per seed); one compiled
-  reverse-SDE chain, called per model and batch."""
+  reverse-SDE chain, called per model and batch.
+
+  Args:
+    cfg: the daclip ConfigDict (num_seeds S, restore_method 'sde' | 'posterior').
+    net: the restorer UNet.
+    sde: IRSDESchedule.
+    params: stacked restorer params (leading axis C * S).
+    test: the test suite (lq [N, H, W, C]).
+    cond_tab: [C, N, D] test cond embeddings.
+    ctx_tab: [C, N, D] test context embeddings.
+    key: PRNG key (folded with the seed and batch start).
+    batch_size: images per call (the last batch is zero-padded).
+
+  Returns:
+    numpy [C * S, N, H, W, C] restorations (not clipped).
+  """
   n_cond, s = cond_tab.shape[0], int(cfg.num_seeds)
   method = cfg.get("restore_method", "sde")
 
@@ -342,7 +439,18 @@ def restore_all(cfg: Any, net, sde, params, test: dict, cond_tab, ctx_tab, key: 
 
 
 def score(restored: np.ndarray, test: dict, conditions, num_seeds: int) -> dict:
-  """PSNR / SSIM per (condition, seed, image) -> nested dict with per-seed means and per-degradation means."""
+  """PSNR / SSIM per (condition, seed, image) -> nested dict with per-seed means and per-degradation means.
+
+  Args:
+    restored: [C * S, N, H, W, C] restorations (clipped to [0, 1] here).
+    test: the test suite (gt, lq [N, H, W, C] in [0, 1], type [N]).
+    conditions: C condition names, in the models' order.
+    num_seeds: S.
+
+  Returns:
+    {'per_condition': {condition: {psnr: [S], ssim: [S], per_type: {degradation: {psnr: [S], ssim: [S]}}}},
+     'input': {psnr, ssim, per_type} of the degraded inputs}.
+  """
   n_cond = len(conditions)
   gt = test["gt"]
   res = {"per_condition": {}, "input": {}}
@@ -371,7 +479,18 @@ def score(restored: np.ndarray, test: dict, conditions, num_seeds: int) -> dict:
 
 
 def plot_examples(test: dict, restored: np.ndarray, conditions, num_seeds: int, path: str) -> str:
-  """One row per degradation: clean, degraded, then each condition's restoration (seed 0)."""
+  """One row per degradation: clean, degraded, then each condition's restoration (seed 0).
+
+  Args:
+    test: the test suite (gt, lq, type).
+    restored: [C * S, N, H, W, C] restorations.
+    conditions: C condition names.
+    num_seeds: S.
+    path: PNG output path.
+
+  Returns:
+    path.
+  """
   rows = []
   for k in range(len(deg.DEGRADATIONS)):
     i = int(np.where(test["type"] == k)[0][0])
@@ -381,6 +500,16 @@ def plot_examples(test: dict, restored: np.ndarray, conditions, num_seeds: int, 
 
 
 def plot_psnr_by_type(scores: dict, conditions, path: str) -> str:
+  """Grouped bars of PSNR per degradation type: the degraded input, then each condition (mean over seeds).
+
+  Args:
+    scores: `score` output.
+    conditions: condition names to plot.
+    path: PNG output path.
+
+  Returns:
+    path.
+  """
   fig, axes = metrics_lib.new_figure(size=(7.0, 3.2))
   ax = axes[0, 0]
   names = list(deg.DEGRADATIONS)
@@ -408,6 +537,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
   Returns (and writes to workdir/results.json): degradation / content accuracies (means and per-item 0/1
   lists), PSNR / SSIM per condition (per seed, per degradation), the degraded inputs' PSNR / SSIM, timings
   and plot paths.
+
+  Args:
+    config: the daclip ConfigDict (`configs/daclip.py`); restoration=False skips stage 2.
+    workdir: output folder (created).
+    progress: print progress lines.
   """
   t0 = time.time()
   os.makedirs(workdir, exist_ok=True)

@@ -37,6 +37,14 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> lis
   images, against the frozen CLIP encoder zero-shot and a supervised linear probe on it (per-item paired
   bootstrap); (b) restoration PSNR / SSIM of IR-SDE restorers with no embedding / DA-CLIP / shuffled e_d /
   oracle one-hot, 3 seeds each (paired by seed), judged with common.stats. restoration=False runs (a) only.
+
+  Args:
+    workdir: output folder (the run goes to workdir/run).
+    fast: the 'tiny' config variant.
+    restoration: also run (b).
+
+  Returns:
+    list of reproduction row dicts.
   """
   from iclr24_jax.configs import daclip as cfg_mod
   cfg = cfg_mod.get_config("tiny" if fast else "")
