@@ -24,6 +24,19 @@ def _model(name: str) -> ml_collections.ConfigDict:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The cdgm config: C-TVAE on the embedded generated table by default; `arg` picks a table / model / version.
+
+  Args:
+    arg: '' (generated table, constrained TVAE), 'tiny', a table ('heloc', 'faults'), 'heloc_official' (the
+      official TVAE recipe), '<table>_<model>' (model 'tvae' or 'ctgan'), optionally with '_unconstrained' or
+      '_postprocessing' appended; None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "cdgm"
   c.seed = 0

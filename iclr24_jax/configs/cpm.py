@@ -22,6 +22,18 @@ SYN_WEIGHTS = (1.2, 0.8, 0.0, 0.6, 0.0, 0.9, 0.0, 0.4, -0.7, -0.5, -0.3, -0.6, 0
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The CPM config: 300 + 300 HH-RLHF pairs scored by SmolLM2, best-of-16, 5 splits, unless `arg` changes it.
+
+  Args:
+    arg: comma-separated: at most one size ('repro', 'tiny' (fake scorer), 'synthetic' (no LM)) plus modifiers
+      'parse', 'official_prompt', 'fake', 'nobon'; None or '' gives the default.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown or conflicting variants.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "cpm"
   c.seed = 0

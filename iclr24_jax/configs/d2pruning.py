@@ -17,6 +17,18 @@ VARIANTS = ("", "mnist5k", "tiny", "text", "forgetting")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The D2 Pruning config: digits, an MLP score / coreset model, AUM difficulty, 3 seeds, unless `arg` changes it.
+
+  Args:
+    arg: '' (digits), 'mnist5k', 'tiny', 'text' (StrategyQA + MiniLM embeddings) or 'forgetting' (the
+      official forgetting difficulty score); None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "d2pruning"
   c.seed = 0

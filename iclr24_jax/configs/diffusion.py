@@ -12,6 +12,19 @@ import ml_collections
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The diffusion family check: a class-conditional UNet DDPM on 8x8 digits (linear schedule, DDIM sampling).
+
+  Args:
+    arg: '' (the default), 'tiny', 'x16' (digits upsampled to 16x16), 'v_cosine' (v-prediction, cosine
+      schedule, min-SNR weighting), 'continuous' (continuous-time cosine schedule, v-prediction) or
+      'unconditional'; None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "diffusion"
   c.seed = 0

@@ -18,6 +18,19 @@ VARIANTS = ("", "tiny", "tiny_images", "images", "official") + TASKS
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The FPS config: the exactness study with the exact GMM denoiser unless `arg` selects the image tasks.
+
+  Args:
+    arg: '' (exactness study), 'tiny', 'tiny_images', 'images' (all four digit inverse problems), one task
+      ('inpainting', 'super_resolution', 'gaussian_blur', 'motion_blur') or 'official' (image tasks at
+      1000 steps); None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "fps"
   c.seed = 0

@@ -34,6 +34,18 @@ def cpu_scale(c: ml_collections.ConfigDict) -> None:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The LDCQ config: maze/medium 'noisy' data with the official networks unless `arg` picks a smaller scale.
+
+  Args:
+    arg: '' (maze/medium, official sizes), 'umaze', 'cpu' (the reproduction's CPU scale), 'cpu_umaze' or
+      'tiny' (seconds); None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   arg = arg or ""
   if arg not in VARIANTS:
     raise ValueError(f"unknown variant '{arg}' for configs/ldcq.py; choose one of {list(VARIANTS)}.")

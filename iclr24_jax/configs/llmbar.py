@@ -18,6 +18,18 @@ STRATEGIES = ("vanilla", "rules", "rules_metrics", "rules_reference", "rules_met
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The LLMBar config: SmolLM2-135M-Instruct judging all 419 instances with the Vanilla strategy by default.
+
+  Args:
+    arg: '' (the default), 'tiny' (fake judge, 2 instances per subset), 'tiny_smollm2' (SmolLM2, 1 instance
+      per subset) or a strategy name from STRATEGIES; None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "llmbar"
   c.seed = 0  # seeds the stratified subset (when data.per_subset > 0); decoding is greedy

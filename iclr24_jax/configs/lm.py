@@ -12,6 +12,18 @@ import ml_collections
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The lm family check: LoRA finetuning of SmolLM2-135M-Instruct on 8 chat Q/A pairs by default.
+
+  Args:
+    arg: '' (the default), 'tiny' (a tiny random Llama with its own BPE, full finetuning) or 'tiny_lora'
+      (the tiny Llama with LoRA); None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "lm"
   c.seed = 0

@@ -9,6 +9,18 @@ import ml_collections
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The lm_inversion config: invert SmolLM2-135M next-token distributions with a small T5 (~2,000 train prompts).
+
+  Args:
+    arg: comma-separated variants: 'tiny' (a tiny random Llama target, 96 prompts, a few steps),
+      'official_padding'; None or '' gives the default.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "lm_inversion"
   c.seed = 0

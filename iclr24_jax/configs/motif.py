@@ -17,6 +17,19 @@ VARIANTS = ("", "tiny", "oracle", "generate", "nethack", "staircase_weights")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The Motif config: the captioned gridworld annotated by SmolLM2, unless `arg` changes the annotator or env.
+
+  Args:
+    arg: comma-separated variants: 'tiny', 'oracle' (the toy's oracle labels), 'generate' (generate-and-parse
+      annotation), 'nethack' (NetHackScore with host-loop PPO), 'staircase_weights' (alpha_ext 10,
+      alpha_int 0.1); None or '' gives the default.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   from iclr24_jax.rl.ppo import default_config
   parts = [p for p in (arg or "").split(",") if p]
   unknown = [p for p in parts if p not in VARIANTS]

@@ -17,6 +17,19 @@ MODIFIERS = ("mean", "sage", "gcn", "nobaselines")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The PMP config: the embedded synthetic fraud graph with the sum-aggregation PMP model by default.
+
+  Args:
+    arg: comma-separated: at most one data set ('synthetic', 'tiny', 'yelpchi', 'amazon', 'tfinance', 'texas',
+      'cornell', 'wisconsin', 'film') plus modifiers 'mean', 'sage' / 'gcn', 'nobaselines'; None or ''
+      gives the default.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown or conflicting variants.
+  """
   c = ml_collections.ConfigDict()
   c.paper = "pmp"
   c.seed = 0

@@ -14,6 +14,18 @@ VARIANTS = ("", "cartpole", "inverted_pendulum", "hopper", "maze", "tiny")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The PPO family check: gymnax CartPole-v1 with PureJaxRL's settings unless `arg` picks another preset.
+
+  Args:
+    arg: '' or 'cartpole', 'inverted_pendulum' (brax), 'hopper' (brax, CPU budget), 'maze' (point-mass umaze)
+      or 'tiny' (CartPole, a few updates); None means ''.
+
+  Returns:
+    ml_collections.ConfigDict (num_steps counts PPO updates).
+
+  Raises:
+    ValueError: unknown variant.
+  """
   from iclr24_jax.rl.ppo import preset_config
   arg = arg or ""
   if arg not in VARIANTS:
