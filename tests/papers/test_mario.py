@@ -286,3 +286,13 @@ def test_tiny_experiment_smoke(tmp_path):
     assert json.load(f)["num_eval"] == cfg.data.num_eval
   rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
   assert {r["stage"] for r in rows} == {"sft", "quark0"}
+
+
+@pytest.mark.slow
+def test_study_rows_on_the_tiny_model(tmp_path):
+  from iclr24_jax.papers.mario import study
+  rows = study.reproduce(str(tmp_path), fast=True, variant="strategyqa,tiny")
+  assert len(rows) == 12 and rows[0]["plots"] and os.path.exists(rows[0]["plots"][0])
+  for r in rows[:8]:
+    assert r["holds"] in ("yes", "inconclusive")          # never 'no' without a reference
+  assert all(r["holds"] is None for r in rows[8:])

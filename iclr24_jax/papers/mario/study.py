@@ -23,8 +23,8 @@ from iclr24_jax.lm import train as lm_train
 from iclr24_jax.papers.mario import pipeline, quark
 
 PAPER = "mario"
-# Paper, Table 2 (StrategyQA, T5-large): MaRio improves accuracy and every rationale property over SFT.
-PAPER_CLAIM = "MaRio > SFT (paper Table 2: higher accuracy, plausibility, diversity and consistency on StrategyQA)"
+# Paper, Sec. 4.2 (StrategyQA, T5-large): MaRio improves accuracy and every rationale property over SFT.
+PAPER_CLAIM = "MaRio > SFT (paper Sec. 4.2: higher accuracy, plausibility, diversity and consistency on StrategyQA)"
 
 
 def _judge_row(experiment: str, metric: str, a, b, name_a: str, name_b: str, paper_value: str, notes: str = ""):
