@@ -1,7 +1,9 @@
-"""nci experiments: one adaptation run through the shared loop, and the leave-one-domain-out study."""
+"""nci experiments: one adaptation run through the shared loop, and the seed-batched leave-one-out runs.
+
+The reproduction study and the benchmark are in `study.py`.
+"""
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -9,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from iclr24_jax.common import bench
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
@@ -19,12 +20,27 @@ from iclr24_jax.papers.nci import model as model_lib
 from iclr24_jax.papers.nci import train as train_lib
 
 METHODS = ("erm", "dann", "nci", "oracle")
+SCHEDULES = ("official", "ramp", "constant")
 
 
 def adv_weight(config: Any, num_sources: int) -> float:
   """lambda; None/negative in the config means the official code's 1/K."""
   w = config.get("adv_weight", None)
   return 1.0 / num_sources if (w is None or w < 0) else float(w)
+
+
+def ramp_steps(config: Any, method: str) -> int | None:
+  """Steps of the lambda ramp for a method under config.adv_schedule, or None for a constant lambda.
+
+  'official': NCI at a constant lambda (the official code), DANN on Ganin et al.'s ramp; 'ramp': both on
+  the ramp; 'constant': both constant. 'ramp' and 'constant' give NCI and DANN the same schedule.
+  """
+  sched = config.get("adv_schedule", "official")
+  if sched not in SCHEDULES:
+    raise ValueError(f"unknown adv_schedule '{sched}'; choose one of {SCHEDULES}.")
+  if sched == "constant" or (sched == "official" and method != "dann"):
+    return None
+  return int(config.num_steps)
 
 
 def _setup(config: Any, target: str, method: str):
@@ -44,18 +60,25 @@ def _setup(config: Any, target: str, method: str):
 
 
 def make_train_fn(nets: model_lib.Networks, method: str, weight: float, tx_model, tx_disc, num_steps: int,
-                  batch_size: int, input_shape: tuple[int, ...]):
-  """A whole training run with on-device batch sampling.
+                  batch_size: int, input_shape: tuple[int, ...], ramp: int | None = None):
+  """Whole training runs of S seeds at once (a vmap over seeds) with on-device batch sampling.
+
+  Args:
+    nets, method, weight: the networks, 'erm' | 'dann' | 'nci' | 'oracle' and lambda.
+    tx_model, tx_disc: optimizers; num_steps, batch_size: the budget; input_shape: (H, W, C).
+    ramp: steps of the lambda ramp (see `ramp_steps`), None for a constant lambda.
 
   Returns:
-    train(key, src_x [K, N, ...], src_y [K, N], src_n [K], tgt_x [M, ...]) -> (params, metrics [T]).
+    train(keys [S], src_x [K, N, ...], src_y [K, N], src_n [K], tgt_x [M, ...]) -> (params [S, ...],
+    metrics [S, T]). Seed s's init and batches depend on keys[s] only, so methods given the same keys
+    are paired by seed.
 
   Deviation from the library's usual "whole run in one `lax.scan`": XLA:CPU runs conv backward passes
   40-80x slower inside a while loop than in a plain jitted call (measured with jax 0.9.2), so the
   steps are a Python loop over one jitted step that samples its own batch on device; with
   `scan=True` (accelerators) the same step runs under `lax.scan`.
   """
-  step = train_lib.make_step(nets, "erm" if method == "oracle" else method, weight, dann_ramp_steps=num_steps)
+  step = train_lib.make_step(nets, "erm" if method == "oracle" else method, weight, ramp_steps=ramp or 0)
 
   def sampled_step(state, i, key_data, src_x, src_y, src_n, tgt_x):
     k = src_x.shape[0]
@@ -66,40 +89,63 @@ def make_train_fn(nets: model_lib.Networks, method: str, weight: float, tx_model
     state, m = step(state, {"x": src_x[rows, idx], "y": src_y[rows, idx]}, tgt_x[it], key_t)
     return state, {"loss": m["loss"], "nll": m["nll"], "d_acc": m["d_acc"]}
 
-  init_fn = jax.jit(lambda key: model_lib.init(key, nets, input_shape, tx_model, tx_disc))
-  step_fn = jax.jit(sampled_step, donate_argnums=0)
+  seeds_step = jax.vmap(sampled_step, in_axes=(0, None, 0, None, None, None, None))
+  init_fn = jax.jit(jax.vmap(lambda key: model_lib.init(key, nets, input_shape, tx_model, tx_disc)))
+  step_fn = jax.jit(seeds_step, donate_argnums=0)
 
-  def train(key, src_x, src_y, src_n, tgt_x, scan: bool = False):
-    key_init, key_data = jax.random.split(key)
+  def train(keys, src_x, src_y, src_n, tgt_x, scan: bool = False):
+    key_init, key_data = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
     state = init_fn(key_init)
     if scan:
-      body = lambda st, i: sampled_step(st, i, key_data, src_x, src_y, src_n, tgt_x)
+      body = lambda st, i: seeds_step(st, i, key_data, src_x, src_y, src_n, tgt_x)
       state, ms = jax.jit(lambda st: jax.lax.scan(body, st, jnp.arange(num_steps)))(state)
-      return state.params, ms
+      return state.params, jax.tree.map(lambda m: jnp.swapaxes(m, 0, 1), ms)
     ms = []
     for i in range(num_steps):
       state, m = step_fn(state, i, key_data, src_x, src_y, src_n, tgt_x)
       ms.append(m)
-    return state.params, jax.tree.map(lambda *xs: jnp.stack(xs), *ms)
+    return state.params, jax.tree.map(lambda *xs: jnp.stack(xs, 1), *ms)
 
   return train
 
 
-def leave_one_out(config: Any, target: str, method: str, seeds: int) -> dict:
-  """Trains `seeds` runs of a method for one target domain -> accuracies per seed."""
+def leave_one_out(config: Any, target: str, method: str, seeds: int, weight: float | None = None,
+                  vmap_seeds: bool | str = "auto") -> dict:
+  """Trains `seeds` runs of a method for one target domain -> accuracies per seed.
+
+  Args:
+    config: the nci config (adv_schedule picks the lambda schedule, see `ramp_steps`).
+    target: the held-out domain; method: 'erm' | 'dann' | 'nci' | 'oracle'; seeds: S.
+    weight: lambda (default `adv_weight(config, K)`).
+    vmap_seeds: True runs the S seeds as one vmapped program; False one seed at a time (the same program
+      with S = 1); 'auto' = vmap on GPU/TPU only: on XLA:CPU a vmap over seeds turns the convolutions into
+      grouped ones, and 3 vmapped seeds cost 6x one seed (measured), twice the cost of running them in turn.
+
+  Returns:
+    dict(target_acc [S], source_acc (mean), final_d_acc (mean)); seed s uses fold_in(key(config.seed), s)
+    for every method, so methods are paired by seed (same init, same batches).
+  """
   sources, uda, evl, nets, tx_m, tx_d = _setup(config, target, method)
   sx, sy, sn = data_lib.stack_padded(sources)
-  train = make_train_fn(nets, method, adv_weight(config, len(sources)), tx_m, tx_d, config.num_steps,
-                        config.batch_size, sx.shape[2:])
+  lam = adv_weight(config, len(sources)) if weight is None else float(weight)
+  train = make_train_fn(nets, method, lam, tx_m, tx_d, config.num_steps, config.batch_size, sx.shape[2:],
+                        ramp=ramp_steps(config, method))
   sx, sy, sn, ux = map(jnp.asarray, (sx, sy, sn, uda.x))
-  acc_fn = jax.jit(lambda p, x, y: jnp.mean(jnp.argmax(nets.features_and_logits(p["model"], x)[1], -1) == y))
+  acc_fn = jax.jit(jax.vmap(lambda p, x, y: jnp.mean(jnp.argmax(nets.features_and_logits(p["model"], x)[1], -1) == y),
+                            in_axes=(0, None, None)))
+  keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(config.seed), s))(jnp.arange(seeds))
+  if vmap_seeds == "auto":
+    vmap_seeds = jax.default_backend() != "cpu"
+  chunk = seeds if vmap_seeds else 1
   tgt_acc, src_acc, d_acc = [], [], []
-  for s in range(seeds):
-    params, ms = train(jax.random.fold_in(jax.random.key(config.seed), s), sx, sy, sn, ux)
-    tgt_acc.append(float(acc_fn(params, evl.x, evl.y)))
-    src_acc.append(float(np.mean([float(acc_fn(params, d.x, d.y)) for d in sources])))
-    d_acc.append(float(np.asarray(ms["d_acc"][-50:]).mean()))
-  return {"target_acc": np.asarray(tgt_acc), "source_acc": float(np.mean(src_acc)), "final_d_acc": float(np.mean(d_acc))}
+  for start in range(0, seeds, chunk):
+    params, ms = train(keys[start:start + chunk], sx, sy, sn, ux)
+    tgt_acc.append(np.asarray(acc_fn(params, evl.x, evl.y)))
+    src_acc.append(np.mean([np.asarray(acc_fn(params, d.x, d.y)) for d in sources], axis=0))
+    d_acc.append(np.asarray(ms["d_acc"][:, -50:]).mean(1))
+  tgt_acc, src_acc, d_acc = map(np.concatenate, (tgt_acc, src_acc, d_acc))
+  return {"target_acc": tgt_acc.astype(np.float64), "source_acc": float(np.mean(src_acc)),
+          "final_d_acc": float(np.mean(d_acc))}
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -111,7 +157,7 @@ def run(config: Any, workdir: str) -> dict:
   sx, sy, sn = data_lib.stack_padded(sources)
   k, bs = len(sources), config.batch_size
   step = train_lib.make_step(nets, "erm" if method == "oracle" else method, adv_weight(config, k),
-                             dann_ramp_steps=config.num_steps)
+                             ramp_steps=ramp_steps(config, method) or 0)
   input_shape = sx.shape[2:]
 
   def batches(s):  # deterministic in the step, so a resumed run sees the same data
@@ -141,77 +187,3 @@ def run(config: Any, workdir: str) -> dict:
   metrics_lib.plot_curves(rows, ["train/nll", "train/d_acc", "eval/target_acc"], os.path.join(workdir, "curves.png"),
                           title=f"{method}: target {target}")
   return results
-
-
-def _bar_plot(table: dict, path: str) -> str:
-  fig, axes = metrics_lib.new_figure(size=(7.0, 3.2))
-  ax = axes[0, 0]
-  targets = list(table)
-  width = 0.2
-  for j, m in enumerate(METHODS):
-    means = [table[t][m].mean() * 100 for t in targets]
-    stds = [table[t][m].std() * 100 for t in targets]
-    ax.bar(np.arange(len(targets)) + (j - 1.5) * width, means, width, yerr=stds, label=m)
-  ax.set_xticks(np.arange(len(targets)))
-  ax.set_xticklabels(targets, fontsize=8)
-  ax.set_ylabel("target accuracy (%)")
-  ax.legend(fontsize=7, ncol=4)
-  return metrics_lib.save_figure(fig, path)
-
-
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Leave-one-domain-out target accuracy, NCI vs DANN vs ERM (3 seeds) and the target oracle (1 seed).
-
-  Budget: 50 runs of 300 steps, about 7 minutes on 2 idle CPU cores (configs/nci.py:reproduce).
-  """
-  from iclr24_jax.configs import nci as cfg_mod
-  config = cfg_mod.get_config("tiny" if fast else "reproduce")
-  seeds = 1 if fast else 3
-  targets = tuple(config.data.domains)[:2] if fast else tuple(config.data.domains)
-  table = {t: {m: leave_one_out(config, t, m, 1 if m == "oracle" else seeds)["target_acc"] for m in METHODS}
-           for t in targets}
-  os.makedirs(workdir, exist_ok=True)
-  plot = _bar_plot(table, os.path.join(workdir, "nci_lodo.png"))
-  rows = []
-  for t in targets:
-    r = table[t]
-    txt = ", ".join(f"{m} {100 * r[m].mean():.1f}+-{100 * r[m].std():.1f}" for m in METHODS)
-    rows.append({"paper": "nci", "experiment": f"target={t} ({seeds} seeds, oracle 1, {config.num_steps} steps)",
-                 "metric": "target acc (%)", "ours": f"NCI {100 * r['nci'].mean():.1f}", "paper_value": "-",
-                 "holds": None, "notes": txt})
-  avg = {m: float(np.mean([table[t][m].mean() for t in targets])) for m in METHODS}
-  rows.append({"paper": "nci", "experiment": f"mean over {len(targets)} leave-one-out targets",
-               "metric": "target acc (%)",
-               "ours": ", ".join(f"{m} {100 * avg[m]:.1f}" for m in METHODS),
-               "paper_value": "NCI beats invariance-learning SOTA (incl. DANN), at times by >2%, approaching the oracle",
-               "holds": None if fast else bool(avg["nci"] > avg["dann"] and avg["nci"] > avg["erm"]),
-               "notes": "holds = NCI mean > DANN mean and > ERM mean", "plots": [plot]})
-  return rows
-
-
-def benchmark(quick: bool = True) -> list[dict]:
-  """Train step/s (NCI step: discriminator + model update) at two batch sizes, 1 and 8 devices."""
-  from iclr24_jax.configs import nci as cfg_mod
-  config = cfg_mod.get_config("")
-  k, size = 4, config.data.image_size
-  nets = model_lib.make_networks(config.model, 10, k)
-  tx = make_optimizer(config.optimizer, config.num_steps)
-  step = train_lib.make_step(nets, "nci", 1.0 / k)
-
-  def loop_step(state, batch, key):
-    return step(state, {"x": jnp.swapaxes(batch["sx"], 0, 1), "y": batch["sy"].T}, batch["tx"], key)
-
-  rows = []
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    for bs in (32, 256):
-      rng = np.random.default_rng(0)
-      batch = {"sx": rng.random((bs, k, size, size, 1), np.float32), "sy": rng.integers(0, 10, (bs, k)).astype(
-          np.int32), "tx": rng.random((bs, size, size, 1), np.float32)}
-      state = jax.jit(lambda key: model_lib.init(key, nets, (size, size, 1), tx, tx),
-                      out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
-      fn = loop_lib.compile_step(loop_step, mesh)
-      rows.append(bench.time_fn(fn, state, sharding.shard_batch(batch, mesh), jax.random.key(1), carry=True,
-                                repeats=5 if quick else 20, items=bs * (k + 1), name="nci/train_step", batch=bs,
-                                mesh_devices=n_dev))
-  return rows

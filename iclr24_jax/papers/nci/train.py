@@ -40,7 +40,7 @@ def dann_lambda(step: jax.Array, num_steps: int) -> jax.Array:
 def _step(state: AdversarialState, source_batches: Any, target_batch: Any, key: jax.Array, *, nets: Networks,
           method: str, adv_weight: float, ramp_steps: int | None = None) -> tuple[AdversarialState, dict]:
   del key  # no stochastic layers; kept for the library's step signature
-  if ramp_steps:  # Deviation: DANN with Ganin et al.'s ramp; a constant lambda collapsed the features early here
+  if ramp_steps:  # Ganin et al.'s ramp on lambda (DANN's schedule; with schedule='ramp' NCI's too)
     adv_weight = adv_weight * dann_lambda(state.step, ramp_steps)
   source_x, source_y = _as_arrays(source_batches)
   target_x = target_batch["x"] if isinstance(target_batch, dict) else target_batch
@@ -64,8 +64,8 @@ def _step(state: AdversarialState, source_batches: Any, target_batch: Any, key: 
   return new_state, {**m_metrics, **d_metrics}
 
 
-def make_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0, dann_ramp_steps: int | None = None
-              ) -> Callable:
+def make_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0, dann_ramp_steps: int | None = None,
+              ramp_steps: int | None = None) -> Callable:
   """Returns the pure `step(state, source_batches, target_batch, key) -> (state, metrics)` of a method.
 
   All three methods run exactly the same step (discriminator update, then featurizer/classifier
@@ -76,12 +76,14 @@ def make_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0, dann
     nets: the networks.
     method: 'nci', 'dann' or 'erm'.
     adv_weight: lambda of the adversarial term.
-    dann_ramp_steps: for DANN, scale lambda by Ganin et al.'s ramp over this many steps (the original
+    dann_ramp_steps: for DANN only, scale lambda by Ganin et al.'s ramp over this many steps (the original
       DANN schedule; without it the K+1-way gradient reversal collapses the features early here).
+    ramp_steps: scale lambda by the same ramp for every method (NCI and DANN on one schedule, issue 30);
+      overrides dann_ramp_steps.
   """
   if method not in MODEL_LOSSES:
     raise ValueError(f"unknown method '{method}'; choose one of {sorted(MODEL_LOSSES)}.")
-  ramp = dann_ramp_steps if method == "dann" else None
+  ramp = ramp_steps if ramp_steps is not None else (dann_ramp_steps if method == "dann" else None)
 
   def step(state: AdversarialState, source_batches: Any, target_batch: Any, key: jax.Array):
     return _step(state, source_batches, target_batch, key, nets=nets, method=method, adv_weight=adv_weight,
