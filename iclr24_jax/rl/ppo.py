@@ -190,15 +190,43 @@ class PPO:
     return RunnerState(ts, env_state, key_train, jnp.zeros((), jnp.int32))
 
   def normalize(self, stats: normalization.RunningStats, obs: jax.Array) -> jax.Array:
+    """Observations normalised with `stats` when config.ppo.normalize_obs, else returned unchanged.
+
+    Args:
+      stats: RunningStats of the observations.
+      obs: [..., *obs_shape] raw observations.
+
+    Returns:
+      [..., *obs_shape] (clipped to +-obs_clip when normalised).
+    """
     return normalization.normalize(stats, obs, self.p.obs_clip) if self.p.normalize_obs else obs
 
   def policy_fn(self, params: Any, stats: normalization.RunningStats, deterministic: bool = False):
-    """A rollout PolicyFn acting with these params and observation statistics."""
+    """A rollout PolicyFn acting with these params and observation statistics.
+
+    Args:
+      params: ActorCritic params.
+      stats: observation RunningStats (ignored unless normalize_obs).
+      deterministic: act with the distribution's mode.
+
+    Returns:
+      policy_fn(key, obs [B, ...]) -> (raw action, env action, {'log_prob': [B], 'value': [B]}).
+    """
     return rollout_lib.actor_critic_policy(self.model, params, stats if self.p.normalize_obs else None,
                                            deterministic, self.p.obs_clip)
 
   def loss_fn(self, params: Any, stats: normalization.RunningStats, batch: dict, key: jax.Array):
-    """PPO loss on a flat minibatch dict (obs raw, action, log_prob, value, advantage, return)."""
+    """PPO loss on a flat minibatch dict (obs raw, action, log_prob, value, advantage, return).
+
+    Args:
+      params: ActorCritic params (differentiated).
+      stats: observation RunningStats.
+      batch: minibatch of [N, ...] arrays: obs, action, log_prob, value, advantage, return (optional weight).
+      key: PRNG key for the tanh-Gaussian entropy estimate (see `losses.ppo_loss`).
+
+    Returns:
+      (scalar loss, metrics dict of scalars), see `losses.ppo_loss`.
+    """
     dist, values = self.model.apply({"params": params}, self.normalize(stats, batch["obs"]))
     p = self.p
     return losses.ppo_loss(dist, values, batch, clip_eps=p.clip_eps, vf_coef=p.vf_coef, ent_coef=p.ent_coef,
@@ -207,7 +235,18 @@ class PPO:
 
   def advantages(self, params: Any, stats: normalization.RunningStats,
                  tr: rollout_lib.Transition) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """(rewards, values, advantages, returns) [T, B] for a trajectory under the given params and statistics."""
+    """(rewards, values, advantages, returns) [T, B] for a trajectory under the given params and statistics.
+
+    Rewards pass through reward_fn (when given) and are multiplied by config.ppo.reward_scale first.
+
+    Args:
+      params: ActorCritic params.
+      stats: observation RunningStats.
+      tr: rollout Transition with leaves [T, B, ...].
+
+    Returns:
+      (rewards, values, advantages, returns), each float32 [T, B].
+    """
     rewards = tr.reward if self.reward_fn is None else self.reward_fn(tr)
     rewards = rewards * self.p.reward_scale
     v_apply = lambda o: self.model.apply({"params": params}, self.normalize(stats, o), method="v")
@@ -272,7 +311,15 @@ class PPO:
     return RunnerState(ts, env_state, runner.key, runner.update + 1), m, tr
 
   def train_chunk(self, runner: RunnerState, num_updates: int) -> tuple[RunnerState, dict]:
-    """`num_updates` updates in one lax.scan -> (RunnerState, metrics of [num_updates])."""
+    """`num_updates` updates in one lax.scan -> (RunnerState, metrics of [num_updates]).
+
+    Args:
+      runner: the current RunnerState.
+      num_updates: updates to run (static).
+
+    Returns:
+      (new RunnerState, metrics dict with leaves [num_updates]).
+    """
     return jax.lax.scan(lambda r, _: self.update(r), runner, None, length=num_updates)
 
   def train(self, key: jax.Array) -> dict:
@@ -283,7 +330,19 @@ class PPO:
 
   def evaluate(self, params: Any, stats: normalization.RunningStats, key: jax.Array, num_envs: int = 16,
                deterministic: bool = True) -> dict:
-    """Mean return of `num_envs` episodes with the (deterministic by default) policy."""
+    """Mean return of `num_envs` episodes with the (deterministic by default) policy.
+
+    Args:
+      params: ActorCritic params.
+      stats: observation RunningStats.
+      key: PRNG key.
+      num_envs: episodes (one per environment).
+      deterministic: act with the distribution's mode.
+
+    Returns:
+      the `rollout.evaluate` dict: 'return' (mean of each env's first episode), 'return_std', 'length',
+      'returns' [num_envs].
+    """
     return rollout_lib.evaluate(self.env, self.policy_fn(params, stats, deterministic), key, num_envs)
 
 
