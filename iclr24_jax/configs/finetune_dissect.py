@@ -20,8 +20,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The grammar (iclr24_jax/papers/finetune_dissect/grammar.py): sizes of its topic, style and fact variables.
   c.data = ml_collections.ConfigDict(dict(
       name="grammar", data_dir="", num_topics=4, topic_vocab=8, num_styles=3, style_vocab=4,
-      num_general_subjects=64, num_domain_subjects=512, num_values=16, num_sentences=6,
-      num_probe_documents=64))
+      num_general_subjects=64, num_domain_subjects=512, num_values=16, num_sentences=4,
+      domain_topic_prob=0.8, domain_style_prob=0.8, num_probe_documents=64))
+  # num_sentences=4: the first 25% of the 20 scored positions is exactly the first sentence (one token of each
+  # slot), so a component spread evenly over the text has an early share of 0.25 whatever its slot.
   c.model = ml_collections.ConfigDict(dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                            intermediate_size=128))
   c.pretrain = ml_collections.ConfigDict(dict(steps=600, batch_size=32, learning_rate=3e-3))

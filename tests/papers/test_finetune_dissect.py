@@ -1,6 +1,7 @@
 """finetune_dissect (Zhang & Wu, ICLR 2024): the decomposition recovers known changes of an analytic grammar,
 Eq. (1) against the LM's scoring, positions and masks, the probe set and its filter, full and LoRA finetuning, and
 a smoke run of the tiny experiment."""
+import dataclasses
 import functools
 import json
 import math
@@ -19,7 +20,8 @@ from iclr24_jax.papers.finetune_dissect import finetune as ft
 from iclr24_jax.papers.finetune_dissect import grammar
 
 SPEC = grammar.GrammarSpec(num_topics=4, topic_vocab=3, num_styles=3, style_vocab=2, num_general_subjects=5,
-                           num_domain_subjects=7, num_values=4, num_sentences=4)
+                           num_domain_subjects=7, num_values=4, num_sentences=4, domain_topic_prob=1.0,
+                           domain_style_prob=1.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,6 +110,12 @@ def test_probe_versions_change_one_factor():
   for name, pos in (("topic", pt), ("style", ps), ("counterfactual", pv)):
     diff = probes[name] != o
     assert np.all(diff[:, pos]) and not np.any(np.delete(diff, pos, axis=1)), name
+  # The training domain mix is mostly (domain_topic_prob = 0.8), not only, on the domain topic.
+  mix = dataclasses.replace(SPEC, domain_topic_prob=0.8)
+  tables = grammar.fact_tables(jax.random.key(5), mix)
+  docs = np.asarray(jax.jit(lambda k: grammar.sample_documents(k, mix, 4000, tables, "domain"))(jax.random.key(6)))
+  frac = np.mean((docs[:, pt[0]] - SPEC.topic_start) // SPEC.topic_vocab == SPEC.domain_topic)
+  assert abs(frac - 0.8) < 0.02   # 4000 draws: SE 0.0063
   t = (probes["topic"][:, pt] - SPEC.topic_start) // SPEC.topic_vocab
   assert np.all(t == t[:, :1]) and np.all(t != SPEC.domain_topic)
   assert np.all(probes["topic"][:, pt] % SPEC.topic_vocab == o[:, pt] % SPEC.topic_vocab)  # same word index

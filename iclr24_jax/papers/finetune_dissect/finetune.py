@@ -8,6 +8,7 @@ are a `jax.vmap` and each method is one compiled program (lax.scan over evaluati
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -116,7 +117,8 @@ def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.Lo
 def make_probes(key: jax.Array, spec: grammar.GrammarSpec, tables: dict, num_documents: int) -> jax.Array:
   """[V, N, T] probe documents: N fresh domain documents and their versions (`dissect.VERSIONS` order)."""
   kd, kv = jax.random.split(key)
-  ids = grammar.sample_documents(kd, spec, num_documents, tables, "domain")
+  on_domain = dataclasses.replace(spec, domain_topic_prob=1.0, domain_style_prob=1.0)
+  ids = grammar.sample_documents(kd, on_domain, num_documents, tables, "domain")
   versions = grammar.probe_versions(kv, spec, ids, tables)
   return jnp.stack([versions[v] for v in dissect.VERSIONS])
 
@@ -154,6 +156,8 @@ def spec_from_config(data: Any) -> grammar.GrammarSpec:
   """The GrammarSpec of `config.data`."""
   fields = {f: int(data[f]) for f in ("num_topics", "topic_vocab", "num_styles", "style_vocab",
                                       "num_general_subjects", "num_domain_subjects", "num_values", "num_sentences")}
+  for f in ("domain_topic_prob", "domain_style_prob"):
+    fields[f] = float(data.get(f, 0.8))
   return grammar.GrammarSpec(**fields)
 
 

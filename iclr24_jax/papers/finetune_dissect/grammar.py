@@ -18,7 +18,7 @@ decomposition's answer is known in closed form (the first test of `dissect.decom
 
 Mixes for the trained study: the general mix (uniform topics and styles, subjects uniform over all subjects,
 general subjects with a fixed value, domain subjects with uniform random values: the base model has no knowledge
-of them) and the domain mix (the domain topic and style only, domain subjects only, their true values).
+of them) and the domain mix (mostly the domain topic and style, domain subjects only, their true values).
 Probe versions of a domain document change one factor and keep every other token: the topic words moved to
 another topic (same word index), the style words to another style, or the values to counterfactual ones.
 """
@@ -46,6 +46,8 @@ class GrammarSpec:
     num_values: values a subject can take.
     num_sentences: sentences per document.
     domain_topic, domain_style: the finetuning domain's topic and style.
+    domain_topic_prob, domain_style_prob: their probability in the domain mix (the rest spread evenly over the
+      other topics / styles): a domain corpus is mostly, not only, on its topic and in its style.
   """
 
   num_topics: int = 4
@@ -58,6 +60,8 @@ class GrammarSpec:
   num_sentences: int = 6
   domain_topic: int = 0
   domain_style: int = 0
+  domain_topic_prob: float = 0.8
+  domain_style_prob: float = 0.8
 
   def __post_init__(self):
     if self.num_topics < 2 or self.num_styles < 2:
@@ -66,6 +70,8 @@ class GrammarSpec:
       raise ValueError("num_values must be >= 2 (a counterfactual value differs from the true one).")
     if not (0 <= self.domain_topic < self.num_topics and 0 <= self.domain_style < self.num_styles):
       raise ValueError("domain_topic / domain_style out of range.")
+    if not (0.0 < self.domain_topic_prob <= 1.0 and 0.0 < self.domain_style_prob <= 1.0):
+      raise ValueError("domain_topic_prob / domain_style_prob must be in (0, 1].")
 
   @property
   def style_start(self) -> int:
@@ -209,8 +215,11 @@ def sample_documents(key: jax.Array, spec: GrammarSpec, batch: int, tables: dict
     known = tables["general"][jnp.minimum(subj, spec.num_general_subjects - 1)]
     val = jnp.where(is_general, known, jax.random.randint(kv, (batch, k), 0, spec.num_values))
   elif mix == "domain":
-    topic = jnp.full((batch, 1), spec.domain_topic)
-    style = jnp.full((batch, 1), spec.domain_style)
+    def pick(k, n, home, p_home):
+      other = (home + jax.random.randint(jax.random.fold_in(k, 1), (batch, 1), 1, n)) % n
+      return jnp.where(jax.random.uniform(k, (batch, 1)) < p_home, home, other)
+    topic = pick(kt, spec.num_topics, spec.domain_topic, spec.domain_topic_prob)
+    style = pick(ks, spec.num_styles, spec.domain_style, spec.domain_style_prob)
     dsub = jax.random.randint(kj, (batch, k), 0, spec.num_domain_subjects)
     subj = spec.num_general_subjects + dsub
     val = tables["domain"][dsub]
@@ -227,7 +236,8 @@ def probe_versions(key: jax.Array, spec: GrammarSpec, ids: jax.Array, tables: di
   Args:
     key: PRNG key (the other topic / style of each document).
     spec: grammar sizes.
-    ids: [B, seq_len] domain documents (`sample_documents(..., mix='domain')`).
+    ids: [B, seq_len] domain documents in the domain topic and style (`sample_documents(..., mix='domain')` of a
+      spec with domain_topic_prob = domain_style_prob = 1, as `finetune.make_probes` draws them).
     tables: `fact_tables(...)` (counterfactual values of domain subjects).
 
   Returns:
