@@ -52,10 +52,17 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def all_steps(self) -> list[int]:
+    """Every step with a saved checkpoint (at most max_to_keep of them), as ints."""
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, wait: bool = True) -> None:
-    """Saves `state` at `step` (atomic). With `wait=False` the write finishes in the background."""
+    """Saves `state` at `step` (atomic). With `wait=False` the write finishes in the background.
+
+    Args:
+      step: the training step the state belongs to (the step folder's name).
+      state: pytree of arrays (e.g. a TrainState), possibly sharded.
+      wait: block until the write is complete.
+    """
     self._manager.save(int(step), args=ocp.args.StandardSave(state), force=True)
     if wait:
       self._manager.wait_until_finished()
@@ -84,8 +91,10 @@ class Checkpointer:
           "or start in a fresh --workdir.") from e
 
   def wait(self) -> None:
+    """Blocks until background saves (`save(..., wait=False)`) are complete."""
     self._manager.wait_until_finished()
 
   def close(self) -> None:
+    """Waits for pending saves, then releases the checkpoint manager."""
     self._manager.wait_until_finished()
     self._manager.close()

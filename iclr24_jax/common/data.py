@@ -298,6 +298,14 @@ class BatchStream:
     return self.batch(step)
 
   def iterate(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Yields `batch(step)` for step = start_step, start_step + 1, ... (endless).
+
+    Args:
+      start_step: the first global step (e.g. the resumed step).
+
+    Yields:
+      this host's batch dicts of [batch_size / process_count, ...] arrays.
+    """
     step = start_step
     while True:
       yield self.batch(step)

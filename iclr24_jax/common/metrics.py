@@ -47,7 +47,12 @@ class MetricWriter:
       os.remove(self.path)
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
-    """Writes `{"step": step, **metrics}` (arrays pulled to host once, here)."""
+    """Writes `{"step": step, **metrics}` (arrays pulled to host once, here).
+
+    Args:
+      step: the row's step.
+      metrics: mapping name -> scalar (arrays and numpy values are converted with `to_python`).
+    """
     row = {"step": int(step), **to_python(dict(metrics))}
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
@@ -106,6 +111,15 @@ class Progress:
     self.last_print = -float("inf")
 
   def line(self, step: int, loss: float | None = None) -> str:
+    """The progress line at `step`: step/total (percent), steps/s since the start, ETA and the loss if given.
+
+    Args:
+      step: the current global step.
+      loss: the latest loss, or None.
+
+    Returns:
+      the line as str.
+    """
     done = step - self.start
     elapsed = time.perf_counter() - self.t0
     rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
@@ -117,6 +131,13 @@ class Progress:
     return " | ".join(parts)
 
   def update(self, step: int, loss: float | None = None, force: bool = False) -> None:
+    """Prints `line(step, loss)` when enabled and at least every_s seconds have passed (or at the end, or forced).
+
+    Args:
+      step: the current global step.
+      loss: the latest loss, or None.
+      force: print regardless of the time since the last line.
+    """
     now = time.perf_counter()
     if self.enabled and (force or step >= self.total or now - self.last_print >= self.every_s):
       self.last_print = now

@@ -34,7 +34,16 @@ class TrainState:
 
   @classmethod
   def create(cls, params: Any, tx: optax.GradientTransformation, extra: Any = None) -> "TrainState":
-    """Builds a state at step 0 with a freshly initialised optimizer state."""
+    """Builds a state at step 0 with a freshly initialised optimizer state.
+
+    Args:
+      params: the parameter pytree.
+      tx: the optax optimizer (kept as a static field).
+      extra: any other carried pytree (batch statistics, EMA params, observation statistics, ...), or None.
+
+    Returns:
+      TrainState with step int32 0 and opt_state = tx.init(params).
+    """
     return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
                extra=extra, tx=tx)
 
