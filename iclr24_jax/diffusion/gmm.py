@@ -57,7 +57,16 @@ class GaussianMixture:
     return second - jnp.outer(m, m)
 
   def sample(self, key: jax.Array, n: int, return_components: bool = False):
-    """Draws n points [n, D] (and their component indices [n])."""
+    """Draws n points [n, D] (and their component indices [n]).
+
+    Args:
+      key: PRNG key.
+      n: number of points.
+      return_components: also return each point's component.
+
+    Returns:
+      float32 [n, D], or ([n, D], int32 [n] components in [0, K)).
+    """
     key_k, key_z = jax.random.split(key)
     comp = jax.random.categorical(key_k, jnp.log(self.weights), shape=(n,))
     chol = jnp.linalg.cholesky(self.covs)
@@ -91,27 +100,72 @@ class GaussianMixture:
     return log_comp, cinv_diff, a
 
   def log_prob(self, x: jax.Array, alpha_bar=1.0) -> jax.Array:
-    """log q(x_t) [B] of the diffused mixture (alpha_bar = 1: the data density)."""
+    """log q(x_t) [B] of the diffused mixture (alpha_bar = 1: the data density).
+
+    Args:
+      x: [B, D] points.
+      alpha_bar: scalar or [B] noise level.
+
+    Returns:
+      float32 [B].
+
+    Raises:
+      ValueError: x is not [B, D].
+    """
     log_comp, _, _ = self._terms(x, alpha_bar)
     return jax.nn.logsumexp(log_comp, -1)
 
   def responsibilities(self, x: jax.Array, alpha_bar=1.0) -> jax.Array:
-    """r_k(x_t) = P(component k | x_t) [B, K]."""
+    """r_k(x_t) = P(component k | x_t) [B, K].
+
+    Args:
+      x: [B, D] points.
+      alpha_bar: scalar or [B] noise level (1: the data mixture).
+
+    Returns:
+      float32 [B, K], rows summing to 1.
+    """
     log_comp, _, _ = self._terms(x, alpha_bar)
     return jax.nn.softmax(log_comp, -1)
 
   def score(self, x: jax.Array, alpha_bar, eig=None) -> jax.Array:
-    """grad_x log q(x_t) [B, D] = -sum_k r_k C_k^{-1} (x - alpha mu_k) (`eig`: a cached `self.eig()`)."""
+    """grad_x log q(x_t) [B, D] = -sum_k r_k C_k^{-1} (x - alpha mu_k) (`eig`: a cached `self.eig()`).
+
+    Args:
+      x: [B, D] points.
+      alpha_bar: scalar or [B] noise level.
+      eig: optional (eigenvalues [K, D], eigenvectors [K, D, D]) from `self.eig()`.
+
+    Returns:
+      float32 [B, D].
+    """
     log_comp, cinv_diff, _ = self._terms(x, alpha_bar, eig)
     r = jax.nn.softmax(log_comp, -1)
     return -jnp.einsum("bk,bkd->bd", r, cinv_diff)
 
   def eps(self, x: jax.Array, alpha_bar, eig=None) -> jax.Array:
-    """The optimal eps prediction E[eps | x_t] = -sqrt(1 - abar) score [B, D]."""
+    """The optimal eps prediction E[eps | x_t] = -sqrt(1 - abar) score [B, D].
+
+    Args:
+      x: [B, D] noisy points.
+      alpha_bar: scalar or [B] noise level, in [0, 1).
+      eig: optional cached `self.eig()`.
+
+    Returns:
+      float32 [B, D].
+    """
     return process.score_to_eps(self.score(x, alpha_bar, eig), jnp.broadcast_to(alpha_bar, (x.shape[0],)))
 
   def posterior_x0(self, x: jax.Array, alpha_bar) -> "PosteriorMixture":
-    """The exact p(x_0 | x_t): a mixture with weights r [B, K], means [B, K, D], covs [B, K, D, D]."""
+    """The exact p(x_0 | x_t): a mixture with weights r [B, K], means [B, K, D], covs [B, K, D, D].
+
+    Args:
+      x: [B, D] noisy points x_t.
+      alpha_bar: scalar or [B] noise level.
+
+    Returns:
+      PosteriorMixture(weights [B, K], means [B, K, D], covs [B, K, D, D]).
+    """
     log_comp, cinv_diff, a = self._terms(x, alpha_bar)
     r = jax.nn.softmax(log_comp, -1)
     alpha = jnp.sqrt(a)
@@ -124,7 +178,15 @@ class GaussianMixture:
     return PosteriorMixture(weights=r, means=means, covs=covs)
 
   def x0_mean(self, x: jax.Array, alpha_bar) -> jax.Array:
-    """E[x_0 | x_t] [B, D] (Tweedie: (x_t + sigma^2 score) / alpha)."""
+    """E[x_0 | x_t] [B, D] (Tweedie: (x_t + sigma^2 score) / alpha).
+
+    Args:
+      x: [B, D] noisy points x_t.
+      alpha_bar: scalar or [B] noise level.
+
+    Returns:
+      float32 [B, D].
+    """
     post = self.posterior_x0(x, alpha_bar)
     return jnp.einsum("bk,bkd->bd", post.weights, post.means)
 

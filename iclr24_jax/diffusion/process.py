@@ -331,6 +331,7 @@ class Gaussian:
   var: jax.Array
 
   def sample(self, key: jax.Array) -> jax.Array:
+    """x = mean + sqrt(var) z, z ~ N(0, I): one draw [B, ...] of the mean's shape and dtype."""
     return self.mean + jnp.sqrt(self.var) * jax.random.normal(key, self.mean.shape, self.mean.dtype)
 
   def log_prob(self, x: jax.Array) -> jax.Array:

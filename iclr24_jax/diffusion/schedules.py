@@ -77,7 +77,15 @@ class DiscreteSchedule:
     return jnp.where(t < 0, jnp.inf, self.log_snrs[jnp.clip(t, 0, self.num_timesteps - 1)])
 
   def sample_time(self, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Training times t ~ Uniform{0, ..., T-1} (DDPM Algorithm 1), int32 of `shape`."""
+    """Training times t ~ Uniform{0, ..., T-1} (DDPM Algorithm 1), int32 of `shape`.
+
+    Args:
+      key: PRNG key.
+      shape: output shape, e.g. (B,).
+
+    Returns:
+      int32 array of `shape` in [0, T).
+    """
     return jax.random.randint(key, shape, 0, self.num_timesteps)
 
   def sampling_times(self, num_steps: int | None = None, spacing: str = "leading") -> np.ndarray:
@@ -338,7 +346,15 @@ class ContinuousSchedule:
     return f"continuous_{self.kind}" + (f"+shift{self.shift:+.3g}" if self.shift else "")
 
   def log_snr(self, t: jax.Array, xp=jnp) -> jax.Array:
-    """lambda(t) for float t in [0, 1] (any shape); `xp=np` evaluates in float64 numpy."""
+    """lambda(t) for float t in [0, 1] (any shape); `xp=np` evaluates in float64 numpy.
+
+    Args:
+      t: float times in [0, 1], any shape.
+      xp: jnp (float32, traceable) or np (float64).
+
+    Returns:
+      lambda(t) + shift, t's shape.
+    """
     t = xp.asarray(t, xp.float32 if xp is jnp else xp.float64)
     if self.kind == "cosine":
       b = math.atan(math.exp(-0.5 * self.logsnr_max))
@@ -359,11 +375,30 @@ class ContinuousSchedule:
     return jnp.exp(self.log_snr(t))
 
   def sample_time(self, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-    """Training times t ~ Uniform(0, 1), float32 of `shape`."""
+    """Training times t ~ Uniform(0, 1), float32 of `shape`.
+
+    Args:
+      key: PRNG key.
+      shape: output shape, e.g. (B,).
+
+    Returns:
+      float32 array of `shape` in [0, 1).
+    """
     return jax.random.uniform(key, shape, jnp.float32)
 
   def sampling_times(self, num_steps: int = 100, spacing: str = "linspace") -> np.ndarray:
-    """Decreasing float times [N]: t_i = 1 - i / N for i = 0..N-1 (the last step goes from 1/N to clean data)."""
+    """Decreasing float times [N]: t_i = 1 - i / N for i = 0..N-1 (the last step goes from 1/N to clean data).
+
+    Args:
+      num_steps: N >= 1.
+      spacing: only 'linspace'.
+
+    Returns:
+      numpy float32 [N].
+
+    Raises:
+      ValueError: another spacing, or N < 1.
+    """
     if spacing != "linspace":
       raise ValueError(f"continuous schedules support spacing='linspace' only, got '{spacing}'.")
     n = int(num_steps)
