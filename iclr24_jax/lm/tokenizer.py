@@ -67,10 +67,23 @@ class Tokenizer:
     return int(i)
 
   def id_to_token(self, i: int) -> str:
+    """The token string of an id (None when the id is outside the vocabulary, as the backend returns)."""
     return self.backend.id_to_token(int(i))
 
   def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-    """Token ids of one text (special tokens written in the text, e.g. '<|im_start|>', are recognised)."""
+    """Token ids of one text (special tokens written in the text, e.g. '<|im_start|>', are recognised).
+
+    Args:
+      text: the text (a str).
+      add_bos: prepend BOS (None: the tokenizer's `add_bos`).
+
+    Returns:
+      list of int ids.
+
+    Raises:
+      TypeError: text is not a str.
+      ValueError: BOS requested but the tokenizer has no bos_id.
+    """
     if not isinstance(text, str):
       raise TypeError(f"encode expects a str, got {type(text).__name__}.")
     ids = self.backend.encode(text, add_special_tokens=False).ids
@@ -105,17 +118,46 @@ class Tokenizer:
 
   def pad(self, seqs: Sequence[Sequence[int]], max_len: int | None = None, padding: str = "right",
           truncation: str = "left", pad_to_multiple: int = 1, min_len: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Pads lists of ids into arrays (see `encode_batch` for the arguments)."""
+    """Pads lists of ids into arrays (see `encode_batch` for the arguments).
+
+    Args:
+      seqs: B lists of int ids.
+      max_len: pad / truncate to this length (None: the longest, rounded up to pad_to_multiple).
+      padding: 'right' or 'left'.
+      truncation: 'left' (keep the end) or 'right' (keep the start).
+      pad_to_multiple: round the padded length up to a multiple of this (only when max_len is None).
+      min_len: the smallest padded length (only when max_len is None).
+
+    Returns:
+      ids [B, T] int32 (pad_id at padding) and mask [B, T] bool.
+    """
     return pad_sequences(seqs, self.pad_id, max_len=max_len, padding=padding, truncation=truncation,
                          pad_to_multiple=pad_to_multiple, min_len=min_len)
 
   def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
-    """Text of a sequence of ids (numpy/jax arrays accepted)."""
+    """Text of a sequence of ids (numpy/jax arrays accepted).
+
+    Args:
+      ids: ids of any shape (flattened).
+      skip_special_tokens: drop special tokens from the text.
+
+    Returns:
+      the decoded str.
+    """
     return self.backend.decode([int(i) for i in np.asarray(ids).reshape(-1)],
                                skip_special_tokens=skip_special_tokens)
 
   def decode_batch(self, ids: Any, mask: Any = None, skip_special_tokens: bool = True) -> list[str]:
-    """Decodes [B, T] ids, keeping only positions where mask is true (all if None)."""
+    """Decodes [B, T] ids, keeping only positions where mask is true (all if None).
+
+    Args:
+      ids: [B, T] int ids.
+      mask: optional [B, T] bool, True at the tokens to decode.
+      skip_special_tokens: drop special tokens from the text.
+
+    Returns:
+      B strings.
+    """
     ids = np.asarray(ids)
     mask = np.ones(ids.shape, bool) if mask is None else np.asarray(mask, bool)
     return [self.decode(row[m], skip_special_tokens) for row, m in zip(ids, mask)]
@@ -155,6 +197,7 @@ class Tokenizer:
 
   @classmethod
   def from_dict(cls, d: dict) -> "Tokenizer":
+    """The inverse of `to_dict`: a Tokenizer from its JSON-serialisable dict."""
     d = dict(d)
     return cls(backend=tokenizers.Tokenizer.from_str(d.pop("backend")), **d)
 
@@ -166,6 +209,7 @@ class Tokenizer:
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> "Tokenizer":
+    """A Tokenizer from a JSON file written by `save`."""
     with open(path) as f:
       return cls.from_dict(json.load(f))
 
