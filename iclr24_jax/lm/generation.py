@@ -354,7 +354,23 @@ class Generator:
   def generate_ids(self, prompts: Sequence[str], max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                    top_p: float = 1.0, seed: int = 0,
                    logit_bias: Mapping[int, float] | None = None) -> list[list[int]]:
-    """Generated token ids per prompt (stop token excluded)."""
+    """Generated token ids per prompt (stop token excluded).
+
+    Args:
+      prompts: N prompt strings (a list; chat-wrapped when the Generator has chat=True).
+      max_new_tokens: tokens generated at most per prompt.
+      temperature: 0 = greedy, else sampling temperature.
+      top_k: keep the k most likely tokens (0: all).
+      top_p: nucleus threshold (1.0: all).
+      seed: sampling seed (each batch uses fold_in(key(seed), index of its first prompt)).
+      logit_bias: optional {token id: additive bias}.
+
+    Returns:
+      N lists of int ids.
+
+    Raises:
+      TypeError: prompts is a single str.
+    """
     if isinstance(prompts, str):
       raise TypeError("Generator expects a list of prompts, got one str; wrap it in a list.")
     fn = self._fn(int(max_new_tokens), float(temperature), int(top_k), float(top_p), logit_bias is not None)

@@ -85,7 +85,18 @@ class WordTokenizer:
 
   @classmethod
   def build(cls, texts: Sequence[str], min_count: int = 1) -> "WordTokenizer":
-    """Vocabulary of every word occurring >= min_count times in `texts` (most frequent first, ties by name)."""
+    """Vocabulary of every word occurring >= min_count times in `texts` (most frequent first, ties by name).
+
+    Args:
+      texts: strings (a list, not one str); words are lower-cased `split` tokens.
+      min_count: the fewest occurrences a word needs.
+
+    Returns:
+      WordTokenizer (ids 0-3 are <pad>, <sot>, <eot>, <unk>; words follow).
+
+    Raises:
+      TypeError: texts is a single str.
+    """
     if isinstance(texts, str):
       raise TypeError("WordTokenizer.build expects a list of strings, got one str; wrap it in a list.")
     counts = collections.Counter(w for t in texts for w in cls.split(t))
@@ -94,6 +105,7 @@ class WordTokenizer:
 
   @staticmethod
   def split(text: str) -> list[str]:
+    """The lower-cased word tokens of a text (the module's word regex)."""
     return _WORD.findall(text.lower())
 
   @property
@@ -107,7 +119,15 @@ class WordTokenizer:
   def encode(self, texts: Sequence[str], max_len: int) -> np.ndarray:
     """Token ids [N, max_len] int32: <sot> words... <eot>, right-padded with 0; long texts are cut and keep <eot>.
 
+    Args:
+      texts: N strings (a list); unknown words map to <unk>.
+      max_len: row length (>= 3).
+
+    Returns:
+      numpy int32 [N, max_len].
+
     Raises:
+      TypeError: texts is a single str.
       ValueError: if max_len < 3 (no room for one word between the markers).
     """
     if isinstance(texts, str):
@@ -122,6 +142,7 @@ class WordTokenizer:
     return out
 
   def decode(self, ids: Sequence[int]) -> str:
+    """Text of one id sequence: its words joined by spaces (<pad>, <sot>, <eot> dropped; <unk> kept)."""
     names = self.SPECIALS + self.words
     return " ".join(names[i] for i in ids if i not in (self.PAD, self.SOT, self.EOT))
 
@@ -324,12 +345,30 @@ class CLIP(nn.Module):
     self.logit_scale = self.param("logit_scale", nn.initializers.constant(self.logit_scale_init), ())
 
   def encode_image(self, images: jax.Array, train: bool = False, normalize: bool = True) -> jax.Array:
-    """images [B, H, W, C] -> [B, D] (unit norm unless normalize=False)."""
+    """images [B, H, W, C] -> [B, D] (unit norm unless normalize=False).
+
+    Args:
+      images: [B, H, W, C] float32.
+      train: training mode of the tower (dropout / batch norm).
+      normalize: L2-normalise the embeddings.
+
+    Returns:
+      [B, D] float32.
+    """
     z = self.image_encoder(images, train=train)
     return l2_normalize(z) if normalize else z
 
   def encode_text(self, texts: jax.Array, train: bool = False, normalize: bool = True) -> jax.Array:
-    """texts [B, T] ids or [B, F] features -> [B, D] (unit norm unless normalize=False)."""
+    """texts [B, T] ids or [B, F] features -> [B, D] (unit norm unless normalize=False).
+
+    Args:
+      texts: [B, T] int32 token ids or [B, F] float32 features.
+      train: training mode of the tower.
+      normalize: L2-normalise the embeddings.
+
+    Returns:
+      [B, D] float32.
+    """
     z = self.text_encoder(texts, train=train)
     return l2_normalize(z) if normalize else z
 
