@@ -40,6 +40,7 @@ class Categorical:
     return jax.random.categorical(key, self.logits, axis=-1).astype(jnp.int32)
 
   def mode(self) -> jax.Array:
+    """The most likely action [...] (argmax of the logits), int32."""
     return jnp.argmax(self.logits, axis=-1).astype(jnp.int32)
 
   def log_prob(self, raw: jax.Array) -> jax.Array:
@@ -54,6 +55,7 @@ class Categorical:
     return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
   def to_env(self, raw: jax.Array) -> jax.Array:
+    """The environment action of a raw action: the index itself, [...]."""
     return raw
 
 
@@ -65,9 +67,11 @@ class Gaussian:
   log_std: jax.Array
 
   def sample(self, key: jax.Array) -> jax.Array:
+    """A raw action mean + std z, z ~ N(0, I): [..., A] of mean's shape and dtype."""
     return self.mean + jnp.exp(self.log_std) * jax.random.normal(key, self.mean.shape, self.mean.dtype)
 
   def mode(self) -> jax.Array:
+    """The mean [..., A] (the most likely raw action)."""
     return self.mean
 
   def log_prob(self, raw: jax.Array) -> jax.Array:
@@ -82,6 +86,7 @@ class Gaussian:
     return jnp.sum(log_std + 0.5 * (1.0 + LOG_2PI), axis=-1)
 
   def to_env(self, raw: jax.Array) -> jax.Array:
+    """The environment action of a raw action [..., A]: the raw action itself."""
     return raw
 
 
@@ -93,9 +98,11 @@ class ClippedGaussian(Gaussian):
   high: float = flax.struct.field(pytree_node=False, default=1.0)
 
   def mode(self) -> jax.Array:
+    """The mean [..., A] (raw; `to_env` clips it)."""
     return self.mean
 
   def to_env(self, raw: jax.Array) -> jax.Array:
+    """clip(raw, low, high) [..., A]: the action the environment sees."""
     return jnp.clip(raw, self.low, self.high)
 
 
@@ -109,6 +116,7 @@ class TanhGaussian(Gaussian):
   """a = tanh(u), u ~ N(mean, std); raw = u (pre-squash) so log-probs never need atanh."""
 
   def mode(self) -> jax.Array:
+    """The raw mode: the mean [..., A] (the env action is tanh(mean))."""
     return self.mean  # raw mode; the env action is tanh(mean)
 
   def log_prob(self, raw: jax.Array) -> jax.Array:
@@ -116,7 +124,15 @@ class TanhGaussian(Gaussian):
     return super().log_prob(raw) - jnp.sum(_log1m_tanh_sq(raw), axis=-1)
 
   def log_prob_action(self, action: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """log p(a) [...] for squashed actions a in (-1, 1) (e.g. from an offline data set); a is clipped by eps."""
+    """log p(a) [...] for squashed actions a in (-1, 1) (e.g. from an offline data set); a is clipped by eps.
+
+    Args:
+      action: [..., A] env actions in [-1, 1].
+      eps: actions are clipped to [-1 + eps, 1 - eps] before atanh.
+
+    Returns:
+      [...] log-densities of the squashed distribution.
+    """
     a = jnp.clip(action, -1.0 + eps, 1.0 - eps)
     return self.log_prob(jnp.arctanh(a))
 
@@ -130,6 +146,7 @@ class TanhGaussian(Gaussian):
     return super().entropy() + jnp.sum(_log1m_tanh_sq(u), axis=-1)
 
   def to_env(self, raw: jax.Array) -> jax.Array:
+    """tanh(raw) [..., A] in (-1, 1): the action the environment sees."""
     return jnp.tanh(raw)
 
 

@@ -114,9 +114,27 @@ class Env:
   reset_mode: str = "fresh"
 
   def reset_core(self, key: jax.Array) -> tuple[Any, jax.Array]:
+    """The subclass's reset: (core state, obs [*obs_shape]) of one fresh environment (no time limit or statistics).
+
+    Args:
+      key: a typed PRNG key.
+
+    Returns:
+      (core pytree, obs [*obs_shape]) (obs is cast to float32 by `reset`).
+    """
     raise NotImplementedError
 
   def step_core(self, key: jax.Array, core: Any, action: jax.Array) -> tuple[Any, jax.Array, jax.Array, jax.Array]:
+    """The subclass's transition: one step of one environment from its core state (no time limit or auto-reset).
+
+    Args:
+      key: a typed PRNG key.
+      core: the core state pytree.
+      action: [] int for discrete envs, [action_dim] float otherwise.
+
+    Returns:
+      (next core, obs [*obs_shape], reward [], terminated [] bool).
+    """
     raise NotImplementedError
 
   # --- the shared layer -------------------------------------------------------------------------------------
@@ -177,11 +195,28 @@ class Env:
     return new_state, ts
 
   def reset_batch(self, key: jax.Array, num_envs: int) -> EnvState:
-    """`num_envs` independent resets -> EnvState with leading axis [num_envs]."""
+    """`num_envs` independent resets -> EnvState with leading axis [num_envs].
+
+    Args:
+      key: a typed PRNG key (split into num_envs keys).
+      num_envs: N.
+
+    Returns:
+      EnvState with leaves [N, ...] (obs [N, *obs_shape]).
+    """
     return jax.vmap(self.reset)(jax.random.split(key, num_envs))
 
   def step_batch(self, key: jax.Array, state: EnvState, action: jax.Array) -> tuple[EnvState, TimeStep]:
-    """Steps a batch of environments [num_envs, ...] with independent keys."""
+    """Steps a batch of environments [num_envs, ...] with independent keys.
+
+    Args:
+      key: a typed PRNG key (split into N keys).
+      state: EnvState with leaves [N, ...].
+      action: [N] int (discrete) or [N, action_dim] float.
+
+    Returns:
+      (next EnvState, TimeStep) with leaves [N, ...].
+    """
     n = state.step_count.shape[0]
     return jax.vmap(self.step)(jax.random.split(key, n), state, action)
 
