@@ -185,20 +185,26 @@ class PointMaze(Env):
     return pos, vel
 
   def reward(self, pos: jax.Array, goal: jax.Array) -> jax.Array:
+    """Reward at positions pos [..., 2] for goals goal [..., 2]: 'sparse' 1[||pos - goal|| <= goal_radius], else
+    exp(-||pos - goal||); float32 [...].
+    """
     d = jnp.linalg.norm(pos - goal, axis=-1)
     if self.reward_kind == "sparse":
       return (d <= self.goal_radius).astype(jnp.float32)
     return jnp.exp(-d)
 
   def observe(self, st: MazeState) -> jax.Array:
+    """The observation [4] (or [6] with goal_in_obs): position, velocity (and goal) of a MazeState."""
     parts = [st.pos, st.vel] + ([st.goal] if self.goal_in_obs else [])
     return jnp.concatenate(parts, axis=-1)
 
   def sample_cell(self, key: jax.Array) -> jax.Array:
+    """A uniformly drawn free cell [2] (row, col) of the layout."""
     return self.free_cells[jax.random.randint(key, (), 0, self.free_cells.shape[0])]
 
   # --- Env interface ----------------------------------------------------------------------------------------
   def reset_core(self, key):
+    """Env.reset_core: a start cell (fixed or random) plus uniform noise in [-0.1, 0.1], zero velocity, the goal."""
     k_start, k_goal, k_noise = jax.random.split(key, 3)
     goal = self.sample_cell(k_goal) if self.random_goal else jnp.asarray(self.goal_cell)
     start = self.sample_cell(k_start) if self.random_start else jnp.asarray(self.start_cell)
@@ -207,6 +213,8 @@ class PointMaze(Env):
     return st, self.observe(st)
 
   def step_core(self, key, core, action):
+    """Env.step_core: point-mass dynamics under the action [2]; terminated on reaching the goal when
+    terminate_on_goal."""
     del key
     pos, vel = self.dynamics(core.pos, core.vel, action)
     st = core.replace(pos=pos, vel=vel)

@@ -135,9 +135,11 @@ class ActorCritic(nn.Module):
     return self.policy(obs), self.value(obs)
 
   def pi(self, obs: jax.Array):
+    """The policy's action distribution at obs [B, ...] (a distributions.* pytree with batch shape [B])."""
     return self.policy(obs)
 
   def v(self, obs: jax.Array) -> jax.Array:
+    """The value estimates [B] at obs [B, ...]."""
     return self.value(obs)
 
 

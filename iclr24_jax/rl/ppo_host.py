@@ -51,6 +51,16 @@ class GymnasiumVecEnv:
     self.episode_length = np.zeros(num_envs, np.int64)
 
   def reset(self, seed: int | None = None):
+    """Resets every game; returns obs [N, *obs_shape] float32.
+
+    Game i gets seed + i on the first reset (or when `seed` is given); later resets continue the games' streams.
+
+    Args:
+      seed: optional base seed overriding the constructor's.
+
+    Returns:
+      numpy float32 [N, *obs_shape].
+    """
     s = self.seed if seed is None else seed
     obs, _ = self.venv.reset(seed=[s + i for i in range(self.num_envs)] if (self._first or seed is not None)
                              else None)
@@ -60,6 +70,16 @@ class GymnasiumVecEnv:
     return np.asarray(obs, np.float32)
 
   def step(self, actions):
+    """Steps all N games (same-step auto-reset) with actions [N].
+
+    Args:
+      actions: [N] int actions.
+
+    Returns:
+      (obs [N, ...] float32 (the reset observation where a game ended), reward [N] float32, terminated [N] bool,
+      truncated [N] bool, info dict with final_obs [N, ...] (pre-reset), episode_return [N] and episode_length
+      [N] (non-zero only where a game ended)).
+    """
     obs, r, term, trunc, info = self.venv.step(np.asarray(actions))
     obs = np.asarray(obs, np.float32)
     done = np.asarray(term) | np.asarray(trunc)
@@ -76,6 +96,7 @@ class GymnasiumVecEnv:
     return obs, np.asarray(r, np.float32), np.asarray(term, bool), np.asarray(trunc, bool), info
 
   def close(self):
+    """Closes the underlying gymnasium vector environment."""
     self.venv.close()
 
 
@@ -127,6 +148,10 @@ class HostPPO:
 
   def collect(self, state: TrainState, key: jax.Array) -> dict:
     """Steps the host environments `rollout_steps` times with the current policy.
+
+    Args:
+      state: TrainState of the ActorCritic.
+      key: PRNG key (step t uses fold_in(key, t)).
 
     Returns:
       batch dict of numpy arrays [T, N, ...]: obs, next_obs, action, log_prob, value, next_value (V of the
@@ -185,7 +210,19 @@ class HostPPO:
     return state, jax.tree.map(jnp.mean, m)
 
   def learn(self, state: TrainState, batch: dict, key: jax.Array) -> tuple[TrainState, dict]:
-    """Applies the reward hook, then one PPO update on a collected batch. Returns (state, metrics)."""
+    """Applies the reward hook, then one PPO update on a collected batch. Returns (state, metrics).
+
+    Args:
+      state: TrainState of the ActorCritic.
+      batch: `collect` output ([T, N, ...] arrays).
+      key: PRNG key of the minibatch permutations and losses.
+
+    Returns:
+      (new TrainState, metrics dict of floats incl. extrinsic_reward, hook_reward, episodes, episode_return).
+
+    Raises:
+      ValueError: the reward hook returned a shape other than [T, N].
+    """
     rewards = batch["reward"]
     if self.reward_hook is not None:
       rewards = np.asarray(self.reward_hook(batch), np.float32)
@@ -203,7 +240,17 @@ class HostPPO:
 
   def train(self, state: TrainState, num_updates: int, key: jax.Array,
             log_fn: Callable[[int, dict], None] | None = None) -> tuple[TrainState, list[dict]]:
-    """`num_updates` rounds of collect + learn; update u uses fold_in(key, u). Returns (state, metric rows)."""
+    """`num_updates` rounds of collect + learn; update u uses fold_in(key, u). Returns (state, metric rows).
+
+    Args:
+      state: TrainState of the ActorCritic.
+      num_updates: rounds of collect + learn.
+      key: PRNG key.
+      log_fn: optional callback log_fn(update (1-based), metrics) after each round.
+
+    Returns:
+      (final TrainState, list of metric dicts with 'update' and 'env_steps' added).
+    """
     history = []
     for u in range(num_updates):
       k = jax.random.fold_in(key, u)
