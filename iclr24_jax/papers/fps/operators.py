@@ -61,11 +61,13 @@ class LinearOperator:
 
   # -- pytree --------------------------------------------------------------------------------------
   def tree_flatten(self):
+    """Pytree flattening: (array leaves of `_leaf_fields`, static aux of `_aux_fields`)."""
     return (tuple(getattr(self, f) for f in self._leaf_fields),
             tuple(getattr(self, f) for f in self._aux_fields))
 
   @classmethod
   def tree_unflatten(cls, aux, leaves):
+    """Pytree unflattening: rebuilds the operator from aux and leaves without running __init__."""
     obj = object.__new__(cls)
     for f, val in zip(cls._leaf_fields, leaves):
       setattr(obj, f, val)
@@ -98,21 +100,27 @@ class LinearOperator:
     raise NotImplementedError
 
   def forward(self, x: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+    """A x: x [..., *x_shape] -> y [..., *y_shape]."""
     raise NotImplementedError
 
   def adjoint(self, y: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+    """A^T y: y [..., *y_shape] -> [..., *x_shape]."""
     raise NotImplementedError
 
   def vt(self, x: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+    """V^T x: x [..., *x_shape] -> spectral coordinates [..., n] (the first r pair with the singular values)."""
     raise NotImplementedError
 
   def v(self, xs: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+    """V xs: spectral coordinates [..., n] -> [..., *x_shape] (inverse of `vt`)."""
     raise NotImplementedError
 
   def ut(self, y: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+    """U^T y: y [..., *y_shape] -> measurement-space coordinates [..., m] (m = y_size)."""
     raise NotImplementedError
 
   def u(self, ys: jax.Array) -> jax.Array:  # pragma: no cover - abstract
+    """U ys: measurement-space coordinates [..., m] -> [..., *y_shape] (inverse of `ut` on the measurement space)."""
     raise NotImplementedError
 
   # -- generic -------------------------------------------------------------------------------------
@@ -137,7 +145,16 @@ class LinearOperator:
     return self.u(self.ut(z))
 
   def measure(self, key: jax.Array, x: jax.Array, sigma: float) -> jax.Array:
-    """y = A x + sigma n with n white in the measurement space [..., *y_shape]."""
+    """y = A x + sigma n with n white in the measurement space [..., *y_shape].
+
+    Args:
+      key: PRNG key of the noise.
+      x: [..., *x_shape] clean signals.
+      sigma: noise std.
+
+    Returns:
+      y [..., *y_shape] float32.
+    """
     z = jax.random.normal(key, tuple(x.shape[:x.ndim - len(self.x_shape)]) + tuple(self.y_shape), jnp.float32)
     return self.forward(x) + sigma * self.project_noise(z)
 
@@ -147,7 +164,15 @@ class LinearOperator:
     return self.forward(eye).reshape(self.x_size, -1).T
 
   def pseudo_inverse(self, y: jax.Array, rcond: float = 1e-3) -> jax.Array:
-    """A^+ y through the SVD (singular values below rcond * max(s) are dropped) [..., *x_shape]."""
+    """A^+ y through the SVD (singular values below rcond * max(s) are dropped) [..., *x_shape].
+
+    Args:
+      y: [..., *y_shape] measurements.
+      rcond: relative cutoff on the singular values.
+
+    Returns:
+      [..., *x_shape] least-squares, minimum-norm reconstruction.
+    """
     ys = self.ut(y)
     s = self.singular_values
     keep = s > rcond * jnp.max(s)
@@ -205,32 +230,47 @@ class Inpainting(LinearOperator):
     return jnp.ones((self.num_observed,), jnp.float32)
 
   def forward(self, x):
+    """A x: x [..., *x_shape] -> y [..., *y_shape]."""
     self._batch(x, self.x_shape, "x")
     return self.mask * x
 
   def adjoint(self, y):
+    """A^T y: y [..., *y_shape] -> [..., *x_shape]."""
     self._batch(y, self.y_shape, "y")
     return self.mask * y
 
   def vt(self, x):
+    """V^T x: x [..., *x_shape] -> spectral coordinates [..., n] (the first r pair with the singular values)."""
     b = self._batch(x, self.x_shape, "x")
     return jnp.take(x.reshape(b + (-1,)), self.perm, axis=-1)
 
   def v(self, xs):
+    """V xs: spectral coordinates [..., n] -> [..., *x_shape] (inverse of `vt`)."""
     b = xs.shape[:-1]
     return jnp.take(xs, self.inv_perm, axis=-1).reshape(b + self.x_shape)
 
   def ut(self, y):
+    """U^T y: y [..., *y_shape] -> measurement-space coordinates [..., m] (m = y_size)."""
     b = self._batch(y, self.y_shape, "y")
     return jnp.take(y.reshape(b + (-1,)), self.perm[:self.num_observed], axis=-1)
 
   def u(self, ys):
+    """U ys: measurement-space coordinates [..., m] -> [..., *y_shape] (inverse of `ut` on the measurement space)."""
     b = ys.shape[:-1]
     pad = jnp.zeros(b + (self.x_size - self.num_observed,), ys.dtype)
     return jnp.take(jnp.concatenate([ys, pad], -1), self.inv_perm, axis=-1).reshape(b + self.y_shape)
 
   def measure(self, key, x, sigma):
-    """y = mask * (x + sigma n): noise only on observed pixels."""
+    """y = mask * (x + sigma n): noise only on observed pixels.
+
+    Args:
+      key: PRNG key of the noise.
+      x: [..., *x_shape] clean images.
+      sigma: noise std.
+
+    Returns:
+      y [..., *x_shape] (zero at masked pixels).
+    """
     z = jax.random.normal(key, x.shape, jnp.float32)
     return self.mask * (x + sigma * z)
 
@@ -310,20 +350,24 @@ class SuperResolution(LinearOperator):
     return x.reshape(b + self.x_shape)
 
   def forward(self, x):
+    """A x: x [..., *x_shape] -> y [..., *y_shape]."""
     return jnp.mean(self._blocks(x), -1).reshape(x.shape[:x.ndim - len(self.x_shape)] + self.y_shape)
 
   def adjoint(self, y):
+    """A^T y: y [..., *y_shape] -> [..., *x_shape]."""
     b = self._batch(y, self.y_shape, "y")
     yb = y.reshape(b + self.y_shape[:2] + (self._c, 1))
     return self._unblocks(jnp.broadcast_to(yb, yb.shape[:-1] + (self.factor ** 2,)) / self.factor ** 2, b)
 
   def vt(self, x):
+    """V^T x: x [..., *x_shape] -> spectral coordinates [..., n] (the first r pair with the singular values)."""
     b = x.shape[:x.ndim - len(self.x_shape)]
     coef = self._blocks(x) @ self.basis                          # [..., Hb, Wb, C, f^2]
     coef = jnp.moveaxis(coef, -1, len(b))                        # [..., f^2, Hb, Wb, C]: mean coords first
     return coef.reshape(b + (-1,))
 
   def v(self, xs):
+    """V xs: spectral coordinates [..., n] -> [..., *x_shape] (inverse of `vt`)."""
     b = xs.shape[:-1]
     hb, wb = self.y_shape[:2]
     coef = xs.reshape(b + (self.factor ** 2, hb, wb, self._c))
@@ -331,10 +375,12 @@ class SuperResolution(LinearOperator):
     return self._unblocks(coef @ self.basis.T, b)
 
   def ut(self, y):
+    """U^T y: y [..., *y_shape] -> measurement-space coordinates [..., m] (m = y_size)."""
     b = self._batch(y, self.y_shape, "y")
     return y.reshape(b + (-1,))
 
   def u(self, ys):
+    """U ys: measurement-space coordinates [..., m] -> [..., *y_shape] (inverse of `ut` on the measurement space)."""
     return ys.reshape(ys.shape[:-1] + self.y_shape)
 
 
@@ -459,30 +505,36 @@ class CircularBlur(LinearOperator):
     return self._bcast(ph)
 
   def forward(self, x):
+    """A x: x [..., *x_shape] -> y [..., *y_shape]."""
     self._batch(x, self.x_shape, "x")
     xf = jnp.fft.fft2(x, axes=self._axes)
     return jnp.real(jnp.fft.ifft2(self._bcast(self.kernel_fft) * xf, axes=self._axes)).astype(jnp.float32)
 
   def adjoint(self, y):
+    """A^T y: y [..., *y_shape] -> [..., *x_shape]."""
     self._batch(y, self.y_shape, "y")
     yf = jnp.fft.fft2(y, axes=self._axes)
     return jnp.real(jnp.fft.ifft2(jnp.conj(self._bcast(self.kernel_fft)) * yf, axes=self._axes)).astype(jnp.float32)
 
   def vt(self, x):
+    """V^H x = F x: x [..., *x_shape] -> complex64 Fourier coordinates [..., n] (unitary 2-D DFT)."""
     b = self._batch(x, self.x_shape, "x")
     return jnp.fft.fft2(x, axes=self._axes, norm="ortho").reshape(b + (-1,))
 
   def v(self, xs):
+    """V xs: complex Fourier coordinates [..., n] -> real part of the inverse DFT [..., *x_shape], float32."""
     b = xs.shape[:-1]
     x = jnp.fft.ifft2(xs.reshape(b + self.x_shape), axes=self._axes, norm="ortho")
     return jnp.real(x).astype(jnp.float32)
 
   def ut(self, y):
+    """U^H y = conj(phase) F y: y [..., *y_shape] -> complex64 coordinates [..., m] (m = y_size)."""
     b = self._batch(y, self.y_shape, "y")
     yf = jnp.fft.fft2(y, axes=self._axes, norm="ortho")
     return (jnp.conj(self._phase) * yf).reshape(b + (-1,))
 
   def u(self, ys):
+    """U ys: complex coordinates [..., m] -> real part of F^H (phase ys) [..., *y_shape], float32."""
     b = ys.shape[:-1]
     y = jnp.fft.ifft2(self._phase * ys.reshape(b + self.y_shape), axes=self._axes, norm="ortho")
     return jnp.real(y).astype(jnp.float32)
@@ -555,28 +607,35 @@ class Dense(LinearOperator):
     return self.s
 
   def forward(self, x):
+    """A x: x [..., *x_shape] -> y [..., *y_shape]."""
     self._batch(x, self.x_shape, "x")
     return x @ self.a.T
 
   def adjoint(self, y):
+    """A^T y: y [..., *y_shape] -> [..., *x_shape]."""
     self._batch(y, self.y_shape, "y")
     return y @ self.a
 
   def vt(self, x):
+    """V^T x: x [..., *x_shape] -> spectral coordinates [..., n] (the first r pair with the singular values)."""
     self._batch(x, self.x_shape, "x")
     return x @ self.v_mat
 
   def v(self, xs):
+    """V xs: spectral coordinates [..., n] -> [..., *x_shape] (inverse of `vt`)."""
     return xs @ self.v_mat.T
 
   def ut(self, y):
+    """U^T y: y [..., *y_shape] -> measurement-space coordinates [..., m] (m = y_size)."""
     self._batch(y, self.y_shape, "y")
     return y @ self.u_mat
 
   def u(self, ys):
+    """U ys: measurement-space coordinates [..., m] -> [..., *y_shape] (inverse of `ut` on the measurement space)."""
     return ys @ self.u_mat.T
 
   def matrix(self) -> jax.Array:
+    """The matrix A [m, n] itself (float32)."""
     return self.a
 
 
