@@ -13,6 +13,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.paper = "safeguards"
   c.seed = 0
+  c.num_seeds = 3            # reproduction: seeds (detectors, data draw / split) each comparison is judged on
   # The synthetic generator of the official code (scripts/generate_synthetic_datasets.py): 100,000 rows,
   # x ~ Bern(0.7)^5, concepts = noisy parities of feature triples, y ~ Bern(sigmoid(c0 + 2 c1 + 3 c2 - 2)).
   c.data = ml_collections.ConfigDict(dict(name="synthetic", data_dir="", num_samples=100_000, seed=0,
@@ -33,6 +34,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.baseline = ml_collections.ConfigDict(dict(enabled=True, num_steps=1000,
                                               model=ml_collections.ConfigDict(dict(name="mlp", hidden=(100,)))))
   c.log_every = 100
+  c.steps_per_call = 50      # detector steps per compiled call (one lax.scan chunk); log_every is a multiple
   c.eval_every = 0
   c.checkpoint_every = 0
   c.save_checkpoints = True    # False: train without orbax checkpoints (metrics.jsonl is still written)
@@ -44,6 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_steps = 60
     c.baseline.num_steps = 60
     c.log_every = 20
+    c.steps_per_call = 20
     c.safeguard.budget_fractions = (0.0, 0.5, 1.0)
     c.safeguard.num_random_seeds = 2
     c.data.num_samples = 2000

@@ -299,6 +299,27 @@ def test_clear_errors():
     cfg_mod.get_config("cub")
 
 
+def test_global_budget_hand_example():
+  # scores [3 instances, 2 concepts]; instance 2 is not abstained.
+  scores = jnp.array([[0.9, 0.1], [0.8, 0.7], [5.0, 5.0]])
+  abstain = jnp.array([True, True, False])
+  # global, total 3: the three best abstained pairs overall are (0,0) 0.9, (1,0) 0.8, (1,1) 0.7
+  np.testing.assert_array_equal(sg.select_top_global(scores, abstain, 3), [[1, 0], [1, 1], [0, 0]])
+  # per concept, 1 + 2 = 3 too, but concept 0 may take only one: (0,0); concept 1 takes (1,1) and (0,1)
+  np.testing.assert_array_equal(sg.select_top_per_concept(scores, abstain, jnp.array([1, 2])), [[1, 1], [0, 1], [0, 0]])
+  # confirm(budget_mode='global') spends sum(budget_per_concept) = 2 in one order: (0,0) 0.9 and (1,0) 0.8
+  p = jnp.array([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5]], jnp.float32)
+  m = sg.select_top_global(scores, abstain, 100)       # more budget than pairs: every abstained pair once
+  assert int(m.sum()) == 4 and not bool(m[2].any())
+  params = _front_end(2)
+  g = sg.confirm(p, params, abstain, 1, budget_mode="global")
+  assert int(g.sum()) == 2 and not bool(g[2].any())
+  with pytest.raises(ValueError, match="budget_mode"):
+    sg.confirm(p, params, abstain, 1, budget_mode="total")
+  with pytest.raises(ValueError, match="total_budget"):
+    sg.select_top_global(scores, abstain, -1)
+
+
 # --------------------------------------------------------------------------------------------- smoke run
 def test_run_tiny(tmp_path):
   from iclr24_jax.configs import safeguards as cfg_mod
@@ -316,3 +337,8 @@ def test_run_tiny(tmp_path):
   np.testing.assert_allclose(curve["variance"]["coverage"][-1], curve["random"]["coverage"][-1], rtol=1e-6)
   assert all(c >= curve["variance"]["coverage"][0] - 1e-6 for c in curve["random"]["coverage"])
   assert 0.5 <= res["tau"] <= 1.0 and "selective_x" in saved
+  # the global budget: same total confirmations; at a full budget it confirms everything too
+  glob = saved["curve_global"]
+  assert glob["budget_mode"] == "global"
+  np.testing.assert_allclose(glob["variance"]["coverage"][0], curve["variance"]["coverage"][0], rtol=1e-6)
+  np.testing.assert_allclose(glob["variance"]["coverage"][-1], curve["variance"]["coverage"][-1], rtol=1e-6)

@@ -15,7 +15,7 @@ from iclr24_jax.papers.safeguards.propagation import (assignments, concept_outco
                                                       propagate_exact, propagate_mc)
 from iclr24_jax.papers.safeguards.safeguard import (abstain_mask, apply_confirmation, choose_threshold, confidence,
                                                     confirm, confirmation_scores, coverage_accuracy,
-                                                    select_top_per_concept)
+                                                    select_top_global, select_top_per_concept)
 
 TITLE = "Classification with Conceptual Safeguards"
 URL = "https://arxiv.org/abs/2411.04342"
@@ -33,7 +33,7 @@ __all__ = [
     "propagate", "choose_threshold", "confirm", "coverage_accuracy",
     # propagation and confirmation building blocks
     "propagate_exact", "propagate_mc", "concept_outcomes", "logistic_front_end", "assignments",
-    "confirmation_scores", "select_top_per_concept", "apply_confirmation", "abstain_mask", "confidence",
+    "confirmation_scores", "select_top_per_concept", "select_top_global", "apply_confirmation", "abstain_mask", "confidence",
     # models
     "ConceptMLP", "create_detector", "detector_loss", "make_detector_train_step", "fit_front_end",
     "front_end_loss", "fit_calibration", "calibrated_probs",

@@ -1,8 +1,9 @@
 """Experiments of the conceptual safeguards paper: coverage vs confirmation budget at a target accuracy.
 
 run(config, workdir): trains calibrated concept detectors and the front end, picks the threshold on validation
-for each of `config.safeguard.target_accuracies`, and traces test coverage as the per-concept confirmation budget grows,
-for the variance-greedy and random policies; baselines: no confirmation, no propagation (hard concepts), and a
+for each of `config.safeguard.target_accuracies`, and traces test coverage as the confirmation budget grows, for the
+variance-greedy and random policies, under the per-concept budget and the official global budget (the same total
+number of confirmations in one greedy order over all pairs); baselines: no confirmation, no propagation (hard concepts), and a
 selective classifier trained directly on x. Writes metrics.jsonl (detector training), results.json and
 coverage_vs_budget.png.
 """
@@ -18,7 +19,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from iclr24_jax.common import bench
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
@@ -76,7 +76,8 @@ def train_detectors(config: Any, ds: sg_data.ConceptDataset, workdir: str | None
                             num_steps=config.num_steps, key=jax.random.key(config.seed),
                             workdir=workdir if save else None, mesh=mesh, log_every=config.log_every,
                             eval_every=config.eval_every, eval_fn=eval_fn, checkpoint_every=config.checkpoint_every,
-                            config=config, progress=progress, name="safeguards/detectors")
+                            config=config, progress=progress, name="safeguards/detectors",
+                            steps_per_call=int(config.get("steps_per_call", 1)))
   if workdir is not None and not save:   # no checkpoints: still leave the training curve in metrics.jsonl
     writer = metrics_lib.MetricWriter(workdir)
     for row in res.history:
@@ -111,11 +112,12 @@ def train_selective_baseline(config: Any, ds: sg_data.ConceptDataset, workdir: s
 
 
 # ----------------------------------------------------------------------------------------------- evaluation
-@functools.partial(jax.jit, static_argnames=("strategy", "method", "num_samples"))
+@functools.partial(jax.jit, static_argnames=("strategy", "method", "num_samples", "budget_mode"))
 def evaluate_budget(concept_probs: jax.Array, true_concepts: jax.Array, y: jax.Array, front_end_params: Any,
                     tau: jax.Array, budget_per_concept: jax.Array, key: jax.Array, strategy: str = "variance",
-                    method: str = "exact", num_samples: int = 1000) -> dict[str, jax.Array]:
-  """Coverage/accuracy after confirming concepts on abstained instances under a per-concept budget.
+                    method: str = "exact", num_samples: int = 1000, budget_mode: str = "per_concept"
+                    ) -> dict[str, jax.Array]:
+  """Coverage/accuracy after confirming concepts on abstained instances under a confirmation budget.
 
   Args:
     concept_probs: [B, K] calibrated concept probabilities.
@@ -127,6 +129,7 @@ def evaluate_budget(concept_probs: jax.Array, true_concepts: jax.Array, y: jax.A
     key: for 'random' and for 'mc'.
     strategy: 'variance' | 'random'.
     method, num_samples: propagation.
+    budget_mode: 'per_concept' or 'global' (sum of budget_per_concept in one greedy order; safeguard.confirm).
 
   Returns:
     dict(coverage, accuracy, num_covered, num_confirmed).
@@ -135,7 +138,7 @@ def evaluate_budget(concept_probs: jax.Array, true_concepts: jax.Array, y: jax.A
   y_bar = propagation.propagate(concept_probs, front_end_params, method, key_mc, num_samples)
   abstain = safeguard.abstain_mask(y_bar, tau)
   confirmed = safeguard.confirm(concept_probs, front_end_params, abstain, budget_per_concept, strategy,
-                                key_confirm, method, num_samples)
+                                key_confirm, method, num_samples, budget_mode=budget_mode)
   p_new = safeguard.apply_confirmation(concept_probs, confirmed, true_concepts)
   y_bar_new = propagation.propagate(p_new, front_end_params, method, key_mc, num_samples)
   out = safeguard.coverage_accuracy(y_bar_new, y, tau)
@@ -145,32 +148,42 @@ def evaluate_budget(concept_probs: jax.Array, true_concepts: jax.Array, y: jax.A
 
 def coverage_curve(concept_probs: np.ndarray, true_concepts: np.ndarray, y: np.ndarray, front_end_params: Any,
                    tau: float, budget_fractions, num_random_seeds: int = 5, seed: int = 0, method: str = "exact",
-                   num_samples: int = 1000) -> dict[str, Any]:
-  """Coverage and accuracy vs budget (fraction of the abstained test instances per concept).
+                   num_samples: int = 1000, budget_mode: str = "per_concept") -> dict[str, Any]:
+  """Coverage and accuracy vs budget (per concept: a fraction of the abstained test instances; 'global': the same
+  total number of confirmations, K times that, spent in one greedy order).
+
+  Args:
+    concept_probs: [B, K] calibrated test concept probabilities; true_concepts: [B, K]; y: [B].
+    front_end_params, tau: the safeguard.
+    budget_fractions: budgets as fractions of the abstained test instances (per concept).
+    num_random_seeds: draws of the random policy (averaged).
+    seed, method, num_samples: keys and propagation.
+    budget_mode: 'per_concept' or 'global'.
 
   Returns:
-    {'budget_fraction': [...], 'budget_per_concept': [...], 'variance': {'coverage': [...], 'accuracy': [...]},
+    {'budget_fraction': [...], 'budget_per_concept': [...], 'budget_mode': str,
+     'variance': {'coverage': [...], 'accuracy': [...]},
      'random': {'coverage': [...], 'coverage_std': [...], 'accuracy': [...]}, 'num_abstained': n}.
   """
   y_bar = _propagate(concept_probs, front_end_params, method, jax.random.key(seed), num_samples)
   num_abstained = int(jnp.sum(safeguard.abstain_mask(y_bar, tau)))
   k = concept_probs.shape[1]
   out = {"budget_fraction": [float(b) for b in budget_fractions], "budget_per_concept": [],
-         "variance": {"coverage": [], "accuracy": []},
+         "budget_mode": budget_mode, "variance": {"coverage": [], "accuracy": []},
          "random": {"coverage": [], "coverage_std": [], "accuracy": []}, "num_abstained": num_abstained}
   args = (jnp.asarray(concept_probs), jnp.asarray(true_concepts), jnp.asarray(y), front_end_params, jnp.float32(tau))
+  rand_keys = jnp.stack([jax.random.key(1000 + s) for s in range(num_random_seeds)])
+  # the random policy's draws in one vmapped call
+  random_eval = jax.vmap(evaluate_budget, in_axes=(None, None, None, None, None, None, 0, None, None, None, None))
   for frac in budget_fractions:
     budget = int(round(frac * num_abstained))
     out["budget_per_concept"].append(budget)
     b = jnp.full((k,), budget, jnp.int32)
-    r = jax.device_get(evaluate_budget(*args, b, jax.random.key(seed), "variance", method, num_samples))
+    r = jax.device_get(evaluate_budget(*args, b, jax.random.key(seed), "variance", method, num_samples, budget_mode))
     out["variance"]["coverage"].append(float(r["coverage"]))
     out["variance"]["accuracy"].append(float(r["accuracy"]))
-    covs, accs = [], []
-    for s in range(num_random_seeds):
-      r = jax.device_get(evaluate_budget(*args, b, jax.random.key(1000 + s), "random", method, num_samples))
-      covs.append(float(r["coverage"]))
-      accs.append(float(r["accuracy"]))
+    r = jax.device_get(random_eval(*args, b, rand_keys, "random", method, num_samples, budget_mode))
+    covs, accs = np.asarray(r["coverage"], np.float64), np.asarray(r["accuracy"], np.float64)
     out["random"]["coverage"].append(float(np.mean(covs)))
     out["random"]["coverage_std"].append(float(np.std(covs)))
     out["random"]["accuracy"].append(float(np.nanmean(accs)) if not np.all(np.isnan(accs)) else float("nan"))
@@ -207,7 +220,10 @@ def evaluate_target(config: Any, ds: sg_data.ConceptDataset, built: dict, target
   t0 = time.time()
   curve = coverage_curve(probs["test"], ds.test.c, ds.test.y, front, tau, sc.budget_fractions,
                          sc.num_random_seeds, config.seed, sc.method, sc.num_samples)
-  out = {"target_accuracy": float(target_accuracy), "tau": tau, "curve": curve, "curve_s": time.time() - t0,
+  curve_global = coverage_curve(probs["test"], ds.test.c, ds.test.y, front, tau, sc.budget_fractions,
+                                sc.num_random_seeds, config.seed, sc.method, sc.num_samples, budget_mode="global")
+  out = {"target_accuracy": float(target_accuracy), "tau": tau, "curve": curve, "curve_global": curve_global,
+         "curve_s": time.time() - t0,
          "val_at_tau": jax.device_get(_coverage_accuracy(y_bar["val"], ds.val.y, tau)),
          "test_at_tau": jax.device_get(_coverage_accuracy(y_bar["test"], ds.test.y, tau))}
   # Baseline: no propagation (predict from the thresholded concepts, threshold chosen the same way).
@@ -236,8 +252,16 @@ def _concept_metrics(probs: np.ndarray, c: np.ndarray) -> dict[str, float]:
           "concept_ece": float(ece)}
 
 
-def _plot(curves: dict[str, dict], path: str) -> str:
-  """Coverage vs confirmation budget, one panel per (data set, target accuracy)."""
+def plot_coverage(curves: dict[str, dict], path: str) -> str:
+  """Coverage vs confirmation budget, one panel per (data set, target accuracy).
+
+  Args:
+    curves: title -> a `coverage_curve` dict (optionally with 'global': the global-budget curve).
+    path: PNG path.
+
+  Returns:
+    The path written.
+  """
   n = len(curves)
   ncols = min(n, 2)
   fig, axes = metrics_lib.new_figure(ncols=ncols, nrows=-(-n // ncols), size=(4.8, 3.6))
@@ -247,6 +271,9 @@ def _plot(curves: dict[str, dict], path: str) -> str:
     xs = 100 * np.asarray(cv["budget_fraction"])
     ax.plot(xs, cv["variance"]["coverage"], "o-", label="variance-greedy confirmation")
     rc, rs = np.asarray(cv["random"]["coverage"]), np.asarray(cv["random"]["coverage_std"])
+    if "global" in cv:
+      ax.plot(xs, cv["global"]["variance"]["coverage"], "^--", color="C2",
+              label="variance-greedy, global budget (official)")
     ax.plot(xs, rc, "s-", label="random confirmation (mean, +-1 sd)")
     ax.fill_between(xs, rc - rs, rc + rs, alpha=0.2, color="C1")
     ax.axhline(cv["variance"]["coverage"][0], color="gray", ls="--", label="no confirmation")
@@ -291,110 +318,8 @@ def run(config: Any, workdir: str, progress: bool = True) -> dict:
       **main, "targets": per_target,
   }
   if jax.process_index() == 0:
-    results["plot"] = _plot({f"{ds.name}, target accuracy {t}": r["curve"] for t, r in per_target.items()},
+    results["plot"] = plot_coverage({f"{ds.name}, target accuracy {t}": {**r["curve"], "global": r["curve_global"]}
+                                     for t, r in per_target.items()},
                             os.path.join(workdir, "coverage_vs_budget.png"))
   metrics_lib.write_results(workdir, results)
   return results
-
-
-# ----------------------------------------------------------------------------------------------- reproduce
-def _interior_mean(curve: dict, policy: str) -> float:
-  fr = np.asarray(curve["budget_fraction"])
-  cov = np.asarray(curve[policy]["coverage"])
-  sel = (fr > 0) & (fr < 1)
-  return float(cov[sel].mean()) if sel.any() else float(cov.mean())
-
-
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Coverage vs confirmation budget on the synthetic data and on digits concepts, plus an MC check."""
-  from iclr24_jax.configs import safeguards as cfg_mod
-  rows, curves, plots = [], {}, []
-  variants = [("synthetic", "tiny" if fast else ""), ("digits", "digits_tiny" if fast else "digits")]
-  for label, variant in variants:
-    cfg = cfg_mod.get_config(variant)
-    if fast:   # smoke run: skip the second classifier
-      cfg.baseline.enabled = False
-    res = run(cfg, os.path.join(workdir, label), progress=False)
-    plots.append(res.get("plot"))
-    for t_name, tr in res["targets"].items():
-      cv = tr["curve"]
-      curves[f"{res['data']['name']}, target accuracy {t_name}"] = cv
-      none = cv["variance"]["coverage"][0]
-      var_m, rand_m = _interior_mean(cv, "variance"), _interior_mean(cv, "random")
-      budgets = ", ".join(f"{100 * b:.0f}%: {v:.3f}/{r:.3f}" for b, v, r in
-                          zip(cv["budget_fraction"], cv["variance"]["coverage"], cv["random"]["coverage"]))
-      rows.append({"paper": "safeguards", "experiment": f"{label}: coverage vs confirmation budget, target {t_name}",
-                   "metric": "test coverage, mean over budgets in (0, 100%), variance-greedy",
-                   "ours": var_m, "paper_value": "variance-greedy confirmation > random > no confirmation",
-                   "holds": None if fast else bool(var_m > rand_m > none),
-                   "notes": (f"random {rand_m:.3f}, no confirmation {none:.3f}; tau={tr['tau']:.3f}; "
-                             f"per-concept budget as % of the {cv['num_abstained']} abstained test instances "
-                             f"(variance/random): {budgets}"),
-                   "plots": [res.get("plot")]})
-    target = res["target_accuracy"]
-    cv = res["curve"]
-    none = cv["variance"]["coverage"][0]
-    full = cv["variance"]["accuracy"][-1]
-    rows.append({"paper": "safeguards", "experiment": f"{label}: accuracy at the threshold, target {target:g}",
-                 "metric": "test accuracy on covered instances, no confirmation",
-                 "ours": float(res["test_at_tau"]["accuracy"]),
-                 "paper_value": f"about the target {target:g} (tau is chosen on validation without confirmation)",
-                 "holds": None if fast else bool(res["test_at_tau"]["accuracy"] >= target - 0.02),
-                 "notes": (f"after confirming every concept of every abstained instance: {full:.3f}; the front end on "
-                           f"true concepts at the same tau: {res['true_concepts_at_tau']['accuracy']:.3f}. "
-                           "holds = within 0.02 of the target without confirmation")})
-    np_cov = res["no_propagation"]["coverage"]
-    rows.append({"paper": "safeguards", "experiment": f"{label}: uncertainty propagation, target {target:g}",
-                 "metric": "test coverage without confirmation (propagation)",
-                 "ours": none, "paper_value": "propagation >= no propagation (hard 0/1 concepts)",
-                 "holds": None if fast else bool(none >= np_cov),
-                 "notes": f"no propagation: coverage {np_cov:.3f}, accuracy {res['no_propagation']['accuracy']:.3f}"})
-    if "selective_x" in res:
-      sx = res["selective_x"]["coverage"]
-      rows.append({"paper": "safeguards", "experiment": f"{label}: selective classifier on x, target {target:g}",
-                   "metric": "test coverage of a classifier trained on x (no concepts)",
-                   "ours": float(sx), "paper_value": "reference baseline (no confirmation possible)", "holds": None,
-                   "notes": (f"accuracy {res['selective_x']['accuracy']:.3f}; safeguard: {none:.3f} without and "
-                             f"{max(cv['variance']['coverage']):.3f} with confirmation")})
-  combined = _plot(curves, os.path.join(workdir, "coverage_vs_budget.png"))
-  rows[0]["plots"] = [combined] + [p for p in plots if p]
-  # exact vs Monte Carlo propagation on random probabilities
-  rng = np.random.default_rng(0)
-  k = 8
-  p = rng.random((256, k)).astype(np.float32)
-  fe = {"w": jnp.asarray(rng.normal(size=k), jnp.float32), "b": jnp.float32(-0.5)}
-  exact = propagation.propagate_exact(p, fe)
-  mc, se = propagation.propagate_mc(p, fe, jax.random.key(0), 2000, return_stderr=True)
-  z = np.asarray((mc - exact) / se)
-  rows.append({"paper": "safeguards", "experiment": "exact vs Monte Carlo propagation (K=8, 2000 samples)",
-               "metric": "mean squared z-score (MC - exact) / stderr", "ours": float(np.mean(z ** 2)),
-               "paper_value": "~1 (MC is unbiased; exact is its limit)", "holds": bool(0.7 < np.mean(z ** 2) < 1.3),
-               "notes": f"max |z| {np.abs(z).max():.2f} over 256 instances"})
-  return rows
-
-
-# ----------------------------------------------------------------------------------------------- benchmark
-def benchmark(quick: bool = True) -> list[dict]:
-  """Propagation throughput (instances/s) exact vs Monte Carlo as K grows, on 1 and all devices."""
-  rows = []
-  rng = np.random.default_rng(0)
-  sizes = (4, 8, 12, 16, 20) if quick else (4, 8, 12, 16, 18, 20)
-  batch = 256
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    dat, rep = sharding.data_sharding(mesh), sharding.replicated_sharding(mesh)
-    for k in sizes:
-      if n_dev > 1 and k not in (8, 20):
-        continue
-      p = jax.device_put(rng.random((batch, k)).astype(np.float32), dat)
-      fe = jax.device_put({"w": jnp.asarray(rng.normal(size=k), jnp.float32), "b": jnp.float32(0.0)}, rep)
-      exact = jax.jit(lambda q, f: propagation.propagate_exact(q, f), in_shardings=(dat, rep), out_shardings=dat)
-      rows.append(bench.time_fn(exact, p, fe, repeats=3 if quick else 10, items=batch,
-                                name="safeguards/propagate_exact", size=f"K={k} ({2 ** k} assignments)",
-                                batch=batch, mesh_devices=n_dev, method="exact"))
-      mc = jax.jit(lambda q, f, key: propagation.propagate_mc(q, f, key, 1000), in_shardings=(dat, rep, rep),
-                   out_shardings=dat)
-      rows.append(bench.time_fn(mc, p, fe, jax.random.key(0), repeats=3 if quick else 10, items=batch,
-                                name="safeguards/propagate_mc", size=f"K={k} (1000 samples)", batch=batch,
-                                mesh_devices=n_dev, method="mc"))
-  return rows

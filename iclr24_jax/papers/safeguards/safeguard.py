@@ -12,12 +12,16 @@ the propagated prediction over the outcome of the confirmation, with the other c
 
 (f1_k / f0_k: y_bar with p_k set to 1 / 0), and confirms the highest-scoring pairs under the budget.
 
-Budget (Deviation, as the issue specifies): a per-concept budget B_k = how many abstained instances may have
-concept k confirmed. Pairs are not re-scored after each confirmation (neither are they in the official code), so
-greedy selection under per-concept budgets is "the B_k highest-scoring abstained instances of each concept".
-The official code instead spends one total budget with per-concept costs across all pairs in one global greedy
-order and, with `exhaust_intervention_budget`, spends the remainder on non-abstained instances; here only
-abstained instances are ever confirmed.
+Budget: two rules, `budget_mode=`
+  * 'per_concept' (the default here): B_k = how many abstained instances may have concept k confirmed; greedy
+    selection is "the B_k highest-scoring abstained instances of each concept".
+  * 'global' (the official code's rule): one total budget B = sum_k B_k (unit cost per confirmation, the
+    official default cost) spent in ONE greedy order over all (abstained instance, concept) pairs, so a concept
+    whose confirmations move predictions more can take more than its share.
+Pairs are not re-scored after each confirmation in either rule (neither are they in the official code).
+Deviation: with `exhaust_intervention_budget` the official code spends what is left on non-abstained
+instances; here only abstained instances are ever confirmed (a covered instance's prediction cannot gain
+coverage).
 """
 from __future__ import annotations
 
@@ -150,9 +154,38 @@ def select_top_per_concept(scores: jax.Array, abstain: jax.Array, budget_per_con
   return (ranks < budget[None, :]) & abstain[:, None]
 
 
+def select_top_global(scores: jax.Array, abstain: jax.Array, total_budget: Any) -> jax.Array:
+  """Marks the `total_budget` highest-scoring (abstained instance, concept) pairs in one global order.
+
+  The official confirmation budget (`intervention.py`): one greedy order over all pairs, unit cost each.
+
+  Args:
+    scores: [B, K] scores (higher = confirm first).
+    abstain: [B] bool abstention mask.
+    total_budget: scalar integer number of confirmations.
+
+  Returns:
+    [B, K] bool mask with min(total_budget, K * #abstained) entries, all on abstained rows.
+  """
+  num_rows, k = scores.shape
+  budget = jnp.asarray(total_budget)
+  if budget.ndim != 0:
+    raise ValueError(f"total_budget must be a scalar count; got shape {budget.shape}.")
+  if not isinstance(budget, jax.core.Tracer) and int(budget) < 0:
+    raise ValueError(f"total_budget must be >= 0; got {int(budget)}.")
+  flat = jnp.where(abstain[:, None], scores, -jnp.inf).reshape(-1)                # [B * K]
+  order = jnp.argsort(-flat, stable=True)
+  ranks = jnp.zeros((num_rows * k,), jnp.int32).at[order].set(jnp.arange(num_rows * k, dtype=jnp.int32))
+  return (ranks.reshape(num_rows, k) < budget.astype(jnp.int32)) & abstain[:, None]
+
+
+BUDGET_MODES = ("per_concept", "global")
+
+
 def confirm(concept_probs: jax.Array, front_end_params: Any, abstain_mask: jax.Array, budget_per_concept: Any,
             strategy: str = "variance", key: jax.Array | None = None, method: str = "exact",
-            num_samples: int = 1000, front_end_fn: propagation.FrontEndFn | None = None) -> jax.Array:
+            num_samples: int = 1000, front_end_fn: propagation.FrontEndFn | None = None,
+            budget_mode: str = "per_concept") -> jax.Array:
   """Chooses which (instance, concept) pairs a human confirms.
 
   Args:
@@ -165,10 +198,14 @@ def confirm(concept_probs: jax.Array, front_end_params: Any, abstain_mask: jax.A
     method: propagation used for the variance scores ('exact' or 'mc').
     num_samples: Monte Carlo samples when method='mc'.
     front_end_fn: front-end model (default logistic).
+    budget_mode: 'per_concept' (B_k confirmations of concept k) or 'global' (sum_k B_k confirmations in one
+      greedy order over all pairs, the official rule).
 
   Returns:
     [B, K] bool confirmation mask.
   """
+  if budget_mode not in BUDGET_MODES:
+    raise ValueError(f"unknown budget_mode '{budget_mode}'; choose one of {BUDGET_MODES}.")
   propagation.check_concept_probs(concept_probs)
   p = jnp.asarray(concept_probs)
   abstain = jnp.asarray(abstain_mask, bool)
@@ -182,6 +219,8 @@ def confirm(concept_probs: jax.Array, front_end_params: Any, abstain_mask: jax.A
     scores = jax.random.uniform(key, p.shape)
   else:
     raise ValueError(f"unknown confirmation strategy '{strategy}'; choose 'variance' or 'random'.")
+  if budget_mode == "global":
+    return select_top_global(scores, abstain, _per_concept_budget(budget_per_concept, p.shape[1]).sum())
   return select_top_per_concept(scores, abstain, budget_per_concept)
 
 
