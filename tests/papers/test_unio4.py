@@ -180,6 +180,46 @@ def test_offline_policy_evaluation_hand_values():
                                     jnp.zeros((2, 1)), 0)
 
 
+def test_ope_per_state_hand_values_and_paired_difference():
+  # Same rollouts as above: row 0 sums q = 0 + .5 + 1 = 1.5 over 3 alive states, row 1 sums 0.6 over 1.
+  q_sum, count = unio4.ope_per_state(jax.random.key(0), _LineModel(), lambda s: jnp.full_like(s, 0.5),
+                                     lambda s, a: s[:, 0], jnp.asarray([[0.0], [0.6]]), 3)
+  np.testing.assert_allclose(np.asarray(q_sum), [1.5, 0.6], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(count), [3.0, 1.0])
+  # Per-state scores 0.5 and 0.6 vs a behaviour policy scoring 0.2 and 0.5: d = (0.3, 0.1), mean 0.2,
+  # SE = std([0.3, 0.1], ddof=1) / sqrt(2) = 0.141421 / 1.414214 = 0.1.
+  mean, se = unio4.paired_ope_difference(q_sum, count, jnp.asarray([0.6, 0.5]), jnp.asarray([3.0, 1.0]))
+  np.testing.assert_allclose(float(mean), 0.2, rtol=1e-5)
+  np.testing.assert_allclose(float(se), 0.1, rtol=1e-5)
+  with pytest.raises(ValueError, match=">= 2 start states"):
+    unio4.paired_ope_difference(q_sum[:1], count[:1], q_sum[:1], count[:1])
+
+
+def test_paired_replace_rule_needs_a_win_beyond_z_standard_errors():
+  behaviour = {"w": jnp.asarray([[0.0], [1.0], [2.0]])}
+  candidate = {"w": jnp.asarray([[10.0], [11.0], [12.0]])}
+  # member 0 wins by 3 SE (accepted), member 1 by 1 SE (noise: kept), member 2 loses by 3 SE (kept).
+  new_beh, acc = unio4.replace_if_paired_better(behaviour, candidate, jnp.asarray([0.3, 0.1, -0.3]),
+                                                jnp.asarray([0.1, 0.1, 0.1]), z=2.0)
+  np.testing.assert_array_equal(np.asarray(acc), [True, False, False])
+  np.testing.assert_allclose(np.asarray(new_beh["w"])[:, 0], [10.0, 1.0, 2.0])
+  # The official rule would accept member 1 on the same numbers (any strictly higher score).
+  assert bool(unio4.replace_if_better(behaviour, candidate, jnp.zeros(3), jnp.asarray([0.3, 0.1, -0.3]))[2][1])
+
+
+def test_study_rank_correlation_and_accepted_margins():
+  from iclr24_jax.papers.unio4 import study
+  # OPE and returns in the same order at both checkpoints -> rho = 1; reversed -> -1. Step 0 counted once.
+  run = {"history": [{"step": 0, "ope": [1.0, 2.0], "ope_best": [1.0, 2.0], "accepted": []},
+                     {"step": 10, "ope": [3.0, 0.5], "ope_best": [3.0, 2.0], "accepted": [1, 0]}],
+         "env_returns": [(0, np.array([10.0, 20.0])), (10, np.array([30.0, 5.0]))]}
+  assert study.ope_rank_correlation([run, run]) == pytest.approx(1.0)
+  rev = {**run, "env_returns": [(0, np.array([20.0, 10.0])), (10, np.array([5.0, 30.0]))]}
+  assert study.ope_rank_correlation([rev]) == pytest.approx(-1.0)
+  # member 0 accepted at step 10 with 3.0 over its previous best 1.0 -> margin 2.0
+  assert study.accepted_margins(run) == [2.0]
+
+
 def _chain_dataset(episodes=40, length=10):
   """A deterministic chain: state t / length, one action (0), reward 1, terminal at the last step."""
   t = np.tile(np.arange(length), episodes)
@@ -358,6 +398,11 @@ def test_config_variants_and_errors():
   assert cfg_mod.get_config("inverted_pendulum_medium_replay").data.kind == "medium-replay"
   assert cfg_mod.get_config("random").data.kind == "random"
   assert cfg_mod.get_config("online").online.compare_scratch
+  assert c.improve.replace_rule == "best" and c.improve.paired_z == 2.0
+  r, f, t = cfg_mod.get_config("reproduce"), cfg_mod.get_config("reproduce_fast"), cfg_mod.get_config("tiny")
+  assert r.study.seeds == 3 and r.num_steps == 1000 and r.model.hidden == (256, 256) and r.online.compare_scratch
+  # the fast reproduction is the tiny sizes with a few more steps
+  assert f.model.hidden == t.model.hidden and f.dynamics.hidden == t.dynamics.hidden and f.num_steps == 40
   with pytest.raises(ValueError, match="unknown variant"):
     cfg_mod.get_config("walker")
   with pytest.raises(ValueError, match="critic.mode"):
@@ -367,10 +412,11 @@ def test_config_variants_and_errors():
                            0.1)
 
 
-def _run_tiny(tmp_path, full: bool):
+def _run_tiny(tmp_path, full: bool, replace_rule: str = "best"):
   from iclr24_jax.configs import unio4 as cfg_mod
   from iclr24_jax.papers.unio4 import experiment
   cfg = cfg_mod.get_config("tiny")
+  cfg.improve.replace_rule = replace_rule
   if not full:  # the brax programs (evaluation ~10 s, PPO ~15 s of CPU to compile) run in the slow test below
     cfg.online.num_steps = 0
     cfg.eval_episodes = 0
@@ -386,7 +432,10 @@ def _run_tiny(tmp_path, full: bool):
 
 
 def test_experiment_run_tiny(tmp_path):
-  _run_tiny(tmp_path, full=False)
+  _run_tiny(tmp_path, full=False, replace_rule="paired")
+  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+  checks = [r for r in rows if r.get("stage") == "improve"]
+  assert checks and all(len(r["paired_diff"]) == 4 and np.all(np.asarray(r["paired_se"]) >= 0) for r in checks)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ Official code: https://github.com/Lei-Kun/Uni-O4
 """
 from iclr24_jax.papers.unio4.algorithm import (FineTunePPO, evaluate_members, evaluation_program, get_env, improve,
                                                online_init, prepare_data, pretrain, run_offline, run_online,
-                                               two_learning_rate_optimizer)
+                                               score_policies, two_learning_rate_optimizer)
 from iclr24_jax.papers.unio4.bc import (bc_step, ensemble_bc_loss, fit_bc_ensemble, make_policy, members,
                                         pairwise_disagreement)
 from iclr24_jax.papers.unio4.critics import (Critics, CriticState, critic_step, expectile_loss, fit_value_functions,
@@ -23,11 +23,12 @@ from iclr24_jax.papers.unio4.data import OfflineData, discounted_returns, frozen
 from iclr24_jax.papers.unio4.dynamics import (TERMINATIONS, Dynamics, dynamics_loss, termination_for_env,
                                               train_dynamics)
 from iclr24_jax.papers.unio4.improvement import (advantage_weights, asymmetric_clipped_objective, normalize_advantage,
-                                                 offline_ppo_loss, offline_ppo_step, policy_improvement_loss,
-                                                 replace_if_better, select_policy)
+                                                 offline_ppo_loss, offline_ppo_step, paired_ope_difference,
+                                                 policy_improvement_loss, replace_if_better, replace_if_paired_better,
+                                                 select_policy)
 from iclr24_jax.papers.unio4.model import (DynamicsMember, GaussianPolicy, QNetwork, ensemble_size, init_ensemble,
                                            policy_from_params, stack_trees, unstack_tree)
-from iclr24_jax.papers.unio4.ope import offline_policy_evaluation
+from iclr24_jax.papers.unio4.ope import offline_policy_evaluation, ope_per_state
 
 TITLE = "Uni-O4: Unifying Online and Offline Deep Reinforcement Learning with Multi-Step On-Policy Optimization"
 URL = "https://arxiv.org/abs/2311.03351"
@@ -53,5 +54,6 @@ __all__ = [
     "termination_for_env", "normalize_advantage", "advantage_weights", "asymmetric_clipped_objective",
     "policy_improvement_loss", "offline_ppo_loss", "replace_if_better", "select_policy", "pretrain", "improve",
     "prepare_data", "online_init", "FineTunePPO", "two_learning_rate_optimizer", "evaluation_program",
-    "evaluate_members", "get_env", "TITLE", "URL", "CODE", "BIBTEX",
+    "evaluate_members", "get_env", "ope_per_state", "paired_ope_difference", "replace_if_paired_better",
+    "score_policies", "TITLE", "URL", "CODE", "BIBTEX",
 ]

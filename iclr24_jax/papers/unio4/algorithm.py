@@ -24,7 +24,7 @@ from iclr24_jax.papers.unio4 import critics as critics_lib
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4 import dynamics as dyn_lib
 from iclr24_jax.papers.unio4 import improvement
-from iclr24_jax.papers.unio4.ope import offline_policy_evaluation
+from iclr24_jax.papers.unio4.ope import ope_per_state
 from iclr24_jax.rl import envs as envs_lib
 from iclr24_jax.rl import networks, normalization, ppo
 from iclr24_jax.rl import rollout as rollout_lib
@@ -114,6 +114,11 @@ def improvement_optimizer(config: Any) -> optax.GradientTransformation:
   return optim.make_optimizer(config.optimizer, int(config.num_steps))
 
 
+# The improvement settings that shape the compiled programs (the replacement rule and the evaluation schedule do
+# not, so a one-step, a multi-step and a paired-rule run share every compilation).
+_PROGRAM_KEYS = ("batch_size", "ope_batch", "ope_horizon", "clip_eps", "omega")
+
+
 @functools.lru_cache(maxsize=16)
 def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple, num_steps: int, obs_dim: int,
                       act_dim: int, obs_clip: float):
@@ -139,24 +144,63 @@ def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple
     state, m = jax.lax.scan(body, state, None, length=n)
     return state, jax.tree.map(lambda x: jnp.mean(x, axis=0), m)
 
-  @jax.jit
-  def ope(params, data, critics, dynamics, key):
+  def per_state(params, data, critics, dynamics, key):
+    """(q_sum, count) [K, B] of every member, all on the same start states and model noise."""
     k_states, k_roll = jax.random.split(key)
     states = data_lib.sample(k_states, data, ope_batch)["observations"]
 
     def one(p):
       act = lambda s: jnp.clip(policy.apply({"params": p}, data_lib.normalize_obs(data.obs_stats, s, obs_clip)).mean,
                                -1.0, 1.0)
-      return offline_policy_evaluation(k_roll, dynamics, act, critics.q, states, horizon)
+      return ope_per_state(k_roll, dynamics, act, critics.q, states, horizon)
 
     return jax.vmap(one)(params)
+
+  def score(q_sum, count):
+    return jnp.sum(q_sum, -1) / jnp.maximum(jnp.sum(count, -1), 1.0)
+
+  @jax.jit
+  def ope(params, data, critics, dynamics, key):
+    return score(*per_state(params, data, critics, dynamics, key))
 
   @jax.jit
   def replace(state, best, scores):
     beh, best, accept = improvement.replace_if_better(state.extra["behaviour"], state.params, best, scores)
     return state.replace(extra={"behaviour": beh}), best, accept
 
-  return policy, init, chunk, ope, replace
+  @jax.jit
+  def replace_paired(state, data, critics, dynamics, key, z):
+    cand = per_state(state.params, data, critics, dynamics, key)
+    beh = per_state(state.extra["behaviour"], data, critics, dynamics, key)
+    mean, se = improvement.paired_ope_difference(*cand, *beh)
+    new_beh, accept = improvement.replace_if_paired_better(state.extra["behaviour"], state.params, mean, se, z)
+    return state.replace(extra={"behaviour": new_beh}), score(*cand), accept, mean, se
+
+  return policy, init, chunk, ope, replace, replace_paired
+
+
+def _programs(config: Any, data: data_lib.OfflineData):
+  icfg = config.improve
+  frozen_imp = common.freeze({k: icfg[k] for k in _PROGRAM_KEYS})
+  return _improve_programs(common.freeze(config.model), common.freeze(config.optimizer), frozen_imp,
+                           int(config.num_steps), data.obs_dim, data.action_dim, float(config.obs_clip))
+
+
+def score_policies(config: Any, pre: dict, data: data_lib.OfflineData, params: Any, key: jax.Array) -> np.ndarray:
+  """The OPE score of every member of stacked `params` [K, ...] (same start states and model noise for all).
+
+  Args:
+    config: the unio4 config (improve.ope_batch, improve.ope_horizon, ...).
+    pre: output of `pretrain` (critics, dynamics).
+    data: OfflineData.
+    params: stacked policy params [K, ...].
+    key: PRNG key (start states and model noise).
+
+  Returns:
+    [K] scores.
+  """
+  ope = _programs(config, data)[3]
+  return np.asarray(ope(params, data, pre["critics"], pre["dynamics"], key))
 
 
 def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, replace: bool | None = None,
@@ -164,7 +208,10 @@ def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, 
   """Offline multi-step policy improvement of the BC ensemble with OPE-gated behaviour replacement.
 
   Args:
-    config: the unio4 config (num_steps, optimizer, improve.*).
+    config: the unio4 config (num_steps, optimizer, improve.*). `improve.replace_rule` picks the gate:
+      'best' (the official rule: the candidate's OPE score beats the best score so far, each from its own draw of
+      start states) or 'paired' (the candidate beats the current behaviour policy, both scored on the same states
+      and model noise, by more than `improve.paired_z` standard errors; `improvement.replace_if_paired_better`).
     pre: output of `pretrain`.
     data: OfflineData.
     key: PRNG key.
@@ -178,12 +225,14 @@ def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, 
   """
   icfg = config.improve
   replace = bool(icfg.replace) if replace is None else bool(replace)
+  rule = str(_get(icfg, "replace_rule", "best"))
+  if rule not in ("best", "paired"):
+    raise ValueError(f"unio4: improve.replace_rule must be 'best' or 'paired', got '{rule}'.")
+  z = float(_get(icfg, "paired_z", 2.0))
   num_steps, every = int(config.num_steps), int(icfg.eval_every)
   if every < 1 or num_steps < 1:
     raise ValueError(f"unio4: num_steps ({num_steps}) and improve.eval_every ({every}) must be >= 1.")
-  policy, init, chunk, ope, repl = _improve_programs(
-      common.freeze(config.model), common.freeze(config.optimizer), common.freeze(icfg), num_steps, data.obs_dim,
-      data.action_dim, float(config.obs_clip))
+  policy, init, chunk, ope, repl, repl_paired = _programs(config, data)
   critics, dynamics = pre["critics"], pre["dynamics"]
   k_train, k_ope = jax.random.split(key)
   state = init(pre["bc_params"])
@@ -200,17 +249,24 @@ def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, 
     n = min(every, num_steps - done)
     state, m = chunk(state, data, critics, k_train, n)
     done += n
-    last = ope(state.params, data, critics, dynamics, jax.random.fold_in(k_ope, done))
-    accepted = np.zeros(len(np.asarray(last)), bool)
-    if replace:
-      state, best, acc = repl(state, best, last)
-      accepted = np.asarray(acc)
-      total_acc += int(accepted.sum())
+    k_check = jax.random.fold_in(k_ope, done)
+    extra = {}
+    if replace and rule == "paired":
+      state, last, acc, d_mean, d_se = repl_paired(state, data, critics, dynamics, k_check, z)
+      best = jnp.where(acc, last, best)
+      extra = {"paired_diff": np.asarray(d_mean).tolist(), "paired_se": np.asarray(d_se).tolist()}
+    else:
+      last = ope(state.params, data, critics, dynamics, k_check)
+      acc = None
+      if replace:
+        state, best, acc = repl(state, best, last)
+    accepted = np.zeros(len(np.asarray(last)), bool) if acc is None else np.asarray(acc)
+    total_acc += int(accepted.sum())
     m = jax.device_get(m)
     row = {"step": done, "ope": np.asarray(last).tolist(), "ope_best": np.asarray(best).tolist(),
            "accepted": accepted.astype(int).tolist(), "replacements": total_acc,
            "loss": float(np.mean(m["loss"])), "approx_kl": float(np.mean(m["approx_kl"])),
-           "clip_fraction": float(np.mean(m["clip_fraction"]))}
+           "clip_fraction": float(np.mean(m["clip_fraction"])), **extra}
     if evaluate_fn is not None and ((env_every and done % env_every == 0) or done == num_steps):
       env_returns.append((done, np.asarray(evaluate_fn(state.params))))
       row["env_return_mean"] = float(np.mean(env_returns[-1][1]))

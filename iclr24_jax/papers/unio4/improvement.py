@@ -132,6 +132,50 @@ def replace_if_better(behaviour_params: Any, candidate_params: Any, best_scores:
   return jax.tree.map(pick, behaviour_params, candidate_params), new_best, accept
 
 
+def paired_ope_difference(candidate_q_sum: jax.Array, candidate_count: jax.Array, behaviour_q_sum: jax.Array,
+                          behaviour_count: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Mean and standard error over start states of candidate minus behaviour per-state OPE scores.
+
+  Both policies are scored from the same start states with the same model noise (`ope.ope_per_state` with one
+  key), so the per-state differences pair them and their spread is the OPE's own noise.
+
+  Args:
+    candidate_q_sum, candidate_count, behaviour_q_sum, behaviour_count: [..., B] from `ope.ope_per_state`.
+
+  Returns:
+    (mean [...], se [...]) of d_b = q_sum_c / count_c - q_sum_b / count_b over the last axis (ddof = 1).
+  """
+  d = candidate_q_sum / jnp.maximum(candidate_count, 1.0) - behaviour_q_sum / jnp.maximum(behaviour_count, 1.0)
+  n = d.shape[-1]
+  if n < 2:
+    raise ValueError(f"paired_ope_difference needs >= 2 start states, got {n}.")
+  return jnp.mean(d, -1), jnp.std(d, -1, ddof=1) / jnp.sqrt(n)
+
+
+def replace_if_paired_better(behaviour_params: Any, candidate_params: Any, diff_mean: jax.Array, diff_se: jax.Array,
+                             z: float = 2.0) -> tuple[Any, jax.Array]:
+  """The paired replacement rule (a flag beside the official "replace if better"): per member, the behaviour
+  policy becomes the candidate only when the candidate beats the *current* behaviour policy, both scored on the
+  same states and model noise, by more than `z` standard errors of the paired per-state difference.
+
+  Deviation: not in the paper or the official code (they compare the candidate's score with the best score seen
+  so far, each from its own draw of states, so a replacement can be accepted on OPE noise alone).
+
+  Args:
+    behaviour_params, candidate_params: stacked [K, ...]; diff_mean, diff_se: [K] (`paired_ope_difference`).
+    z: standard errors the mean difference must exceed.
+
+  Returns:
+    (new behaviour params, accepted [K] bool).
+  """
+  diff_mean, diff_se = jnp.asarray(diff_mean), jnp.asarray(diff_se)
+  if diff_mean.shape != diff_se.shape:
+    raise ValueError(f"replace_if_paired_better: shapes differ: {diff_mean.shape} vs {diff_se.shape}.")
+  accept = diff_mean > z * diff_se
+  pick = lambda b, c: jnp.where(accept.reshape(accept.shape + (1,) * (c.ndim - accept.ndim)), c, b)
+  return jax.tree.map(pick, behaviour_params, candidate_params), accept
+
+
 def select_policy(ope_scores: Sequence[float], eval_returns: Sequence[float] | None = None, top_k: int = 3) -> int:
   """The policy handed to online fine-tuning (official ppo_finetune `load_pi_value`): among the `top_k` members by
   OPE score, the one with the highest (small-budget) evaluation return; by OPE alone when no returns are given.
