@@ -85,7 +85,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
             notes=(f"budget = share of the abstained test instances per concept (global: the same total number of "
                    f"confirmations in one greedy order over all pairs); seed 0 {rule} curve (variance/random): "
                    f"{_curve_text(trs[0][key])}; tau per seed {taus}"),
-            plots=[res0.get("plot")]))
+            plots=[]))
       var = [interior_mean(t["curve"], "variance") for t in trs]
       none = [t["curve"]["variance"]["coverage"][0] for t in trs]
       rows.append(stats.compare_row(
