@@ -279,17 +279,44 @@ class Judge:
     self.model, self.state, self.test_accuracy, self.real_features = model, state, test_accuracy, real_features
 
   def logits_features(self, images: np.ndarray):
+    """Judge logits [N, 10] and penultimate features [N, F] of images [N, S, S, 1] in [-1, 1] (mapped to [0, 1])."""
     from iclr24_jax.vision import classify
     x = np.clip((np.asarray(images, np.float32) + 1.0) / 2.0, 0.0, 1.0)
     return classify.predict(self.model, self.state, x, return_features=True)
 
   def score(self, images: np.ndarray, labels: np.ndarray, key: jax.Array | None = None) -> dict[str, float]:
+    """Accuracy of the judge on requested labels plus the feature sliced W2 (and its floor) of generated images.
+
+    Args:
+      images: [N, S, S, 1] samples in [-1, 1].
+      labels: [N] int requested digits.
+      key: PRNG key of the sliced W2 (None: key(0)).
+
+    Returns:
+      {'accuracy', 'feature_sw', 'feature_sw_floor'} floats.
+
+    Raises:
+      ValueError: N larger than half the held-out real digits.
+    """
     logits, feats = self.logits_features(images)
     out = {"accuracy": float(np.mean(logits.argmax(-1) == labels))}
     out.update(self.feature_sw(feats, key if key is not None else jax.random.key(0)))
     return out
 
   def feature_sw(self, feats: np.ndarray, key: jax.Array) -> dict[str, float]:
+    """Sliced W2 of features [N, F] to held-out real features, with its data-vs-data floor
+    (`diffusion.metrics.sliced_wasserstein_vs_data`).
+
+    Args:
+      feats: [N, F] penultimate features of the samples.
+      key: PRNG key (reference draws and projections).
+
+    Returns:
+      {'feature_sw', 'feature_sw_floor'} floats.
+
+    Raises:
+      ValueError: N larger than half the held-out real digits.
+    """
     real = jnp.asarray(self.real_features)
     n = feats.shape[0]
     if n > real.shape[0] // 2:

@@ -137,13 +137,20 @@ class AnnotationCache:
 
   @staticmethod
   def key(judge: str, task: str, caption_1: str, caption_2: str) -> str:
+    """The cache key of one annotation: SHA-1 hex digest of [judge, task, caption_1, caption_2]."""
     payload = json.dumps([judge, task, caption_1, caption_2])
     return hashlib.sha1(payload.encode("utf-8")).hexdigest()
 
   def get(self, key: str) -> dict | None:
+    """The cached record under `key` (see `AnnotationCache.key`), or None."""
     return self.records.get(key)
 
   def put_many(self, recs: Iterable[dict]) -> None:
+    """Adds records (each with its 'key') in memory and appends them to the JSONL file (one line each).
+
+    Args:
+      recs: annotation record dicts with a 'key' entry.
+    """
     recs = list(recs)
     for r in recs:
       self.records[r["key"]] = r
@@ -273,7 +280,15 @@ class LogprobJudge:
     self.calls = 0
 
   def margins(self, pairs: Sequence[tuple[str, str]], task: str) -> np.ndarray:
-    """[N] debiased log-odds that the first caption of each pair is better."""
+    """[N] debiased log-odds that the first caption of each pair is better.
+
+    Args:
+      pairs: N (caption_1, caption_2) string pairs.
+      task: the task description in the annotation prompt.
+
+    Returns:
+      float64 [N] margins (> 0 favours caption_1).
+    """
     # Deviation: the official samples a chain-of-thought answer and parses it (GenerateJudge); a 135M model's
     # answers are constant, so the default reads the answer's log-probabilities in both orders instead.
     ab = chat_prompts(self.tok, [annotation_prompt(a, b, task) for a, b in pairs], system=self.system)

@@ -143,6 +143,9 @@ class CaptionedGridWorld(Env):
     return jax.nn.one_hot(rc[0] * self.width + rc[1], self.height * self.width, dtype=jnp.float32)
 
   def observe(self, s: GridState) -> jax.Array:
+    """Observation [3 h w + 4] float32: one-hot agent, key (zero once held) and goal cells, then has_key, door_open,
+    caption / NUM_CAPTIONS and the caption's episode count / max_episode_steps.
+    """
     key_oh = self._onehot_cell(s.key) * (1.0 - s.has_key.astype(jnp.float32))
     count = s.counts[s.caption]
     return jnp.concatenate([self._onehot_cell(s.pos), key_oh, self._onehot_cell(s.goal),
@@ -151,6 +154,7 @@ class CaptionedGridWorld(Env):
                                        count.astype(jnp.float32) / self.spec.max_episode_steps])])
 
   def reset_core(self, key):
+    """Env.reset_core: agent and key on distinct random left-room cells, goal on a random right-room cell."""
     k_agent, k_key, k_goal = jax.random.split(key, 3)
     n, rw = self.room_w * self.height, self.room_w
     a = jax.random.randint(k_agent, (), 0, n)                   # left room cell
@@ -163,6 +167,9 @@ class CaptionedGridWorld(Env):
     return s, self.observe(s)
 
   def step_core(self, key, s: GridState, action):
+    """Env.step_core: moves the agent by action [] int (0-3), handles key / door / goal events; returns
+    (state, obs [3 h w + 4], extrinsic reward [], terminated []); see the class docstring for the rules.
+    """
     k_noise, k_pick, k_var = jax.random.split(key, 3)
     target = s.pos + jnp.asarray(MOVES)[action]
     outside = (target[0] < 0) | (target[0] >= self.height) | (target[1] < 0) | (target[1] >= self.width)
