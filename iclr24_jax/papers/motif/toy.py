@@ -167,8 +167,10 @@ class CaptionedGridWorld(Env):
     return s, self.observe(s)
 
   def step_core(self, key, s: GridState, action):
-    """Env.step_core: moves the agent by action [] int (0-3), handles key / door / goal events; returns
-    (state, obs [3 h w + 4], extrinsic reward [], terminated []); see the class docstring for the rules.
+    """Env.step_core: moves the agent by action [] int (0-3); edges, the wall and the locked door block it,
+    the key is picked up on its cell and opens the door; the step's caption (event + random variant) and its
+    count are recorded. Returns (state, obs [3 h w + 4], reward [] = 1.0 on the goal else 0, terminated [] =
+    goal reached).
     """
     k_noise, k_pick, k_var = jax.random.split(key, 3)
     target = s.pos + jnp.asarray(MOVES)[action]
