@@ -137,6 +137,7 @@ class ScoreCache:
     return len(self.data)
 
   def get(self, key: str):
+    """The cached record under `key` (a `ScoreCache.key` digest), or None."""
     return self.data.get(key)
 
   def put_many(self, items: dict[str, Any]) -> None:
@@ -263,7 +264,16 @@ class SmolLMScorer:
     return {"option_logprobs": out_lp, "hidden_last": out_last, "hidden_mean": out_mean}
 
   def generate_answers(self, histories: Sequence[str], replies: Sequence[str], max_new_tokens: int = 4) -> list:
-    """Greedy answers to every feature prompt (the 'parse' mode): [M][13] strings."""
+    """Greedy answers to every feature prompt (the 'parse' mode): [M][13] strings.
+
+    Args:
+      histories: M conversation histories.
+      replies: M replies (paired with the histories).
+      max_new_tokens: tokens generated per answer.
+
+    Returns:
+      M lists of 13 answer strings (one per feature, in feat.FEATURES order).
+    """
     from iclr24_jax import lm
     gen = lm.Generator(self.params, self.config, self.tokenizer, chat=False, batch_size=8)
     prompts = [a + b for h, r in zip(histories, replies) for f in feat.FEATURES
@@ -307,7 +317,16 @@ class FakeScorer:
     return np.array([np.log1p(len(words)), reply.count("?"), refuse, overlap])
 
   def score(self, histories: Sequence[str], replies: Sequence[str]) -> dict[str, np.ndarray]:
-    """Same contract as `SmolLMScorer.score`."""
+    """Same contract as `SmolLMScorer.score`.
+
+    Args:
+      histories: M conversation histories.
+      replies: M replies.
+
+    Returns:
+      {'option_logprobs': [M, 13, 10] (peaked at a hashed score in 1..10), 'hidden_last' and 'hidden_mean':
+      [M, dim] the same hashed bag-of-words embedding}.
+    """
     m = len(replies)
     lp = np.zeros((m, len(feat.FEATURES), 10))
     emb = np.zeros((m, self.dim))
@@ -323,6 +342,9 @@ class FakeScorer:
     return {"option_logprobs": lp, "hidden_last": emb, "hidden_mean": emb}
 
   def generate_answers(self, histories, replies, max_new_tokens: int = 4) -> list:
+    """Same contract as `SmolLMScorer.generate_answers`: [M][13] strings, the argmax option ('1'..'10') or 'n/a'
+    for about 5% of the (feature, reply) pairs (hash-chosen).
+    """
     lp = self.score(histories, replies)["option_logprobs"]
     out = []
     for i in range(len(replies)):

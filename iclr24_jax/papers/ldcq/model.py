@@ -151,7 +151,15 @@ class SkillVAE(nn.Module):
     return jnp.concatenate(acts, -1)
 
   def terminal(self, s0: jax.Array, z: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """p(s_H | s_0, z): (mean, std) [..., D]."""
+    """p(s_H | s_0, z): (mean, std) [..., D].
+
+    Args:
+      s0: [..., D] segment start states.
+      z: [..., Z] skill latents.
+
+    Returns:
+      (mean [..., D], std [..., D]) of the terminal state.
+    """
     return self.terminal_net(jnp.concatenate([s0, z], -1))
 
   def __call__(self, states, actions):

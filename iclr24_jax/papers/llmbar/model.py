@@ -111,6 +111,15 @@ class FakeJudge(lm.FakeJudge):
     super().__init__(seed=seed, model_id=model_id, preference=preference, noise=noise)
 
   def answer(self, prompt: str, kind: str) -> str:
+    """A deterministic canned answer of `kind` for a prompt (hash of seed and prompt picks '(a)' or '(b)').
+
+    Args:
+      prompt: the judge prompt.
+      kind: 'metrics', 'reference', 'cot', 'rating' or anything else (a plain 'Output (a)' / 'Output (b)').
+
+    Returns:
+      the answer text.
+    """
     h = stable_hash(self.seed, prompt)
     ab = "a" if h % 2 == 0 else "b"
     if kind == "metrics":
