@@ -308,13 +308,23 @@ class FakeJudge:
     self.calls: list[tuple[str, int, int]] = []  # (kind, number of prompts, max_new_tokens or -1 for scoring)
 
   def decoding_settings(self, kind: str) -> dict:
+    """The cache settings of a generation call of `kind` ({'kind': kind}: answers depend on nothing else)."""
     return {"kind": kind}
 
   def scoring_settings(self) -> dict:
+    """The cache settings of scoring calls: the noise scale and the preference function's name."""
     return {"noise": self.noise, "preference": getattr(self.preference, "__name__", None)}
 
   def answer(self, prompt: str, kind: str) -> str:
-    """The text answer for one prompt (override for a task's formats)."""
+    """The text answer for one prompt (override for a task's formats).
+
+    Args:
+      prompt: the prompt text.
+      kind: the call kind (unused here; subclasses answer per kind).
+
+    Returns:
+      one of `choices` picked by a hash of (seed, prompt), or 'answer <hash % 997>'.
+    """
     h = stable_hash(self.seed, prompt)
     if self.choices:
       return self.choices[h % len(self.choices)]
@@ -328,7 +338,20 @@ class FakeJudge:
   def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str], batch_size: int | None = None,
                       answer_prefixes: Sequence[str] | None = None) -> np.ndarray:
     """[P, O] log-probabilities (each row log-normalised over the options); an answer prefix is appended to
-    its prompt before hashing and before `preference` sees it."""
+    its prompt before hashing and before `preference` sees it.
+
+    Args:
+      prompts: P prompt strings.
+      options: O option strings (at least one).
+      batch_size: ignored (the LM judges' signature).
+      answer_prefixes: optional P strings appended to the prompts.
+
+    Returns:
+      float64 [P, O]: preference(p, o) + noise * hashed N(0, 1), log-softmaxed over the options.
+
+    Raises:
+      ValueError: no options, or a prefix count other than P.
+    """
     prompts = _check_prompts(prompts)
     if answer_prefixes is not None:
       if len(answer_prefixes) != len(prompts):
@@ -365,6 +388,16 @@ class ConstantJudge:
 
   def choice_logprobs(self, prompts: Sequence[str], options: Sequence[str], batch_size: int | None = None,
                       answer_prefixes: Sequence[str] | None = None) -> np.ndarray:
-    """[P, O]: 0 where the option is the constant answer, `other_logprob` elsewhere (prefixes ignored)."""
+    """[P, O]: 0 where the option is the constant answer, `other_logprob` elsewhere (prefixes ignored).
+
+    Args:
+      prompts: P prompt strings.
+      options: O option strings.
+      batch_size: ignored.
+      answer_prefixes: ignored.
+
+    Returns:
+      float64 [P, O] (rows are not normalised).
+    """
     row = np.array([0.0 if o == self.answer else self.other_logprob for o in options], np.float64)
     return np.tile(row, (len(_check_prompts(prompts)), 1))

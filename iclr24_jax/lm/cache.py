@@ -113,7 +113,13 @@ class GenerationCache:
       os.fsync(f.fileno())
 
   def put(self, key: str, value: Any, meta: Mapping[str, Any] | None = None) -> None:
-    """Stores one value (see `put_many`)."""
+    """Stores one value (see `put_many`).
+
+    Args:
+      key: the cache key.
+      value: a str, or a list of finite floats.
+      meta: extra fields written beside the record (not read back).
+    """
     self.put_many({key: value}, meta)
 
 

@@ -103,6 +103,7 @@ class LlamaConfig:
     return self.num_heads // self.num_kv_heads
 
   def replace(self, **changes) -> "LlamaConfig":
+    """A copy of the config with the given fields changed (`dataclasses.replace`)."""
     return dataclasses.replace(self, **changes)
 
 
