@@ -65,10 +65,14 @@ class GymnaxEnv(Env):
                           low, high, max_episode_steps=limit)
 
   def reset_core(self, key):
+    """Env.reset_core: gymnax's reset_env -> (gymnax state, obs [*obs_shape])."""
     obs, st = self.env.reset_env(key, self.params)
     return st, obs
 
   def step_core(self, key, core, action):
+    """Env.step_core: gymnax's step_env (no auto-reset) -> (state, obs, reward [], terminated []); a continuous
+    action [1] is squeezed for scalar action spaces.
+    """
     if not self.spec.discrete and self.env.action_space(self.params).shape == ():
       action = action[..., 0]
     obs, st, reward, terminated, _ = self.env.step_env(key, core, action, self.params)
@@ -106,10 +110,14 @@ class BraxEnv(Env):
                         -1.0, 1.0, max_episode_steps=max_episode_steps)
 
   def reset_core(self, key):
+    """Env.reset_core: brax's reset -> (brax State, obs [observation_size])."""
     st = self.env.reset(key)
     return st, st.obs
 
   def step_core(self, key, core, action):
+    """Env.step_core: brax's step on a copy of the state (deterministic; key unused) -> (State, obs, reward [],
+    terminated [] = brax's done).
+    """
     del key  # brax dynamics are deterministic
     # brax's envs update `state.metrics` in place (hopper writes Python floats into it): step on a copy.
     core = core.replace(metrics=dict(core.metrics), info=dict(core.info))

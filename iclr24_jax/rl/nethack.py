@@ -173,6 +173,7 @@ class NetHackVecEnv:
     return obs, reward, term, trunc, info
 
   def close(self) -> None:
+    """Closes the underlying gymnasium vector environment of the NetHack games."""
     self.venv.close()
 
   def __enter__(self):

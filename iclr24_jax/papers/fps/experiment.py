@@ -126,7 +126,16 @@ class PosteriorSummary:
     self.cov = np.asarray(gmm.covariance(), np.float64)
 
   def draws(self, key: jax.Array, num: int, n: int) -> list[np.ndarray]:
-    """`num` independent exact draws [n, D] (the library's `GaussianMixture.sample`)."""
+    """`num` independent exact draws [n, D] (the library's `GaussianMixture.sample`).
+
+    Args:
+      key: PRNG key (split into num keys).
+      num: number of draws.
+      n: points per draw.
+
+    Returns:
+      list of num float64 numpy arrays [n, D].
+    """
     return [np.asarray(self.gmm.sample(k, n), np.float64) for k in jax.random.split(key, num)]
 
 
