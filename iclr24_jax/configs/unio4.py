@@ -103,6 +103,19 @@ def _reproduction(c: ml_collections.ConfigDict, fast: bool) -> None:
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+  """The Uni-O4 config: brax inverted_pendulum 'medium' data with the official hyper-parameters by default.
+
+  Args:
+    arg: '' (the default), 'tiny', '<env>_<kind>' (env in ENVS, kind in KINDS, e.g. 'hopper_medium'),
+      'random', 'online' (offline then online fine-tuning, PPO from scratch beside it), 'reproduce' or
+      'reproduce_fast' (the study's CPU-scale settings); None means ''.
+
+  Returns:
+    ml_collections.ConfigDict.
+
+  Raises:
+    ValueError: unknown variant.
+  """
   arg = arg or ""
   if arg not in VARIANTS:
     raise ValueError(f"unknown variant '{arg}' for configs/unio4.py; choose one of {list(VARIANTS)}.")
