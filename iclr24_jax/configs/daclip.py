@@ -9,7 +9,8 @@ Variants (after the colon): '' (32x32 grey MNIST-5k, the reproduction's scale), 
 Pipeline: stage 0 a small CLIP (ViT + text transformer) on clean digits with captions -> frozen; stage 1 the
 DA-CLIP controller on degraded digits (7 degradation types, names as text) -> e_c, e_d; stage 2 IR-SDE restorers
 (diffusion.UNet) for the conditions no embedding / DA-CLIP / shuffled e_d / oracle one-hot type, `num_seeds`
-seeds each, trained one after another through one compiled program; restored test images scored by PSNR / SSIM per degradation.
+seeds each, trained one after another through one compiled program; restored test images scored by PSNR / SSIM
+per degradation.
 """
 import ml_collections
 
