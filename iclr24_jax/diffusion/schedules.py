@@ -262,7 +262,7 @@ def make_schedule(name: str, num_timesteps: int = 1000, **kwargs) -> DiscreteSch
     name: schedule name (above).
     num_timesteps: T.
     **kwargs: passed to the named builder (beta_start / beta_end, or s / max_beta; other names raise
-      TypeError; 'squaredcos_cap_v2' silently ignores them).
+      TypeError; 'squaredcos_cap_v2' takes none and raises TypeError on any).
 
   Returns:
     DiscreteSchedule of length T.
@@ -277,6 +277,8 @@ def make_schedule(name: str, num_timesteps: int = 1000, **kwargs) -> DiscreteSch
   if name == "cosine":
     return cosine_beta_schedule(num_timesteps, **kwargs)
   if name == "squaredcos_cap_v2":
+    if kwargs:
+      raise TypeError(f"schedule 'squaredcos_cap_v2' takes no options, got {sorted(kwargs)}.")
     return squaredcos_cap_v2(num_timesteps)
   raise ValueError(f"unknown schedule '{name}'; choose 'linear', 'scaled_linear', 'cosine' or 'squaredcos_cap_v2' "
                    "(or a ContinuousSchedule for continuous time).")

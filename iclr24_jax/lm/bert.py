@@ -17,7 +17,7 @@ import json
 import math
 import os
 import pathlib
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -547,12 +547,12 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
     issue's target), 'llama.cpp/...' rows, or one 'llama.cpp/unavailable' row saying why.
   """
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  model, why = _load_llamacpp(cores)
-  if model is None:
+  probe_model, why = _load_llamacpp(cores)  # only checks that llama.cpp loads; reloaded below with tuned threads
+  if probe_model is None:
     return [{"name": "llama.cpp/unavailable", "size": "-", "batch": 1, "mesh_devices": 1,
              "notes": why + f"; llama.cpp figures stay the notes' (prompt ~{NOTES['llamacpp_prompt_tok_s']:.0f}, "
                             f"greedy ~{NOTES['llamacpp_decode_tok_s']:.0f} tok/s)"}]
-  del model
+  del probe_model
   import llama_cpp
   seq = _text_ids(tok, score_len)
   score_ids = np.asarray([seq[i:] + seq[:i] for i in range(score_batch)], np.int32)  # distinct rows
@@ -647,5 +647,4 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
        "median_s": med["lc_total"], "items_per_s": lc_total_tps, "decode_items_per_s": lc_dec_tps, "notes": note,
        **common},
   ]
-  del model
-  return rows
+  return rows  # the llama.cpp model is freed with this frame

@@ -384,6 +384,9 @@ class Generator:
       longest = min(max(len(r) for r in rows), self.max_prompt_len)
       width = min(bucket(longest), max(self.max_prompt_len, 16))
       width = min(width, self.config.max_seq_len - max_new_tokens)
+      if width < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in max_seq_len="
+                         f"{self.config.max_seq_len}; lower max_new_tokens or raise the config's max_seq_len.")
       ids, mask = tok_lib.pad_sequences(rows, self.tokenizer.pad_id, max_len=width, padding="left")
       out = fn(self.params, ids, mask, jax.random.fold_in(key, start), bias)
       tokens, lengths, stopped = jax.device_get((out.tokens, out.lengths, out.stopped))

@@ -34,7 +34,7 @@ import json
 import math
 import os
 import pathlib
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp

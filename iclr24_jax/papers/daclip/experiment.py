@@ -16,7 +16,6 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
 
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common.optim import make_optimizer

@@ -115,6 +115,9 @@ def first_position_rate(winners_original: Sequence[int], winners_swapped: Sequen
   """
   w0 = _as_int_vector(winners_original, "winners_original")
   w1 = _as_int_vector(winners_swapped, "winners_swapped")
+  if w0.shape != w1.shape:
+    raise ValueError(f"winners_original has {w0.size} judgements but winners_swapped {w1.size}; pass both orders "
+                     "of the same pairs.")
   return float((np.sum(w0 == 1) + np.sum(w1 == 2)) / (2 * max(w0.size, 1)))
 
 

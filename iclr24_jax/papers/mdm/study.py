@@ -20,7 +20,8 @@ from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.mdm import model as model_lib
 from iclr24_jax.papers.mdm import training
-from iclr24_jax.papers.mdm.experiment import ARMS, ARM_NAMES, PAPER, fast_compile, get_config, heldout_mse, inner_kwargs, build, load_images, loss_kwargs, train_judge
+from iclr24_jax.papers.mdm.experiment import (ARM_NAMES, ARMS, PAPER, build, fast_compile, get_config, heldout_mse,
+                                              inner_kwargs, load_images, loss_kwargs, train_judge)
 
 
 def step_flops(model, scheds, image_shape, batch_size, tx, loss_kw) -> float:

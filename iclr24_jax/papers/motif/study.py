@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp
