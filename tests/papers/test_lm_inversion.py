@@ -106,6 +106,7 @@ def test_train_step_lowers_loss_and_compiles_once():
   assert float(np.mean(np.asarray(out.tokens) == labels)) > 0.5
 
 
+@pytest.mark.slow  # ~20-35 CPU-s (compiles of the vmapped and single steps)
 def test_multi_train_step_equals_separate_steps():
   """M models vmapped in one step give each model exactly its own single-model step (key fold_in(key, m))."""
   import optax
@@ -128,6 +129,7 @@ def test_multi_train_step_equals_separate_steps():
   np.testing.assert_allclose(m["loss"], (m["loss_m0"] + m["loss_m1"]) / 2, rtol=1e-6)
 
 
+@pytest.mark.slow  # ~20 CPU-s (60 steps and a greedy decode)
 def test_sample_inverter_memorises_a_batch():
   """The sample-inversion T5 (text in, prompt out) learns a fixed batch; greedy decoding returns its labels."""
   import optax

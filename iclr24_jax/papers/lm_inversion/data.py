@@ -142,7 +142,14 @@ def target_distributions(params: Any, config: Any, tokenizer: Any, prompts: Sequ
 
 
 def special_ids(tokenizer: Any) -> list[int]:
-  """Ids of the tokenizer's special (control) tokens (SmolLM2: 0..16), falling back to pad/bos/eos."""
+  """Ids of the tokenizer's special (control) tokens (SmolLM2: 0..16), falling back to pad/bos/eos.
+
+  Args:
+    tokenizer: an `lm.tokenizer.Tokenizer`.
+
+  Returns:
+    Sorted list of ids (forbidden when sampling the continuations).
+  """
   try:
     return sorted(int(k) for k, v in tokenizer.backend.get_added_tokens_decoder().items() if v.special)
   except AttributeError:

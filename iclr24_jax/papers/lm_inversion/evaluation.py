@@ -23,7 +23,14 @@ _WORD = re.compile(r"\w+|[^\w\s]")
 
 
 def words(text: str) -> list[str]:
-  """Word tokens of a text (runs of word characters, and each punctuation mark)."""
+  """Word tokens of a text (runs of word characters, and each punctuation mark).
+
+  Args:
+    text: a string.
+
+  Returns:
+    The list of word tokens, in order.
+  """
   return _WORD.findall(text)
 
 

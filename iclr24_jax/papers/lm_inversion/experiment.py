@@ -119,6 +119,9 @@ def prepare(config: Any, cache_dir: str | None = None) -> dict:
 def encode_labels(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
   """Decoder targets: the text's tokens then EOS, cut to `length` (EOS kept last), right-padded.
 
+  Args:
+    tok: the decoder tokenizer; texts: N prompts; length: T.
+
   Returns:
     (labels [N, length] int32, label_mask [N, length] bool).
   """
@@ -286,6 +289,9 @@ def predict_models(params: Any, unigrams: jax.Array, logprobs: np.ndarray, ks: l
 
 def encode_samples(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
   """The sample-inversion encoder input: continuations in the decoder's tokens, cut / right-padded to `length`.
+
+  Args:
+    tok: the decoder tokenizer; texts: N continuations (an empty one becomes "."); length: L.
 
   Returns:
     (ids [N, length] int32, mask [N, length] bool; every row has at least one real token).

@@ -171,7 +171,15 @@ class Inverter:
 
 
 def init(key: jax.Array, inverter: Inverter) -> dict:
-  """Initial parameters {'projection': ..., 't5': ...}."""
+  """Initial parameters of the inverter.
+
+  Args:
+    key: PRNG key.
+    inverter: the static description.
+
+  Returns:
+    {'projection': {'sequence_weights' [S, d, d], 'fc1', 'fc2'}, 't5': T5 params}.
+  """
   k_proj, k_t5 = jax.random.split(key)
   dummy = jnp.zeros((1, inverter.num_chunks, inverter.width), jnp.float32)
   return {"projection": inverter.projection.init(k_proj, dummy)["params"],
@@ -180,7 +188,17 @@ def init(key: jax.Array, inverter: Inverter) -> dict:
 
 def embed(params: Mapping[str, Any], unrolled: jax.Array, inverter: Inverter, key: jax.Array | None = None
           ) -> jax.Array:
-  """Encoder input embeddings [B, S, d_model] from unrolled distributions [B, S, d] (dropout when key is given)."""
+  """Encoder input embeddings from unrolled distributions (the projection and MLP).
+
+  Args:
+    params: {'projection', ...}.
+    unrolled: [B, S, d] (`unroll`).
+    inverter: the static description.
+    key: dropout key (None: deterministic).
+
+  Returns:
+    [B, S, d_model].
+  """
   rngs = None if key is None else {"dropout": key}
   return inverter.projection.apply({"params": params["projection"]}, unrolled, deterministic=key is None, rngs=rngs)
 
@@ -206,7 +224,14 @@ def loss_fn(params: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.
 
 
 def init_state(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
-  """TrainState with the inverter's parameters and the unigram estimate (zeros, [V]) in `extra`."""
+  """The inverter's initial train state.
+
+  Args:
+    key: PRNG key; inverter: the static description; tx: the optax optimizer; vocab_size: V.
+
+  Returns:
+    TrainState with params {'projection', 't5'} and extra {'unigram': zeros [V]} (the official buffer starts at 0).
+  """
   from iclr24_jax.common.train_state import TrainState
   return TrainState.create(init(key, inverter), tx, extra={"unigram": jnp.zeros((vocab_size,), jnp.float32)})
 
@@ -217,6 +242,14 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
   The batch holds raw distributions: logprobs [B, V], labels [B, T], label_mask [B, T]. Each step first moves
   the unigram estimate (state.extra['unigram']) towards the batch mean, then subtracts it and unrolls, as the
   official model updates its buffer in the training forward pass before using it.
+
+  Args:
+    inverter: the static description.
+    official_padding: unroll with the official padding.
+    unigram_decay: the EMA decay (0.99).
+
+  Returns:
+    The pure step; metrics {'loss', 'accuracy', 'tokens', 'grad_norm'} (scalars).
   """
   def train_step(state, batch, key):
     key = jax.random.fold_in(key, state.step)
@@ -252,7 +285,15 @@ def invert(params: Mapping[str, Any], logprobs: jax.Array, unigram: jax.Array, *
 
 
 def check_distributions(logprobs: np.ndarray, name: str = "logprobs") -> None:
-  """Raises a ValueError naming the problem unless `logprobs` is a finite [B, V] array of log-distributions."""
+  """Raises a ValueError naming the problem unless `logprobs` is a finite [B, V] array of log-distributions.
+
+  Args:
+    logprobs: [B, V] array to check.
+    name: its name in the message.
+
+  Returns:
+    None (raises on bad input).
+  """
   if logprobs.ndim != 2:
     raise ValueError(f"{name} must be [B, V] log-probabilities, got shape {logprobs.shape}.")
   finite = np.isfinite(logprobs)
@@ -306,7 +347,15 @@ def sample_loss_fn(params: Mapping[str, Any], batch: Mapping[str, jax.Array], ke
 
 
 def make_sample_train_step(t5_config: t5.T5Config):
-  """`train_step(state, batch, key) -> (state, metrics)` of the sample-inversion T5 (batch as `sample_loss_fn`)."""
+  """`train_step(state, batch, key) -> (state, metrics)` of the sample-inversion T5.
+
+  Args:
+    t5_config: the T5.
+
+  Returns:
+    The pure step; batch as `sample_loss_fn` (inputs [B, L], input_mask, labels [B, T], label_mask); metrics
+    {'loss', 'accuracy', 'tokens', 'grad_norm'}.
+  """
   def train_step(state, batch, key):
     key = jax.random.fold_in(key, state.step)
     (_, metrics), grads = jax.value_and_grad(sample_loss_fn, has_aux=True)(state.params, batch, key,
@@ -317,7 +366,14 @@ def make_sample_train_step(t5_config: t5.T5Config):
 
 
 def init_sample_state(key: jax.Array, t5_config: t5.T5Config, tx: Any):
-  """TrainState of the sample-inversion T5: params {'t5': ...}, extra {} (no unigram: its input is text)."""
+  """The sample-inversion T5's initial train state.
+
+  Args:
+    key: PRNG key; t5_config: the T5; tx: the optax optimizer.
+
+  Returns:
+    TrainState with params {'t5': ...} and extra {} (no unigram: its input is text).
+  """
   from iclr24_jax.common.train_state import TrainState
   return TrainState.create({"t5": t5.init_params(key, t5_config)}, tx, extra={})
 
