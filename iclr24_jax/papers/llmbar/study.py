@@ -15,11 +15,14 @@ from iclr24_jax.papers.llmbar import scoring as scoring_lib
 from iclr24_jax.papers.llmbar.experiment import PAPER, PAPER_FOR, plot_subsets, run
 
 
-# The reproduction's sample and budgets (issue 21): all 419 pairs for both strategies, log-probability judging.
-# Cost on 2 idle cores: see README (Vanilla ~10, Rules+Metrics+Reference ~25 minutes; cached, so a rerun resumes).
+# The reproduction's sample and budgets (issue 21), log-probability judging: Vanilla on all 419 pairs; Rules+Metrics+
+# Reference on the first 20 pairs of each subset (100 pairs, file order), paired with Vanilla on the same pairs.
+# Deviation: issue 21 asks for all 419 pairs of RMR too; its generated metrics + reference and ~790-token prompts cost
+# ~4x Vanilla's scoring (README: cost), which the main job's 75-minute budget (issue 30) cannot hold on 2 cores.
+# REPRO_RMR_FIRST = 0 runs RMR on all 419 (cached and resumable).
 REPRO_PER_SUBSET = 0  # pairs per subset; 0 = all 419; k > 0: a stratified k per subset
 # Rules+Metrics+Reference on the first REPRO_RMR_FIRST of Vanilla's pairs per subset; 0 = the same pairs as Vanilla.
-REPRO_RMR_FIRST = 0
+REPRO_RMR_FIRST = 20
 REPRO_SEED = 0
 # The auxiliary texts' budgets (metrics questions, reference output) cut from the official 150 / 384 tokens to fit.
 REPRO_MAX_NEW_TOKENS = {"direct": 5, "cot": 96, "metrics": 64, "reference": 96, "rating": 3}
@@ -62,7 +65,8 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
   first = 0 if (fast or per_subset is not None) else REPRO_RMR_FIRST
   samples = {"vanilla": "all 419 pairs" if k <= 0 else f"stratified {k}/subset (seed {REPRO_SEED})"}
   samples["rules_metrics_reference"] = (samples["vanilla"] if first <= 0 else
-                                        f"the first {first} of each subset's {k} (file order; {5 * first} pairs)")
+                                        f"the first {first} pairs of each subset"
+                                        + (f"'s {k}" if k > 0 else "") + f" (file order; {5 * first} pairs)")
   rows, tables, res_by = [], {}, {}
   for strategy in ("vanilla", "rules_metrics_reference"):
     sample = samples[strategy]
