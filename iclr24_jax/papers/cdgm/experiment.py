@@ -98,6 +98,15 @@ def prepare_table(config: Any) -> tuple[data_lib.Table, tfm.TableTransform, np.n
 
 
 def ordered(constraints: Constraints, how: str, seed: int, real=None, synthetic=None) -> Constraints:
+  """The constraints with the variable ordering `how` names.
+
+  Args:
+    constraints: the parsed constraints (their own 'given' ordering).
+    how: 'given', 'random' (seeded) or 'corr' (the paper's correlation heuristic).
+    seed: seed of the random ordering.
+    real: [N, D] real rows ('corr' only).
+    synthetic: [M, D] samples of an unconstrained model ('corr' only).
+  """
   if how == "given":
     return constraints
   if how == "random":
@@ -139,7 +148,16 @@ def evaluate_rows(table: data_lib.Table, rows: np.ndarray, seed: int, integer_ca
 
 
 def plot_pair(table: data_lib.Table, samples: dict[str, np.ndarray], path: str) -> str | None:
-  """Scatter of the first two-variable constraint's variables: real vs each sample set."""
+  """Scatter of the first two-variable constraint's variables: real vs each sample set.
+
+  Args:
+    table: the table (its constraints pick the pair; its train rows are the 'real' panel).
+    samples: {label: [M, D] rows}, one panel each.
+    path: PNG path.
+
+  Returns:
+    The path, or None when no constraint has exactly two variables.
+  """
   pair = None
   for i in range(table.constraints.num_constraints):
     nz = np.nonzero(table.constraints.coefficients[i])[0]

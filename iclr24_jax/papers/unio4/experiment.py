@@ -29,11 +29,13 @@ from iclr24_jax.rl import offline as offline_lib
 
 
 def dataset(config: Any) -> dict:
+  """The offline data set config.data names (rl.offline, cached): observations [N, D], actions [N, A], ..."""
   d = config.data
   return offline_lib.get_dataset(d.name, d.kind, int(d.num_transitions), cache_dir=(d.data_dir or None))
 
 
 def norm(env_name: str, returns: Any) -> np.ndarray:
+  """Normalised scores [...] (100 = expert, 0 = random; rl.offline references) of raw returns [...]."""
   return np.asarray(offline_lib.normalized_score(env_name, np.asarray(returns, np.float64)))
 
 
@@ -132,6 +134,8 @@ def run(config: Any, workdir: str) -> dict:
 
 # --- plots ----------------------------------------------------------------------------------------------------------
 def plot_offline(path: str, env_name: str, runs: dict, bc_returns: Any, title: str | None = None) -> str:
+  """Normalised return (mean of K members) vs improvement step for {label: [(step, returns [K]), ...]}, the BC
+  ensemble's [K] returns as a line; writes `path` (PNG) and returns it."""
   fig, axes = metrics.new_figure(size=(5.0, 3.4))
   ax = axes[0, 0]
   for label, pts in runs.items():
@@ -147,6 +151,7 @@ def plot_offline(path: str, env_name: str, runs: dict, bc_returns: Any, title: s
 
 
 def plot_online(path: str, env_name: str, curves: dict, title: str | None = None) -> str:
+  """Normalised evaluation return vs online env steps for {label: run_online output}; writes `path` (PNG)."""
   fig, axes = metrics.new_figure(size=(5.0, 3.4))
   ax = axes[0, 0]
   for label, c in curves.items():
