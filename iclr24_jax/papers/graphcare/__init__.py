@@ -15,7 +15,7 @@ from iclr24_jax.papers.graphcare.data import (EHRDataset, SyntheticEHR, categori
                                               make_synthetic_ehr, mimic3_demo_task, mimic_concept_kg,
                                               read_mimic3_demo, split_by_patient)
 from iclr24_jax.papers.graphcare.graphs import (Batcher, Budgets, PatientGraph, budgets_for, build_patient_graphs,
-                                                collate, dense_visit_node_matrix, patient_graph)
+                                                collate, dense_visit_node_matrix, global_triples, patient_graph)
 from iclr24_jax.papers.graphcare.kg import (ConceptKG, RawKG, agglomerative_labels, cluster_kg, embed_kg_names,
                                             fixed_kg_example, kg_from_triples, minilm_embed, parse_triples,
                                             propose_triples, smollm2_generate_fn, tfidf_embed)
@@ -23,7 +23,8 @@ from iclr24_jax.papers.graphcare.metrics import (binary_metrics, bootstrap_ci, m
                                                  multilabel_metrics, task_metrics)
 from iclr24_jax.papers.graphcare.model import (BAT, EHRGRU, GATConv, all_pairs, bat_aggregate, bi_attention,
                                                create_model, decay_weights)
-from iclr24_jax.papers.graphcare.train import (apply_batch, evaluate, fit, init_state, loss_fn, make_train_step,
+from iclr24_jax.papers.graphcare.train import (SeedStates, apply_batch, collect_seed_predictions, evaluate, fit,
+                                               fit_seeds, init_state, loss_fn, make_seeds_train_step, make_train_step,
                                                predict_step, task_loss, train_step)
 
 TITLE = "GraphCare: Enhancing Healthcare Predictions with Personalized Knowledge Graphs"
@@ -44,11 +45,13 @@ __all__ = [
     "RawKG", "ConceptKG", "cluster_kg", "agglomerative_labels", "embed_kg_names", "tfidf_embed", "propose_triples",
     "smollm2_generate_fn", "minilm_embed", "parse_triples", "kg_from_triples", "fixed_kg_example",
     # patient graphs and batches
-    "PatientGraph", "Budgets", "patient_graph", "budgets_for", "collate", "Batcher", "dense_visit_node_matrix",
+    "PatientGraph", "Budgets", "patient_graph", "global_triples", "budgets_for", "collate", "Batcher",
+    "dense_visit_node_matrix",
     # model, losses, training
     "bi_attention", "all_pairs", "bat_aggregate", "decay_weights", "GATConv", "EHRGRU", "create_model",
     "init_state", "loss_fn", "task_loss",
-    "make_train_step", "predict_step", "apply_batch", "fit",
+    "make_train_step", "predict_step", "apply_batch", "fit", "fit_seeds", "make_seeds_train_step", "SeedStates",
+    "collect_seed_predictions",
     # metrics
     "task_metrics", "binary_metrics", "multiclass_metrics", "multilabel_metrics", "bootstrap_ci",
     # data

@@ -62,18 +62,58 @@ class PatientGraph:
     return int(self.visit_node.shape[0])
 
 
-def patient_graph(visits: Sequence[Sequence[int]], concept_kg: ConceptKG, max_visits: int | None = None
-                  ) -> PatientGraph:
+CONSTRUCTIONS = ("paper", "official")
+
+
+def global_triples(concept_kg: ConceptKG) -> np.ndarray:
+  """The official code's global KG: every concept triple in one simple graph, ONE relation per node pair.
+
+  The official pipeline merges all concept KGs into one networkx graph (`nx.Graph`, undirected, no parallel
+  edges) and converts it to one torch_geometric graph; adding a triple on an existing pair overwrites its
+  relation, so the last triple written (concept order, then triple order) wins.
+
+  Args:
+    concept_kg: the clustered concept KGs.
+
+  Returns:
+    [T, 3] int64 (head, relation, tail) with one row per unordered node pair, sorted by (min, max) node.
+  """
+  trip = [t for t in concept_kg.concept_triples if len(t)]
+  if not trip:
+    return np.zeros((0, 3), np.int64)
+  allt = np.concatenate(trip, 0).astype(np.int64)
+  lo, hi = np.minimum(allt[:, 0], allt[:, 2]), np.maximum(allt[:, 0], allt[:, 2])
+  pair = lo * (concept_kg.num_nodes + 1) + hi
+  # the LAST occurrence of each pair: unique over the reversed array gives first-in-reverse = last
+  _, idx_rev = np.unique(pair[::-1], return_index=True)
+  last = len(pair) - 1 - idx_rev
+  return allt[np.sort(last)][np.argsort(pair[np.sort(last)], kind="stable")]
+
+
+def patient_graph(visits: Sequence[Sequence[int]], concept_kg: ConceptKG, max_visits: int | None = None,
+                  construction: str = "paper", global_kg: np.ndarray | None = None) -> PatientGraph:
   """Composes one patient's KG from the concept KGs of its codes (paper Sec. 3.2).
+
+  Two constructions with the same node set (every node of the concept KGs of the patient's codes):
+    'paper': the edges are the union of those concept KGs' triples (Eq. in Sec. 3.2: G_pat = union of G_e).
+    'official': the patient's nodes cut out of ONE global graph (official `get_subgraph`: the subgraph of the
+      global torch_geometric graph induced by `patient['node_set']`): every global edge between two of the
+      patient's nodes, also edges that come from another concept's KG, with one relation per node pair
+      (`global_triples`). Deviation: the official `get_subgraph` first calls `G.edge_subgraph(node_set)`,
+      which selects EDGE indices equal to the node ids; that quirk is not reproduced (the induced subgraph is).
 
   Args:
     visits: J visits (chronological), each a sequence of concept indices into `concept_kg`.
     concept_kg: the clustered concept KGs.
     max_visits: keep only the most recent this many visits (None: all).
+    construction: 'paper' or 'official'.
+    global_kg: [T, 3] `global_triples(concept_kg)` (computed when None; pass it when building many graphs).
 
   Returns:
     PatientGraph.
   """
+  if construction not in CONSTRUCTIONS:
+    raise ValueError(f"patient_graph: unknown construction '{construction}'; choose one of {CONSTRUCTIONS}.")
   if len(visits) == 0:
     raise ValueError("patient_graph: a patient needs at least one visit.")
   if max_visits is not None and len(visits) > max_visits:
@@ -91,7 +131,12 @@ def patient_graph(visits: Sequence[Sequence[int]], concept_kg: ConceptKG, max_vi
     triples.extend(concept_kg.concept_triples[int(code)] for code in v)
     codes.append(np.unique(concept_kg.concept_node[v]).astype(np.int32))
   node_ids = np.unique(np.concatenate(visit_nodes))
-  trip = np.unique(np.concatenate(triples, 0), axis=0) if triples else np.zeros((0, 3), np.int64)
+  if construction == "official":
+    g = global_triples(concept_kg) if global_kg is None else np.asarray(global_kg, np.int64)
+    keep = np.isin(g[:, 0], node_ids) & np.isin(g[:, 2], node_ids)
+    trip = g[keep]
+  else:
+    trip = np.unique(np.concatenate(triples, 0), axis=0) if triples else np.zeros((0, 3), np.int64)
   heads = np.searchsorted(node_ids, trip[:, 0])
   tails = np.searchsorted(node_ids, trip[:, 2])
   senders = np.concatenate([heads, tails]).astype(np.int32)

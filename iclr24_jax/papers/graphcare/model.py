@@ -203,6 +203,10 @@ class BAT(nn.Module):
     ehr_readout: 'input' - the direct EHR nodes' INPUT embeddings through `lin` (official code);
       'final' - their last-layer states.
     match_official_code: see module docstring.
+    edge_types: GIN / GAT only - let the baseline see the relation types: GIN sums ReLU(x_j + lin(e_ji)) (GINE),
+      GAT adds lin_edge(lin(e_ji)) to the attention logit and to the message. Off by default (the official
+      GIN / GAT baselines ignore `rel_ids`); the synthetic label depends on relation types, so a fair
+      comparison gives the baselines them too. BAT always uses them (its w_R term).
     sorted_indices: the inputs come from graphs.collate (edges sorted by receiver, pairs by k), so segment
       sums may assume sorted indices. Leave False for other GraphsTuples.
   """
@@ -225,6 +229,7 @@ class BAT(nn.Module):
   patient_mode: str = "joint"
   ehr_readout: str = "input"
   match_official_code: bool = False
+  edge_types: bool = False
   sorted_indices: bool = False
 
   def _check(self):
@@ -299,10 +304,12 @@ class BAT(nn.Module):
           records["attn"].append(a_node), records["alpha"].append(alpha), records["beta"].append(beta)
           records["w_rel"].append(w_rel)
       elif self.gnn == "gin":
-        agg = jax.ops.segment_sum(x[senders] * emask[:, None], receivers, n, indices_are_sorted=self.sorted_indices)
+        msg = jax.nn.relu(x[senders] + rel_table[relation]) if self.edge_types else x[senders]   # GINE with types
+        agg = jax.ops.segment_sum(msg * emask[:, None], receivers, n, indices_are_sorted=self.sorted_indices)
         out = nn.Dense(self.hidden_dim, name=f"conv_{layer}")(agg + (1.0 + eps) * x)  # GINConv(Linear), eps = 0
       else:
-        out = GATConv(self.hidden_dim, name=f"conv_{layer}")(x, senders, receivers, emask)
+        edge_feat = rel_table[relation] if self.edge_types else None
+        out = GATConv(self.hidden_dim, name=f"conv_{layer}")(x, senders, receivers, emask, edge_feat)
       x = jax.nn.relu(out)
       x = nn.Dropout(self.gnn_dropout)(x, deterministic=not train)
 
@@ -330,12 +337,19 @@ class BAT(nn.Module):
 
 
 class GATConv(nn.Module):
-  """One-head graph attention (torch_geometric GATConv defaults: self-loops, LeakyReLU 0.2, bias)."""
+  """One-head graph attention (torch_geometric GATConv defaults: self-loops, LeakyReLU 0.2, bias).
+
+  With `edge_feat` [E, D] (the relation embedding of every edge), the edge's projection lin_edge(e) enters the
+  attention logit (a_edge^T lin_edge(e), as GATConv(edge_dim=...)) and is added to the message h_j (so the
+  relation type can reach the next layer; self-loops carry a zero edge feature).
+  """
 
   features: int
 
   @nn.compact
-  def __call__(self, x: jax.Array, senders: jax.Array, receivers: jax.Array, emask: jax.Array) -> jax.Array:
+  def __call__(self, x: jax.Array, senders: jax.Array, receivers: jax.Array, emask: jax.Array,
+               edge_feat: jax.Array | None = None) -> jax.Array:
+    """[N, F] node states -> [N, features]; senders/receivers/emask [E]; edge_feat [E, D] or None."""
     n = x.shape[0]
     h = nn.Dense(self.features, use_bias=False, name="lin")(x)
     a_src = self.param("att_src", nn.initializers.glorot_uniform(), (self.features, 1))
@@ -345,10 +359,18 @@ class GATConv(nn.Module):
     s = jnp.concatenate([senders, loops])
     r = jnp.concatenate([receivers, loops])
     valid = jnp.concatenate([emask, jnp.ones((n,), bool)])
-    logit = jax.nn.leaky_relu((h @ a_src)[s, 0] + (h @ a_dst)[r, 0], 0.2)
+    logit = (h @ a_src)[s, 0] + (h @ a_dst)[r, 0]
+    msg = h[s]
+    if edge_feat is not None:
+      he = nn.Dense(self.features, use_bias=False, name="lin_edge")(edge_feat)                  # [E, H]
+      he = jnp.concatenate([he, jnp.zeros((n, self.features), he.dtype)])                       # self-loops: 0
+      a_edge = self.param("att_edge", nn.initializers.glorot_uniform(), (self.features, 1))
+      logit = logit + (he @ a_edge)[:, 0]
+      msg = msg + he
+    logit = jax.nn.leaky_relu(logit, 0.2)
     logit = jnp.where(valid, logit, -1e9)
     w = graph_lib.segment_softmax(logit, r, n) * valid
-    out = graph_lib.segment_sum(h[s] * w[:, None], r, n)
+    out = graph_lib.segment_sum(msg * w[:, None], r, n)
     return out + self.param("bias", nn.initializers.zeros, (self.features,))
 
 
@@ -408,4 +430,5 @@ def create_model(model_config: Any, num_nodes: int, num_relations: int, out_dim:
              use_beta=bool(model_config.use_beta), use_edge_attn=bool(model_config.use_edge_attn),
              eps=float(model_config.eps), train_eps=bool(model_config.train_eps),
              patient_mode=str(model_config.patient_mode), ehr_readout=str(model_config.ehr_readout),
-             match_official_code=bool(model_config.match_official_code), sorted_indices=True)  # Batcher inputs
+             match_official_code=bool(model_config.match_official_code),
+             edge_types=bool(model_config.get("edge_types", False)), sorted_indices=True)  # Batcher inputs

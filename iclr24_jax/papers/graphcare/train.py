@@ -1,4 +1,4 @@
-"""Losses, the pure train step, prediction, evaluation and a small fit loop for GraphCare models.
+"""Losses, the pure train step, prediction, evaluation, and fits on `common.loop.train_loop` for GraphCare models.
 
 A batch (graphs.Batcher) is a dict of arrays with a leading shard axis [S, ...]: graph (GraphsTuple),
 visit_node [S, N, V], pairs [S, P, 2], codes [S, G, V, K], valid [S, G], label [S, G] (binary: {0, 1};
@@ -12,14 +12,16 @@ patients and labels), multiclass -> softmax cross-entropy; means over real patie
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.graphcare import metrics as metrics_lib
@@ -103,8 +105,10 @@ def train_step(state: TrainState, batch: dict, key: jax.Array, *, model: nn.Modu
   return state.apply_gradients(grads), metrics
 
 
+@functools.lru_cache(maxsize=64)
 def make_train_step(model: nn.Module, task: str) -> Callable:
-  """`train_step` with the model and task bound: (state, batch, key) -> (state, metrics)."""
+  """`train_step` with the model and task bound: (state, batch, key) -> (state, metrics). Cached per (model,
+  task), so repeated runs reuse one function object and hence one compiled step."""
   return functools.partial(train_step, model=model, task=task)
 
 
@@ -202,53 +206,165 @@ def evaluate(model: nn.Module, params: Any, batches: Iterable[dict], task: str, 
   return out
 
 
-def fit(model: nn.Module, task: str, tx: optax.GradientTransformation, sample_batch: dict,
-        train_batches: Callable[[int], dict], num_steps: int, key: jax.Array, mesh=None,
-        node_embedding: np.ndarray | None = None, relation_embedding: np.ndarray | None = None,
-        eval_fn: Callable[[Any], float] | None = None, eval_every: int = 0, step_fn: Callable | None = None
-        ) -> tuple[TrainState, list[dict]]:
-  """A compact training loop for reproductions (no files): train, optionally keep the best-by-eval params.
+@flax.struct.dataclass
+class SeedStates:
+  """S TrainStates trained together: `seeds` has a leading [S] axis on every leaf; `step` is the shared scalar
+  step count (what `common.loop.train_loop` reads)."""
 
-  As the official loop, which keeps the weights of the best validation AUROC epoch.
+  step: jax.Array
+  seeds: TrainState
+
+  @property
+  def params(self) -> Any:
+    """The [S, ...] stacked parameters."""
+    return self.seeds.params
+
+
+@functools.lru_cache(maxsize=64)
+def make_seeds_train_step(model: nn.Module, task: str, seeds: tuple[int, ...]) -> Callable:
+  """`train_step` for several seeds at once, vmapped: one compiled program trains them together.
+
+  The returned `step(states, batch, key) -> (states, metrics)` takes a `SeedStates` (S TrainStates) and a
+  batch whose leaves are [shards, S, ...] (seed s's own batch in column s; the shard axis stays first so it
+  shards over the mesh's 'data' axis). Seed s's dropout stream is fold_in(key, seeds[s]), so a seed's run does
+  not depend on which other seeds train beside it. Cached per (model, task, seeds): the compiled step is reused.
+
+  Args:
+    model: the module; task: 'binary' | 'multiclass' | 'multilabel'; seeds: the S seeds.
+
+  Returns:
+    The pure vmapped step; its metrics are [S] arrays.
+  """
+  seed_ids = np.asarray(seeds, np.uint32)
+
+  def step(states, batch, key):
+    keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.asarray(seed_ids))
+    one = lambda st, b, k: train_step(st, b, k, model=model, task=task)
+    seeds_new, metrics = jax.vmap(one, in_axes=(0, 1, 0))(states.seeds, batch, keys)
+    return SeedStates(step=states.step + 1, seeds=seeds_new), metrics
+
+  return step
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled_seeds_predict(model: nn.Module, task: str, mesh) -> Callable:
+  rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
+  fn = jax.vmap(functools.partial(predict_step, model=model, task=task), in_axes=(0, None))
+  return jax.jit(fn, in_shardings=(rep, dat), out_shardings=rep)
+
+
+def collect_seed_predictions(model: nn.Module, params: Any, batches: Iterable[dict], task: str, mesh=None
+                             ) -> tuple[np.ndarray, np.ndarray]:
+  """Predictions of S stacked parameter sets on the same batches.
+
+  Args:
+    model, task: as in `collect_predictions`.
+    params: params with a leading [S] seed axis.
+    batches: eval batches (graphs.Batcher.eval_batches).
+    mesh: device mesh.
+
+  Returns:
+    (y_true [n, ...], y_prob [S, n, ...]) over the real patients.
+  """
+  mesh = sharding.make_mesh() if mesh is None else mesh
+  fn = _compiled_seeds_predict(model, task, mesh)
+  ys, ps = [], []
+  for batch in batches:
+    out = jax.device_get(fn(params, sharding.shard_batch(batch, mesh)))
+    valid = np.asarray(batch["valid"]).astype(bool)
+    ys.append(np.asarray(batch["label"])[valid])
+    ps.append(np.stack([np.asarray(p)[valid] for p in out["prob"]]))
+  y_prob = np.concatenate(ps, 1)
+  if not np.all(np.isfinite(y_prob)):
+    raise FloatingPointError("the model produced NaN/inf probabilities (diverged training?); lower "
+                             "config.optimizer.learning_rate or set optimizer.grad_clip.")
+  return np.concatenate(ys), y_prob
+
+
+def fit_seeds(model: nn.Module, task: str, tx: optax.GradientTransformation, sample_batch: dict,
+              train_batches: Callable[[int, int], dict], num_steps: int, seeds: Sequence[int], mesh=None,
+              node_embedding: np.ndarray | None = None, relation_embedding: np.ndarray | None = None,
+              val_batches: Sequence[dict] | None = None, eval_every: int = 0, log_every: int = 50,
+              steps_per_call: int = 1, workdir: str | None = None) -> dict:
+  """Trains one model for several seeds at once (vmapped) with `common.loop.train_loop`; keeps, per seed, the
+  parameters of the best validation score (the official loop keeps the best validation-AUROC epoch).
+
+  `train_loop`'s keep_best keeps one parameter set by one scalar; here every seed keeps its own, so the eval
+  function tracks the per-seed best itself (the loop still runs the steps, chunks, logging and eval schedule).
 
   Args:
     model, task, tx: what to train.
-    sample_batch: any batch (for init shapes).
-    train_batches: step -> batch.
+    sample_batch: any (unstacked) batch, for init shapes.
+    train_batches: (seed, step) -> batch of that seed at that step (graphs.Batcher.train_batches(idx, seed)(step)).
     num_steps: optimizer steps.
-    key: run key (split into init / train keys).
+    seeds: S seeds: seed s initialises from key(s) and draws its own batch order and dropout.
     mesh: device mesh (default: all devices).
     node_embedding, relation_embedding: initial tables.
-    eval_fn: params -> score (higher is better); the best params are returned.
-    eval_every: evaluate every N steps (and at the end).
-    step_fn: a compiled step to reuse (from `common.loop.compile_step(make_train_step(...), mesh)`).
+    val_batches: validation batches; None: no selection, the last parameters are returned.
+    eval_every: validate every N steps (and at the end).
+    log_every: log the mean loss every N steps.
+    steps_per_call: steps per compiled call (a lax.scan chunk); log_every and eval_every must be multiples.
+    workdir: metrics.jsonl goes here (None: nothing written).
 
   Returns:
-    (state with the best (or last) params, history rows {step, loss[, score]}).
+    dict(params [S, ...] (best per seed, or last), best_step [S], best_score [S], history, steps_per_s).
   """
-  from iclr24_jax.common.loop import compile_step
+  seeds = tuple(int(s) for s in seeds)
   mesh = sharding.make_mesh() if mesh is None else mesh
-  key_init, key_train = jax.random.split(key)
-  rep = sharding.replicated_sharding(mesh)
-  with jax.set_mesh(mesh):
-    state = init_state(key_init, model, sample_batch, tx, node_embedding, relation_embedding)
-    state = jax.device_put(state, rep)
-    step = step_fn if step_fn is not None else compile_step(make_train_step(model, task), mesh)
-    history, pending = [], []
-    best, best_params = -np.inf, None
-    for i in range(num_steps):
-      state, m = step(state, sharding.shard_batch(train_batches(i), mesh), key_train)
-      pending.append(m["loss"])
-      last = i + 1 == num_steps
-      if eval_fn is not None and eval_every and ((i + 1) % eval_every == 0 or last):
-        score = float(eval_fn(state.params))
-        history.append({"step": i + 1, "loss": float(np.mean(jax.device_get(pending))), "score": score})
-        pending = []
-        if np.isfinite(score) and score > best:
-          best, best_params = score, jax.tree.map(lambda x: x.copy(), state.params)
-      elif (i + 1) % 50 == 0 or last:
-        history.append({"step": i + 1, "loss": float(np.mean(jax.device_get(pending)))})
-        pending = []
-    if best_params is not None:
-      state = state.replace(params=best_params)
-  return state, history
+  primary = metrics_lib.PRIMARY[task]
+  init_keys = jnp.stack([jax.random.split(jax.random.key(s))[0] for s in seeds])
+
+  def init_fn(key):
+    del key   # each seed initialises from its own key(seed)
+    one = lambda k: init_state(k, model, sample_batch, tx, node_embedding, relation_embedding)
+    return SeedStates(step=jnp.zeros((), jnp.int32), seeds=jax.vmap(one)(init_keys))
+
+  def batches(step):
+    return jax.tree.map(lambda *xs: np.stack(xs, 1), *[train_batches(s, step) for s in seeds])
+
+  best = {"score": np.full(len(seeds), -np.inf), "step": np.zeros(len(seeds), int), "params": [None] * len(seeds)}
+
+  def seeds_eval(state):
+    y, p = collect_seed_predictions(model, state.params, val_batches, task, mesh)
+    scores = np.array([metrics_lib.task_metrics(task, y, ps)[primary] for ps in p], np.float64)
+    params = None
+    for i, sc in enumerate(scores):
+      if np.isfinite(sc) and sc > best["score"][i]:
+        params = jax.device_get(state.params) if params is None else params
+        best["score"][i], best["step"][i] = sc, int(jax.device_get(state.step))
+        best["params"][i] = jax.tree.map(lambda x, i=i: np.array(x[i]), params)
+    return {f"val_{primary}": float(np.nanmean(scores))}
+
+  eval_fn = seeds_eval if val_batches is not None else None
+
+  res = loop_lib.train_loop(init_fn=init_fn, train_step=make_seeds_train_step(model, task, seeds), batches=batches,
+                            num_steps=int(num_steps), key=jax.random.key(seeds[0]), workdir=workdir, mesh=mesh,
+                            log_every=log_every, eval_every=eval_every, eval_fn=eval_fn, progress=False,
+                            name="graphcare", steps_per_call=steps_per_call)
+  last = jax.device_get(res.state.params)
+  params = [best["params"][i] if best["params"][i] is not None else jax.tree.map(lambda x, i=i: np.array(x[i]), last)
+            for i in range(len(seeds))]
+  stacked = jax.tree.map(lambda *xs: np.stack(xs), *params)
+  return {"params": stacked, "best_step": best["step"].tolist(), "best_score": best["score"].tolist(),
+          "history": res.history, "steps_per_s": res.steps_per_s}
+
+
+def fit(model: nn.Module, task: str, tx: optax.GradientTransformation, sample_batch: dict,
+        train_batches: Callable[[int], dict], num_steps: int, seed: int = 0, mesh=None,
+        node_embedding: np.ndarray | None = None, relation_embedding: np.ndarray | None = None,
+        val_batches: Sequence[dict] | None = None, eval_every: int = 0, steps_per_call: int = 1) -> dict:
+  """One seed of `fit_seeds` (kept for callers with one batch stream): returns params without the seed axis.
+
+  Args:
+    train_batches: step -> batch.
+    seed: the run seed.
+    (the rest as in `fit_seeds`)
+
+  Returns:
+    dict(params, best_step, best_score, history, steps_per_s).
+  """
+  out = fit_seeds(model, task, tx, sample_batch, lambda s, step: train_batches(step), num_steps, (seed,), mesh,
+                  node_embedding, relation_embedding, val_batches, eval_every, steps_per_call=steps_per_call)
+  out["params"] = jax.tree.map(lambda x: x[0], out["params"])
+  out["best_step"], out["best_score"] = out["best_step"][0], out["best_score"][0]
+  return out
