@@ -144,7 +144,7 @@ def _t5_case(batch_size: int, num_codes: int = 4, src_len: int = 32, tgt_len: in
 def benchmark(quick: bool = True) -> list[dict]:
   """Quark steps/s and sampled responses/s for a small T5 policy (d_model 128, 2+2 layers) with 4 control codes,
   on 1 and all devices (the batch split over the mesh's 'data' axis, parameters replicated)."""
-  sizes = (16, 64) if quick else (16, 64, 256)
+  sizes = (16,) if quick else (16, 64, 256)
   tx = optax.adam(1e-4)
   rows = []
 
