@@ -11,7 +11,6 @@ import functools
 import math
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
