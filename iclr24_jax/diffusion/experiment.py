@@ -50,16 +50,25 @@ def digits_images(split: data_lib.Split, image_size: int) -> np.ndarray:
   x = np.asarray(split.x, np.float32)
   if image_size != x.shape[1]:
     if image_size % x.shape[1]:
-      raise ValueError(f"data.image_size must be a multiple of 8 for digits, got {image_size}.")
+      raise ValueError(f"data.image_size must be a multiple of the data's {x.shape[1]}-pixel images, got "
+                       f"{image_size}.")
     x = np.asarray(jax.image.resize(x, (x.shape[0], image_size, image_size, 1), "linear"))
   return 2.0 * x - 1.0
 
 
-def to_classifier_input(samples: np.ndarray) -> np.ndarray:
-  """Samples [N, S, S, 1] in [-1, 1] -> [N, 8, 8, 1] in [0, 1] for the 8x8 digits classifier."""
+def to_classifier_input(samples: np.ndarray, size: int = 8) -> np.ndarray:
+  """Samples [N, S, S, 1] in [-1, 1] -> [N, size, size, 1] in [0, 1], the judging classifier's input.
+
+  Args:
+    samples: [N, S, S, 1] in [-1, 1].
+    size: the classifier's input side (8 for scikit-learn digits, 28 for MNIST-5k); antialiased resize when S differs.
+
+  Returns:
+    float32 numpy [N, size, size, 1] in [0, 1].
+  """
   x = np.clip((np.asarray(samples) + 1.0) / 2.0, 0.0, 1.0)
-  if x.shape[1] != 8:
-    x = np.asarray(jax.image.resize(x, (x.shape[0], 8, 8, 1), "linear", antialias=True))
+  if x.shape[1] != size:
+    x = np.asarray(jax.image.resize(x, (x.shape[0], size, size, 1), "linear", antialias=True))
   return x
 
 
@@ -91,8 +100,8 @@ def train_digits_classifier(cfg: Any, ds: data_lib.Dataset, progress: bool = Fal
   return model, res.state, acc
 
 
-def judge_samples(model, state, samples: np.ndarray, labels: np.ndarray | None, logits: np.ndarray | None = None
-                  ) -> dict[str, float]:
+def judge_samples(model, state, samples: np.ndarray, labels: np.ndarray | None, logits: np.ndarray | None = None,
+                  input_size: int = 8) -> dict[str, float]:
   """Classifier verdict on samples: accuracy vs the requested labels, mean confidence, class-histogram entropy.
 
   Args:
@@ -101,6 +110,7 @@ def judge_samples(model, state, samples: np.ndarray, labels: np.ndarray | None, 
     samples: [N, S, S, 1] in [-1, 1] (only used when logits is None).
     labels: [N] int requested digits, or None (unconditional: no accuracy).
     logits: precomputed [N, 10] judge logits, or None to compute them.
+    input_size: the classifier's input side (see `to_classifier_input`).
 
   Returns:
     {'confidence': mean max-probability, 'class_entropy_bits': entropy of the predicted-class histogram
@@ -108,7 +118,7 @@ def judge_samples(model, state, samples: np.ndarray, labels: np.ndarray | None, 
   """
   from iclr24_jax.vision import classify
   if logits is None:
-    logits = classify.predict(model, state, to_classifier_input(samples))
+    logits = classify.predict(model, state, to_classifier_input(samples, input_size))
   probs = np.asarray(jax.nn.softmax(jnp.asarray(logits), -1))
   pred = probs.argmax(-1)
   hist = np.bincount(pred, minlength=probs.shape[-1]) / len(pred)
@@ -208,7 +218,8 @@ def run(config: Any, workdir: str) -> dict:
   # Samples and a uniform-noise baseline, classified in one call.
   noise = np.random.default_rng(0).uniform(-1, 1, samples.shape).astype(np.float32)
   from iclr24_jax.vision import classify
-  logits = classify.predict(clf_model, clf_state, to_classifier_input(np.concatenate([samples, noise])))
+  logits = classify.predict(clf_model, clf_state,
+                            to_classifier_input(np.concatenate([samples, noise]), ds.train.x.shape[1]))
   verdict = judge_samples(clf_model, clf_state, samples, labels if num_classes else None, logits[:n])
   noise_verdict = judge_samples(clf_model, clf_state, noise, None, logits[n:])
 
