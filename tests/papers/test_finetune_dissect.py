@@ -256,3 +256,27 @@ def test_experiment_tiny(tiny_run):
   assert os.path.exists(os.path.join(workdir, "metrics.jsonl"))
   with pytest.raises(ValueError, match="unknown variant"):
     cfg_mod.get_config("huge")
+
+
+def test_real_text_encoding_marks_rejected_rows():
+  from iclr24_jax.papers.finetune_dissect import real
+  tok = lm.train_bpe(["the cat sat on the mat"] * 4, vocab_size=300)
+  ids, mask = real.encode_right(tok, ["the cat sat", None, "the mat " * 20], max_len=8)
+  chex.assert_shape(ids, (3, 8))
+  assert ids[0, 0] == tok.bos_id and mask[0, 0] and not mask[1].any() and mask[2].all()   # truncated to 8
+  assert mask[0].sum() == 1 + len(tok.encode("the cat sat"))
+
+
+@pytest.mark.slow
+def test_real_text_pipeline_runs(tmp_path):
+  # SmolLM2 rewrites (cached), MiniLM filter, 2 LoRA steps, decomposition: runs end to end (minutes on CPU).
+  pytest.importorskip("gguf")
+  from iclr24_jax.papers.finetune_dissect import real
+  try:
+    lm.find_smollm2_gguf()
+  except Exception as e:   # noqa: BLE001
+    pytest.skip(f"SmolLM2 not installed: {e}")
+  res = real.run_real_text(str(tmp_path), dict(num_probe_documents=2, num_train_documents=4, steps=2,
+                                               batch_size=2, max_len=48, max_new_tokens=16))
+  assert set(res["report"]) == {"topic", "style", "counterfactual"}
+  assert np.isfinite(res["parts"]["total"])
