@@ -210,6 +210,25 @@ def test_config_variants():
     cfg_mod.get_config("laion5b")
 
 
+def test_default_analogue_is_calibrated_to_the_papers_ratios():
+  from iclr24_jax.configs import clip_ood as cfg_mod
+  d = cfg_mod.get_config("").data
+  n_test = d.test_size * (len(data_mod.BENCHMARKS) - 1) + d.lowres_test_size
+  assert n_test / d.reference_size <= 0.15  # the paper: ~166k benchmark images / 1.28M ImageNet-train = 0.13
+  # the reference is asked for every digit style in the pool's proportions: the requested reference shares match
+  # the digit styles the pool actually holds (built small here with the same generator)
+  b = data_mod.build_benchmark(pool_size=3000, reference_size=1500, test_size=20, lowres_test_size=20,
+                               reference_style_rates=dict(d.reference_style_rates), seed=1)
+  digit = b.pool.styles != data_mod.STYLES.index("photo")
+  rates = dict(d.reference_style_rates)
+  total = sum(rates.values())
+  for i, s in enumerate(data_mod.STYLES):
+    if s == "photo":
+      continue
+    pool_share = float(np.mean(b.pool.styles[digit] == i))
+    assert abs(pool_share - rates[s] / total) < 0.03, (s, pool_share, rates[s] / total)
+
+
 def test_tiny_experiment_smoke(tmp_path):
   from iclr24_jax.configs import clip_ood as cfg_mod
   from iclr24_jax.papers.clip_ood import experiment

@@ -11,8 +11,7 @@ run(config, workdir)      the whole pipeline on the digits analogue (see data.py
                           5. train one CLIP per split (same steps, same init), zero-shot on every benchmark;
                           writes results.json, metrics.jsonl (all trainings, keys prefixed by the split),
                           one checkpoint folder per split, and plots.
-reproduce(workdir, fast)  rows for the paper's claims (see README.md).
-benchmark(quick)          top-k similarity throughput vs pool size on 1 and all devices; CLIP train step/s.
+The reproduction study and the benchmark are in `study.py`.
 """
 from __future__ import annotations
 
@@ -25,7 +24,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from iclr24_jax.common import bench as bench_lib
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
@@ -374,132 +372,3 @@ def run(config: Any, workdir: str) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 # reproduce / benchmark
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _above_chance_retention(acc: float, ref_acc: float, chance: float = 0.1) -> float | None:
-  """(acc - chance) / (ref_acc - chance); None when the reference model is itself near chance (smoke runs)."""
-  if ref_acc - chance < 0.02:
-    return None
-  return (acc - chance) / (ref_acc - chance)
-
-
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """The paper's claims on the digits analogue: the default config with seeds 0 and 1 ('tiny', seed 0, if fast).
-
-  Each seed redraws the data (pool, reference set, benchmarks), the dedup clustering, the random split and
-  the CLIP initialisations. Rows report the mean over seeds; the notes give every seed's value.
-  """
-  from iclr24_jax.configs import clip_ood as cfg_mod
-  seeds = (0,) if fast else (0, 1)
-  runs = []
-  for seed in seeds:
-    cfg = cfg_mod.get_config("tiny" if fast else "")
-    with cfg.unlocked():
-      cfg.seed = seed
-      cfg.progress = False
-    runs.append(run(cfg, os.path.join(workdir, "clip_ood", f"seed{seed}")))
-  conds = [c for c in CONDITIONS if c in runs[0]["zero_shot"]]
-  bench_names = [b for b in data_mod.BENCHMARKS if b in runs[0]["zero_shot"]["full"]]
-
-  def acc(cond, b="mean_ood"):
-    return float(np.mean([r["zero_shot"][cond][b] for r in runs]))
-
-  def per_seed(cond, b="mean_ood"):
-    return ", ".join(f"{r['zero_shot'][cond][b]:.3f}" for r in runs)
-
-  judge = (lambda x: None) if fast else (lambda x: bool(x))
-  sizes = runs[0]["splits"]["sizes"]
-  plots = runs[0]["plots"]
-  tag = f"{cfg.num_steps} steps x batch {cfg.batch_size} per split, seeds {list(seeds)} (mean)"
-  rows = []
-  for b in bench_names:
-    rows.append({"paper": "clip_ood", "experiment": f"zero-shot {b} ({data_mod.PAPER_ANALOGUE.get(b, b)} analogue)",
-                 "metric": "top-1 acc: " + " / ".join(conds),
-                 "ours": " / ".join(f"{acc(c, b):.3f}" for c in conds),
-                 "paper_value": "pruning lowers accuracy on some benchmarks; overall it stays high",
-                 "holds": None, "notes": tag, "plots": plots[:1]})
-  full, pruned, rand = acc("full"), acc("pruned"), acc("random")
-  retention = _above_chance_retention(pruned, full)
-  rows.append({"paper": "clip_ood", "experiment": "similarity-pruned pool vs full pool (union of benchmarks)",
-               "metric": "share of the full model's above-chance mean OOD accuracy kept",
-               "ours": retention,
-               "paper_value": "some drop, but CLIP's overall performance remains high (Sec. 5)",
-               "holds": judge(retention is not None and retention >= 0.75),
-               "notes": f"mean OOD acc full {full:.3f} ({per_seed('full')}), pruned {pruned:.3f} ({per_seed('pruned')}); "
-                        f"pool {sizes['full']} -> {sizes['pruned']} (seed 0); holds = >= 75% kept; {tag}",
-               "plots": plots[:2]})
-  rows.append({"paper": "clip_ood", "experiment": "similarity-pruned vs random subset of equal size",
-               "metric": "mean OOD zero-shot acc (random - pruned)", "ours": rand - pruned,
-               "paper_value": "removing the most similar samples costs more than removing random ones",
-               "holds": judge(rand >= pruned),
-               "notes": f"random {rand:.3f} ({per_seed('random')}) vs pruned {pruned:.3f}; {tag}", "plots": plots[:1]})
-  if "most_similar" in conds:
-    most = acc("most_similar")
-    rows.append({"paper": "clip_ood", "experiment": "most-similar split (half of the pool) vs full pool",
-                 "metric": "mean OOD zero-shot acc (split - full)", "ours": most - full,
-                 "paper_value": "a 100M split (1/4 of LAION-400M) of the samples most similar to the benchmarks "
-                                "matches full performance",
-                 "holds": judge(most >= full - 0.02),
-                 "notes": f"split {most:.3f} ({per_seed('most_similar')}), n={sizes['most_similar']} of "
-                          f"{sizes['full']}; holds = within 2 points or better; {tag}", "plots": plots[:1]})
-  if "least_similar" in conds and "most_similar" in conds:
-    least = acc("least_similar")
-    rows.append({"paper": "clip_ood", "experiment": "least-similar split vs most-similar split (same size)",
-                 "metric": "mean OOD zero-shot acc (least - most)", "ours": least - acc("most_similar"),
-                 "paper_value": "keeping the dissimilar half instead is worse (the official 'near'-pruned splits)",
-                 "holds": judge(least < acc("most_similar")),
-                 "notes": f"least {least:.3f} ({per_seed('least_similar')}); {tag}", "plots": plots[:1]})
-  excess = max(v["max_excess/pruned"] for r in runs for v in r["splits"]["per_benchmark"].values())
-  rows.append({"paper": "clip_ood", "experiment": "similarity gap after pruning",
-               "metric": "max over test points of NN-sim(pruned pool) - NN-sim(reference set)", "ours": excess,
-               "paper_value": "<= 0: no test point is closer to the pruned pool than to ImageNet-train",
-               "holds": bool(excess <= 1e-6),
-               "notes": "benchmark copies kept in the pruned pool: "
-                        f"{[r['contamination_kept']['pruned'] for r in runs]} (full pool: "
-                        f"{[r['contamination_kept']['full'] for r in runs]})", "plots": plots[1:2]})
-  d = runs[0]["dedup"]
-  rows.append({"paper": "clip_ood", "experiment": "near-duplicate removal (k-means + within-cluster threshold)",
-               "metric": "injected near-duplicate pairs resolved", "ours": d["pair_recall"],
-               "paper_value": "LAION-400M -> ~200M after removing near duplicates", "holds": None,
-               "notes": f"removed {d['removed']} of {d['pool_size']} (seed 0); {d['removed_outside_pairs']} outside the "
-                        "injected pairs (repeated renderings, near-blank photo crops)", "plots": []})
-  return rows
-
-
-def benchmark(quick: bool = True) -> list[dict]:
-  """Top-k similarity (queries x keys per second) vs pool size on 1 and all devices; CLIP train step/s."""
-  rows = []
-  rng = np.random.default_rng(0)
-  d, q, k = 64, 512, 10
-  sizes = (16384, 65536) if quick else (16384, 65536, 262144)
-  queries = rng.normal(size=(q, d)).astype(np.float32)
-  queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    for n in sizes:
-      keys = rng.normal(size=(n, d)).astype(np.float32)
-      keys /= np.linalg.norm(keys, axis=1, keepdims=True)
-      keys_j = jax.device_put(keys, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names)))
-      fn = jax.jit(functools.partial(sim_lib.topk_similarity, k=k, chunk=2048, mesh=mesh))
-      rows.append(bench_lib.time_fn(fn, jnp.asarray(queries), keys_j, repeats=3 if quick else 10, items=q * n, min_time_s=0.5,
-                                    name="clip_ood/topk_similarity", size=n, batch=q, mesh_devices=n_dev,
-                                    k=k, dim=d, unit="query-key pairs/s"))
-  from iclr24_jax.configs import clip_ood as cfg_mod
-  cfg = cfg_mod.get_config("")
-  vocab = 64
-  model = model_lib.create_model(cfg.model, vocab)
-  tx = clip.make_optimizer(cfg.optimizer, cfg.num_steps)
-  step = model_lib.train_step_for(model)
-  t_len = int(cfg.model.text.max_len)
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    for bs in ((256,) if quick else (256, 1024)):
-      state = jax.jit(lambda key: clip.init_state(key, model, (16, 16, 1), (t_len,), jnp.int32, tx),
-                      out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
-      batch = sharding.shard_batch({"image": rng.random((bs, 16, 16, 1), np.float32),
-                                    "text": rng.integers(0, vocab, (bs, t_len)).astype(np.int32)}, mesh)
-      fn = loop_lib.compile_step(step, mesh)
-      rows.append(bench_lib.time_fn(fn, state, batch, jax.random.key(1), carry=True, repeats=5 if quick else 20,
-                                    items=bs, name="clip_ood/clip_train_step", batch=bs, mesh_devices=n_dev,
-                                    size=f"cnn{tuple(cfg.model.image.features)}+text{cfg.model.text.width}"))
-  return rows

@@ -1,0 +1,167 @@
+"""clip_ood: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+
+The method lives in the package's method modules and `experiment.run`; this module holds the studies
+that the paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call them).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.common import bench as bench_lib
+from iclr24_jax.common import loop as loop_lib
+from iclr24_jax.common import sharding
+from iclr24_jax.common import stats
+from iclr24_jax.papers.clip_ood import data as data_mod
+from iclr24_jax.papers.clip_ood import model as model_lib
+from iclr24_jax.papers.clip_ood import similarity as sim_lib
+from iclr24_jax.vision import clip
+from iclr24_jax.papers.clip_ood.experiment import CONDITIONS, run
+
+
+def _above_chance_retention(acc: float, ref_acc: float, chance: float = 0.1) -> float | None:
+  """(acc - chance) / (ref_acc - chance); None when the reference model is itself near chance (smoke runs)."""
+  if ref_acc - chance < 0.02:
+    return None
+  return (acc - chance) / (ref_acc - chance)
+
+
+def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+  """The paper's claims on the calibrated digits analogue: the default config with seeds 0, 1, 2 ('tiny', seed 0,
+  if fast); every comparison judged over seeds, paired (one seed = one draw of the data, dedup and inits).
+
+  Each seed redraws the data (pool, reference set, benchmarks), the dedup clustering, the random split and
+  the CLIP initialisations; a seed's splits share its draw, so the comparisons are paired by seed.
+  """
+  from iclr24_jax.configs import clip_ood as cfg_mod
+  seeds = (0,) if fast else (0, 1, 2)
+  runs = []
+  for seed in seeds:
+    cfg = cfg_mod.get_config("tiny" if fast else "")
+    with cfg.unlocked():
+      cfg.seed = seed
+      cfg.progress = False
+    runs.append(run(cfg, os.path.join(workdir, "clip_ood", f"seed{seed}")))
+  conds = [c for c in CONDITIONS if c in runs[0]["zero_shot"]]
+  bench_names = [b for b in data_mod.BENCHMARKS if b in runs[0]["zero_shot"]["full"]]
+
+  def per_seed(cond, b="mean_ood"):
+    return np.asarray([r["zero_shot"][cond][b] for r in runs])
+
+  sizes = [r["splits"]["sizes"] for r in runs]
+  pruned_frac = np.asarray([1.0 - s["pruned"] / s["full"] for s in sizes])
+  d = cfg.data
+  ratio = (d.test_size * (len(bench_names) - 1) + d.lowres_test_size) / d.reference_size
+  plots = runs[0]["plots"]
+  tag = (f"{cfg.num_steps} steps x batch {cfg.batch_size} per split, {len(seeds)} seeds paired; test points / "
+         f"reference = {ratio:.2f} (paper ~0.13), reference styles in the pool's proportions")
+  rows = []
+  for b in bench_names:
+    rows.append({"paper": "clip_ood", "experiment": f"zero-shot {b} ({data_mod.PAPER_ANALOGUE.get(b, b)} analogue)",
+                 "metric": "top-1 acc (mean over seeds): " + " / ".join(conds),
+                 "ours": " / ".join(f"{per_seed(c, b).mean():.3f}" for c in conds),
+                 "paper_value": "pruning lowers accuracy on some benchmarks; overall it stays high",
+                 "holds": None, "notes": tag, "plots": plots[:1]})
+  full, pruned = per_seed("full"), per_seed("pruned")
+  retention = [_above_chance_retention(p, f) for p, f in zip(pruned, full)]
+  pf = stats.mean_se(pruned_frac)
+  if all(r is not None for r in retention):
+    row = stats.compare_row(
+        paper="clip_ood", experiment="similarity-pruned pool vs full pool (union of benchmarks)",
+        metric="share of the full model's above-chance mean OOD accuracy kept (vs 0.75)", a=retention, b=0.75,
+        name_a="kept", name_b="threshold", paper_value="some drop, but CLIP's overall performance remains high (Sec. 5)",
+        notes=(f"pruned fraction of the deduplicated pool {pf[0]:.3f}+-{pf[1]:.3f} (per seed "
+               f"{', '.join(f'{v:.3f}' for v in pruned_frac)}); mean OOD acc full {full.mean():.3f}, pruned "
+               f"{pruned.mean():.3f}; holds = kept share beyond 0.75 by 2 SE; {tag}"), plots=plots[:2])
+  else:
+    row = {"paper": "clip_ood", "experiment": "similarity-pruned pool vs full pool (union of benchmarks)",
+           "metric": "share of above-chance accuracy kept", "ours": None, "paper_value": "-", "holds": None,
+           "notes": "the full model is near chance (smoke run)"}
+  rows.append(row)
+  rows.append({"paper": "clip_ood", "experiment": "similarity pruning: pruned fraction of the deduplicated pool",
+               "metric": "fraction removed (mean+-SE over seeds)", "ours": f"{pf[0]:.3f}+-{pf[1]:.3f}",
+               "paper_value": "the analogue calibrated to the paper's ratio of test points to reference set (~0.13)",
+               "holds": None, "notes": "; ".join(f"seed {s}: {z['full']} -> {z['pruned']}" for s, z in zip(seeds, sizes))})
+  rows.append(stats.compare_row(
+      paper="clip_ood", experiment="similarity-pruned vs random subset of equal size", metric="mean OOD zero-shot acc",
+      a=per_seed("random"), b=pruned, name_a="random", name_b="pruned",
+      paper_value="removing the most similar samples costs more than removing random ones", notes=tag,
+      plots=plots[:1]))
+  if "most_similar" in conds:
+    most = per_seed("most_similar")
+    rows.append(stats.compare_row(
+        paper="clip_ood", experiment="most-similar split (half of the pool) vs full pool minus 2 points",
+        metric="mean OOD zero-shot acc", a=most, b=full - 0.02, name_a="most-similar half", name_b="full-0.02",
+        paper_value="a 100M split (1/4 of LAION-400M) of the samples most similar to the benchmarks matches full "
+                    "performance", notes=f"holds = the split is above full - 2 points by 2 SE; {tag}",
+        plots=plots[:1]))
+  if "least_similar" in conds and "most_similar" in conds:
+    rows.append(stats.compare_row(
+        paper="clip_ood", experiment="least-similar split vs most-similar split (same size)",
+        metric="mean OOD zero-shot acc", a=per_seed("least_similar"), b=per_seed("most_similar"),
+        name_a="least-similar", name_b="most-similar", direction="less",
+        paper_value="keeping the dissimilar half instead is worse (the official 'near'-pruned splits)", notes=tag,
+        plots=plots[:1]))
+  if fast:
+    for r in rows:
+      r["holds"] = None
+  excess = max(v["max_excess/pruned"] for r in runs for v in r["splits"]["per_benchmark"].values())
+  rows.append({"paper": "clip_ood", "experiment": "similarity gap after pruning",
+               "metric": "max over test points of NN-sim(pruned pool) - NN-sim(reference set)", "ours": excess,
+               "paper_value": "<= 0: no test point is closer to the pruned pool than to ImageNet-train",
+               "holds": "yes" if excess <= 1e-6 else "no",
+               "notes": "a guarantee of the pruning rule (checked on every test point of every seed); benchmark "
+                        f"copies kept in the pruned pool: {[r['contamination_kept']['pruned'] for r in runs]} (full "
+                        f"pool: {[r['contamination_kept']['full'] for r in runs]})", "plots": plots[1:2]})
+  dd = runs[0]["dedup"]
+  rows.append({"paper": "clip_ood", "experiment": "near-duplicate removal (k-means + within-cluster threshold)",
+               "metric": "injected near-duplicate pairs resolved", "ours": dd["pair_recall"],
+               "paper_value": "LAION-400M -> ~200M after removing near duplicates", "holds": None,
+               "notes": f"removed {dd['removed']} of {dd['pool_size']} (seed 0); {dd['removed_outside_pairs']} outside "
+                        "the injected pairs (repeated renderings, near-blank photo crops)", "plots": []})
+  return rows
+
+
+def benchmark(quick: bool = True) -> list[dict]:
+  """Top-k similarity (queries x keys per second) vs pool size on 1 and all devices; CLIP train step/s."""
+  rng = np.random.default_rng(0)
+  d, q, k = 64, 512, 10
+  sizes = (16384, 65536) if quick else (16384, 65536, 262144)
+  queries = rng.normal(size=(q, d)).astype(np.float32)
+  queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+  pools = {}
+  for n in sizes:
+    keys = rng.normal(size=(n, d)).astype(np.float32)
+    pools[n] = keys / np.linalg.norm(keys, axis=1, keepdims=True)
+
+  def topk_case(mesh, n):
+    keys_j = jax.device_put(pools[n], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh.axis_names)))
+    fn = jax.jit(functools.partial(sim_lib.topk_similarity, k=k, chunk=2048, mesh=mesh))
+    return fn, (jnp.asarray(queries), keys_j), dict(items=q * n, name="clip_ood/topk_similarity", size=n, batch=q,
+                                                    k=k, dim=d, unit="query-key pairs/s")
+
+  rows = bench_lib.across_devices(topk_case, sizes=sizes, repeats=3 if quick else 10, min_time_s=0.5)
+  from iclr24_jax.configs import clip_ood as cfg_mod
+  cfg = cfg_mod.get_config("")
+  vocab = 64
+  model = model_lib.create_model(cfg.model, vocab)
+  tx = clip.make_optimizer(cfg.optimizer, cfg.num_steps)
+  step = model_lib.train_step_for(model)
+  t_len = int(cfg.model.text.max_len)
+
+  def train_case(mesh, bs):
+    state = jax.jit(lambda key: clip.init_state(key, model, (16, 16, 1), (t_len,), jnp.int32, tx),
+                    out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
+    batch = sharding.shard_batch({"image": rng.random((bs, 16, 16, 1), np.float32),
+                                  "text": rng.integers(0, vocab, (bs, t_len)).astype(np.int32)}, mesh)
+    return loop_lib.compile_step(step, mesh), (state, batch, jax.random.key(1)), dict(
+        items=bs, name="clip_ood/clip_train_step", batch=bs,
+        size=f"cnn{tuple(cfg.model.image.features)}+text{cfg.model.text.width}")
+
+  rows += bench_lib.across_devices(train_case, sizes=(256,) if quick else (256, 1024), carry=True,
+                                   repeats=5 if quick else 20)
+  return rows
