@@ -169,7 +169,8 @@ def write_markdown(all_rows: dict, timings: dict, errors: dict, out_dir: str, fa
   lines += ["", "## Run times", "",
             "Wall seconds of each experiment's own run, its CPU seconds (user + system) where recorded, and the "
             "1-minute load average at its end: wall times measured on a shared, loaded machine are inflated; on an "
-            "idle 2-core machine an experiment's wall time is about its CPU seconds / 1.5.", "",
+            "idle 2-core machine an experiment's wall time lies between its CPU seconds / 2 and its CPU seconds (JAX keeps "
+            "both cores busy only part of the time).", "",
             "| experiment | wall s | CPU s | load |", "|---|---|---|---|"]
 
   def cell(v, fmt):
