@@ -35,18 +35,6 @@ def _domain_probes(n=32, seed=0):
   return tables, {k: np.asarray(v) for k, v in versions.items()}
 
 
-def _changed(gp, u_topic, u_style, a_facts, tables):
-  """The analytic model after known changes: pi_T <- softmax(log pi_T + u_topic), same for styles, and the true
-  value of each domain subject gets its logit raised by a_facts[j]."""
-  def renorm(x):
-    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
-  lf = np.array(gp.log_facts)
-  rows = SPEC.num_general_subjects + np.arange(SPEC.num_domain_subjects)
-  lf[rows, np.asarray(tables["domain"])] += a_facts
-  return grammar.GrammarParams(log_topic=renorm(gp.log_topic + u_topic), log_style=renorm(gp.log_style + u_style),
-                               log_subject=gp.log_subject, log_facts=renorm(lf))
-
-
 @pytest.mark.parametrize("which", ["topic", "style", "facts", "all"])
 def test_decompose_recovers_known_grammar_changes(which):
   tables, probes = _domain_probes()
@@ -55,7 +43,7 @@ def test_decompose_recovers_known_grammar_changes(which):
   u_t = rng.normal(size=SPEC.num_topics) if which in ("topic", "all") else np.zeros(SPEC.num_topics)
   u_s = rng.normal(size=SPEC.num_styles) if which in ("style", "all") else np.zeros(SPEC.num_styles)
   a = rng.normal(size=SPEC.num_domain_subjects) if which in ("facts", "all") else np.zeros(SPEC.num_domain_subjects)
-  gp1 = _changed(gp0, u_t, u_s, a, tables)
+  gp1 = grammar.shift_params(gp0, SPEC, tables, u_t, u_s, a)
   deltas = {v: grammar.analytic_token_logprobs(gp1, SPEC, ids) - grammar.analytic_token_logprobs(gp0, SPEC, ids)
             for v, ids in probes.items()}
   mask = np.ones(probes["original"].shape, bool)

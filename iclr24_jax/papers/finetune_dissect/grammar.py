@@ -149,6 +149,31 @@ def general_params(spec: GrammarSpec, tables: dict, confidence: float = 1.0) -> 
                        log_facts=log_facts)
 
 
+def shift_params(gp: GrammarParams, spec: GrammarSpec, tables: dict, u_topic, u_style, a_facts) -> GrammarParams:
+  """The analytic model after known changes (the ground truth `decompose` is checked against).
+
+  pi_T <- softmax(log pi_T + u_topic), pi_S <- softmax(log pi_S + u_style), and the true value of each domain
+  subject j gets its logit raised by a_facts[j] (its row renormalised).
+
+  Args:
+    gp: the model before the change.
+    spec: the grammar.
+    tables: `fact_tables` output (tables['domain'] [num_domain_subjects] true values).
+    u_topic: [num_topics] logit shifts; u_style: [num_styles]; a_facts: [num_domain_subjects].
+
+  Returns:
+    GrammarParams after the change (log_subject unchanged).
+  """
+  def renorm(x):
+    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
+  lf = np.array(gp.log_facts)
+  rows = spec.num_general_subjects + np.arange(spec.num_domain_subjects)
+  lf[rows, np.asarray(tables["domain"])] += np.asarray(a_facts)
+  return GrammarParams(log_topic=renorm(np.asarray(gp.log_topic) + u_topic),
+                       log_style=renorm(np.asarray(gp.log_style) + u_style),
+                       log_subject=gp.log_subject, log_facts=renorm(lf))
+
+
 def analytic_token_logprobs(gp: GrammarParams, spec: GrammarSpec, ids: np.ndarray) -> np.ndarray:
   """Exact log p(x_t | x_<t) of grammar documents under the analytic model `gp` (module docstring).
 

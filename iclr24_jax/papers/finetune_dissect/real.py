@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import stats

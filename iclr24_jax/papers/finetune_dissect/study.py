@@ -17,7 +17,6 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import bench
@@ -43,12 +42,7 @@ def analytic_recovery_error(seed: int = 0, num_documents: int = 64) -> float:
   gp0 = grammar.general_params(spec, tables, confidence=0.9)
   u_t, u_s = rng.normal(size=spec.num_topics), rng.normal(size=spec.num_styles)
   a = rng.normal(size=spec.num_domain_subjects)
-  lf = np.array(gp0.log_facts)
-  lf[spec.num_general_subjects + np.arange(spec.num_domain_subjects), np.asarray(tables["domain"])] += a
-
-  def renorm(x):
-    return x - np.logaddexp.reduce(x, axis=-1, keepdims=True)
-  gp1 = grammar.GrammarParams(renorm(gp0.log_topic + u_t), renorm(gp0.log_style + u_s), gp0.log_subject, renorm(lf))
+  gp1 = grammar.shift_params(gp0, spec, tables, u_t, u_s, a)
   deltas = {v: grammar.analytic_token_logprobs(gp1, spec, x) - grammar.analytic_token_logprobs(gp0, spec, x)
             for v, x in probes.items()}
   mask = np.ones(probes["original"].shape, bool)
