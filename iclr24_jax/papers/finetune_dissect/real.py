@@ -98,7 +98,8 @@ def run_real_text(workdir: str, settings: dict | None = None) -> dict:
   for i in range(steps):
     idx = order[i * bs:(i + 1) * bs]
     state, m = step(state, {"ids": train_ids[idx], "mask": train_mask[idx]}, jax.random.key(i))
-    losses.append(float(m["loss"]))
+    losses.append(m["loss"])   # kept on device: no host sync per step
+  losses = [float(x) for x in jax.device_get(losses)]
   t_train = time.time() - t1
   ft_params = jax.jit(lambda st: lm_train.model_params(st, lora))(state)
   change = jax.jit(dissect.token_logprob_change, static_argnums=2)

@@ -134,6 +134,9 @@ def train_steps(models: Models, config: Any, state, kind: str, questions: Sequen
   bsz = int(config.batch_size)
   if n < bsz:
     raise ValueError(f"{n} training rows are fewer than one batch ({bsz}).")
+  # Every row is encoded once (fixed width max_len), then minibatches are index slices.
+  rows = quark.encode_examples(models.tokenizer, questions, responses, prefixes, max_len=int(config.max_len))
+  base_key = jax.random.key(int(rng.integers(2 ** 31)))
   order = rng.permutation(n)
   pos = 0
   for i in range(int(num_steps)):
@@ -141,10 +144,9 @@ def train_steps(models: Models, config: Any, state, kind: str, questions: Sequen
       order, pos = rng.permutation(n), 0
     idx = order[pos:pos + bsz]
     pos += bsz
-    batch = quark.encode_examples(models.tokenizer, [questions[j] for j in idx], [responses[j] for j in idx],
-                                  None if prefixes is None else [prefixes[j] for j in idx], max_len=int(config.max_len))
+    batch = {k: v[idx] for k, v in rows.items()}
     batch.update(kl_scale=scale, entropy_scale=scale)
-    state, metrics = step(state, batch, jax.random.key(0))
+    state, metrics = step(state, batch, jax.random.fold_in(base_key, i))
     if history is not None and (i % max(int(config.log_every), 1) == 0 or i == num_steps - 1):
       history.append({"stage": stage, "step": i, **{k: float(v) for k, v in jax.device_get(metrics).items()}})
   return state
