@@ -9,6 +9,8 @@ loss factor 2, L2 5e-6), and '<table>_<model>' for table in generated/heloc/faul
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 TABLES = ("generated", "heloc", "faults")
 MODELS = ("tvae", "ctgan")
 VERSIONS = ("constrained", "unconstrained", "postprocessing")
@@ -65,10 +67,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
-  arg = arg or ""
-  parts = arg.split("_") if arg else []
   valid = ["", "tiny", "heloc_official", *TABLES, *[f"{t}_{m}" for t in TABLES for m in MODELS],
            *[f"{t}_{m}_{v}" for t in TABLES for m in MODELS for v in VERSIONS[1:]]]
+  arg = variants.one(arg, valid, name="cdgm")
+  parts = arg.split("_") if arg else []
   if arg == "tiny":
     c.num_steps = 20
     c.log_every = 10
@@ -86,14 +88,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_steps = 2250
     c.model.loss_factor = 2.0
     c.optimizer.tvae.weight_decay = 5e-6
-  elif len(parts) in (2, 3) and parts[0] in TABLES and parts[1] in MODELS and (
-      len(parts) == 2 or parts[2] in VERSIONS[1:]):
+  elif arg:  # '<table>_<model>' or '<table>_<model>_<version>'
     c.data.name = parts[0]
     c.model = _model(parts[1])
     if len(parts) == 3:
       c.model.version = parts[2]
-  elif arg:
-    raise ValueError(f"unknown variant '{arg}' for configs/cdgm.py; choose one of {valid}.")
   if c.data.name == "faults":
     c.num_samples = 1358  # the size of the training split, as the official evaluation samples |train| rows
   return c

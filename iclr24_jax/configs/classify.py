@@ -5,6 +5,10 @@ Variants (after the colon): '' (digits CNN, the default), 'tiny', 'mnist5k', 're
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
+VARIANTS = ("", "tiny", "mnist5k", "resnet")
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The classify config: a digits CNN (1,500 Adam steps, cosine schedule) unless `arg` picks a variant.
@@ -32,7 +36,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = 500
   c.checkpoint_every = 500
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  arg = arg or ""
+  arg = variants.one(arg, VARIANTS, name="classify")
   if arg == "tiny":
     c.num_steps = 40
     c.batch_size = 32
@@ -49,6 +53,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_steps = 2000
   elif arg == "resnet":
     c.model = ml_collections.ConfigDict(dict(name="resnet18", width=16, norm="group", stage_sizes=(2, 2, 2, 2)))
-  elif arg:
-    raise ValueError(f"unknown variant '{arg}' for configs/classify.py; choose '', 'tiny', 'mnist5k', 'resnet'.")
   return c

@@ -18,6 +18,8 @@ import math
 
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 BENCHMARKS = ("clean", "sketch", "inverted", "rotated", "noisy", "lowres")
 VARIANTS = ("", "tiny", "candidates", "no_dedup", "vit", "minilm") + tuple(f"prune_{b}" for b in BENCHMARKS)
 
@@ -55,7 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                            num_iters=50))
   c.prune = ml_collections.ConfigDict(dict(chunk=1024, num_candidates=0, split_fraction=0.5, benchmarks=()))
   c.conditions = ("full", "pruned", "random", "most_similar", "least_similar")
-  arg = arg or ""
+  arg = variants.one(arg, VARIANTS, name="clip_ood")
   if arg == "tiny":
     c.data.update(dict(pool_size=1200, reference_size=300, test_size=60, lowres_test_size=40))
     c.model.embed_dim = 16
@@ -75,8 +77,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.image = ml_collections.ConfigDict(dict(name="vit", patch_size=4, width=32, depth=2, heads=2))
   elif arg == "minilm":
     c.model.text = ml_collections.ConfigDict(dict(name="features", hidden=()))
-  elif arg.startswith("prune_") and arg[len("prune_"):] in BENCHMARKS:
+  elif arg.startswith("prune_"):
     c.prune.benchmarks = (arg[len("prune_"):],)
-  elif arg:
-    raise ValueError(f"unknown variant '{arg}' for configs/clip_ood.py; choose one of {VARIANTS}.")
   return c

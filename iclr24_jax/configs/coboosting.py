@@ -16,6 +16,8 @@ Variants (comma-separated after the colon):
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("tiny", "digits", "reproduce", "alpha=<a>", "hetero", "coboosting", "dense", "fedavg", "ensemble",
             "compare")
 METHODS = ("coboosting", "dense", "fedavg", "ensemble")
@@ -64,7 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0  # epochs (0: no checkpoints)
   c.plots = True
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  parts = [p for p in (arg or "").split(",") if p]
+  parts = variants.parse(arg, VARIANTS, name="coboosting")
   # Budget variants first, so 'hetero' / 'alpha=' / methods apply on top of them in any order.
   parts.sort(key=lambda p: 0 if p in ("tiny", "digits", "reproduce") else 1)
   for part in parts:
@@ -123,7 +125,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.methods = (part,)
     elif part == "compare":
       c.methods = METHODS
-    else:
-      raise ValueError(f"unknown variant '{part}' for configs/coboosting.py; choose from {', '.join(VARIANTS)} "
-                       "(comma-separated).")
   return c

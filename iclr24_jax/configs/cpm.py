@@ -15,6 +15,8 @@ Feature scores are cached (resumable) in $ICLR24_JAX_CACHE/cpm/scores.jsonl (or 
 import ml_collections
 import numpy as np
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "repro", "tiny", "synthetic")
 MODIFIERS = ("parse", "official_prompt", "fake", "nobon")
 # Synthetic truth: 14 weights (13 "LM features" + length), some exactly zero (for L1), mixed signs.
@@ -62,13 +64,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
 
-  parts = [p for p in (arg or "").split(",") if p]
-  bad = [p for p in parts if p not in VARIANTS and p not in MODIFIERS]
-  variants = [p for p in parts if p in VARIANTS]
-  if bad or len(variants) > 1:
-    raise ValueError(f"unknown or conflicting variant '{arg}' for configs/cpm.py; choose at most one of "
-                     f"{VARIANTS[1:]} plus modifiers {MODIFIERS} (comma-separated).")
-  v = variants[0] if variants else ""
+  parts = variants.parse(arg, VARIANTS + MODIFIERS, name="cpm", exclusive=(VARIANTS[1:],))
+  v = next((p for p in parts if p in VARIANTS), "")
   if v == "repro":
     # Sized for the CPU reproduction budget (see the README: what was cut and why).
     c.data.num_train, c.data.num_test = 60, 60

@@ -13,6 +13,8 @@ and CCS nothing to rank (the 'forgetting' variant runs the official choice).
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "mnist5k", "tiny", "text", "forgetting")
 
 
@@ -59,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = 0
   c.checkpoint_every = 0  # runs take seconds; nothing to resume
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))  # coreset runs are sharded over 'data'
-  arg = arg or ""
+  arg = variants.one(arg, VARIANTS, name="d2pruning")  # '' = digits
   if arg == "tiny":
     c.model.hidden = (32,)
     c.dynamics.epochs = 4
@@ -91,7 +93,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.selection.embedding = "inputs"  # the MiniLM sentence embeddings
   elif arg == "forgetting":
     c.selection.score_key = "forgetting"
-  elif arg:
-    raise ValueError(f"unknown variant '{arg}' for configs/d2pruning.py; choose one of {VARIANTS} "
-                     "('' = digits).")
   return c

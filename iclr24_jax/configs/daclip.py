@@ -14,6 +14,8 @@ per degradation.
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "tiny", "digits")
 
 
@@ -66,10 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
-  parts = [p for p in (arg or "").split(",") if p]
-  unknown = [p for p in parts if p not in VARIANTS]
-  if unknown:
-    raise ValueError(f"unknown variant '{arg}' for configs/daclip.py; choose from {VARIANTS} (comma-separated).")
+  parts = variants.parse(arg, VARIANTS, name="daclip")
   if "digits" in parts:
     c.data.name = "digits"
     c.data.num_train = 1400

@@ -10,6 +10,10 @@ with v-prediction), 'unconditional'.
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
+VARIANTS = ("", "tiny", "x16", "v_cosine", "continuous", "unconditional")
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The diffusion family check: a class-conditional UNet DDPM on 8x8 digits (linear schedule, DDIM sampling).
@@ -49,7 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = 0
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  arg = arg or ""
+  arg = variants.one(arg, VARIANTS, name="diffusion")
   if arg == "tiny":
     c.num_steps = 20
     c.batch_size = 32
@@ -80,7 +84,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.num_classes = 0
     c.diffusion.cond_drop_prob = 0.0
     c.sampler.guidance_scale = None
-  elif arg:
-    raise ValueError(f"unknown variant '{arg}' for configs/diffusion.py; choose '', 'tiny', 'x16', 'v_cosine', "
-                     "'continuous', 'unconditional'.")
   return c

@@ -9,6 +9,8 @@ full and LoRA rank 1 and 8, 3 seeds) and 'tiny' (seconds on CPU).
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "tiny")
 
 
@@ -55,8 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
 
-  if arg not in VARIANTS and arg is not None:
-    raise ValueError(f"unknown variant '{arg}' for configs/finetune_dissect.py; choose one of {VARIANTS}.")
+  arg = variants.one(arg, VARIANTS, name="finetune_dissect")
   if arg == "tiny":
     c.num_seeds = 2
     c.data.num_domain_subjects = 32

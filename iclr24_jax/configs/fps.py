@@ -13,6 +13,8 @@ c-rate DDIM kernel with 5 particles, at 100 steps).
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 TASKS = ("inpainting", "super_resolution", "gaussian_blur", "motion_blur")
 VARIANTS = ("", "tiny", "tiny_images", "images", "official") + TASKS
 
@@ -75,9 +77,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
-  arg = arg or ""
-  if arg not in VARIANTS:
-    raise ValueError(f"unknown variant '{arg}' for configs/fps.py; choose one of {VARIANTS}.")
+  arg = variants.one(arg, VARIANTS, name="fps")
   if arg == "tiny":      # the exactness study in seconds: 2-D, one particle count, one c, DDPM only
     c.num_steps = 10
     c.fps.num_steps = 10

@@ -21,6 +21,8 @@ Variants (after the colon; combine with commas, e.g. 'mimic3_demo_los,gin'):
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 MIMIC_TASKS = ("mortality", "readmission", "los", "drugrec")
 VARIANTS = ("", "tiny", "repro", "mimic3_demo", *(f"mimic3_demo_{t}" for t in MIMIC_TASKS), "gin", "gat", "gru",
             "gin_rel", "gat_rel", "no_alpha", "no_beta", "no_edge_attn", "official_code", "official_run",
@@ -64,10 +66,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 500
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
-  for v in [s.strip() for s in (arg or "").split(",") if s.strip()] or [""]:
-    if v not in VARIANTS:
-      raise ValueError(f"unknown variant '{v}' for configs/graphcare.py; choose from {list(VARIANTS)} "
-                       "(comma-separated to combine).")
+  for v in variants.parse(arg, VARIANTS, name="graphcare"):
     if v == "tiny":
       c.data.update(num_patients=240, num_concepts=60, num_entities=30, num_risk=4, split=(0.5, 0.25, 0.25))
       c.model.update(hidden_dim=16, num_layers=2, dropout=0.1, gnn_dropout=0.1)

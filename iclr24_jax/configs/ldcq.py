@@ -18,6 +18,8 @@ stitching; cached under $ICLR24_RL_CACHE), or a user's D4RL file via data.path (
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "umaze", "cpu", "cpu_umaze", "tiny")
 
 
@@ -46,9 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   Raises:
     ValueError: unknown variant.
   """
-  arg = arg or ""
-  if arg not in VARIANTS:
-    raise ValueError(f"unknown variant '{arg}' for configs/ldcq.py; choose one of {list(VARIANTS)}.")
+  arg = variants.one(arg, VARIANTS, name="ldcq")
   layout = "umaze" if "umaze" in arg else "medium"
   c = ml_collections.ConfigDict()
   c.paper = "ldcq"

@@ -12,6 +12,8 @@ resumes after an interruption.
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 STRATEGIES = ("vanilla", "rules", "rules_metrics", "rules_reference", "rules_metrics_reference", "cot", "swap",
               "swap_cot", "rating", "rating_norules", "rating_metrics", "rating_reference",
               "rating_metrics_reference")
@@ -59,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = 0
   c.checkpoint_every = 64  # the cache is the checkpoint
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
-  arg = arg or ""
+  arg = variants.one(arg, ("", "tiny", "tiny_smollm2") + STRATEGIES, name="llmbar")
   if arg in STRATEGIES:
     c.strategy = arg
   elif arg == "tiny":
@@ -72,7 +74,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.per_subset = 1
     c.max_new_tokens = ml_collections.ConfigDict(dict(direct=5, cot=16, metrics=8, reference=8, rating=3))
     c.log_every = 16
-  elif arg:
-    raise ValueError(f"unknown variant '{arg}' for configs/llmbar.py; choose '', 'tiny', 'tiny_smollm2' or a "
-                     f"strategy: {', '.join(STRATEGIES)}.")
   return c

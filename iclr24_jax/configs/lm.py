@@ -10,6 +10,10 @@ Variants (after the colon):
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
+VARIANTS = ("", "tiny", "tiny_lora")
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The lm family check: LoRA finetuning of SmolLM2-135M-Instruct on 8 chat Q/A pairs by default.
@@ -44,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = 20
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  arg = arg or ""
+  arg = variants.one(arg, VARIANTS, name="lm")
   if arg in ("tiny", "tiny_lora"):
     c.model.name = "tiny_llama"
     c.data.name = "paragraphs"
@@ -57,6 +61,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.log_every = 5
     c.eval_every = 15
     c.checkpoint_every = 15
-  elif arg:
-    raise ValueError(f"unknown variant '{arg}' for configs/lm.py; choose '', 'tiny', 'tiny_lora'.")
   return c

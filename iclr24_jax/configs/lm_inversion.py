@@ -7,6 +7,8 @@ Variants: '' (SmolLM2-135M target, ~2,000 train / 500 test prompts), 'tiny' (a t
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The lm_inversion config: invert SmolLM2-135M next-token distributions with a small T5 (~2,000 train prompts).
@@ -53,7 +55,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.eval = ml_collections.ConfigDict(dict(topk=(1, 10, 100), bag_k=10, bootstrap=2000))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  for part in [p for p in (arg or "").split(",") if p]:
+  for part in variants.parse(arg, ("tiny", "official_padding"), name="lm_inversion"):
     if part == "tiny":
       c.target.name = "tiny_random"
       c.data.max_prompts = 96
@@ -72,6 +74,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.samples.update(new_tokens=4, batch_size=16, input_len=12)
     elif part == "official_padding":
       c.model.official_padding = True
-    else:
-      raise ValueError(f"unknown lm_inversion variant {part!r}; choose from 'tiny', 'official_padding'.")
   return c

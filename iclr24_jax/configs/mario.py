@@ -10,6 +10,8 @@ batch 64, lr 1e-5, 10,000 steps with sampling every 500 steps, on T5-large.
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 DATASETS = ("strategyqa", "quarel")
 
 
@@ -59,10 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
 
-  parts = [p for p in (arg or "").split(",") if p]
-  unknown = [p for p in parts if p not in DATASETS + ("tiny",)]
-  if unknown:
-    raise ValueError(f"unknown variant(s) {unknown} for configs/mario.py; choose from {DATASETS} and 'tiny'.")
+  parts = variants.parse(arg, DATASETS + ("tiny",), name="mario")
   for p in parts:
     if p in DATASETS:
       c.data.name = p

@@ -17,6 +17,8 @@ scaled to a CPU (see iclr24_jax/papers/mdm/README.md).
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 ARMS = ("progressive", "nested", "single")
 VARIANTS = ("tiny", "p2") + ARMS
 
@@ -36,12 +38,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   Raises:
     ValueError: unknown variant or more than one arm.
   """
-  parts = [p for p in (arg or "").split(",") if p]
-  unknown = [p for p in parts if p not in VARIANTS]
+  parts = variants.parse(arg, VARIANTS, name="mdm", exclusive=(ARMS,))
   arms = [p for p in parts if p in ARMS]
-  if unknown or len(arms) > 1:
-    raise ValueError(f"unknown or conflicting variant '{arg}' for configs/mdm.py; choose from {VARIANTS} "
-                     "(at most one arm).")
   c = ml_collections.ConfigDict()
   c.paper = "mdm"
   c.seed = 0

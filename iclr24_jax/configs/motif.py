@@ -13,6 +13,8 @@ labels), 'generate' (official generate-and-parse annotation), 'nethack' (NetHack
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "tiny", "oracle", "generate", "nethack", "staircase_weights")
 
 
@@ -31,11 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     ValueError: unknown variant.
   """
   from iclr24_jax.rl.ppo import default_config
-  parts = [p for p in (arg or "").split(",") if p]
-  unknown = [p for p in parts if p not in VARIANTS]
-  if unknown:
-    raise ValueError(f"unknown variant(s) {unknown} for configs/motif.py; choose from {list(VARIANTS)} "
-                     "(comma-separated).")
+  parts = variants.parse(arg, VARIANTS, name="motif")
   c = ml_collections.ConfigDict()
   c.paper = "motif"
   c.seed = 0

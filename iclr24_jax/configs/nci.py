@@ -8,8 +8,11 @@ Variants: '' (NCI, target = digits), 'tiny', 'reproduce' (the settings of the le
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 # The five digit styles of papers/nci/data.py (a test checks they agree); a config imports no paper module.
 DOMAINS = ("mnist", "mnist_rot30", "mnist_rot60", "mnist_inv", "digits")
+METHODS_AND_SIZES = ("tiny", "reproduce", "erm", "dann", "nci", "oracle")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -49,8 +52,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = 500
   c.checkpoint_every = 500
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  arg = arg or ""
-  for part in [p for p in arg.split(",") if p]:
+  for part in variants.parse(arg, METHODS_AND_SIZES + ("target=<domain>",), name="nci"):
     if part == "tiny":
       c.num_steps = 20
       c.log_every = 10
@@ -69,7 +71,4 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.data.target = part.split("=", 1)[1]
       if c.data.target not in DOMAINS:
         raise ValueError(f"unknown target domain '{c.data.target}'; choose from {DOMAINS}.")
-    else:
-      raise ValueError(f"unknown variant '{part}' for configs/nci.py; choose from 'tiny', 'reproduce', 'erm', "
-                       "'dann', 'nci', 'oracle', 'target=<domain>' (comma-separated).")
   return c

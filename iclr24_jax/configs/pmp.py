@@ -12,6 +12,8 @@ Variants (after the colon, comma-separated): a data set '' (synthetic, default),
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 DATASETS = ("synthetic", "tiny", "yelpchi", "amazon", "tfinance", "texas", "cornell", "wisconsin", "film")
 MODIFIERS = ("mean", "sage", "gcn", "nobaselines")
 
@@ -54,13 +56,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.baselines = ("sage", "gcn")   # trained the same way after the main model, in workdir/baselines/<name>
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
-  parts = [p for p in (arg or "").split(",") if p]
-  data_parts = [p for p in parts if p in DATASETS]
-  unknown = [p for p in parts if p not in DATASETS and p not in MODIFIERS]
-  if unknown or len(data_parts) > 1:
-    raise ValueError(f"unknown or conflicting variant '{arg}' for configs/pmp.py; choose at most one data set of "
-                     f"{DATASETS} plus modifiers {MODIFIERS} (comma-separated).")
-  ds = data_parts[0] if data_parts else "synthetic"
+  parts = variants.parse(arg, DATASETS + MODIFIERS, name="pmp", exclusive=(DATASETS,))
+  ds = next((p for p in parts if p in DATASETS), "synthetic")
   if ds == "tiny":
     c.data.num_nodes = 300
     c.data.feature_dim = 8

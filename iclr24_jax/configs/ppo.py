@@ -10,6 +10,8 @@ num_steps counts PPO updates; env steps = num_steps * ppo.num_envs * ppo.rollout
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "cartpole", "inverted_pendulum", "hopper", "maze", "tiny")
 
 
@@ -27,9 +29,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     ValueError: unknown variant.
   """
   from iclr24_jax.rl.ppo import preset_config
-  arg = arg or ""
-  if arg not in VARIANTS:
-    raise ValueError(f"unknown variant '{arg}' for configs/ppo.py; choose one of {list(VARIANTS)}.")
+  arg = variants.one(arg, VARIANTS, name="ppo")
   preset = {"": "cartpole", "tiny": "cartpole"}.get(arg, arg)
   c = preset_config(preset)
   c.paper = "ppo"

@@ -6,6 +6,8 @@ data set: eight concepts computed from scikit-learn digit images, target "the di
 """
 import ml_collections
 
+from iclr24_jax.configs import variants
+
 VARIANTS = ("", "tiny", "digits", "digits_tiny")
 
 
@@ -51,9 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every = 0
   c.save_checkpoints = True    # False: train without orbax checkpoints (metrics.jsonl is still written)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  arg = arg or ""
-  if arg not in VARIANTS:
-    raise ValueError(f"unknown variant '{arg}' for configs/safeguards.py; choose one of {VARIANTS}.")
+  arg = variants.one(arg, VARIANTS, name="safeguards")
   if arg in ("tiny", "digits_tiny"):
     c.num_steps = 60
     c.baseline.num_steps = 60
