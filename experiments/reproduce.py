@@ -6,7 +6,9 @@
   python -m experiments.reproduce --only nci --keep   # rerun one; keep the other experiments' saved rows
   python -m experiments.reproduce --table         # only rebuild REPRODUCTION.md from results/rows/*.json
 
-Each experiment runs in its own subprocess (a crash or leak in one cannot take down the others);
+Each experiment runs in its own subprocess (a crash or leak in one cannot take down the others), `--jobs` of them
+at once (default min(2, CPU count): JAX keeps two cores busy only part of the time, so two at once use both),
+longest first by their last recorded CPU seconds;
 its rows land in <workdir>/<name>/rows.json and, for a full (non --fast) run, in results/rows/<name>.json
 (committed, with the run's wall and CPU seconds and the load average; its plots are copied to results/plots/). The table collects them with the
 paper's value or claim and whether the claim holds here: 'yes' / 'no' beyond 2 standard errors over seeds,
@@ -18,7 +20,6 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -204,6 +205,8 @@ def main() -> int:
   parser.add_argument("--keep", action="store_true",
                       help="also table the saved rows (results/rows/<name>.json) of experiments not run now")
   parser.add_argument("--table", action="store_true", help="run nothing; rebuild REPRODUCTION.md from results/rows")
+  parser.add_argument("--jobs", type=int, default=0,
+                      help="experiments run at once, each in its own process (0: min(2, CPU count))")
   parser.add_argument("--workdir", default=os.path.join(ROOT, "runs", "reproduce"))
   parser.add_argument("--out", default=os.path.join(ROOT, "results"))
   parser.add_argument("--_one", default="", help=argparse.SUPPRESS)
@@ -222,29 +225,52 @@ def main() -> int:
     all_rows, timings = load_saved_rows(args.out, registry.available())
     print(f"wrote {write_markdown(all_rows, timings, {}, args.out, False)}")
     return 0
-  for name in names:
+  _, saved_times = load_saved_rows(args.out, names)
+  jobs = args.jobs or min(2, os.cpu_count() or 1)
+  # Longest first (by the last recorded CPU seconds): with `jobs` at once this shortens the whole run.
+  order = sorted(names, key=lambda n: -float((saved_times.get(n) or {}).get("cpu_seconds") or 0.0))
+  running: dict[int, tuple] = {}
+
+  def start(name):
     os.makedirs(os.path.join(args.workdir, name), exist_ok=True)
     json_out = os.path.join(args.workdir, name, "rows.json")
+    log = open(os.path.join(args.workdir, name, "stderr.log"), "w+")
     cmd = [sys.executable, "-m", "experiments.reproduce", "--_one", name, "--_json", json_out,
            "--workdir", args.workdir] + (["--fast"] if args.fast else [])
-    print(f"=== {name} ===", flush=True)
-    t0, ru0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run(cmd, cwd=_HERE if _HERE != _site_dir() else None, stderr=subprocess.PIPE, text=True)
-    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
+    print(f"=== {name} (started) ===", flush=True)
+    proc = subprocess.Popen(cmd, cwd=_HERE if _HERE != _site_dir() else None, stderr=log, text=True)
+    running[proc.pid] = (name, proc, log, json_out, time.time())
+
+  def finish(pid, status, usage):
+    name, proc, log, json_out, t0 = running.pop(pid)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    cpu = usage.ru_utime + usage.ru_stime   # this child's own CPU seconds (wait4), even with others running
     timings[name] = {"seconds": time.time() - t0, "cpu_seconds": cpu, "load": os.getloadavg()[0]}
     secs = timings[name]["seconds"]
+    log.seek(0)
+    err = log.read()
+    log.close()
     if proc.returncode != 0:
-      errors[name] = (proc.stderr or "").strip().splitlines()[-1] if proc.stderr else f"exit {proc.returncode}"
-      sys.stderr.write(proc.stderr[-3000:])
+      errors[name] = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
+      sys.stderr.write(err[-3000:])
       print(f"--- {name} FAILED ({secs:.0f}s)", flush=True)
-      continue
+      return
     with open(json_out) as f:
       all_rows[name] = json.load(f)
     if not args.fast:  # a full run's rows are the committed record
       all_rows[name] = save_rows(name, all_rows[name], secs, args.out, args.workdir, cpu_seconds=cpu,
                                  load=timings[name]["load"])
     print(f"--- {name}: {len(all_rows[name])} rows ({secs:.0f}s wall, {cpu:.0f}s CPU)", flush=True)
+
+  pending = list(order)
+  while pending or running:
+    while pending and len(running) < jobs:
+      start(pending.pop(0))
+    pid, status, usage = os.wait4(-1, 0)
+    if pid in running:
+      finish(pid, status, usage)
+  all_rows = {n: all_rows[n] for n in names if n in all_rows}    # registry order in the table
+  timings = {n: timings[n] for n in names if n in timings}
   if args.keep:  # saved rows of the experiments not run this time, in registry order
     saved_rows, saved_times = load_saved_rows(args.out, registry.available())
     merged_rows, merged_times = {}, {}
