@@ -76,5 +76,6 @@ def test_one_takes_a_single_variant():
   assert variants.one(None, ("", "tiny"), name="demo") == ""
   assert variants.one("tiny", ("tiny",), name="demo") == "tiny"
   # a comma is no separator for a one-variant config
-  with pytest.raises(ValueError, match=r"unknown variant 'tiny,tiny' for configs/demo\.py; choose one of \['', 'tiny'\]"):
+  with pytest.raises(ValueError,
+                     match=r"unknown variant 'tiny,tiny' for configs/demo\.py; choose one of \['', 'tiny'\]"):
     variants.one("tiny,tiny", ("tiny",), name="demo")

@@ -191,7 +191,7 @@ def run(config: Any, workdir: str) -> dict:
   d = config.diffusion
   ema = float(d.get("ema_decay", 0.0)) > 0
   example = {"class_labels": jnp.zeros((1,), jnp.int32)} if num_classes else {}
-  init_fn = functools.partial(training.init_state, model=model, x_shape=x_train.shape[1:], tx=tx, ema=ema, **example)
+  init_fn = functools.partial(training.init, model=model, x_shape=x_train.shape[1:], tx=tx, ema=ema, **example)
   step = training.make_train_step(model, schedule, prediction=d.prediction, weighting=d.weighting,
                                   min_snr_gamma=float(d.min_snr_gamma), cond_drop_prob=float(d.cond_drop_prob),
                                   ema_decay=float(d.get("ema_decay", 0.0)))
@@ -379,7 +379,7 @@ def benchmark(quick: bool = True) -> list[dict]:
     rep = sharding.replicated_sharding(mesh)
     for size in (8, 16) if quick else (16, 32):
       shape = (batch_size, size, size, 1)
-      state = jax.jit(lambda k: training.init_state(k, model, shape[1:], tx), out_shardings=rep)(jax.random.key(0))
+      state = jax.jit(lambda k: training.init(k, model, shape[1:], tx), out_shardings=rep)(jax.random.key(0))
       params = jax.tree.map(jnp.copy, state.params)  # the timed train step donates (deletes) `state`
       batch = sharding.shard_batch({"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}, mesh)
       fn = loop_lib.compile_step(step, mesh)

@@ -112,8 +112,8 @@ def model_kwargs(batch: Mapping[str, Any]) -> dict[str, Any]:
   return kw
 
 
-def init_state(key: jax.Array, model: nn.Module, x_shape: tuple[int, ...], tx: optax.GradientTransformation, *,
-               ema: bool = False, **example_kwargs) -> TrainState:
+def init(key: jax.Array, model: nn.Module, x_shape: tuple[int, ...], tx: optax.GradientTransformation, *,
+         ema: bool = False, **example_kwargs) -> TrainState:
   """Initialises a denoiser -> TrainState (extra = {'ema_params': params} when ema).
 
   Args:
@@ -123,10 +123,16 @@ def init_state(key: jax.Array, model: nn.Module, x_shape: tuple[int, ...], tx: o
     tx: the optimizer.
     ema: keep an exponential moving average of the params in extra['ema_params'].
     **example_kwargs: example conditioning with batch axis 1 (class_labels=..., cond=..., context=...).
+
+  Returns:
+    TrainState (step 0; extra = {'ema_params': params} when ema, else {}).
   """
   x = jnp.zeros((1,) + tuple(x_shape), jnp.float32)
   params = model.init({"params": key}, x, jnp.zeros((1,), jnp.float32), **example_kwargs)["params"]
   return TrainState.create(params, tx, extra={"ema_params": params} if ema else {})
+
+
+init_state = init  # Deprecated alias, kept one release.
 
 
 def make_train_step(model: nn.Module, schedule: Schedule, *, prediction: str = "eps", weighting: str = "none",
@@ -169,7 +175,7 @@ def make_train_step(model: nn.Module, schedule: Schedule, *, prediction: str = "
     new_state = state.apply_gradients(grads)
     if ema_decay:
       if not state.extra or "ema_params" not in state.extra:
-        raise ValueError("ema_decay > 0 needs a state made with init_state(..., ema=True).")
+        raise ValueError("ema_decay > 0 needs a state made with init(..., ema=True).")
       ema = optax.incremental_update(new_state.params, state.extra["ema_params"], 1.0 - ema_decay)
       new_state = new_state.replace(extra={**state.extra, "ema_params": ema})
     return new_state, {"loss": loss, "mse": jnp.mean(aux["mse"]), "grad_norm": optax.global_norm(grads)}

@@ -22,8 +22,8 @@ from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.vision.models import create_model
 
 
-def init_state(key: jax.Array, model: nn.Module, input_shape: tuple[int, ...], tx: optax.GradientTransformation
-               ) -> TrainState:
+def init(key: jax.Array, model: nn.Module, input_shape: tuple[int, ...], tx: optax.GradientTransformation
+         ) -> TrainState:
   """Initialises params (and batch statistics, if the model has them) -> TrainState.
 
   Args:
@@ -31,11 +31,17 @@ def init_state(key: jax.Array, model: nn.Module, input_shape: tuple[int, ...], t
     model: a Linen classifier.
     input_shape: one example's shape, e.g. (8, 8, 1).
     tx: the optimizer.
+
+  Returns:
+    TrainState (step 0; extra = {'batch_stats': ...} when the model has batch statistics, else {}).
   """
   variables = model.init({"params": key}, jnp.zeros((1,) + tuple(input_shape), jnp.float32), train=False)
   params = variables["params"]
   extra = {"batch_stats": variables["batch_stats"]} if "batch_stats" in variables else {}
   return TrainState.create(params, tx, extra=extra)
+
+
+init_state = init  # Deprecated alias, kept one release.
 
 
 def apply_model(model: nn.Module, params: Any, extra: Any, x: jax.Array, train: bool, key: jax.Array | None = None,
@@ -228,7 +234,7 @@ def train_classifier(config: Any, dataset: data_lib.Dataset, workdir: str | None
   model = create_model(config.model, dataset.num_classes)
   tx = make_optimizer(config.optimizer, config.num_steps)
   stream = data_lib.BatchStream(data_lib.as_batch(dataset.train), config.batch_size, seed=config.seed)
-  init_fn = functools.partial(init_state, model=model, input_shape=dataset.input_shape, tx=tx)
+  init_fn = functools.partial(init, model=model, input_shape=dataset.input_shape, tx=tx)
   mesh = sharding.make_mesh(config.get("mesh")) if mesh is None else mesh
 
   def eval_fn(state):

@@ -8,7 +8,7 @@ averaged template embedding is closest to the image embedding. Shared by clip_oo
   from iclr24_jax.vision import clip
   tok = clip.WordTokenizer.build(captions)                       # word-level vocabulary of the captions
   model = clip.create_clip(config.model, vocab_size=tok.vocab_size)
-  state = clip.init_state(key, model, (16, 16, 1), (12,), jnp.int32, clip.make_optimizer(opt, steps))
+  state = clip.init(key, model, (16, 16, 1), (12,), jnp.int32, clip.make_optimizer(opt, steps))
   step = jax.jit(clip.make_train_step(model))                    # or common.loop.compile_step over a mesh
   state, metrics = step(state, {"image": x [B, H, W, C], "text": tok.encode(captions, 12)}, key)
   img = clip.encode_images(model, state.params, x_test)          # [N, D], unit norm
@@ -54,7 +54,7 @@ LOGIT_SCALE_MAX = 100.0                   # CLIP / OpenCLIP clamp of exp(logit_s
 __all__ = ["LOGIT_SCALE_INIT", "LOGIT_SCALE_MAX", "WordTokenizer", "TransformerBlock", "ViT", "TextTransformer",
            "FeatureTextTower", "CLIP", "create_image_encoder", "create_text_encoder", "create_clip", "l2_normalize",
            "clip_logits", "clip_loss", "clamp_logit_scale", "zero_shot_classifier", "zero_shot_logits",
-           "zero_shot_accuracy", "init_state", "loss_fn", "make_train_step", "make_optimizer", "encode_images",
+           "zero_shot_accuracy", "init", "init_state", "loss_fn", "make_train_step", "make_optimizer", "encode_images",
            "encode_texts"]
 
 
@@ -606,8 +606,8 @@ def make_optimizer(opt_config: Any, num_steps: int) -> optax.GradientTransformat
   return optax.chain(optax.clip_by_global_norm(clip), tx) if clip else tx
 
 
-def init_state(key: jax.Array, model: CLIP, image_shape: Sequence[int], text_shape: Sequence[int],
-               text_dtype: Any, tx: optax.GradientTransformation) -> TrainState:
+def init(key: jax.Array, model: CLIP, image_shape: Sequence[int], text_shape: Sequence[int],
+         text_dtype: Any, tx: optax.GradientTransformation) -> TrainState:
   """Initialises CLIP params -> TrainState.
 
   Args:
@@ -617,11 +617,17 @@ def init_state(key: jax.Array, model: CLIP, image_shape: Sequence[int], text_sha
     text_shape: one text's shape: (T,) token ids or (F,) features.
     text_dtype: jnp.int32 for ids, jnp.float32 for features.
     tx: the optimizer.
+
+  Returns:
+    TrainState (step 0).
   """
   images = jnp.zeros((2,) + tuple(image_shape), jnp.float32)
   texts = jnp.zeros((2,) + tuple(text_shape), text_dtype)
   params = model.init({"params": key}, images, texts)["params"]
   return TrainState.create(params, tx)
+
+
+init_state = init  # Deprecated alias, kept one release.
 
 
 def loss_fn(params: Any, model: CLIP, batch: dict, key: jax.Array | None = None):

@@ -74,7 +74,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   for n_dev in sorted({1, jax.device_count()}):
     mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
     for bs in (64, 512):
-      state = jax.jit(lambda k: classify.init_state(k, model, ds.input_shape, tx),
+      state = jax.jit(lambda k: classify.init(k, model, ds.input_shape, tx),
                       out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
       idx = np.arange(bs) % len(ds.train)
       batch = sharding.shard_batch({"x": ds.train.x[idx], "y": ds.train.y[idx]}, mesh)

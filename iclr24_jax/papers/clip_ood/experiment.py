@@ -290,7 +290,7 @@ def run(config: Any, workdir: str) -> dict:
   model = model_lib.create_model(config.model, texts.vocab_size)
   tx = clip.make_optimizer(config.optimizer, int(config.num_steps))
   image_shape = tuple(pool.images.shape[1:])
-  init_fn = functools.partial(clip.init_state, model=model, image_shape=image_shape, text_shape=texts.shape,
+  init_fn = functools.partial(clip.init, model=model, image_shape=image_shape, text_shape=texts.shape,
                               text_dtype=texts.dtype, tx=tx)
 
   def eval_fn(state):

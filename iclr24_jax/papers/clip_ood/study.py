@@ -154,7 +154,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   t_len = int(cfg.model.text.max_len)
 
   def train_case(mesh, bs):
-    state = jax.jit(lambda key: clip.init_state(key, model, (16, 16, 1), (t_len,), jnp.int32, tx),
+    state = jax.jit(lambda key: clip.init(key, model, (16, 16, 1), (t_len,), jnp.int32, tx),
                     out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
     batch = sharding.shard_batch({"image": rng.random((bs, 16, 16, 1), np.float32),
                                   "text": rng.integers(0, vocab, (bs, t_len)).astype(np.int32)}, mesh)

@@ -37,7 +37,7 @@ def _jitted_step(model: nn.Module, tx: optax.GradientTransformation):
 
 @functools.lru_cache(maxsize=None)
 def _jitted_init(model: nn.Module, tx: optax.GradientTransformation, input_shape: tuple[int, ...]):
-  return jax.jit(functools.partial(classify.init_state, model=model, input_shape=input_shape, tx=tx))
+  return jax.jit(functools.partial(classify.init, model=model, input_shape=input_shape, tx=tx))
 
 
 def _client_batches(n: int, batch_size: int, epochs: int, rng: np.random.Generator):

@@ -337,11 +337,23 @@ def ods_perturb(logits_fn: Callable[[jax.Array], jax.Array], x: jax.Array, key: 
   return jax.lax.stop_gradient(x + eps * jnp.sign(g))
 
 
-def init_server(method: Method, key: jax.Array, input_shape: tuple[int, ...]) -> TrainState:
-  """The server's TrainState (fresh init; tx = clip -> weight decay -> momentum, lr applied per step)."""
+def init(method: Method, key: jax.Array, input_shape: tuple[int, ...]) -> TrainState:
+  """The server's TrainState (fresh init; tx = clip -> weight decay -> momentum, lr applied per step).
+
+  Args:
+    method: the run's Method (its `server` module and `server_tx`).
+    key: init key.
+    input_shape: one image's shape, e.g. (8, 8, 1).
+
+  Returns:
+    TrainState (step 0; extra = {'batch_stats': ...} when the server has batch statistics, else {}).
+  """
   variables = method.server.init({"params": key}, jnp.zeros((1,) + tuple(input_shape), jnp.float32), train=False)
   extra = {"batch_stats": variables["batch_stats"]} if "batch_stats" in variables else {}
   return TrainState.create(variables["params"], method.server_tx(), extra=extra)
+
+
+init_server = init  # Deprecated alias, kept one release.
 
 
 def distill_step(method: Method, state: TrainState, teacher: Teacher, batch: dict, key: jax.Array,
@@ -430,8 +442,7 @@ class Compiled:
     self.distill_step = jax.jit(functools.partial(distill_step, method),
                                 in_shardings=(rep, rep, dat, rep, rep, rep), out_shardings=(rep, rep),
                                 donate_argnums=(0,))
-    self.init_server = jax.jit(functools.partial(init_server, method, input_shape=tuple(image_shape)),
-                               out_shardings=rep)
+    self.init = jax.jit(functools.partial(init, method, input_shape=tuple(image_shape)), out_shardings=rep)
     self.server_logits = jax.jit(functools.partial(server_logits, method))
     self.teacher_logits = jax.jit(functools.partial(teacher_logits, method))
 
@@ -508,7 +519,7 @@ def fit(method: Method, client_params: Any, *, key: jax.Array, input_shape: tupl
   teacher = sharding.replicate({"clients": client_params, "weights": jnp.asarray(weights)}, mesh)
   knob = sharding.replicate(knobs(method), mesh)
   if server is None:
-    server = comp.init_server(key_server)
+    server = comp.init(key_server)
   pool_x = [] if pool is None else [pool[0]]
   pool_y = [] if pool is None else [pool[1]]
   history, weight_hist = [], []

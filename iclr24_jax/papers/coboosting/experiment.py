@@ -202,7 +202,7 @@ def run(config: Any, workdir: str | None = None) -> dict:
     if ckpt is not None and ckpt.latest_step() is not None:
       ep = int(ckpt.latest_step())
       n_pool = ep * int(config.batch_size)
-      abstract = {"server": jax.eval_shape(functools.partial(coboost.init_server, method,
+      abstract = {"server": jax.eval_shape(functools.partial(coboost.init, method,
                                                              input_shape=ds.input_shape), key_server),
                   "weights": jax.ShapeDtypeStruct((clients.num_clients,), jnp.float32),
                   "pool_x": jax.ShapeDtypeStruct((n_pool,) + ds.input_shape, jnp.float32),

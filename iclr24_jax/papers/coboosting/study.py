@@ -148,7 +148,7 @@ def benchmark(quick: bool = True) -> list[dict]:
     comp = coboost.compiled(method, mesh1, batch, shape)
     weights = jnp.full((c,), 1.0 / c, jnp.float32)  # not weak-typed: a weak input would compile a 2nd time
     state = {"teacher": sharding.replicate({"clients": params, "weights": weights}, mesh1),
-             "server": comp.init_server(jax.random.key(0))}
+             "server": comp.init(jax.random.key(0))}
     knob = sharding.replicate(coboost.knobs(method), mesh1)
     rng = np.random.default_rng(0)
     pool_x = rng.random((pool_batches * batch,) + shape, dtype=np.float32)
@@ -182,7 +182,7 @@ def benchmark(quick: bool = True) -> list[dict]:
       comp = coboost.compiled(method, mesh, batch, shape)
       teacher = sharding.replicate({"clients": params, "weights": jnp.full((10,), 0.1, jnp.float32)}, mesh)
       knob = sharding.replicate(coboost.knobs(method), mesh)
-      return comp, teacher, knob, comp.init_server(jax.random.key(0))
+      return comp, teacher, knob, comp.init(jax.random.key(0))
 
     def synth_case(mesh, _):
       comp, teacher, knob, server = parts(mesh)

@@ -57,7 +57,7 @@ def make_coreset_trainer(model: nn.Module, tx: optax.GradientTransformation, inp
 
   def train_one(key, x, y, coreset, size):
     key_init, key_batch, key_train = jax.random.split(key, 3)
-    state = classify.init_state(key_init, model, input_shape, tx)
+    state = classify.init(key_init, model, input_shape, tx)
 
     def body(state, t):
       u = jax.random.uniform(jax.random.fold_in(key_batch, t), (batch_size,))

@@ -103,7 +103,7 @@ def make_dynamics_trainer(model: nn.Module, tx: optax.GradientTransformation, in
     n = x.shape[0]
     steps = -(-n // batch_size)
     key_init, key_order, key_train = jax.random.split(key, 3)
-    state = classify.init_state(key_init, model, input_shape, tx)
+    state = classify.init(key_init, model, input_shape, tx)
 
     def epoch(state, key_e):
       perm = jax.random.permutation(key_e, n)

@@ -143,7 +143,7 @@ def train_clip(cfg: Any, data: dict, key: jax.Array, writer=None, progress=True)
   steps = int(cfg.clip.num_steps)
   tx = clip.make_optimizer(cfg.clip.optimizer, steps)
   shape = data["clean_x"].shape[1:]
-  state = jax.jit(lambda k: clip.init_state(k, model, shape, (max_len,), jnp.int32, tx))(key)
+  state = jax.jit(lambda k: clip.init(k, model, shape, (max_len,), jnp.int32, tx))(key)
   bs = int(cfg.clip.batch_size)
 
   def sample(d, k):

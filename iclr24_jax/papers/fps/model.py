@@ -84,7 +84,7 @@ def get_prior(cfg: Any, workdir: str | None = None, use_cache: bool = True, prog
   tx = make_optimizer(cfg.optimizer, int(cfg.train_steps))
   ema = float(cfg.ema_decay) > 0
   path = os.path.join(cache_dir(), model_key(cfg), "params.msgpack")
-  template = jax.eval_shape(lambda k: training.init_state(k, model, x_shape, tx, ema=ema), jax.random.key(0))
+  template = jax.eval_shape(lambda k: training.init(k, model, x_shape, tx, ema=ema), jax.random.key(0))
   params_template = template.extra["ema_params"] if ema else template.params
   if use_cache and os.path.exists(path):
     with open(path, "rb") as f:
@@ -96,7 +96,7 @@ def get_prior(cfg: Any, workdir: str | None = None, use_cache: bool = True, prog
   stream = data_lib.BatchStream({"x": x_train}, int(cfg.batch_size), seed=int(cfg.seed))
   mesh = sharding.make_mesh(cfg.get("mesh"))
   res = loop_lib.train_loop(
-      init_fn=lambda k: training.init_state(k, model, x_shape, tx, ema=ema), train_step=step, batches=stream,
+      init_fn=lambda k: training.init(k, model, x_shape, tx, ema=ema), train_step=step, batches=stream,
       num_steps=int(cfg.train_steps), key=jax.random.key(int(cfg.seed)), workdir=workdir, mesh=mesh,
       log_every=int(cfg.log_every), checkpoint_every=0, config=cfg, progress=progress, name="fps-prior")
   params = res.state.extra["ema_params"] if ema else res.state.params

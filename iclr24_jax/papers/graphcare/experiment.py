@@ -122,7 +122,7 @@ def run(config: Any, workdir: str) -> dict:
   task = ds.task
 
   def init_fn(key):
-    return train_lib.init_state(key, model, sample, tx, ckg.node_embedding, ckg.relation_embedding)
+    return train_lib.init(key, model, sample, tx, ckg.node_embedding, ckg.relation_embedding)
 
   val_batches = list(batcher.eval_batches(val_idx))
 

@@ -306,7 +306,7 @@ def benchmark(quick: bool = True) -> list[dict]:
     host = batcher.batch(np.arange(cfg.batch_size))
 
     def make_case(mesh, _, model=model, tx=tx, host=host, world=world, cfg=cfg, label=label):
-      state = jax.jit(lambda k: train_lib.init_state(k, model, host, tx, world.kg.node_embedding,
+      state = jax.jit(lambda k: train_lib.init(k, model, host, tx, world.kg.node_embedding,
                                                      world.kg.relation_embedding),
                       out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
       step = loop_lib.compile_step(train_lib.make_train_step(model, "binary"), mesh)

@@ -119,9 +119,8 @@ def predict_step(params: Any, batch: dict, *, model: nn.Module, task: str) -> di
           task_loss(logits, batch["label"], batch["valid"], task)}
 
 
-def init_state(key: jax.Array, model: nn.Module, sample_batch: dict, tx: optax.GradientTransformation,
-               node_embedding: np.ndarray | None = None, relation_embedding: np.ndarray | None = None
-               ) -> TrainState:
+def init(key: jax.Array, model: nn.Module, sample_batch: dict, tx: optax.GradientTransformation,
+         node_embedding: np.ndarray | None = None, relation_embedding: np.ndarray | None = None) -> TrainState:
   """Initialises params on one shard of `sample_batch`; node / relation tables start from the KG's
   (clustered) name embeddings when given (official: nn.Embedding.from_pretrained, trainable).
 
@@ -143,14 +142,17 @@ def init_state(key: jax.Array, model: nn.Module, sample_batch: dict, tx: optax.G
   if node_embedding is not None and "node_emb" in params:
     want = params["node_emb"]["embedding"].shape
     if tuple(node_embedding.shape) != tuple(want):
-      raise ValueError(f"init_state: node_embedding has shape {node_embedding.shape}, the model wants {want}.")
+      raise ValueError(f"init: node_embedding has shape {node_embedding.shape}, the model wants {want}.")
     params["node_emb"] = {"embedding": jnp.asarray(node_embedding, jnp.float32)}
   if relation_embedding is not None and "rel_emb" in params:
     want = params["rel_emb"]["embedding"].shape
     if tuple(relation_embedding.shape) != tuple(want):
-      raise ValueError(f"init_state: relation_embedding has shape {relation_embedding.shape}, the model wants {want}.")
+      raise ValueError(f"init: relation_embedding has shape {relation_embedding.shape}, the model wants {want}.")
     params["rel_emb"] = {"embedding": jnp.asarray(relation_embedding, jnp.float32)}
   return TrainState.create(params, tx)
+
+
+init_state = init  # Deprecated alias, kept one release.
 
 
 def compiled_predict(model: nn.Module, task: str, mesh=None) -> Callable:
@@ -316,7 +318,7 @@ def fit_seeds(model: nn.Module, task: str, tx: optax.GradientTransformation, sam
 
   def init_fn(key):
     del key   # each seed initialises from its own key(seed)
-    one = lambda k: init_state(k, model, sample_batch, tx, node_embedding, relation_embedding)
+    one = lambda k: init(k, model, sample_batch, tx, node_embedding, relation_embedding)
     return SeedStates(step=jnp.zeros((), jnp.int32), seeds=jax.vmap(one)(init_keys))
 
   def batches(step):

@@ -95,15 +95,18 @@ def load_models(config: Any, texts: Sequence[str] = ()) -> Models:
   return _models(config, params, mcfg, tok)
 
 
-def init_state(models: Models, config: Any, key: jax.Array, base: Any = None):
+def init(models: Models, config: Any, key: jax.Array, base: Any = None):
   """LoRA TrainState on `base` (default the pretrained model); B = 0, so the policy starts as the base, and the
   base is also the frozen KL reference."""
   tx = optax.chain(optax.clip_by_global_norm(float(config.optimizer.max_grad_norm)),
                    optax.adam(float(config.optimizer.learning_rate)))
   base = models.params if base is None else base
-  init = jax.jit(lambda k: lm_train.init_train_state(lm_train.params_from_host(base), tx,
-                                                     lora_config=models.lora_config, key=k))
-  return init(key)
+  init_fn = jax.jit(lambda k: lm_train.init_train_state(lm_train.params_from_host(base), tx,
+                                                        lora_config=models.lora_config, key=k))
+  return init_fn(key)
+
+
+init_state = init  # Deprecated alias, kept one release.
 
 
 def _compiled(models: Models, name: str, build: Callable[[], Callable]) -> Callable:
@@ -232,7 +235,7 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   timing: dict[str, float] = {}
 
   t0 = time.perf_counter()
-  state = init_state(models, config, key_init)
+  state = init(models, config, key_init)
   state = train_steps(models, config, state, "sft", questions, silver, None, int(config.sft_steps), rng, history,
                       "sft")
   jax.block_until_ready(state.params)
@@ -243,7 +246,7 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   # the SFT checkpoint): the SFT adapters are merged into a new frozen base and fresh adapters train on top.
   merge = _compiled(models, "merge_plain", lambda: jax.jit(lambda b, ad: lora.merge(b, ad, models.lora_config)))
   sft_base = jax.device_get(merge(sft_state.extra["base"], sft_state.params))
-  state = init_state(models, config, jax.random.fold_in(key_init, 1), base=sft_base)
+  state = init(models, config, jax.random.fold_in(key_init, 1), base=sft_base)
   del sft_base
 
   pool = control.DataPool(models.codes)

@@ -78,7 +78,7 @@ def make_train_fn(nets: model_lib.Networks, method: str, weight: float, tx_model
   steps are a Python loop over one jitted step that samples its own batch on device; with
   `scan=True` (accelerators) the same step runs under `lax.scan`.
   """
-  step = train_lib.make_step(nets, "erm" if method == "oracle" else method, weight, ramp_steps=ramp or 0)
+  step = train_lib.make_train_step(nets, "erm" if method == "oracle" else method, weight, ramp_steps=ramp or 0)
 
   def sampled_step(state, i, key_data, src_x, src_y, src_n, tgt_x):
     k = src_x.shape[0]
@@ -156,7 +156,7 @@ def run(config: Any, workdir: str) -> dict:
   sources, uda, evl, nets, tx_m, tx_d = _setup(config, target, method)
   sx, sy, sn = data_lib.stack_padded(sources)
   k, bs = len(sources), config.batch_size
-  step = train_lib.make_step(nets, "erm" if method == "oracle" else method, adv_weight(config, k),
+  step = train_lib.make_train_step(nets, "erm" if method == "oracle" else method, adv_weight(config, k),
                              ramp_steps=ramp_steps(config, method) or 0)
   input_shape = sx.shape[2:]
 

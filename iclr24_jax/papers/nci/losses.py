@@ -70,8 +70,8 @@ def erm_model_loss(model_params: Any, disc_params: Any, nets: Networks, source_x
   return nll, {"loss": nll, "nll": nll, "adv": jnp.zeros(()), "src_acc": acc}
 
 
-def model_loss(model_params: Any, disc_params: Any, nets: Networks, source_x: jax.Array, source_y: jax.Array,
-               target_x: jax.Array, adv_weight: float) -> tuple[jax.Array, dict]:
+def loss_fn(model_params: Any, disc_params: Any, nets: Networks, source_x: jax.Array, source_y: jax.Array,
+            target_x: jax.Array, adv_weight: float) -> tuple[jax.Array, dict]:
   """NCI's featurizer + classifier loss: mean_k CE(h(f(x_s^k)), y) + lambda CE(D(f(x_sources)), 0).
 
   Source features are pushed towards the *target* label of the (fixed) discriminator; the target is
@@ -96,6 +96,9 @@ def model_loss(model_params: Any, disc_params: Any, nets: Networks, source_x: ja
   adv = jnp.mean(_ce(logits_d, jnp.full(feats.shape[:2], TARGET_DOMAIN, jnp.int32)))
   loss = nll + adv_weight * adv
   return loss, {"loss": loss, "nll": nll, "adv": adv, "src_acc": acc}
+
+
+model_loss = loss_fn  # Deprecated alias, kept one release.
 
 
 def dann_model_loss(model_params: Any, disc_params: Any, nets: Networks, source_x: jax.Array, source_y: jax.Array,

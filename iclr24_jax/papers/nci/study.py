@@ -99,7 +99,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   k, size = 4, config.data.image_size
   nets = model_lib.make_networks(config.model, 10, k)
   tx = make_optimizer(config.optimizer, config.num_steps)
-  step = train_lib.make_step(nets, "nci", 1.0 / k)
+  step = train_lib.make_train_step(nets, "nci", 1.0 / k)
 
   def loop_step(state, batch, key):
     return step(state, {"x": jnp.swapaxes(batch["sx"], 0, 1), "y": batch["sy"].T}, batch["tx"], key)

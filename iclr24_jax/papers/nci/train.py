@@ -11,7 +11,7 @@ import optax
 from iclr24_jax.papers.nci import losses
 from iclr24_jax.papers.nci.model import AdversarialState, Networks
 
-MODEL_LOSSES = {"nci": losses.model_loss, "erm": losses.erm_model_loss, "dann": losses.dann_model_loss}
+MODEL_LOSSES = {"nci": losses.loss_fn, "erm": losses.erm_model_loss, "dann": losses.dann_model_loss}
 
 
 def _check(source_x: jax.Array, source_y: jax.Array, target_x: jax.Array) -> None:
@@ -64,8 +64,8 @@ def _step(state: AdversarialState, source_batches: Any, target_batch: Any, key: 
   return new_state, {**m_metrics, **d_metrics}
 
 
-def make_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0, dann_ramp_steps: int | None = None,
-              ramp_steps: int | None = None) -> Callable:
+def make_train_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0,
+                    dann_ramp_steps: int | None = None, ramp_steps: int | None = None) -> Callable:
   """Returns the pure `step(state, source_batches, target_batch, key) -> (state, metrics)` of a method.
 
   All three methods run exactly the same step (discriminator update, then featurizer/classifier
@@ -91,6 +91,9 @@ def make_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0, dann
 
   step.__name__ = f"{method}_step"
   return step
+
+
+make_step = make_train_step  # Deprecated alias, kept one release.
 
 
 def train_step(state: AdversarialState, source_batches: Any, target_batch: Any, key: jax.Array, *, nets: Networks,

@@ -206,7 +206,7 @@ def benchmark(quick: bool = True) -> list[dict]:
         host_batch, _ = data_lib.make_batch(data, node_multiple=64 * n_dev, edge_multiple=64 * n_dev)
         model = create_model(dict(cfg.model, name=name))
         tx = make_optimizer(cfg.optimizer, 100)
-        state = jax.jit(lambda k: train_lib.init_state(k, model, len(data.relations), data.x.shape[1], tx),
+        state = jax.jit(lambda k: train_lib.init(k, model, len(data.relations), data.x.shape[1], tx),
                         out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
         step = compile_step(train_lib.make_train_step(model), mesh)
         return step, (state, sharding.shard_batch(host_batch, mesh), jax.random.key(1)), dict(

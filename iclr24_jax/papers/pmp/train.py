@@ -44,7 +44,7 @@ def cached_optimizer(opt_config: Any, num_steps: int) -> optax.GradientTransform
 
 @functools.lru_cache(maxsize=64)
 def _cached_init_fn(model, num_relations: int, feature_dim: int, tx) -> Callable:
-  return functools.partial(init_state, model=model, num_relations=num_relations, feature_dim=feature_dim, tx=tx)
+  return functools.partial(init, model=model, num_relations=num_relations, feature_dim=feature_dim, tx=tx)
 
 
 def _dummy_graphs(num_relations: int) -> list:
@@ -67,10 +67,20 @@ def init_params(key: jax.Array, model: RelationalGNN, num_relations: int, featur
   return model.init({"params": key}, _dummy_graphs(num_relations), x, ls, train=False)["params"]
 
 
-def init_state(key: jax.Array, model: RelationalGNN, num_relations: int, feature_dim: int,
-               tx: optax.GradientTransformation) -> TrainState:
-  """TrainState at step 0 (see init_params)."""
+def init(key: jax.Array, model: RelationalGNN, num_relations: int, feature_dim: int,
+         tx: optax.GradientTransformation) -> TrainState:
+  """TrainState at step 0 (see init_params).
+
+  Args:
+    key: init key; model: PMP / GraphSAGE / GCN; num_relations: R; feature_dim: F; tx: the optimizer.
+
+  Returns:
+    TrainState (step 0, the params of `init_params`).
+  """
   return TrainState.create(init_params(key, model, num_relations, feature_dim), tx)
+
+
+init_state = init  # Deprecated alias, kept one release.
 
 
 def loss_fn(params: Any, model: RelationalGNN, batch: dict, key: jax.Array | None, train: bool = True,

@@ -62,7 +62,7 @@ def train_detectors(config: Any, ds: sg_data.ConceptDataset, workdir: str | None
   model = sg_model.create_detector(config.model, ds.num_concepts)
   tx = make_optimizer(config.optimizer, config.num_steps)
   stream = data_lib.BatchStream({"x": ds.train.x, "c": ds.train.c}, config.batch_size, seed=config.seed)
-  init_fn = functools.partial(classify.init_state, model=model, input_shape=ds.input_shape, tx=tx)
+  init_fn = functools.partial(classify.init, model=model, input_shape=ds.input_shape, tx=tx)
   mesh = sharding.make_mesh(config.get("mesh")) if mesh is None else mesh
 
   def eval_fn(state):
