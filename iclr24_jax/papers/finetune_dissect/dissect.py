@@ -105,7 +105,15 @@ def per_document(delta: np.ndarray, mask: np.ndarray, reduction: str = "mean") -
 
 
 def by_position(delta: np.ndarray, mask: np.ndarray) -> np.ndarray:
-  """Mean of Eq. (1) over documents at each token index: [B, T] -> [T] (NaN where no document has a token)."""
+  """Mean of Eq. (1) over documents at each token index: [B, T] -> [T] (NaN where no document has a token).
+
+  Args:
+    delta: [B, T] per-token log-likelihood change (Eq. (1)).
+    mask: [B, T] bool, the tokens that count.
+
+  Returns:
+    [T] float64 mean over the documents with a token at that index.
+  """
   delta = np.asarray(delta, np.float64)
   m = np.asarray(mask, bool)
   n = m.sum(0)

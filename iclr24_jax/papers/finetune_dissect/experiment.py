@@ -17,7 +17,15 @@ COMPONENTS = ("topic", "style", "factual")
 
 
 def plot_curves(study: dict, path: str) -> str:
-  """Components (mean over seeds, +- SE band) over finetuning steps, one panel per method."""
+  """Components (mean over seeds, +- SE band) over finetuning steps, one panel per method.
+
+  Args:
+    study: `finetune.synthetic_study` output (steps [E]; per method topic / style / factual [S, E]).
+    path: PNG file to write.
+
+  Returns:
+    The path written.
+  """
   methods = list(study["methods"])
   fig, axes = metrics_lib.new_figure(ncols=len(methods), size=(4.0, 3.2))
   steps = study["steps"]
@@ -37,7 +45,15 @@ def plot_curves(study: dict, path: str) -> str:
 
 
 def plot_positions(study: dict, path: str) -> str:
-  """Components by token position after finetuning (mean over seeds), one panel per method."""
+  """Components by token position after finetuning (mean over seeds), one panel per method.
+
+  Args:
+    study: `finetune.synthetic_study` output (per method by_position {component: [S, T]}).
+    path: PNG file to write.
+
+  Returns:
+    The path written.
+  """
   methods = list(study["methods"])
   fig, axes = metrics_lib.new_figure(ncols=len(methods), size=(4.0, 3.2))
   for j, m in enumerate(methods):
@@ -54,7 +70,15 @@ def plot_positions(study: dict, path: str) -> str:
 
 
 def summarise(study: dict) -> dict:
-  """JSON-ready summary: per method, per component, the final value and half-time per seed, early shares."""
+  """JSON-ready summary: per method, per component, the final value and half-time per seed, early shares.
+
+  Args:
+    study: `finetune.synthetic_study` output.
+
+  Returns:
+    dict(steps, pretrain_final_loss [S], methods {method: components [S, E] as lists, `finetune.claims` values,
+    first_loss / final_loss [S], seconds}).
+  """
   cl = finetune.claims(study)
   out = {"steps": study["steps"].tolist(), "pretrain_final_loss": study["pretrain_loss"][:, -1].tolist(),
          "methods": {}}
@@ -68,7 +92,15 @@ def summarise(study: dict) -> dict:
 
 def run(config: Any, workdir: str) -> dict:
   """Runs the synthetic study of `config`; writes results.json, metrics.jsonl (components per eval step, mean over
-  seeds) and the curve / position plots."""
+  seeds) and the curve / position plots.
+
+  Args:
+    config: a configs/finetune_dissect.py ConfigDict (e.g. `get_config('tiny')`).
+    workdir: output folder (created).
+
+  Returns:
+    The `summarise` dict (also in workdir/results.json), plus 'plots' (PNG paths) on process 0.
+  """
   os.makedirs(workdir, exist_ok=True)
   study = finetune.synthetic_study(config, progress=print)
   results = summarise(study)

@@ -28,7 +28,18 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 def make_optimizer(learning_rate: float, num_steps: int, warmup_frac: float = 0.1, grad_clip: float = 1.0,
                    weight_decay: float = 0.0) -> optax.GradientTransformation:
   """The official trainer's optimizer: AdamW, linear warmup over `warmup_frac` of the steps then linear decay to 0,
-  global-norm clipping (official: warmup_ratio 0.1, scheduler linear, gradient_clip_val 1.0, HF weight decay 0)."""
+  global-norm clipping (official: warmup_ratio 0.1, scheduler linear, gradient_clip_val 1.0, HF weight decay 0).
+
+  Args:
+    learning_rate: peak learning rate (reached after the warmup).
+    num_steps: total optimizer steps (warmup + decay).
+    warmup_frac: share of `num_steps` spent warming up from 0 (at least one step).
+    grad_clip: global-norm clip applied before AdamW.
+    weight_decay: AdamW decoupled weight decay.
+
+  Returns:
+    optax.GradientTransformation: clip -> AdamW(warmup-then-linear-decay schedule).
+  """
   warm = max(1, int(round(warmup_frac * num_steps)))
   sched = optax.join_schedules([optax.linear_schedule(0.0, learning_rate, warm),
                                 optax.linear_schedule(learning_rate, 0.0, max(1, num_steps - warm))], [warm])
@@ -36,7 +47,15 @@ def make_optimizer(learning_rate: float, num_steps: int, warmup_frac: float = 0.
 
 
 def model_config(spec: grammar.GrammarSpec, model: Any) -> lm.LlamaConfig:
-  """The tiny Llama for a grammar (`model`: hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size)."""
+  """The tiny Llama for a grammar.
+
+  Args:
+    spec: the grammar (its `vocab_size` and `seq_len` size the embedding and the RoPE table).
+    model: mapping (e.g. `config.model`) with hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size.
+
+  Returns:
+    lm.LlamaConfig with tied embeddings and max_seq_len = max(64, spec.seq_len).
+  """
   return lm.LlamaConfig(vocab_size=spec.vocab_size, hidden_size=int(model["hidden_size"]),
                         num_layers=int(model["num_layers"]), num_heads=int(model["num_heads"]),
                         num_kv_heads=int(model["num_kv_heads"]), intermediate_size=int(model["intermediate_size"]),
@@ -44,7 +63,16 @@ def model_config(spec: grammar.GrammarSpec, model: Any) -> lm.LlamaConfig:
 
 
 def lora_config(rank: int, alpha_over_rank: float = 2.0, targets=LORA_TARGETS) -> lm.LoraConfig:
-  """LoRA with alpha = alpha_over_rank * rank (official rank 8, alpha 16: the same scale 2 at every rank)."""
+  """LoRA with alpha = alpha_over_rank * rank (official rank 8, alpha 16: the same scale 2 at every rank).
+
+  Args:
+    rank: adapter rank r.
+    alpha_over_rank: alpha / r (the adapter scale).
+    targets: projection names that get adapters (default: every attention and MLP projection).
+
+  Returns:
+    lm.LoraConfig.
+  """
   return lm.LoraConfig(rank=int(rank), alpha=float(alpha_over_rank) * int(rank), targets=tuple(targets))
 
 
@@ -53,6 +81,17 @@ def make_pretrain(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: i
   """`pretrain(key) -> (params, tables, loss [steps])`: random init, `steps` full-model steps on the general mix.
 
   The key is split into the world's facts (`grammar.fact_tables`), the init and the data stream.
+
+  Args:
+    spec: the grammar.
+    config: the Llama (`model_config`).
+    steps: full-model AdamW steps (`make_optimizer` schedule over them).
+    batch_size: documents per step B (each [spec.seq_len] tokens).
+    learning_rate: peak learning rate.
+
+  Returns:
+    pure `pretrain(key)` -> (params pytree, tables {'general' [G], 'domain' [D], 'counterfactual' [D]},
+    losses [steps] float32); jittable and vmappable over keys.
   """
   tx = make_optimizer(learning_rate, steps)
   step_fn = lm_train.make_train_step(config)
@@ -81,11 +120,27 @@ def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.Lo
   Finetunes the base on the domain mix (full when `lora` is None, else LoRA adapters), and after every
   `eval_every` steps scores the probe versions: Eq. (1) with `dissect.token_logprob_change` (LoRA merged).
 
+  Args:
+    spec: the grammar.
+    config: the Llama (`model_config`).
+    lora: adapters (`lora_config` / `method_lora`), or None for full finetuning.
+    steps: finetuning steps; a multiple of `eval_every`.
+    eval_every: steps between probe evaluations (E = steps / eval_every evaluations).
+    batch_size: domain documents per step.
+    learning_rate, warmup_frac, grad_clip: as in `make_optimizer`.
+
   Args (of the returned function):
     key: PRNG key (adapter init, data stream).
     base_params: the pretrained model.
     tables: the world's facts (`grammar.fact_tables`).
     probes: [V, N, T] int32 probe documents, versions in `dissect.VERSIONS` order.
+
+  Returns:
+    pure `finetune(key, base_params, tables, probes)` -> (deltas [E, V, N, T] float32, losses [steps] float32);
+    jittable and vmappable over seeds.
+
+  Raises:
+    ValueError: `steps` is not a multiple of `eval_every`.
   """
   if steps % eval_every:
     raise ValueError(f"finetune steps ({steps}) must be a multiple of eval_every ({eval_every}).")
@@ -115,7 +170,17 @@ def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.Lo
 
 
 def make_probes(key: jax.Array, spec: grammar.GrammarSpec, tables: dict, num_documents: int) -> jax.Array:
-  """[V, N, T] probe documents: N fresh domain documents and their versions (`dissect.VERSIONS` order)."""
+  """[V, N, T] probe documents: N fresh domain documents and their versions (`dissect.VERSIONS` order).
+
+  Args:
+    key: PRNG key (the documents and the versions' other topic / style).
+    spec: the grammar; the probes are drawn fully on the domain topic and style.
+    tables: `grammar.fact_tables` output (true and counterfactual values).
+    num_documents: N.
+
+  Returns:
+    [V, N, T] int32 ids, V = len(dissect.VERSIONS), T = spec.seq_len.
+  """
   kd, kv = jax.random.split(key)
   on_domain = dataclasses.replace(spec, domain_topic_prob=1.0, domain_style_prob=1.0)
   ids = grammar.sample_documents(kd, on_domain, num_documents, tables, "domain")
@@ -153,7 +218,15 @@ def components(deltas: np.ndarray, reduction: str = "mean") -> dict[str, np.ndar
 
 
 def spec_from_config(data: Any) -> grammar.GrammarSpec:
-  """The GrammarSpec of `config.data`."""
+  """The GrammarSpec of `config.data`.
+
+  Args:
+    data: mapping with the GrammarSpec size fields (num_topics, ..., num_sentences) and optionally
+      domain_topic_prob / domain_style_prob (default 0.8).
+
+  Returns:
+    grammar.GrammarSpec.
+  """
   fields = {f: int(data[f]) for f in ("num_topics", "topic_vocab", "num_styles", "style_vocab",
                                       "num_general_subjects", "num_domain_subjects", "num_values", "num_sentences")}
   for f in ("domain_topic_prob", "domain_style_prob"):
@@ -162,7 +235,18 @@ def spec_from_config(data: Any) -> grammar.GrammarSpec:
 
 
 def method_lora(method: str, lora: Any) -> lm.LoraConfig | None:
-  """'full' -> None; 'lora<r>' -> `lora_config(r, ...)`."""
+  """'full' -> None; 'lora<r>' -> `lora_config(r, ...)`.
+
+  Args:
+    method: 'full' or 'lora<rank>' (e.g. 'lora8').
+    lora: mapping (e.g. `config.lora`) with alpha_over_rank and targets.
+
+  Returns:
+    lm.LoraConfig, or None for 'full'.
+
+  Raises:
+    ValueError: a method that is neither 'full' nor 'lora<digits>'.
+  """
   if method == "full":
     return None
   m = method[4:] if method.startswith("lora") else ""
@@ -174,6 +258,11 @@ def method_lora(method: str, lora: Any) -> lm.LoraConfig | None:
 def synthetic_study(config: Any, progress: Callable[[str], None] | None = None) -> dict:
   """Pretrains `config.num_seeds` tiny Llamas on the general mix (one vmapped program) and finetunes each with
   every method of `config.methods`; returns the components over steps.
+
+  Args:
+    config: a configs/finetune_dissect.py ConfigDict (data, model, pretrain, optimizer, lora, methods, num_seeds,
+      num_steps, eval_every, seed).
+    progress: called with one line of text after pretraining and after each method; None for silence.
 
   Returns:
     dict(steps [E], pretrain_loss [S, P], methods: {method: dict(topic, style, factual, total [S, E],
@@ -217,6 +306,9 @@ def synthetic_study(config: Any, progress: Callable[[str], None] | None = None) 
 
 def claims(study: dict) -> dict:
   """Per-seed numbers behind the paper's claims (judged in `study.reproduce` with `common.stats`).
+
+  Args:
+    study: `synthetic_study` output (steps [E]; per method topic / style / factual [S, E] and by_position [S, T]).
 
   Returns:
     {method: {half_{topic,style,factual}: [S] steps to half the final value, early_{...}: [S] share of |c_t| in

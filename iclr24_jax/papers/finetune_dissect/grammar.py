@@ -125,7 +125,15 @@ class GrammarParams:
 
 def fact_tables(key: jax.Array, spec: GrammarSpec) -> dict[str, jax.Array]:
   """The world's facts: general values [G], domain true values [D], domain counterfactual values [D] (never the
-  true one)."""
+  true one).
+
+  Args:
+    key: PRNG key.
+    spec: the grammar (G = num_general_subjects, D = num_domain_subjects, values in [0, num_values)).
+
+  Returns:
+    {'general': [G], 'domain': [D], 'counterfactual': [D]} int32 value indices.
+  """
   kg, kd, kc = jax.random.split(key, 3)
   general = jax.random.randint(kg, (spec.num_general_subjects,), 0, spec.num_values)
   domain = jax.random.randint(kd, (spec.num_domain_subjects,), 0, spec.num_values)
@@ -135,7 +143,17 @@ def fact_tables(key: jax.Array, spec: GrammarSpec) -> dict[str, jax.Array]:
 
 def general_params(spec: GrammarSpec, tables: dict, confidence: float = 1.0) -> GrammarParams:
   """The general mix as an analytic model: uniform topics, styles and subjects; general subjects take their value
-  with probability `confidence` (the rest uniform), domain subjects uniform values."""
+  with probability `confidence` (the rest uniform), domain subjects uniform values.
+
+  Args:
+    spec: the grammar.
+    tables: `fact_tables` output (tables['general'] [num_general_subjects] values).
+    confidence: probability mass on a general subject's value (1.0: certain; log 0 = -inf elsewhere).
+
+  Returns:
+    GrammarParams: log_topic [num_topics], log_style [num_styles], log_subject [num_subjects],
+    log_facts [num_subjects, num_values].
+  """
   g = np.asarray(tables["general"])
   facts = np.full((spec.num_subjects, spec.num_values), 1.0 / spec.num_values)
   rows = np.arange(spec.num_general_subjects)
@@ -210,7 +228,16 @@ def analytic_token_logprobs(gp: GrammarParams, spec: GrammarSpec, ids: np.ndarra
 
 
 def assemble(spec: GrammarSpec, style_words, topic_words, subjects, values) -> jax.Array:
-  """[B, K] token ids of each slot -> [B, seq_len] documents."""
+  """[B, K] token ids of each slot -> [B, seq_len] documents.
+
+  Args:
+    spec: the grammar (not read: the layout is fixed; kept for a uniform signature).
+    style_words, topic_words, subjects, values: [B, K] token ids (K = num_sentences), already offset into the
+      vocabulary (e.g. spec.style_start + ...).
+
+  Returns:
+    [B, 1 + 5 K] int32: BOS then K sentences [style, topic, subject, value, SEP].
+  """
   b = style_words.shape[0]
   sep = jnp.full_like(style_words, SEP)
   body = jnp.stack([style_words, topic_words, subjects, values, sep], axis=-1).reshape(b, -1)

@@ -28,8 +28,18 @@ DEFAULTS = dict(num_probe_documents=12, num_train_documents=48, steps=12, batch_
 
 
 def domain_documents(n: int, data_dir: str | None = None) -> list[dict]:
-  """The first n StrategyQA training questions with a real rationale, one per distinct question:
-  {'text': question + ' ' + rationale, 'answer'}."""
+  """The first n StrategyQA training questions with a real rationale, one per distinct question.
+
+  Args:
+    n: number of documents.
+    data_dir: the shared data folder; None resolves it (`common.data.shared_data_dir`, env ICLR24_DATA).
+
+  Returns:
+    list of {'text': question + ' ' + rationale, 'answer'} (fewer than n if the split runs out).
+
+  Raises:
+    FileNotFoundError: the MaRio data is missing (the message names the path and the fix).
+  """
   from iclr24_jax.common.textdata import load_mario
   seen, out = set(), []
   for r in load_mario("strategyqa", "train", data_dir):
@@ -53,7 +63,16 @@ def _cache(workdir: str):
 
 def encode_right(tok, texts: list[str | None], max_len: int) -> tuple[np.ndarray, np.ndarray]:
   """Right-padded ids / masks (None -> an all-False row: a rejected probe); BOS prepended so the first word is
-  scored."""
+  scored.
+
+  Args:
+    tok: a tokenizer with `bos_id` and `encode(text) -> list[int]`.
+    texts: N texts; None marks a rejected probe.
+    max_len: T; longer texts are cut after T tokens (BOS included).
+
+  Returns:
+    (ids [N, T] int32, mask [N, T] bool).
+  """
   rows = []
   for t in texts:
     rows.append([] if t is None else ([tok.bos_id] + tok.encode(t))[:max_len])
@@ -66,7 +85,18 @@ def encode_right(tok, texts: list[str | None], max_len: int) -> tuple[np.ndarray
 
 
 def run_real_text(workdir: str, settings: dict | None = None) -> dict:
-  """The whole real-text pipeline (module docstring). Returns the decomposition, filter report and timings."""
+  """The whole real-text pipeline (module docstring). Returns the decomposition, filter report and timings.
+
+  Args:
+    workdir: folder for the rewrite cache when no LM cache folder is set.
+    settings: overrides of `DEFAULTS` (num_probe_documents, num_train_documents, steps, batch_size, max_len,
+      learning_rate, lora_rank, max_new_tokens, seed).
+
+  Returns:
+    dict(parts (`dissect.decompose` output, per_document [N] arrays included), report (filter acceptance per
+    version), losses [steps], seconds, rewrite_seconds, train_seconds, cache_path, cached_before, settings,
+    examples {version: first kept text}).
+  """
   from iclr24_jax import lm
   from iclr24_jax.lm import train as lm_train
   s = dict(DEFAULTS, **(settings or {}))
@@ -117,7 +147,15 @@ def run_real_text(workdir: str, settings: dict | None = None) -> dict:
 
 def real_text_rows(workdir: str, settings: dict | None = None) -> list[dict]:
   """Rows of the real-text run: acceptance rates (measurements) and the components with bootstrap intervals over
-  documents; the claim 'topic / style shift more than factual knowledge' judged per document pair."""
+  documents; the claim 'topic / style shift more than factual knowledge' judged per document pair.
+
+  Args:
+    workdir: as in `run_real_text`.
+    settings: as in `run_real_text`.
+
+  Returns:
+    list of reproduction row dicts (paper, experiment, metric, ours, paper_value, holds, notes).
+  """
   res = run_real_text(workdir, settings)
   parts, rep, s = res["parts"], res["report"], res["settings"]
   exp = (f"real text: StrategyQA, SmolLM2-135M-Instruct LoRA r{s['lora_rank']} {s['steps']} steps, "

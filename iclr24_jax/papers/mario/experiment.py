@@ -21,6 +21,10 @@ def run(config: Any, workdir: str) -> dict:
 
   Writes workdir/metrics.jsonl (train metrics), workdir/samples.json (responses) and workdir/results.json.
 
+  Args:
+    config: a configs/mario.py ConfigDict (e.g. `get_config('tiny')`).
+    workdir: output folder (created).
+
   Returns:
     {'sft': {reward: mean}, 'mario': {reward: mean}, 'mario_worst': {...}, 'timing': {...}, ...}.
   """

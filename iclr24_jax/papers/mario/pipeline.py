@@ -6,7 +6,7 @@ compiles each once (plus one greedy sampler for evaluation and the scorers' `cho
 
   models = mario.pipeline.load_models(config)               # policy base, tokenizer, scorer
   out = mario.pipeline.train_mario(config, models, train_items)   # {'sft': state, 'mario': state, 'history': ...}
-  ev = mario.pipeline.evaluate(config, models, out['mario'], test_items, bins=codes.best())
+  ev = mario.pipeline.evaluate(models, config, out['mario'], test_items, bins=models.codes.best())
 """
 from __future__ import annotations
 
@@ -40,7 +40,22 @@ class Models:
 
 def load_items(dataset: str, split: str, data_dir: str | None = None, limit: int = 0, silver_only: bool = False,
                seed: int = 0) -> list[dict]:
-  """MaRio items (question, rationale, answer); `limit` > 0 keeps a seeded random subset (order kept)."""
+  """MaRio items (question, rationale, answer); `limit` > 0 keeps a seeded random subset (order kept).
+
+  Args:
+    dataset: 'strategyqa', 'quarel' or 'obqa'.
+    split: 'train', 'dev' or 'test'.
+    data_dir: the shared data folder; None or '' resolves it (`common.data.shared_data_dir`, env ICLR24_DATA).
+    limit: keep this many items (0: all).
+    silver_only: keep only items with a real (silver) rationale.
+    seed: seed of the subset.
+
+  Returns:
+    list of item dicts (question, rationale, answer, ...), in file order.
+
+  Raises:
+    FileNotFoundError: the data is missing (the message names the path and the fix).
+  """
   items = textdata.load_mario(dataset, split, data_dir=data_dir or None)
   if silver_only:
     items = [it for it in items if it.get("has_rationale", it["rationale"] != "dummy")]
@@ -55,6 +70,14 @@ def short_items(models: Models, items: Sequence[dict], max_tokens: int) -> list[
 
   # Deviation: the SFT / expert data keep only short silver rationales so that sampled responses reach
   # "So the answer is" within the decoding budget (a response cut before it is invalid).
+
+  Args:
+    models: the loaded models (its tokenizer counts the tokens).
+    items: MaRio items (`load_items`).
+    max_tokens: the most response tokens (formatted silver response + end token); 0 keeps every item.
+
+  Returns:
+    list of the items that fit, in order.
   """
   if not max_tokens:
     return list(items)
@@ -65,7 +88,16 @@ def short_items(models: Models, items: Sequence[dict], max_tokens: int) -> list[
 
 
 def tiny_models(config: Any, texts: Sequence[str]) -> Models:
-  """A random tiny Llama with a BPE trained on `texts` (the 'tiny' config: seconds on CPU)."""
+  """A random tiny Llama with a BPE trained on `texts` (the 'tiny' config: seconds on CPU).
+
+  Args:
+    config: a configs/mario.py ConfigDict (model.vocab_size, lora_rank / lora_alpha / lora_targets, rewards,
+      num_bins, seed).
+    texts: training texts for the BPE (questions + rationales).
+
+  Returns:
+    Models (random params, the BPE tokenizer with <|im_end|> as EOS, control codes, LoRA config).
+  """
   tok = tok_lib.train_bpe(list(texts) + ["<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"],
                           vocab_size=int(config.model.vocab_size),
                           special_tokens=tok_lib.TRAIN_SPECIALS + ("<|im_start|>", "<|im_end|>"))
@@ -85,7 +117,18 @@ def _models(config, params, mcfg, tok) -> Models:
 
 
 def load_models(config: Any, texts: Sequence[str] = ()) -> Models:
-  """SmolLM2-135M-Instruct (config.model.name 'smollm2') or the tiny random model ('tiny')."""
+  """SmolLM2-135M-Instruct (config.model.name 'smollm2') or the tiny random model ('tiny').
+
+  Args:
+    config: a configs/mario.py ConfigDict.
+    texts: BPE training texts (used by 'tiny' only).
+
+  Returns:
+    Models.
+
+  Raises:
+    ValueError: an unknown config.model.name.
+  """
   if config.model.name == "tiny":
     return tiny_models(config, texts)
   if config.model.name != "smollm2":
@@ -97,7 +140,17 @@ def load_models(config: Any, texts: Sequence[str] = ()) -> Models:
 
 def init(models: Models, config: Any, key: jax.Array, base: Any = None):
   """LoRA TrainState on `base` (default the pretrained model); B = 0, so the policy starts as the base, and the
-  base is also the frozen KL reference."""
+  base is also the frozen KL reference.
+
+  Args:
+    models: the loaded models (params, LoRA config).
+    config: a configs/mario.py ConfigDict (optimizer.learning_rate, optimizer.max_grad_norm).
+    key: PRNG key of the adapter init.
+    base: host params to put the adapters on (e.g. the merged SFT model); None = models.params.
+
+  Returns:
+    TrainState: params = LoRA adapters, extra['base'] = the frozen base; optimizer clip -> Adam.
+  """
   tx = optax.chain(optax.clip_by_global_norm(float(config.optimizer.max_grad_norm)),
                    optax.adam(float(config.optimizer.learning_rate)))
   base = models.params if base is None else base
@@ -116,7 +169,15 @@ def _compiled(models: Models, name: str, build: Callable[[], Callable]) -> Calla
 
 
 def policy_params(models: Models, state) -> Any:
-  """Fused parameters of the policy (base + merged adapters) for sampling."""
+  """Fused parameters of the policy (base + merged adapters) for sampling.
+
+  Args:
+    models: the loaded models (LoRA config; its compiled merge is cached there).
+    state: a TrainState of `init` (adapters in params, the base in extra['base']).
+
+  Returns:
+    Fused Llama params (`llama.fuse_params` layout) of base + adapters.
+  """
   merge = _compiled(models, "merge", lambda: jax.jit(
       lambda base, ad: llama.fuse_params(lora.merge(base, ad, models.lora_config))))
   return merge(state.extra["base"], state.params)
@@ -125,7 +186,27 @@ def policy_params(models: Models, state) -> Any:
 def train_steps(models: Models, config: Any, state, kind: str, questions: Sequence[str], responses: Sequence[str],
                 prefixes: Sequence[Sequence[int]] | None, num_steps: int, rng: np.random.Generator,
                 history: list | None = None, stage: str = "") -> Any:
-  """`num_steps` SFT (kind 'sft', prefixes None) or Quark steps on minibatches drawn (shuffled, without replacement per epoch) from the rows."""
+  """`num_steps` SFT (kind 'sft', prefixes None) or Quark steps on minibatches drawn (shuffled, without
+  replacement per epoch) from the rows.
+
+  Args:
+    models: the loaded models (tokenizer; the compiled step is cached there).
+    config: a configs/mario.py ConfigDict (batch_size, max_len, kl_coef, entropy_coef, log_every).
+    state: TrainState of `init`.
+    kind: 'sft' (KL / entropy scales 0) or 'quark'.
+    questions, responses: N strings each (N >= batch_size).
+    prefixes: N control-code id lists of one length K, or None (SFT rows).
+    num_steps: steps to run.
+    rng: numpy Generator (minibatch order and the step keys).
+    history: list that logged metric rows are appended to (every log_every steps and the last), or None.
+    stage: name written into the history rows.
+
+  Returns:
+    The TrainState after `num_steps` steps.
+
+  Raises:
+    ValueError: an unknown kind, or fewer rows than one batch.
+  """
   if kind not in ("sft", "quark"):
     raise ValueError(f"kind must be 'sft' or 'quark', got {kind!r}.")
   # One compiled program for both: SFT is the Quark loss without codes and with the KL / entropy scales at 0.
@@ -162,6 +243,19 @@ def generate(models: Models, config: Any, params: Any, questions: Sequence[str],
 
   Batches of config.sample_batch rows (the last padded with copies); prompts are left-padded to
   prompt_width + K so that coded and uncoded calls share one compiled program per decoding setting.
+
+  Args:
+    models: the loaded models (tokenizer, codes; compiled samplers cached there).
+    config: a configs/mario.py ConfigDict (prompt_width, sample_batch, max_new_tokens).
+    params: fused policy params (`policy_params`).
+    questions: N questions.
+    bins: {reward: bin} for every row, a list of N such dicts, or None (no codes).
+    key: PRNG key (folded with each batch's start index).
+    temperature: sampling temperature (0 = greedy).
+    top_p: nucleus mass.
+
+  Returns:
+    N decoded responses (text after the codes, up to the end token).
   """
   k = models.codes.num_codes
   width = int(config.prompt_width)
@@ -203,7 +297,16 @@ def generate(models: Models, config: Any, params: Any, questions: Sequence[str],
 
 def score(models: Models, config: Any, questions: Sequence[str], responses: Sequence[str],
           golds: Sequence[str]) -> dict[str, np.ndarray]:
-  """Every reward of config.rewards plus accuracy ({name: [N]}), read from the frozen base LM."""
+  """Every reward of config.rewards plus accuracy ({name: [N]}), read from the frozen base LM.
+
+  Args:
+    models: the loaded models (scorer params, tokenizer).
+    config: a configs/mario.py ConfigDict (data.name picks the answer choices; rewards, score_batch).
+    questions, responses, golds: N strings each.
+
+  Returns:
+    {name: [N] float64} for config.rewards and 'accuracy'.
+  """
   choices = CHOICES[config.data.name]
   names = tuple(config.rewards) + ("accuracy",)
   return rewards_lib.score_responses(models.scorer_params, models.config, models.tokenizer, questions, responses,
@@ -222,8 +325,15 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   rounds from the policy conditioned on the best codes; top-p 0.9 at temperature 1; only responses containing
   "So the answer is" enter the pool; the silver rationales join the pool as expert rollouts.
 
+  Args:
+    config: a configs/mario.py ConfigDict.
+    models: the loaded models.
+    train_items: MaRio items (question, rationale, answer) for SFT and the Quark prompts.
+    log: called with one progress line per stage.
+
   Returns:
-    {'sft': SFT state (adapters on the pretrained base), 'mario': Quark state (adapters on the merged SFT model), 'history': [metrics rows], 'pool': DataPool, 'timing': {...}}.
+    {'sft': SFT state (adapters on the pretrained base), 'mario': Quark state (adapters on the merged SFT
+    model), 'history': [metrics rows], 'pool': DataPool, 'timing': {stage: seconds}}.
   """
   rng = np.random.default_rng(int(config.seed))
   key = jax.random.key(int(config.seed))
@@ -285,6 +395,14 @@ def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Ma
              key: jax.Array | None = None) -> dict[str, Any]:
   """Responses to `items` (top-p sampling as in training, config.eval_temperature / top_p) and per-item rewards.
 
+  Args:
+    models: the loaded models.
+    config: a configs/mario.py ConfigDict.
+    state: TrainState of the policy (`train_mario` output 'sft' or 'mario').
+    items: N MaRio items (question, answer).
+    bins: {reward: bin} codes for every row (e.g. models.codes.best()), or None (no codes: SFT).
+    key: PRNG key; None = key(config.seed + 1000).
+
   Returns:
     {'responses': [N] str, 'valid': [N] bool, name: [N] float for every reward and 'accuracy'}.
   """
@@ -298,6 +416,15 @@ def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Ma
 
 
 def score_silver(models: Models, config: Any, items: Sequence[dict]) -> dict[str, np.ndarray]:
-  """The silver (GPT-3) rationales' rewards: the reference row."""
+  """The silver (GPT-3) rationales' rewards: the reference row.
+
+  Args:
+    models: the loaded models.
+    config: a configs/mario.py ConfigDict.
+    items: N MaRio items (question, rationale, answer).
+
+  Returns:
+    {name: [N] float64} for config.rewards and 'accuracy'.
+  """
   resp = [rewards_lib.format_response(it["rationale"], it["answer"]) for it in items]
   return score(models, config, [it["question"] for it in items], resp, [it["answer"] for it in items])

@@ -71,7 +71,19 @@ def encode_examples(tokenizer, questions: Sequence[str], responses: Sequence[str
 
 
 def encode_prompts(tokenizer, questions: Sequence[str], width: int) -> tuple[np.ndarray, np.ndarray]:
-  """Left-padded prompt ids [N, width] and mask for `sample` (codes are appended after them)."""
+  """Left-padded prompt ids [N, width] and mask for `sample` (codes are appended after them).
+
+  Args:
+    tokenizer: the policy's tokenizer (`encode`, `pad_id`).
+    questions: N questions (each wrapped by `prompt_text`).
+    width: P, the prompt width; every prompt must fit.
+
+  Returns:
+    (ids [N, P] int32, mask [N, P] bool), left-padded.
+
+  Raises:
+    ValueError: a prompt is longer than `width`.
+  """
   enc = [tokenizer.encode(prompt_text(q), add_bos=False) for q in questions]
   longest = max((len(e) for e in enc), default=0)
   if longest > width:
@@ -142,13 +154,30 @@ def quark_loss(params: Any, config: Any, batch: Mapping[str, jax.Array], ref_par
 
 def make_quark_step(config: Any, lora_config=None, kl_coef: float = 0.1, entropy_coef: float = 0.0,
                     task_coef: float = 0.0):
-  """A pure `step(state, batch, key) -> (state, metrics)` minimising `quark_loss` (compile it yourself)."""
+  """A pure `step(state, batch, key) -> (state, metrics)` minimising `quark_loss` (compile it yourself).
+
+  Args:
+    config: the policy's `llama.LlamaConfig` (or `t5.T5Config`).
+    lora_config: `lm.LoraConfig` of the adapters, or None for full finetuning.
+    kl_coef, entropy_coef, task_coef: `quark_loss` coefficients.
+
+  Returns:
+    `step(state, batch, key) -> (state, metrics)`; batch as in `quark_loss` ([B, T] arrays).
+  """
   loss_fn = functools.partial(quark_loss, kl_coef=kl_coef, entropy_coef=entropy_coef, task_coef=task_coef)
   return lm_train.make_train_step(config, lora_config, loss_fn=loss_fn)
 
 
 def make_sft_step(config: Any, lora_config=None):
-  """A pure `step(state, batch, key)`: NLL of the silver "rationale So the answer is X." (the SFT baseline)."""
+  """A pure `step(state, batch, key)`: NLL of the silver "rationale So the answer is X." (the SFT baseline).
+
+  Args:
+    config: the policy's `llama.LlamaConfig` (or `t5.T5Config`).
+    lora_config: `lm.LoraConfig` of the adapters, or None for full finetuning.
+
+  Returns:
+    `step(state, batch, key) -> (state, metrics)`; batch ids / mask / loss_mask [B, T].
+  """
   return lm_train.make_train_step(config, lora_config)
 
 
@@ -159,6 +188,8 @@ def sft_step(state, batch, key, *, config, lora_config=None):
     state: TrainState (`lm.init_train_state`).
     batch: ids / mask / loss_mask [B, T] (`encode_examples` without prefixes), or a T5 batch.
     key: PRNG key (unused: no dropout).
+    config: the policy's `llama.LlamaConfig` (or `t5.T5Config`).
+    lora_config: `lm.LoraConfig`, or None for full finetuning.
 
   Returns:
     (state, metrics {'loss', 'accuracy', 'tokens', 'grad_norm'}).
@@ -169,6 +200,15 @@ def sft_step(state, batch, key, *, config, lora_config=None):
 def quark_step(state, batch, key, *, config, lora_config=None, kl_coef: float = 0.1, entropy_coef: float = 0.0,
                task_coef: float = 0.0):
   """One Quark step on pooled samples with their codes (pure; jit it with the keywords bound).
+
+  Args:
+    state: TrainState (`lm.init_train_state`; LoRA adapters as params, the base in extra).
+    batch: ids / mask / loss_mask / code_mask [B, T] (`encode_examples` with prefixes), optional scalars
+      kl_scale / entropy_scale; or a T5 batch (see `quark_loss`).
+    key: PRNG key (unused: no dropout).
+    config: the policy's `llama.LlamaConfig` (or `t5.T5Config`).
+    lora_config: `lm.LoraConfig`, or None for full finetuning.
+    kl_coef, entropy_coef, task_coef: `quark_loss` coefficients.
 
   Returns:
     (state, metrics of `quark_loss` + 'grad_norm').

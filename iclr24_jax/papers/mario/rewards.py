@@ -36,7 +36,15 @@ def split_response(response: str) -> tuple[str, str]:
 
 
 def format_response(rationale: str, answer: str) -> str:
-  """The training target: "RATIONALE. So the answer is ANSWER." (the official PromptDataset adds the period)."""
+  """The training target: "RATIONALE. So the answer is ANSWER." (the official PromptDataset adds the period).
+
+  Args:
+    rationale: the rationale text (a final period is added when missing).
+    answer: the answer text, e.g. 'yes' or '(A)'.
+
+  Returns:
+    The response string.
+  """
   rationale = rationale.strip()
   if rationale and not rationale.endswith("."):
     rationale += "."
@@ -100,6 +108,13 @@ def answer_prompt(question: str, rationale: str | None = None) -> str:
 
   # Deviation: the official I2O / IR2O models are T5s finetuned on each data set ("explain Q choice: ..." and
   # "Q explanation: R"); here one frozen causal LM reads both prompts.
+
+  Args:
+    question: the question.
+    rationale: the rationale, or None for the question-only prompt.
+
+  Returns:
+    The prompt: a 'Question: ...' line, an 'Explanation: ...' line when `rationale` is given, then 'So the answer is'.
   """
   text = f"Question: {question.strip()}\n"
   if rationale is not None:
@@ -173,6 +188,13 @@ def plausibility_prompts(question: str, rationale: str) -> tuple[str, str]:
 
   # Deviation: the paper scores plausibility with VERA (a finetuned T5 commonsense verifier); here a frozen
   # chat LM is asked whether the explanation is plausible, read by option log-probabilities in both orders.
+
+  Args:
+    question: the question.
+    rationale: the rationale to judge.
+
+  Returns:
+    (prompt with "(a) Yes (b) No", prompt with "(a) No (b) Yes"), ChatML user turns ending in the assistant header.
   """
   body = (f"Question: {question.strip()}\nExplanation: {rationale.strip()}\n"
           "Is this explanation plausible and true?\n")
@@ -212,7 +234,23 @@ def plausibility_reward(params, config, tokenizer, questions: Sequence[str], rat
 def score_responses(params, config, tokenizer, questions: Sequence[str], responses: Sequence[str],
                     golds: Sequence[str], choices: Sequence[str], rewards: Sequence[str] = REWARD_NAMES,
                     batch_size: int = 16) -> dict[str, np.ndarray]:
-  """Every named reward of N responses: {name: [N]} (names from REWARD_NAMES)."""
+  """Every named reward of N responses: {name: [N]} (names from REWARD_NAMES).
+
+  Args:
+    params, config, tokenizer: the frozen reward LM (used by 'consistency' and 'plausibility' only).
+    questions: N questions.
+    responses: N responses "RATIONALE So the answer is ANSWER." (the rationale is split off for the rewards).
+    golds: N gold answers (among `choices`).
+    choices: the C answer strings of the data set (e.g. ['yes', 'no']).
+    rewards: which rewards to compute (a subset of REWARD_NAMES).
+    batch_size: prompts per compiled LM call.
+
+  Returns:
+    {name: [N] float64} for every name in `rewards`.
+
+  Raises:
+    ValueError: an unknown reward name.
+  """
   unknown = [r for r in rewards if r not in REWARD_NAMES]
   if unknown:
     raise ValueError(f"unknown rewards {unknown}; choose from {REWARD_NAMES}.")
