@@ -262,3 +262,39 @@ def nearest_by_kl(test_logprobs: np.ndarray, train_logprobs: np.ndarray, block: 
     p = jnp.exp(jnp.asarray(np.asarray(test_logprobs[s:s + block], np.float32)))
     idx.append(np.asarray(jnp.argmax(p @ q.T, axis=1)))
   return np.concatenate(idx)
+
+
+def encode_labels(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+  """Decoder targets: the text's tokens then EOS, cut to `length` (EOS kept last), right-padded.
+
+  Args:
+    tok: the decoder tokenizer; texts: N prompts; length: T.
+
+  Returns:
+    (labels [N, length] int32, label_mask [N, length] bool).
+  """
+  labels = np.full((len(texts), length), tok.pad_id, np.int32)
+  mask = np.zeros((len(texts), length), bool)
+  for i, t in enumerate(texts):
+    ids = tok.encode(t, add_bos=False)[: length - 1] + [tok.eos_id]
+    labels[i, :len(ids)] = ids
+    mask[i, :len(ids)] = True
+  return labels, mask
+
+
+def encode_samples(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
+  """The sample-inversion encoder input: continuations in the decoder's tokens, cut / right-padded to `length`.
+
+  Args:
+    tok: the decoder tokenizer; texts: N continuations (an empty one becomes "."); length: L.
+
+  Returns:
+    (ids [N, length] int32, mask [N, length] bool; every row has at least one real token).
+  """
+  ids, mask = tok.encode_batch([t if t.strip() else "." for t in texts], max_len=length, truncation="right",
+                               add_bos=False)
+  if ids.shape[1] < length:
+    pad = length - ids.shape[1]
+    ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=tok.pad_id)
+    mask = np.pad(mask, ((0, 0), (0, pad)))
+  return ids.astype(np.int32), mask.astype(bool)

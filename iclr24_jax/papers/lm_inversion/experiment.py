@@ -110,28 +110,10 @@ def prepare(config: Any, cache_dir: str | None = None) -> dict:
   inverter = model_lib.Inverter(t5_config, int(config.model.width),
                                 model_lib.num_chunks(v, int(config.model.width), bool(config.model.official_padding)),
                                 int(config.model.bottleneck), float(config.model.dropout_rate))
-  labels, label_mask = encode_labels(dec_tok, train_p, int(config.data.label_len))
+  labels, label_mask = data_lib.encode_labels(dec_tok, train_p, int(config.data.label_len))
   return dict(train_prompts=train_p, test_prompts=test_p, train_lp=train_lp, test_lp=test_lp, target_tok=target_tok,
               dec_tok=dec_tok, t5_config=t5_config, inverter=inverter, train_labels=labels,
               train_label_mask=label_mask, vocab_size=v, seconds_distributions=seconds, **out)
-
-
-def encode_labels(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
-  """Decoder targets: the text's tokens then EOS, cut to `length` (EOS kept last), right-padded.
-
-  Args:
-    tok: the decoder tokenizer; texts: N prompts; length: T.
-
-  Returns:
-    (labels [N, length] int32, label_mask [N, length] bool).
-  """
-  labels = np.full((len(texts), length), tok.pad_id, np.int32)
-  mask = np.zeros((len(texts), length), bool)
-  for i, t in enumerate(texts):
-    ids = tok.encode(t, add_bos=False)[: length - 1] + [tok.eos_id]
-    labels[i, :len(ids)] = ids
-    mask[i, :len(ids)] = True
-  return labels, mask
 
 
 def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = True) -> loop_lib.LoopResult:
@@ -287,24 +269,6 @@ def predict_models(params: Any, unigrams: jax.Array, logprobs: np.ndarray, ks: l
   return texts
 
 
-def encode_samples(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray, np.ndarray]:
-  """The sample-inversion encoder input: continuations in the decoder's tokens, cut / right-padded to `length`.
-
-  Args:
-    tok: the decoder tokenizer; texts: N continuations (an empty one becomes "."); length: L.
-
-  Returns:
-    (ids [N, length] int32, mask [N, length] bool; every row has at least one real token).
-  """
-  ids, mask = tok.encode_batch([t if t.strip() else "." for t in texts], max_len=length, truncation="right",
-                               add_bos=False)
-  if ids.shape[1] < length:
-    pad = length - ids.shape[1]
-    ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=tok.pad_id)
-    mask = np.pad(mask, ((0, 0), (0, pad)))
-  return ids.astype(np.int32), mask.astype(bool)
-
-
 def train_sample_inverters(config: Any, prep: dict, seeds: list[int], progress: bool = True
                            ) -> tuple[Any, loop_lib.LoopResult]:
   """Trains the sample-inversion baseline (a T5 reading the sampled continuation), one model per seed, vmapped.
@@ -324,7 +288,7 @@ def train_sample_inverters(config: Any, prep: dict, seeds: list[int], progress: 
   if "train_samples" not in prep:
     raise ValueError("prep has no sampled continuations: set config.samples.new_tokens > 0 and rerun prepare.")
   t5_config, n, bs = prep["t5_config"], len(prep["train_prompts"]), int(config.batch_size)
-  ids, mask = encode_samples(prep["dec_tok"], prep["train_samples"], int(config.samples.input_len))
+  ids, mask = data_lib.encode_samples(prep["dec_tok"], prep["train_samples"], int(config.samples.input_len))
   tx = make_optimizer(config.optimizer, int(config.num_steps))
 
   def batches(step: int) -> dict:
@@ -362,7 +326,7 @@ def predict_samples(params: Any, texts: list[str], prep: dict, config: Any, batc
     M lists of N predicted prompts.
   """
   t5_config = prep["t5_config"]
-  ids, mask = encode_samples(prep["dec_tok"], texts, int(config.samples.input_len))
+  ids, mask = data_lib.encode_samples(prep["dec_tok"], texts, int(config.samples.input_len))
   fn = jax.jit(jax.vmap(lambda p, i, mk: model_lib.invert_samples(p, i, mk, t5_config=t5_config,
                                                                   max_len=int(config.data.label_len)),
                         in_axes=(0, None, None)))
