@@ -118,7 +118,6 @@ def test_adversarial_updates_move_features_the_right_way(setup):
 
 def test_ramp_schedule_applies_to_nci_when_asked(setup):
   import ml_collections
-  from iclr24_jax.papers.nci import experiment
   nets, state, src, tgt = setup
   # At step 0 the ramp is 0: NCI on the ramp makes exactly ERM's model update; at a constant lambda it does not.
   erm = jax.jit(train_lib.make_step(nets, "erm", 0.5))(state, src, tgt, jax.random.key(0))[0]
@@ -128,14 +127,14 @@ def test_ramp_schedule_applies_to_nci_when_asked(setup):
   assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), const.params["model"],
                                           erm.params["model"]))) > 0.0
   cfg = ml_collections.ConfigDict(dict(num_steps=300, adv_schedule="official"))
-  assert experiment.ramp_steps(cfg, "nci") is None and experiment.ramp_steps(cfg, "dann") == 300
+  assert train_lib.ramp_steps(cfg, "nci") is None and train_lib.ramp_steps(cfg, "dann") == 300
   cfg.adv_schedule = "ramp"
-  assert experiment.ramp_steps(cfg, "nci") == experiment.ramp_steps(cfg, "dann") == 300
+  assert train_lib.ramp_steps(cfg, "nci") == train_lib.ramp_steps(cfg, "dann") == 300
   cfg.adv_schedule = "constant"
-  assert experiment.ramp_steps(cfg, "nci") is None and experiment.ramp_steps(cfg, "dann") is None
+  assert train_lib.ramp_steps(cfg, "nci") is None and train_lib.ramp_steps(cfg, "dann") is None
   cfg.adv_schedule = "cosine"
   with pytest.raises(ValueError, match="adv_schedule"):
-    experiment.ramp_steps(cfg, "nci")
+    train_lib.ramp_steps(cfg, "nci")
 
 
 def test_methods_share_everything_but_the_model_loss(setup):

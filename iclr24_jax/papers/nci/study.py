@@ -19,7 +19,7 @@ from iclr24_jax.common import stats
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.papers.nci import model as model_lib
 from iclr24_jax.papers.nci import train as train_lib
-from iclr24_jax.papers.nci.experiment import leave_one_out
+from iclr24_jax.papers.nci.train import leave_one_out
 
 
 ARMS = ("erm", "dann", "nci_0.1/K", "nci_1/K", "oracle")
