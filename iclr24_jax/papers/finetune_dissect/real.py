@@ -23,7 +23,7 @@ from iclr24_jax.papers.finetune_dissect import finetune
 from iclr24_jax.papers.finetune_dissect import probes as probes_lib
 
 PAPER = "finetune_dissect"
-DEFAULTS = dict(num_probe_documents=12, num_train_documents=48, steps=12, batch_size=4, max_len=96,
+DEFAULTS = dict(num_probe_documents=36, num_train_documents=48, steps=12, batch_size=4, max_len=96,
                 learning_rate=3e-4, lora_rank=8, max_new_tokens=80, seed=0)
 
 
