@@ -3,17 +3,19 @@ host-loop PPO on the extrinsic score, the intrinsic reward, or both.
 
 The official run uses APPO (sample-factory) for 2e9 steps on `NetHackScore-v1` (its own task class with a
 fixed eat action); here `NetHackScore-v0` of nle runs under `rl.ppo_host.HostPPO` for a CPU-sized budget.
+`nethack_pipeline` chains it all: messages -> pairs -> annotations -> reward model -> agents per reward setting.
 """
 from __future__ import annotations
 
 import collections
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import numpy as np
 
-from iclr24_jax.papers.motif import intrinsic, reward_model, toy
+from iclr24_jax.papers.motif import annotation, intrinsic, pipeline, reward_model, toy
+from iclr24_jax.papers.motif.annotators import annotate, cache_path
 from iclr24_jax.rl import nethack, ppo_host
 
 # Action indices of NetHackScore-v0 (nle TASK_ACTIONS): 0 MORE, 1-8 compass moves, 9-16 long moves,
@@ -155,3 +157,54 @@ def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int
         "top_messages": seen.most_common(8)}
   env.close()
   return results
+
+
+def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
+                     settings: Sequence[str] = ("extrinsic", "intrinsic", "both")) -> dict[str, Any]:
+  """NetHack: messages of a random and a scripted agent -> pairs -> annotations -> reward model -> HostPPO
+  agents per reward setting (a CPU-sized budget: measurements, no claims).
+
+  Args:
+    config: the motif ConfigDict (nethack block, intrinsic, seed, ...).
+    workdir: folder of the annotation cache (unless annotation.cache_dir).
+    judge: the annotation judge.
+    judge_name: its cache name.
+    settings: reward settings to train: 'extrinsic', 'intrinsic', 'both'.
+
+  Returns:
+    dict: collect_steps_per_s, num_messages, unique_messages, annotated_pairs, decided_pairs, annotate_seconds,
+    reward (accuracies), mu, sigma, eps, runs (per setting), ranked_messages [(reward, text)].
+  """
+  from iclr24_jax.rl import ppo
+  nh = config.nethack
+  max_steps = int(nh.max_episode_steps) or None
+  data = []
+  rates = {}
+  for pol in ("random", "scripted"):
+    col = collect_messages(int(nh.num_envs), int(nh.collect_steps), pol, int(config.seed), max_steps)
+    data += col["messages"]
+    rates[pol] = col["steps_per_s"]
+  pairs = pipeline.sample_pairs(data, int(nh.num_pairs), int(config.seed))
+  path = cache_path(config, workdir, "nethack_" + judge_name.replace("/", "_"))
+  t0 = time.perf_counter()
+  records = annotate(config, pairs, annotation.GOALS.get(nh.goal, nh.goal), judge, judge_name, path,
+                     max_unique=int(nh.max_unique_pairs))
+  annotate_s = time.perf_counter() - t0
+  fitted = pipeline.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False)
+  fit = fitted["fit"]
+  agent_cfg = ppo.default_config()
+  agent_cfg.num_steps = int(nh.updates)
+  agent_cfg.ppo.update(dict(rollout_steps=int(nh.rollout_steps), num_minibatches=4, update_epochs=2,
+                            reward_scale=0.1))  # official --reward_scale 0.1
+  hooks = {kind: dict(reward_fn=message_reward_fn(fit["params"], fitted["model"]), mu=fit["mu"],
+                      sigma=fit["sigma"], eps=fit["eps"], beta=float(config.intrinsic.beta),
+                      alpha_ext=0.0 if kind == "intrinsic" else float(nh.alpha_ext),
+                      alpha_int=0.0 if kind == "extrinsic" else float(nh.alpha_int)) for kind in settings}
+  runs = train_agents(agent_cfg, hooks, int(nh.updates), int(config.seed), int(nh.num_envs),
+                                    max_steps)
+  n_decided = sum(r["label"] in (0, 1) for r in records)
+  return {"collect_steps_per_s": rates, "num_messages": len(data), "unique_messages": len(set(data)),
+          "annotated_pairs": len(records), "decided_pairs": n_decided, "annotate_seconds": annotate_s,
+          "reward": {k: fitted[k] for k in ("train_accuracy", "heldout_accuracy", "heldout_n")},
+          "mu": fit["mu"], "sigma": fit["sigma"], "eps": fit["eps"], "runs": runs,
+          "ranked_messages": sorted(zip(fit["rewards"].tolist(), fitted["train"]["texts"]), reverse=True)}

@@ -1,9 +1,14 @@
 """Motif end to end on captions: pair data set -> annotations -> reward model -> normalisation -> RL reward.
 
 Shared by the toy world (pure JAX, `make_toy_train`) and NetHack (host loop, `intrinsic.MotifRewardHook`).
+The toy world's run pieces built from a config are here too: `toy_env`, `toy_dataset` (captions of a random and a
+scripted agent), `reward_net` and `fit_from_records` (reward model from annotation records), `toy_settings` and
+`toy_agents` (PPO agents for every reward setting x seed in one vmapped program). NetHack's pipeline is
+`nethack_motif.nethack_pipeline`; the annotators are in `annotators.py`.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Sequence
 
 import jax
@@ -174,3 +179,152 @@ def make_toy_train(config: Any, env: toy.CaptionedGridWorld, eval_envs: int = 64
     return {"curve": {"episode_return": m["episode_return"], "reward": m["reward"]}, "final": final}
 
   return train
+
+
+def toy_env(config: Any) -> toy.CaptionedGridWorld:
+  """The toy CaptionedGridWorld of config.env (height, width, max_episode_steps, noise_prob).
+
+  Args:
+    config: the motif ConfigDict.
+
+  Returns:
+    toy.CaptionedGridWorld.
+  """
+  e = config.env
+  return toy.CaptionedGridWorld(int(e.height), int(e.width), int(e.max_episode_steps), float(e.noise_prob))
+
+
+def reward_net(config: Any) -> reward_model.RewardModel:
+  """The RewardModel of config.model (embed_dim, hidden, trunk).
+
+  Args:
+    config: the motif ConfigDict.
+
+  Returns:
+    reward_model.RewardModel.
+  """
+  m = config.model
+  return reward_model.RewardModel(int(m.embed_dim), int(m.hidden), int(m.trunk))
+
+
+def toy_dataset(config: Any, env: toy.CaptionedGridWorld, key: jax.Array) -> list[str]:
+  """Captions of every step of a random and a scripted agent (the observation data set), as strings: one
+  rollout of 2 x data.num_envs environments, the first half acting at random, the second half scripted.
+
+  Args:
+    config: the motif ConfigDict (data: num_envs, num_steps, scripted_epsilon).
+    env: the toy world.
+    key: PRNG key of the rollout.
+
+  Returns:
+    list of num_steps * 2 num_envs caption strings (step-major).
+  """
+  d = config.data
+  n = int(d.num_envs)
+  rand, script = rollout_lib.random_policy(env), toy.scripted_policy(env, float(d.scripted_epsilon))
+
+  def mixed(k, obs):
+    k1, k2 = jax.random.split(k)
+    a = jnp.concatenate([rand(k1, obs[:n])[0], script(k2, obs[n:])[0]])
+    return a, a, {}
+
+  ids = toy.collect_captions(env, mixed, key, 2 * n, int(d.num_steps))
+  return [toy.CAPTIONS[i] for i in ids]
+
+
+def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracle: bool = True) -> dict[str, Any]:
+  """Reward model + normalisation from annotation records, with held-out pair accuracy.
+
+  Args:
+    config: the motif ConfigDict (data.holdout, seed, reward_steps, optimizer.learning_rate,
+      intrinsic.eps_quantile, model).
+    records: annotation records.
+    key: PRNG key of the reward model.
+    oracle: also score against the toy oracle (toy world only).
+
+  Returns:
+    dict: fit (pipeline.fit_reward output), train / heldout arrays, heldout_accuracy (vs the annotator's
+    labels), heldout_oracle_accuracy (toy only), train_accuracy, caption_rewards [NUM_CAPTIONS] (toy only).
+  """
+  data = to_arrays(records)
+  train, held = split_by_pair(data, float(config.data.holdout), seed=int(config.seed))
+  net = reward_net(config)
+  fit = fit_reward(key, train, int(config.reward_steps), float(config.optimizer.learning_rate),
+                            config.intrinsic.eps_quantile, net)
+  out = {"fit": fit, "train": train, "heldout": held, "model": net}
+  out["train_accuracy"], _ = reward_model.pair_accuracy(fit["rewards"], train["pairs"], train["labels"])
+  out["heldout_accuracy"], out["heldout_n"] = reward_model.pair_accuracy(fit["rewards"], held["pairs"],
+                                                                        held["labels"])
+  if oracle:
+    texts = data["texts"]
+    olab = np.array([toy.oracle_preference(texts[a], texts[b]) for a, b in held["pairs"]], np.int32)
+    out["heldout_oracle_accuracy"], out["heldout_oracle_n"] = reward_model.pair_accuracy(
+        fit["rewards"], held["pairs"], olab)
+    out["caption_rewards"] = reward_model.message_rewards(fit["params"], toy.caption_bytes(), net)
+  return out
+
+
+def toy_settings(config: Any, fits: dict[str, dict], settings: Sequence[tuple[str, str]]) -> dict[str, jax.Array]:
+  """Stacked reward settings for `pipeline.make_toy_train`: one row per (label source, kind), kind in
+  'intrinsic' (alpha_ext 0), 'extrinsic' (alpha_int 0) or 'both'.
+
+  Args:
+    config: the motif ConfigDict (intrinsic: beta, alpha_ext, alpha_int).
+    fits: {label source: `fit_from_records` output} (unused for 'extrinsic' rows).
+    settings: S (label source, kind) pairs.
+
+  Returns:
+    dict of float32 arrays with leading axis S: caption_rewards [S, NUM_CAPTIONS], mu, sigma, eps, beta,
+    alpha_ext, alpha_int [S].
+
+  Raises:
+    ValueError: an unknown kind.
+  """
+  i = config.intrinsic
+  rows = []
+  for source, kind in settings:
+    if kind not in ("intrinsic", "extrinsic", "both"):
+      raise ValueError(f"unknown reward setting '{kind}'; choose intrinsic, extrinsic or both.")
+    if kind == "extrinsic":
+      table, mu, sigma, eps = np.zeros(toy.NUM_CAPTIONS, np.float32), 0.0, 1.0, 0.0
+    else:
+      f = fits[source]
+      table, mu, sigma, eps = f["caption_rewards"], f["fit"]["mu"], f["fit"]["sigma"], f["fit"]["eps"]
+    rows.append(dict(caption_rewards=np.asarray(table, np.float32), mu=mu, sigma=sigma,
+                     eps=max(eps, -1e30), beta=float(i.beta),
+                     alpha_ext=0.0 if kind == "intrinsic" else float(i.alpha_ext),
+                     alpha_int=0.0 if kind == "extrinsic" else float(i.alpha_int)))
+  return {k: jnp.asarray(np.stack([np.asarray(r[k], np.float32) for r in rows])) for k in rows[0]}
+
+
+def toy_agents(config: Any, env: toy.CaptionedGridWorld, settings: dict[str, jax.Array], key: jax.Array,
+               num_seeds: int) -> dict[str, Any]:
+  """PPO agents for every setting x seed in one jitted, vmapped program (seed s shares its key across
+  settings: paired comparisons).
+
+  Args:
+    config: the motif ConfigDict (agent, eval_envs).
+    env: the toy world.
+    settings: `toy_settings` output (leading axis S).
+    key: PRNG key (split into num_seeds seed keys).
+    num_seeds: seeds per setting.
+
+  Returns:
+    dict of numpy arrays: final stats [S, num_seeds] (success, key, unlock, bumps, locked, length), curves
+    [S, num_seeds, num_updates] (episode_return = success of episodes finished in each rollout), seconds,
+    env_steps.
+  """
+  n_set = int(settings["alpha_ext"].shape[0])
+  train = make_toy_train(config.agent, env, int(config.eval_envs))
+  keys = jax.random.split(key, num_seeds)
+  rep = lambda x: jnp.repeat(x, num_seeds, axis=0)
+  flat_settings = jax.tree.map(rep, settings)
+  flat_keys = jnp.tile(keys, n_set)
+  t0 = time.perf_counter()
+  out = jax.device_get(jax.jit(jax.vmap(train))(flat_keys, flat_settings))
+  seconds = time.perf_counter() - t0
+  shape = lambda x: np.asarray(x).reshape((n_set, num_seeds) + np.asarray(x).shape[1:])
+  return {"final": {k: shape(v) for k, v in out["final"].items()},
+          "curves": {k: shape(v) for k, v in out["curve"].items()}, "seconds": seconds,
+          "env_steps": n_set * num_seeds * int(config.agent.num_steps) * int(config.agent.ppo.num_envs)
+          * int(config.agent.ppo.rollout_steps)}

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import bench, stats
-from iclr24_jax.papers.motif import experiment, pipeline, toy
+from iclr24_jax.papers.motif import annotators, experiment, nethack_motif, pipeline, toy
 
 PAPER = "motif"
 CLAIM_INT = ("intrinsic-only agent beats the score-trained (extrinsic-only) agent on NetHackScore (paper Fig. 3, "
@@ -52,8 +52,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   t_start = time.time()
   key = jax.random.key(int(c.seed))
   k_data, k_reward, k_agents = jax.random.split(key, 3)
-  env = experiment.toy_env(c)
-  captions = experiment.toy_dataset(c, env, k_data)
+  env = pipeline.toy_env(c)
+  captions = pipeline.toy_dataset(c, env, k_data)
   pairs = pipeline.sample_pairs(captions, int(c.data.num_pairs), int(c.seed))
   llm_kind = "keywords" if fast else "smollm2"  # fast: no LM (a smoke test of the pipeline)
   dense = f"oracle-{int(c.data.oracle_pairs)}pairs"
@@ -63,18 +63,18 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   # the paper's data set has 500k pairs).
   for kind, judge_kind, ps in (("oracle", "oracle", pairs), (llm_kind, llm_kind, pairs),
                                (dense, "oracle", dense_pairs)):
-    judge, name = experiment.make_judge(c, "oracle" if judge_kind == "keywords" else judge_kind)
+    judge, name = annotators.make_judge(c, "oracle" if judge_kind == "keywords" else judge_kind)
     cache_name = name
     if kind == "keywords":
       name = "oracle-copy"
     elif kind == dense:
       name = dense
     t0 = time.time()
-    recs = experiment.annotate(c, ps, c.annotation.task or toy.TASK, judge, cache_name,
-                               experiment.cache_path(c, workdir, cache_name.replace("/", "_")))
+    recs = annotators.annotate(c, ps, c.annotation.task or toy.TASK, judge, cache_name,
+                               annotators.cache_path(c, workdir, cache_name.replace("/", "_")))
     sources[kind] = dict(name=name, records=recs, seconds=time.time() - t0,
-                         agreement=experiment.label_agreement(recs),
-                         fitted=experiment.fit_from_records(c, recs, k_reward))
+                         agreement=annotators.label_agreement(recs),
+                         fitted=pipeline.fit_from_records(c, recs, k_reward))
   llm = sources[llm_kind]
   rows: list[dict] = []
   ag = llm["agreement"]
@@ -104,7 +104,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   for kind in ("oracle", llm_kind, dense):
     settings += [(sources[kind]["name"], "intrinsic"), (sources[kind]["name"], "both")]
   fits = {sources[k]["name"]: sources[k]["fitted"] for k in sources}
-  agents = experiment.toy_agents(c, env, experiment.toy_settings(c, fits, settings), k_agents, int(c.num_seeds))
+  agents = pipeline.toy_agents(c, env, pipeline.toy_settings(c, fits, settings), k_agents, int(c.num_seeds))
   succ = agents["final"]["success"]                            # [S, seeds]
   label = lambda i: ("extrinsic" if settings[i][1] == "extrinsic" else f"{settings[i][1]} ({settings[i][0]})")
   names = [label(i) for i in range(len(settings))]
@@ -145,8 +145,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   # (d) NetHack at a CPU budget.
   if fast:
     c.annotation.annotator = "keywords"
-  nh_judge, nh_name = experiment.make_judge(c, "keywords" if fast else "smollm2")
-  nh = experiment.nethack_pipeline(c, workdir, nh_judge, nh_name)
+  nh_judge, nh_name = annotators.make_judge(c, "keywords" if fast else "smollm2")
+  nh = nethack_motif.nethack_pipeline(c, workdir, nh_judge, nh_name)
   runs = nh["runs"]
   rows.append(dict(
       paper=PAPER, experiment="NetHack: environment", metric="env steps/s (NetHackScore-v0, host, 1 process)",
@@ -188,7 +188,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   import optax
   rows = []
   c = cfg_mod.get_config("")
-  model = experiment.reward_net(c)
+  model = pipeline.reward_net(c)
   # 1) reward-model training step (pairs of distinct 256-byte messages, official batch 1024 in the full run).
   rng = np.random.default_rng(0)
   tx = optax.adam(1e-3)
@@ -210,14 +210,14 @@ def benchmark(quick: bool = True) -> list[dict]:
                               items=b, name="motif/reward-model train step (pairs/s; lt_cnn, 512 trunk)", batch=b))
     state = fresh()
   # 2) SmolLM2 annotations (one pair = two prompts, both presentation orders).
-  judge, _ = experiment.make_judge(c, "smollm2")
+  judge, _ = annotators.make_judge(c, "smollm2")
   pairs = [(a, b) for a, b in zip(toy.CAPTIONS[:8], toy.CAPTIONS[8:16])]
   rows.append(bench.time_host(lambda: judge.margins(pairs, toy.TASK), repeats=1 if quick else 3, items=len(pairs),
                               name="motif/SmolLM2 annotation (pairs/s, log-odds, both orders)",
                               prompt_tokens=len(judge.tok.encode(annotation.chat_prompts(
                                   judge.tok, [annotation.annotation_prompt(*pairs[0], toy.TASK)])[0]))))
   # 3) toy: PPO updates with the Motif reward (one seed; 16 envs x 64 steps per update).
-  env = experiment.toy_env(c)
+  env = pipeline.toy_env(c)
   agent_cfg = c.agent.copy_and_resolve_references()
   from iclr24_jax.rl import ppo
   table = jnp.linspace(-1.0, 2.0, toy.NUM_CAPTIONS)
