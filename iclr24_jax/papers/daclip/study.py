@@ -15,6 +15,7 @@ import numpy as np
 from iclr24_jax.common import bench, stats
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.daclip import experiment
+from iclr24_jax.papers.daclip import restoration
 from iclr24_jax.papers.daclip import model as model_lib
 
 PAPER = experiment.PAPER
@@ -142,7 +143,7 @@ def benchmark(quick: bool = True) -> list[dict]:
     rows.append(bench.time_fn(step, state, batch, jax.random.key(0), repeats=3 if quick else 10, carry=True,
                               items=bs, name="daclip/controller train step (items = images)",
                               size=f"{size}x{size}", batch=bs))
-    net, sde, _, init = experiment.make_restorers(cfg, shape, d)
+    net, sde, _, init = restoration.make_restorers(cfg, shape, d)
     rparams = init(jax.random.key(1)).params
     nb = 16
     lq = jnp.asarray(rng.random((nb,) + shape), jnp.float32)
