@@ -10,6 +10,10 @@ reproduce(workdir, fast): the paper's "nested + progressive converges faster tha
   samples of the requested digit, sliced W2 of its features against the data-vs-data floor, and the cross-level
   consistency of joint samples; claims judged with `common.stats`.
 benchmark(quick): train step/s of the NestedUNet vs the single-resolution UNet, 1 and all devices.
+
+Where things are: the model in `model.py`; losses, steps and samplers in `training.py`; the pieces a run and the
+study share (data, networks from a config, held-out MSE, the compiled arm programs, FLOPs per step) in
+`pipeline.py`; the sample judge (MNIST CNN) in `judge.py`; `reproduce`, `qualify` and `benchmark` in `study.py`.
 """
 from __future__ import annotations
 
@@ -28,10 +32,10 @@ from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.diffusion import metrics as dmetrics
-from iclr24_jax.diffusion import schedules as schedules_lib
 from iclr24_jax.papers.mdm import model as model_lib
 from iclr24_jax.papers.mdm import training
+from iclr24_jax.papers.mdm.judge import train_judge
+from iclr24_jax.papers.mdm.pipeline import build, fast_compile, heldout_mse, inner_kwargs, load_images, loss_kwargs
 
 PAPER = "mdm"
 ARMS = ("progressive", "nested", "single")
@@ -42,93 +46,6 @@ def get_config(arg: str):
   """The packaged config `iclr24_jax.configs.mdm` for a variant string (e.g. 'tiny', 'nested')."""
   from iclr24_jax.configs import mdm as cfg_mod
   return cfg_mod.get_config(arg)
-
-
-# ----------------------------------------------------------------------------------------------- data
-
-
-def load_images(data_cfg: Any) -> tuple[data_lib.Dataset, dict[str, np.ndarray]]:
-  """The data set and its images in [-1, 1] at `data_cfg.image_size`.
-
-  mnist5k: 28x28 zero-padded (2 pixels a side) to 32x32. digits (tiny only): 8x8 bilinearly upsampled.
-
-  Returns:
-    (dataset, dict x_train [N, S, S, 1], y_train [N], x_eval [M, S, S, 1], y_eval [M]) with eval = val + test.
-  """
-  ds = data_lib.load_dataset(data_cfg.name, data_cfg.get("data_dir") or None)
-  size = int(data_cfg.image_size)
-  if ds.input_shape[-1] != 1 or ds.num_classes != 10:
-    raise ValueError("mdm expects grey digits with 10 classes (data.name='mnist5k' or 'digits').")
-
-  def prep(x):
-    x = np.asarray(x, np.float32)
-    h = x.shape[1]
-    if size == h + 4:                                  # MNIST 28 -> 32
-      x = np.pad(x, ((0, 0), (2, 2), (2, 2), (0, 0)))
-    elif size % h == 0 and size != h:                  # digits 8 -> 16
-      x = np.asarray(jax.image.resize(x, (x.shape[0], size, size, 1), "linear"))
-    elif size != h:
-      raise ValueError(f"data.image_size={size} does not fit {ds.name} images of size {h} (use {h + 4} or a "
-                       f"multiple of {h}).")
-    return 2.0 * x - 1.0
-
-  out = {"x_train": prep(ds.train.x), "y_train": np.asarray(ds.train.y, np.int32),
-         "x_eval": prep(np.concatenate([ds.val.x, ds.test.x])),
-         "y_eval": np.concatenate([ds.val.y, ds.test.y]).astype(np.int32)}
-  return ds, out
-
-
-# --------------------------------------------------------------------------------------------- models
-
-
-def build(config: Any) -> dict[str, Any]:
-  """The three networks and their schedules from a config.
-
-  Returns:
-    dict nested (NestedUNet), inner (its standalone inner network), single (UNet at the high resolution),
-    schedules {arm model name: tuple of level schedules}, image_shape, factor.
-  """
-  m = config.model
-  nested = model_lib.make_model([dict(c) for c in m.levels], num_classes=int(m.num_classes),
-                                skip_inner_input=bool(m.skip_inner_input))
-  inner = model_lib.inner_model(nested)
-  single = model_lib.make_model([dict(m.single)], num_classes=int(m.num_classes))
-  d = config.diffusion
-  base = schedules_lib.make_schedule(d.schedule, int(d.num_timesteps))
-  levels = model_lib.num_levels(nested)
-  factors = training.level_factors(nested)
-  if len(set(factors)) != 1:
-    raise ValueError(f"the reproduction expects one factor between levels, got {factors}.")
-  scheds = model_lib.level_schedules(base, levels, factors[0], float(d.power))
-  size = int(config.data.image_size)
-  return {"nested": nested, "inner": inner, "single": single, "image_shape": (size, size, 1), "factor": factors[0],
-          "schedules": {"nested": scheds, "inner": scheds[1:], "single": scheds[:1]}}
-
-
-def loss_kwargs(config: Any) -> dict[str, Any]:
-  """The `training.loss_fn` keyword arguments from config.diffusion.
-
-  Args:
-    config: the mdm ConfigDict (diffusion: prediction, loss_target, level_weights, mixed_ratio, cond_drop_prob).
-
-  Returns:
-    dict prediction, loss_target, level_weights (tuple or None), mixed_ratio (tuple or None),
-    cond_drop_prob (float).
-  """
-  d = config.diffusion
-  return dict(prediction=d.prediction, loss_target=d.loss_target,
-              level_weights=None if d.level_weights is None else tuple(d.level_weights),
-              mixed_ratio=None if d.mixed_ratio is None else tuple(d.mixed_ratio),
-              cond_drop_prob=float(d.cond_drop_prob))
-
-
-def inner_kwargs(config: Any) -> dict[str, Any]:
-  """`loss_kwargs` for the inner (low-resolution) network alone: level weights / mixed ratio without level 0."""
-  kw = loss_kwargs(config)
-  for k in ("level_weights", "mixed_ratio"):
-    if kw[k] is not None:
-      kw[k] = kw[k][1:]
-  return kw
 
 
 # ------------------------------------------------------------------------------------------------ run
@@ -150,28 +67,6 @@ def _train(config, workdir, model, scheds, image_shape, arrays, num_steps, loss_
   return loop_lib.train_loop(init_fn=init_fn, train_step=step, batches=stream, num_steps=num_steps,
                              key=jax.random.key(config.seed), workdir=workdir, mesh=mesh, log_every=config.log_every,
                              checkpoint_every=config.checkpoint_every, config=config, name=name)
-
-
-def heldout_mse(model, params, scheds, x, y, key, loss_kw):
-  """Per-level eps-MSE on held-out images with fixed times and noise (no label dropout).
-
-  Args:
-    model: the NestedUNet (or a single UNet); params: its parameters; scheds: per-level schedules.
-    x: [B, H, W, C] high-resolution images in [-1, 1]; y: [B] int labels; key: PRNG key.
-    loss_kw: `loss_kwargs(config)`.
-
-  Returns:
-    [R] eps-MSE per level (high -> low).
-  """
-  kw = {k: v for k, v in loss_kw.items() if k not in ("cond_drop_prob", "mixed_ratio")}
-  k_t, k_n = jax.random.split(key)
-  t = scheds[0].sample_time(k_t, (x.shape[0],))
-  xs = training.model_pyramid(model, x)
-  # Level r's noise from fold_in(k_n, r): the 32x32 noise is the same for the nested and the single model.
-  noise = [jax.random.normal(jax.random.fold_in(k_n, r), v.shape) for r, v in enumerate(xs)]
-  _, aux = training.loss_fn(params, {"x": x, "y": y}, key, model=model, schedules=scheds, train=False, t=t,
-                            noise=noise, **kw)
-  return aux["mse"]
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -266,100 +161,3 @@ def _plot_levels(levels, labels, path, title, per_class=4):
     tiles.extend(row)
   grid = (np.stack(tiles) + 1.0) / 2.0
   return metrics_lib.plot_image_grid(grid, path, ncols=per_class * len(levels), title=title)
-
-
-# --------------------------------------------------------------------------------------------- judge
-
-
-class Judge:
-  """An MNIST CNN (vision.classify) trained on the 32x32 training digits: accuracy on requested labels and
-  sliced W2 of its penultimate features against held-out real digits (with the data-vs-data floor)."""
-
-  def __init__(self, model, state, test_accuracy, real_features):
-    self.model, self.state, self.test_accuracy, self.real_features = model, state, test_accuracy, real_features
-
-  def logits_features(self, images: np.ndarray):
-    """Judge logits [N, 10] and penultimate features [N, F] of images [N, S, S, 1] in [-1, 1] (mapped to [0, 1])."""
-    from iclr24_jax.vision import classify
-    x = np.clip((np.asarray(images, np.float32) + 1.0) / 2.0, 0.0, 1.0)
-    return classify.predict(self.model, self.state, x, return_features=True)
-
-  def score(self, images: np.ndarray, labels: np.ndarray, key: jax.Array | None = None) -> dict[str, float]:
-    """Accuracy of the judge on requested labels plus the feature sliced W2 (and its floor) of generated images.
-
-    Args:
-      images: [N, S, S, 1] samples in [-1, 1].
-      labels: [N] int requested digits.
-      key: PRNG key of the sliced W2 (None: key(0)).
-
-    Returns:
-      {'accuracy', 'feature_sw', 'feature_sw_floor'} floats.
-
-    Raises:
-      ValueError: N larger than half the held-out real digits.
-    """
-    logits, feats = self.logits_features(images)
-    out = {"accuracy": float(np.mean(logits.argmax(-1) == labels))}
-    out.update(self.feature_sw(feats, key if key is not None else jax.random.key(0)))
-    return out
-
-  def feature_sw(self, feats: np.ndarray, key: jax.Array) -> dict[str, float]:
-    """Sliced W2 of features [N, F] to held-out real features, with its data-vs-data floor
-    (`diffusion.metrics.sliced_wasserstein_vs_data`).
-
-    Args:
-      feats: [N, F] penultimate features of the samples.
-      key: PRNG key (reference draws and projections).
-
-    Returns:
-      {'feature_sw', 'feature_sw_floor'} floats.
-
-    Raises:
-      ValueError: N larger than half the held-out real digits.
-    """
-    real = jnp.asarray(self.real_features)
-    n = feats.shape[0]
-    if n > real.shape[0] // 2:
-      raise ValueError(f"{n} samples need at least {2 * n} held-out real digits for the data-vs-data floor.")
-    draw = lambda k, m: real[jax.random.choice(k, real.shape[0], (m,), replace=False)]  # noqa: E731
-    sw, floor = dmetrics.sliced_wasserstein_vs_data(jnp.asarray(feats), draw, key, num_refs=4, num_projections=128)
-    return {"feature_sw": float(sw), "feature_sw_floor": float(floor)}
-
-
-def train_judge(judge_cfg: Any, arrays: dict[str, np.ndarray]) -> Judge:
-  """Trains the MNIST CNN on the training digits (in [0, 1]) and embeds the held-out digits.
-
-  Args:
-    judge_cfg: the config.judge block (see `diffusion.experiment.train_digits_classifier`).
-    arrays: {'x_train': [N, S, S, 1] in [-1, 1], 'y_train': [N] int, 'x_eval': [M, S, S, 1], 'y_eval': [M]};
-      the first half of the eval digits is the judge's val split, the second half its test split.
-
-  Returns:
-    Judge with its test accuracy and real_features [M, F] (penultimate features of all eval digits).
-  """
-  from iclr24_jax.diffusion.experiment import train_digits_classifier
-  to01 = lambda x: ((x + 1.0) / 2.0).astype(np.float32)  # noqa: E731
-  n_eval = arrays["x_eval"].shape[0]
-  half = n_eval // 2
-  ds = data_lib.Dataset("mnist_judge", data_lib.Split(to01(arrays["x_train"]), arrays["y_train"]),
-                        data_lib.Split(to01(arrays["x_eval"][:half]), arrays["y_eval"][:half]),
-                        data_lib.Split(to01(arrays["x_eval"][half:]), arrays["y_eval"][half:]), 10)
-  model, state, acc = train_digits_classifier(judge_cfg, ds)
-  j = Judge(model, state, float(acc), None)
-  j.real_features = j.logits_features(arrays["x_eval"])[1]
-  return j
-
-
-# ---------------------------------------------------------------------------------------- reproduce
-
-
-def fast_compile(fn, *args):
-  """jit + compile at XLA backend optimisation level 0 (init programs: compile time dominates on CPU)."""
-  lowered = jax.jit(fn).lower(*args)
-  try:
-    return lowered.compile({"xla_backend_optimization_level": 0})
-  except Exception:  # a backend without that option
-    return lowered.compile()
-
-
-# --------------------------------------------------------------------------------------------- benchmark

@@ -18,87 +18,10 @@ from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding, stats
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.mdm import model as model_lib
 from iclr24_jax.papers.mdm import training
-from iclr24_jax.papers.mdm.experiment import (ARM_NAMES, ARMS, PAPER, build, fast_compile, get_config, heldout_mse,
-                                              inner_kwargs, load_images, loss_kwargs, train_judge)
-
-
-def step_flops(model, scheds, image_shape, batch_size, tx, loss_kw) -> float:
-  """XLA's FLOP count of one train step (forward + backward + update) at this batch size.
-
-  Args:
-    model: the UNet / NestedUNet.
-    scheds: one schedule per level.
-    image_shape: (H, W, C) of the highest level.
-    batch_size: B.
-    tx: the optimizer.
-    loss_kw: `training.loss_fn` keyword arguments.
-
-  Returns:
-    float FLOPs (from the lowered program's cost analysis; nothing is run).
-  """
-  step = training.make_train_step(model, scheds, **loss_kw)
-  state = jax.eval_shape(lambda k: TrainState.create(training.init_params(k, model, image_shape), tx),
-                         jax.random.key(0))
-  batch = {"x": jax.ShapeDtypeStruct((batch_size,) + tuple(image_shape), jnp.float32),
-           "y": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
-  cost = jax.jit(step).lower(state, batch, jax.random.key(0)).cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  return float(cost["flops"])
-
-
-class _Arm:
-  """One model type's compiled programs, reused for every seed: init, train n steps, evaluate + sample.
-
-  Seeds run one after the other through the same executables (vmapping over seeds would turn every conv into a
-  grouped conv, which XLA:CPU compiles and runs far slower).
-  """
-
-  def __init__(self, model, scheds, image_shape, batch_size, tx, loss_kw, sample_kw, eval_kw):
-    self.model, self.scheds, self.image_shape, self.tx = model, scheds, image_shape, tx
-    step = training.make_train_step(model, scheds, **loss_kw)
-
-    def train(state, key, x, y, n):
-      def body(_, carry):
-        st, loss_sum = carry
-        k = jax.random.fold_in(key, st.step)
-        k_b, k_s = jax.random.split(k)
-        idx = jax.random.randint(k_b, (batch_size,), 0, x.shape[0])
-        st, m = step(st, {"x": x[idx], "y": y[idx]}, k_s)
-        return st, loss_sum + m["loss"]
-      st, loss_sum = jax.lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.float32)))
-      return st, loss_sum / jnp.maximum(n, 1)
-
-    self._train = jax.jit(train, donate_argnums=0)
-
-    def evaluate(params, key, x, y, labels):
-      mse = heldout_mse(model, params, scheds, x, y, jax.random.key(123), loss_kw)  # same (t, noise) for all
-      levels = training.sample(key, params, model=model, schedules=scheds, image_shape=image_shape, labels=labels,
-                               **sample_kw)
-      cons = training.consistency(levels, model) if len(levels) > 1 else jnp.zeros(labels.shape[0])
-      return mse, levels, cons
-
-    self._eval = jax.jit(evaluate)
-    self.eval_kw = eval_kw
-    self._init = {}
-
-  def init(self, key, inner_params=None):
-    def one(k, ip):
-      p = training.init_params(k, self.model, self.image_shape)
-      if ip is not None:
-        p = model_lib.load_inner(p, ip)
-      return TrainState.create(p, self.tx)
-    tag = inner_params is None
-    if tag not in self._init:
-      self._init[tag] = fast_compile(one, key, inner_params)
-    return self._init[tag](key, inner_params)
-
-  def train(self, state, key, arrays, n):
-    return self._train(state, key, arrays["x"], arrays["y"], jnp.asarray(int(n), jnp.int32))
-
-  def evaluate(self, params, key):
-    return jax.device_get(self._eval(params, key, *self.eval_kw))
+from iclr24_jax.papers.mdm.experiment import ARM_NAMES, ARMS, PAPER, get_config
+from iclr24_jax.papers.mdm.judge import train_judge
+from iclr24_jax.papers.mdm.pipeline import Arm, build, inner_kwargs, load_images, loss_kwargs, step_flops
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
@@ -149,9 +72,9 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   train_arrays = {"x": jnp.asarray(arrays["x_train"]), "y": jnp.asarray(arrays["y_train"])}
   low_arrays = {"x": training.model_pyramid(nested, train_arrays["x"])[1], "y": train_arrays["y"]}
 
-  arm_nested = _Arm(nested, nets["schedules"]["nested"], shape, b, tx, lkw, sample_kw, eval_kw)
-  arm_single = _Arm(single, nets["schedules"]["single"], shape, b, tx, lkw, sample_kw, eval_kw)
-  arm_inner = _Arm(inner, nets["schedules"]["inner"], low_shape, b, tx, ikw, sample_kw, eval_kw)
+  arm_nested = Arm(nested, nets["schedules"]["nested"], shape, b, tx, lkw, sample_kw, eval_kw)
+  arm_single = Arm(single, nets["schedules"]["single"], shape, b, tx, lkw, sample_kw, eval_kw)
+  arm_inner = Arm(inner, nets["schedules"]["inner"], low_shape, b, tx, ikw, sample_kw, eval_kw)
 
   judge = None if fast else train_judge(cfg.judge, arrays)
   # Per seed: key_init, key_train, key_eval (the sampler's key; the held-out (t, noise) is fixed for all).

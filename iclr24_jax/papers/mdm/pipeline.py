@@ -1,0 +1,211 @@
+"""MDM pieces that the runs and the equal-compute study share, built from a config.
+
+`load_images` (MNIST-5k at 32x32 or the tiny digits, in [-1, 1]), `build` (the NestedUNet, its inner network and
+the single-resolution UNet with their level schedules), `loss_kwargs` / `inner_kwargs`, `heldout_mse` (per-level
+eps-MSE at fixed times and noise), `fast_compile`, `step_flops` (XLA FLOPs of one train step) and `Arm` (one model
+type's compiled init / train-n-steps / evaluate-and-sample programs). The model is in `model.py`, the losses,
+steps and samplers in `training.py`, the sample judge in `judge.py`; `experiment.run` trains one arm; the study is
+in `study.py`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.common import data as data_lib
+from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.diffusion import schedules as schedules_lib
+from iclr24_jax.papers.mdm import model as model_lib
+from iclr24_jax.papers.mdm import training
+
+
+def load_images(data_cfg: Any) -> tuple[data_lib.Dataset, dict[str, np.ndarray]]:
+  """The data set and its images in [-1, 1] at `data_cfg.image_size`.
+
+  mnist5k: 28x28 zero-padded (2 pixels a side) to 32x32. digits (tiny only): 8x8 bilinearly upsampled.
+
+  Returns:
+    (dataset, dict x_train [N, S, S, 1], y_train [N], x_eval [M, S, S, 1], y_eval [M]) with eval = val + test.
+  """
+  ds = data_lib.load_dataset(data_cfg.name, data_cfg.get("data_dir") or None)
+  size = int(data_cfg.image_size)
+  if ds.input_shape[-1] != 1 or ds.num_classes != 10:
+    raise ValueError("mdm expects grey digits with 10 classes (data.name='mnist5k' or 'digits').")
+
+  def prep(x):
+    x = np.asarray(x, np.float32)
+    h = x.shape[1]
+    if size == h + 4:                                  # MNIST 28 -> 32
+      x = np.pad(x, ((0, 0), (2, 2), (2, 2), (0, 0)))
+    elif size % h == 0 and size != h:                  # digits 8 -> 16
+      x = np.asarray(jax.image.resize(x, (x.shape[0], size, size, 1), "linear"))
+    elif size != h:
+      raise ValueError(f"data.image_size={size} does not fit {ds.name} images of size {h} (use {h + 4} or a "
+                       f"multiple of {h}).")
+    return 2.0 * x - 1.0
+
+  out = {"x_train": prep(ds.train.x), "y_train": np.asarray(ds.train.y, np.int32),
+         "x_eval": prep(np.concatenate([ds.val.x, ds.test.x])),
+         "y_eval": np.concatenate([ds.val.y, ds.test.y]).astype(np.int32)}
+  return ds, out
+
+
+def build(config: Any) -> dict[str, Any]:
+  """The three networks and their schedules from a config.
+
+  Returns:
+    dict nested (NestedUNet), inner (its standalone inner network), single (UNet at the high resolution),
+    schedules {arm model name: tuple of level schedules}, image_shape, factor.
+  """
+  m = config.model
+  nested = model_lib.make_model([dict(c) for c in m.levels], num_classes=int(m.num_classes),
+                                skip_inner_input=bool(m.skip_inner_input))
+  inner = model_lib.inner_model(nested)
+  single = model_lib.make_model([dict(m.single)], num_classes=int(m.num_classes))
+  d = config.diffusion
+  base = schedules_lib.make_schedule(d.schedule, int(d.num_timesteps))
+  levels = model_lib.num_levels(nested)
+  factors = training.level_factors(nested)
+  if len(set(factors)) != 1:
+    raise ValueError(f"the reproduction expects one factor between levels, got {factors}.")
+  scheds = model_lib.level_schedules(base, levels, factors[0], float(d.power))
+  size = int(config.data.image_size)
+  return {"nested": nested, "inner": inner, "single": single, "image_shape": (size, size, 1), "factor": factors[0],
+          "schedules": {"nested": scheds, "inner": scheds[1:], "single": scheds[:1]}}
+
+
+def loss_kwargs(config: Any) -> dict[str, Any]:
+  """The `training.loss_fn` keyword arguments from config.diffusion.
+
+  Args:
+    config: the mdm ConfigDict (diffusion: prediction, loss_target, level_weights, mixed_ratio, cond_drop_prob).
+
+  Returns:
+    dict prediction, loss_target, level_weights (tuple or None), mixed_ratio (tuple or None),
+    cond_drop_prob (float).
+  """
+  d = config.diffusion
+  return dict(prediction=d.prediction, loss_target=d.loss_target,
+              level_weights=None if d.level_weights is None else tuple(d.level_weights),
+              mixed_ratio=None if d.mixed_ratio is None else tuple(d.mixed_ratio),
+              cond_drop_prob=float(d.cond_drop_prob))
+
+
+def inner_kwargs(config: Any) -> dict[str, Any]:
+  """`loss_kwargs` for the inner (low-resolution) network alone: level weights / mixed ratio without level 0."""
+  kw = loss_kwargs(config)
+  for k in ("level_weights", "mixed_ratio"):
+    if kw[k] is not None:
+      kw[k] = kw[k][1:]
+  return kw
+
+
+def heldout_mse(model, params, scheds, x, y, key, loss_kw):
+  """Per-level eps-MSE on held-out images with fixed times and noise (no label dropout).
+
+  Args:
+    model: the NestedUNet (or a single UNet); params: its parameters; scheds: per-level schedules.
+    x: [B, H, W, C] high-resolution images in [-1, 1]; y: [B] int labels; key: PRNG key.
+    loss_kw: `loss_kwargs(config)`.
+
+  Returns:
+    [R] eps-MSE per level (high -> low).
+  """
+  kw = {k: v for k, v in loss_kw.items() if k not in ("cond_drop_prob", "mixed_ratio")}
+  k_t, k_n = jax.random.split(key)
+  t = scheds[0].sample_time(k_t, (x.shape[0],))
+  xs = training.model_pyramid(model, x)
+  # Level r's noise from fold_in(k_n, r): the 32x32 noise is the same for the nested and the single model.
+  noise = [jax.random.normal(jax.random.fold_in(k_n, r), v.shape) for r, v in enumerate(xs)]
+  _, aux = training.loss_fn(params, {"x": x, "y": y}, key, model=model, schedules=scheds, train=False, t=t,
+                            noise=noise, **kw)
+  return aux["mse"]
+
+
+def fast_compile(fn, *args):
+  """jit + compile at XLA backend optimisation level 0 (init programs: compile time dominates on CPU)."""
+  lowered = jax.jit(fn).lower(*args)
+  try:
+    return lowered.compile({"xla_backend_optimization_level": 0})
+  except Exception:  # a backend without that option
+    return lowered.compile()
+
+
+def step_flops(model, scheds, image_shape, batch_size, tx, loss_kw) -> float:
+  """XLA's FLOP count of one train step (forward + backward + update) at this batch size.
+
+  Args:
+    model: the UNet / NestedUNet.
+    scheds: one schedule per level.
+    image_shape: (H, W, C) of the highest level.
+    batch_size: B.
+    tx: the optimizer.
+    loss_kw: `training.loss_fn` keyword arguments.
+
+  Returns:
+    float FLOPs (from the lowered program's cost analysis; nothing is run).
+  """
+  step = training.make_train_step(model, scheds, **loss_kw)
+  state = jax.eval_shape(lambda k: TrainState.create(training.init_params(k, model, image_shape), tx),
+                         jax.random.key(0))
+  batch = {"x": jax.ShapeDtypeStruct((batch_size,) + tuple(image_shape), jnp.float32),
+           "y": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
+  cost = jax.jit(step).lower(state, batch, jax.random.key(0)).cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return float(cost["flops"])
+
+
+class Arm:
+  """One model type's compiled programs, reused for every seed: init, train n steps, evaluate + sample.
+
+  Seeds run one after the other through the same executables (vmapping over seeds would turn every conv into a
+  grouped conv, which XLA:CPU compiles and runs far slower).
+  """
+
+  def __init__(self, model, scheds, image_shape, batch_size, tx, loss_kw, sample_kw, eval_kw):
+    self.model, self.scheds, self.image_shape, self.tx = model, scheds, image_shape, tx
+    step = training.make_train_step(model, scheds, **loss_kw)
+
+    def train(state, key, x, y, n):
+      def body(_, carry):
+        st, loss_sum = carry
+        k = jax.random.fold_in(key, st.step)
+        k_b, k_s = jax.random.split(k)
+        idx = jax.random.randint(k_b, (batch_size,), 0, x.shape[0])
+        st, m = step(st, {"x": x[idx], "y": y[idx]}, k_s)
+        return st, loss_sum + m["loss"]
+      st, loss_sum = jax.lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.float32)))
+      return st, loss_sum / jnp.maximum(n, 1)
+
+    self._train = jax.jit(train, donate_argnums=0)
+
+    def evaluate(params, key, x, y, labels):
+      mse = heldout_mse(model, params, scheds, x, y, jax.random.key(123), loss_kw)  # same (t, noise) for all
+      levels = training.sample(key, params, model=model, schedules=scheds, image_shape=image_shape, labels=labels,
+                               **sample_kw)
+      cons = training.consistency(levels, model) if len(levels) > 1 else jnp.zeros(labels.shape[0])
+      return mse, levels, cons
+
+    self._eval = jax.jit(evaluate)
+    self.eval_kw = eval_kw
+    self._init = {}
+
+  def init(self, key, inner_params=None):
+    def one(k, ip):
+      p = training.init_params(k, self.model, self.image_shape)
+      if ip is not None:
+        p = model_lib.load_inner(p, ip)
+      return TrainState.create(p, self.tx)
+    tag = inner_params is None
+    if tag not in self._init:
+      self._init[tag] = fast_compile(one, key, inner_params)
+    return self._init[tag](key, inner_params)
+
+  def train(self, state, key, arrays, n):
+    return self._train(state, key, arrays["x"], arrays["y"], jnp.asarray(int(n), jnp.int32))
+
+  def evaluate(self, params, key):
+    return jax.device_get(self._eval(params, key, *self.eval_kw))
