@@ -194,6 +194,7 @@ class Arm:
     self._init = {}
 
   def init(self, key, inner_params=None):
+    """A TrainState for one seed: fresh params (key), with `inner_params` loaded into the inner network if given."""
     def one(k, ip):
       p = training.init_params(k, self.model, self.image_shape)
       if ip is not None:
@@ -205,7 +206,9 @@ class Arm:
     return self._init[tag](key, inner_params)
 
   def train(self, state, key, arrays, n):
+    """n steps on arrays {'x': [N, H, W, C], 'y': [N]} with on-device batches -> (state, mean loss)."""
     return self._train(state, key, arrays["x"], arrays["y"], jnp.asarray(int(n), jnp.int32))
 
   def evaluate(self, params, key):
+    """(held-out eps-MSE per level [R], sampled levels, cross-level consistency [B]) on the host."""
     return jax.device_get(self._eval(params, key, *self.eval_kw))
