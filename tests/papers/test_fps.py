@@ -13,7 +13,7 @@ from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, smc
+from iclr24_jax.papers.fps import experiment, runs, smc, study_exactness
 
 SCHED = schedules.linear_beta_schedule()
 
@@ -502,7 +502,7 @@ def test_sample_on_image_operators(name):
   x0 = jax.random.normal(jax.random.key(0), (8, 8, 1))
   y = op.measure(jax.random.key(1), x0[None], 0.05)[0]
   fn = jax.jit(lambda k: fps.sample(k, _unit_gaussian_denoiser, SCHED, op, y, 0.05, 3, 6))
-  x = experiment.compile_call(fn, jax.random.key(2))(jax.random.key(2))   # XLA level 0: compile-bound
+  x = runs.compile_call(fn, jax.random.key(2))(jax.random.key(2))   # XLA level 0: compile-bound
   chex.assert_shape(x, (3, 8, 8, 1))
   chex.assert_tree_all_finite(x)
   # the samples explain the measurement far better than the prior mean 0 does
@@ -608,14 +608,14 @@ def test_prior_train_step_lowers_loss():
   state0 = jax.jit(lambda k: training.init_state(k, model, (16, 16, 1), tx))(jax.random.key(0))
   traced_step = chex.assert_max_traces(training.make_train_step(model, SCHED), n=1)
   # one compile at XLA level 0 (compile-bound on CPU; values agree with the default level to rounding)
-  step = experiment.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
+  step = runs.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
   state = state0
   for _ in range(20):
     state, _ = step(state, {"x": x}, jax.random.key(1))   # the step folds state.step into the key
   # the same fixed (t, eps) draw before and after training
   loss_fn = jax.jit(lambda p: training.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
                                                       jax.random.key(9), SCHED)[0])
-  loss = experiment.compile_call(loss_fn, state0.params)
+  loss = runs.compile_call(loss_fn, state0.params)
   assert float(loss(state.params)) < float(loss(state0.params))
 
 
@@ -631,9 +631,9 @@ def test_range_verdict_and_library_metrics():
   # (0.25, 0.75): fractions (1/3, 2/3) -> TV = |1/3 - 1/4| = 1/12.
   g = gmm_lib.GaussianMixture(jnp.array([0.25, 0.75]), jnp.array([[0.0, 0.0], [4.0, 0.0]]),
                               jnp.stack([jnp.eye(2) * 0.1] * 2))
-  post = experiment.PosteriorSummary(g)
+  post = study_exactness.PosteriorSummary(g)
   x = np.array([[0.0, 0.0], [4.0, 0.0], [4.0, 0.1]])
-  met = experiment.posterior_metrics(post, x, [x], np.eye(2))
+  met = study_exactness.posterior_metrics(post, x, [x], np.eye(2))
   np.testing.assert_allclose(met["weight_tv"], 1 / 12, rtol=1e-6)
   np.testing.assert_allclose(met["sw"], 0.0, atol=1e-6)    # identical clouds
   np.testing.assert_allclose(post.mean, [3.0, 0.0], rtol=1e-6)

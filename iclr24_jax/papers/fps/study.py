@@ -1,7 +1,8 @@
 """fps: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
 
-The method lives in the package's method modules and `experiment.run`; this module holds the studies
-that the paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call them).
+The studies themselves are in `study_exactness.py` and `study_images.py` (launched through `experiment.run`);
+this module runs them at the reproduction's settings and turns their results into judged rows
+(experiments/reproduce.py and experiments/benchmark.py call `reproduce` and `benchmark`).
 """
 from __future__ import annotations
 
