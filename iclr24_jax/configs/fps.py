@@ -42,7 +42,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.fps = ml_collections.ConfigDict(dict(num_particles=5, num_steps=100, c=0.95, sampler="ddim",
                                          resampling="multinomial", ess_threshold=None, clip_x0=1.0))
   c.num_steps = 100               # sampler steps (the official code runs 1000)
-  # Exactness study: exact GMM denoiser, exact GMM posterior (see experiment.exactness_study).
+  # Exactness study: exact GMM denoiser, exact GMM posterior (see papers/fps/study_exactness.py exactness_study).
   c.exactness = ml_collections.ConfigDict(dict(
       # The c sweep (rates) runs in the Gaussian M = infinity study (exact); on the GMMs only c = 0.95
       # (sweep_max_particles = 0), the DDIM kernel up to M = 50: the reproduction stays within its time.
