@@ -1,0 +1,44 @@
+"""Every registered experiment's modules import, and name what the main job and the benchmark call.
+
+Moving code between a paper's modules (issue 31) can leave a study calling a name that no longer lives where it
+looks; these checks catch it without running the (long) studies: each study module imports and exposes
+`reproduce(workdir, fast=...)` and `benchmark(quick=...)`, and the library has no undefined names (pyflakes,
+when installed).
+"""
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+from iclr24_jax import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("name", registry.available())
+def test_study_module_has_reproduce_and_benchmark(name):
+  module = registry.study_module(name)
+  assert callable(getattr(module, "reproduce", None)), f"{module.__name__} has no reproduce()"
+  params = inspect.signature(module.reproduce).parameters
+  assert "workdir" in params and "fast" in params, f"{module.__name__}.reproduce{inspect.signature(module.reproduce)}"
+  if hasattr(module, "benchmark"):
+    assert "quick" in inspect.signature(module.benchmark).parameters
+
+
+def test_every_paper_package_is_registered():
+  papers = os.path.join(ROOT, "iclr24_jax", "papers")
+  slugs = sorted(d for d in os.listdir(papers) if os.path.isdir(os.path.join(papers, d)) and not d.startswith("_"))
+  missing = [s for s in slugs if s not in registry.available()]
+  assert not missing, f"paper packages without an experiment module: {missing}"
+  assert len(slugs) == 19
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyflakes") is None, reason="pyflakes is not installed")
+def test_no_undefined_names_in_the_library():
+  out = subprocess.run([sys.executable, "-m", "pyflakes", os.path.join(ROOT, "iclr24_jax"),
+                        os.path.join(ROOT, "experiments")], capture_output=True, text=True).stdout
+  bad = [line for line in out.splitlines() if "undefined name" in line or "import *" in line]
+  assert not bad, "\n".join(bad)
