@@ -136,9 +136,13 @@ def benchmark(quick: bool = True) -> list[dict]:
   def make_case(mesh, _):
     runs = NamedSharding(mesh, P(sharding.DATA_AXIS))
     rep = sharding.replicated_sharding(mesh)
-    fn = jax.jit(train_many, in_shardings=(runs, rep, rep, runs, runs), out_shardings=runs)
-    args = (jax.random.split(jax.random.key(0), num_runs), jnp.asarray(ds.train.x), jnp.asarray(ds.train.y),
-            jnp.asarray(idx), jnp.asarray(sizes_))
+    shardings = (runs, rep, rep, runs, runs)
+    fn = jax.jit(train_many, in_shardings=shardings, out_shardings=runs)
+    # Placed explicitly: under `jax.set_mesh` a freshly made array is committed replicated, which a sharded
+    # in_sharding rejects.
+    args = tuple(jax.device_put(a, sh) for a, sh in zip(
+        (jax.random.split(jax.random.key(0), num_runs), np.asarray(ds.train.x), np.asarray(ds.train.y),
+         np.asarray(idx), np.asarray(sizes_)), shardings))
     return fn, args, dict(items=num_runs * 50, name="d2pruning/coreset_train_50steps", size=num_runs,
                           batch=cfg.batch_size)
 
