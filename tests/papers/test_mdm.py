@@ -210,3 +210,29 @@ def test_experiment_run_tiny(tmp_path):
   assert os.path.exists(os.path.join(tmp_path, "inner", "metrics.jsonl"))
   with pytest.raises(ValueError, match="unknown or conflicting"):
     cfg_mod.get_config("tiny,nested,single")
+
+
+def test_qualify_applies_the_reproduction_rule():
+  """Sample-quality verdicts between chance-level samples become 'inconclusive'; a standing 'no' names its
+  references; samples that are digits keep their verdicts; applying it twice changes nothing."""
+  from iclr24_jax.common import stats
+  from iclr24_jax.papers.mdm import study
+
+  def rows(acc_a, acc_b):
+    return [
+        stats.compare_row(paper="mdm", experiment="e", metric="held-out high-res eps-MSE", a=[0.08, 0.081, 0.079],
+                          b=[0.06, 0.061, 0.059], name_a="p", name_b="s", direction="less", notes="n"),
+        stats.compare_row(paper="mdm", experiment="e", metric="MNIST-CNN accuracy on samples of the digit",
+                          a=acc_a, b=acc_b, name_a="p", name_b="s", direction="greater", notes=""),
+        stats.compare_row(paper="mdm", experiment="e", metric="sliced W2 of CNN features", a=[1.3, 1.31, 1.29],
+                          b=[1.2, 1.21, 1.19], name_a="p", name_b="s", direction="less", notes="")]
+
+  noise = rows([0.06, 0.07, 0.065], [0.11, 0.12, 0.115])          # both arms below 2 / 10
+  assert [r["holds"] for r in noise] == ["no", "no", "no"]
+  q = study.qualify(noise, num_classes=10, budget_steps=150)
+  assert [r["holds"] for r in q] == ["no", "inconclusive", "inconclusive"]
+  assert q[0]["notes"].startswith("# 'no' at this budget only") and "150" in q[0]["notes"] and q[0]["notes"].endswith("n")
+  assert "measured 'no'" in q[1]["notes"]
+  assert study.qualify(q, num_classes=10, budget_steps=150) == q
+  digits = rows([0.6, 0.7, 0.65], [0.81, 0.82, 0.815])             # real digits: the sample verdicts stand
+  assert [r["holds"] for r in study.qualify(digits, num_classes=10, budget_steps=150)] == ["no", "no", "no"]
