@@ -17,6 +17,7 @@ import time
 import jax
 import numpy as np
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import stats
 from iclr24_jax.papers.finetune_dissect import dissect
 from iclr24_jax.papers.finetune_dissect import finetune
@@ -120,16 +121,14 @@ def run_real_text(workdir: str, settings: dict | None = None) -> dict:
   train_ids, train_mask = encode_right(tok, [d["text"] for d in docs], int(s["max_len"]))
   state = jax.jit(lambda p, k: lm_train.init_train_state(p, tx, lora_config=lora, key=k))(
       params, jax.random.key(int(s["seed"])))
-  step = jax.jit(lm_train.make_train_step(config, lora), donate_argnums=0)
+  # All steps in one compiled lax.scan (`common.loop.scan_steps`) over the stacked batches [steps, B, T].
+  train = jax.jit(loop_lib.scan_steps(lm_train.make_train_step(config, lora)), donate_argnums=0)
   rng = np.random.default_rng(int(s["seed"]))
   order = np.concatenate([rng.permutation(len(docs)) for _ in range(steps * bs // len(docs) + 1)])
-  losses = []
+  idx = order[:steps * bs].reshape(steps, bs)
   t1 = time.time()
-  for i in range(steps):
-    idx = order[i * bs:(i + 1) * bs]
-    state, m = step(state, {"ids": train_ids[idx], "mask": train_mask[idx]}, jax.random.key(i))
-    losses.append(m["loss"])   # kept on device: no host sync per step
-  losses = [float(x) for x in jax.device_get(losses)]
+  state, m = train(state, {"ids": train_ids[idx], "mask": train_mask[idx]}, jax.random.key(int(s["seed"])))
+  losses = [float(x) for x in jax.device_get(m["loss"])]
   t_train = time.time() - t1
   ft_params = jax.jit(lambda st: lm_train.model_params(st, lora))(state)
   change = jax.jit(dissect.token_logprob_change, static_argnums=2)
