@@ -280,3 +280,38 @@ def test_reverse_sample_with_the_true_noise_restores_the_clean_image(method):
   rms_in = float(jnp.sqrt(jnp.mean((mu - x0) ** 2)))
   assert rms_in > 0.2
   assert rms_out < 0.03, (rms_out, rms_in)
+
+
+def test_chunk_runner_host_loop_equals_scan():
+  """The CPU host loop and the accelerator lax.scan run the same steps with the same keys (a conv step)."""
+  import flax.linen as nn
+  import optax
+  from iclr24_jax.papers.daclip import train as train_lib
+
+  net = nn.Conv(4, (3, 3))
+  tx = optax.adam(1e-2)
+  x_all = jax.random.normal(jax.random.key(0), (32, 8, 8, 2))
+  params = net.init(jax.random.key(1), x_all[:1])["params"]
+  state0 = TrainState.create(params, tx)
+
+  def step(state, batch, key):
+    def loss(p):
+      out = net.apply({"params": p}, batch)
+      return jnp.mean((out - jax.random.normal(key, out.shape)) ** 2)
+    val, g = jax.value_and_grad(loss)(state.params)
+    return state.apply_gradients(g), {"loss": val}
+
+  def sample(d, k):
+    return d["x"][jax.random.randint(k, (4,), 0, d["x"].shape[0])]
+
+  key = jax.random.key(2)
+  data = {"x": x_all}
+  out = {}
+  for scan in (True, False):
+    run = train_lib.chunk_runner(step, sample, key, scan=scan)
+    st, m1 = run(state0, data, 0, 3)
+    st, m2 = run(st, data, 3, 2)
+    out[scan] = (st.params, m1["loss"], m2["loss"], int(st.step))
+  chex.assert_trees_all_close(out[True][0], out[False][0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose([out[True][1], out[True][2]], [out[False][1], out[False][2]], rtol=1e-5)
+  assert out[True][3] == out[False][3] == 5

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.daclip import degradations as deg
@@ -34,34 +35,51 @@ def digit_captions(labels) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def chunk_runner(step_fn: Callable, sample_fn: Callable, key: jax.Array) -> Callable:
-  """run_chunk(state, data, start, n) -> (state, mean metrics): n steps as one jitted lax.scan (n static).
+def chunk_runner(step_fn: Callable, sample_fn: Callable, key: jax.Array, scan: bool | None = None) -> Callable:
+  """run_chunk(state, data, start, n) -> (state, mean metrics): n steps, step i keyed by fold_in(key, start + i).
 
   Args:
     step_fn: step(state, batch, key) -> (state, metrics).
     sample_fn: sample(data, key) -> batch (drawn on device from the arrays in `data`).
     key: the stream's key; step i uses fold_in(key, i).
+    scan: True runs the n steps as one jitted `lax.scan` (n static); False as a host loop of one jitted step
+      (not donated: a state may hold arrays forwarded from the caller, e.g. frozen CLIP weights). None = False on CPU (`common.loop.loop_grads_are_slow`: XLA:CPU runs the conv
+      backward passes of these ViT / UNet steps 8-20x slower inside a loop), True on accelerators.
 
   Returns:
-    run_chunk(state, data, start, n), jitted with n static.
+    run_chunk(state, data, start, n).
   """
+  if scan is None:
+    scan = not loop_lib.loop_grads_are_slow()
 
-  @functools.partial(jax.jit, static_argnums=3)
-  def run_chunk(state, data, start, n):
-    def body(state, i):
-      k = jax.random.fold_in(key, start + i)
-      state, m = step_fn(state, sample_fn(data, k), k)
-      return state, m
-    state, ms = jax.lax.scan(body, state, jnp.arange(n))
-    return state, jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), ms)
+  def one(state, data, i):
+    k = jax.random.fold_in(key, i)
+    return step_fn(state, sample_fn(data, k), k)
 
-  return run_chunk
+  if scan:
+    @functools.partial(jax.jit, static_argnums=3)
+    def run_chunk(state, data, start, n):
+      state, ms = jax.lax.scan(lambda st, i: one(st, data, start + i), state, jnp.arange(n))
+      return state, jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), ms)
+    return run_chunk
+
+  one_jit = jax.jit(one)
+
+  def run_host(state, data, start, n):
+    ms = []
+    for i in range(n):
+      state, m = one_jit(state, data, jnp.int32(start + i))
+      ms.append(m)
+    return state, jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v), axis=0), *ms)
+
+  return run_host
 
 
 def train_scan(step_fn: Callable | None, sample_fn: Callable | None, state: Any, data: Any, key: jax.Array,
                num_steps: int, chunk: int, writer: metrics_lib.MetricWriter | None = None, prefix: str = "train",
                progress: bool = True, runner: Callable | None = None) -> tuple[Any, list[dict]]:
-  """Runs `num_steps` of state, metrics = step_fn(state, sample_fn(data, k), k) in jitted lax.scan chunks.
+  """Runs `num_steps` of state, metrics = step_fn(state, sample_fn(data, k), k) in chunks of `chunk` steps
+  (`chunk_runner`: a jitted lax.scan per chunk on accelerators, a host loop of one jitted step on CPU).
 
   Args:
     step_fn: pure train step (state, batch, key) -> (state, metrics).
