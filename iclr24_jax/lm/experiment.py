@@ -413,9 +413,14 @@ def decode_profile(fused: llama.Params, cfg: llama.LlamaConfig, repeats: int = 1
   top_p = jax.jit(lambda l: generation.sample_token(jax.random.key(0), l, 0.7, 0, 0.9))
   w, c_, _ = _median_times(lambda: top_p(logits), repeats)
   add("sample_top_p", w, c_, "temperature 0.7 + top-p 0.9 (top-256 candidates, `nucleus_mask`) + categorical draw")
-  full_sort = jax.jit(lambda l: generation.nucleus_mask(l / 0.7, 0.9, candidates=cfg.vocab_size))
+  full_sort = jax.jit(lambda l: generation.nucleus_mask(l / 0.7, 0.9, candidates=cfg.vocab_size, method="sort"))
   w, c_, _ = _median_times(lambda: full_sort(logits), repeats)
-  add("top_p_full_sort", w, c_, "the nucleus by a full sort of the vocabulary (before: every sampled token)")
+  add("top_p_full_sort", w, c_, "the nucleus by a full sort of the vocabulary (the fallback before the threshold "
+      "search)")
+  thresh = jax.jit(lambda l: generation.nucleus_mask(l / 0.7, 0.9, candidates=cfg.vocab_size))
+  w, c_, _ = _median_times(lambda: thresh(logits), repeats)
+  add("top_p_threshold", w, c_, "the nucleus by bisection on the probability threshold (today's fallback when the "
+      "top-256 candidates do not hold it)")
 
   def write(cache):
     k = [jax.lax.dynamic_update_slice(x, jnp.ones((x.shape[0], x.shape[1], 1), x.dtype), (0, 0, cache.index))

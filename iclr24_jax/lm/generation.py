@@ -90,28 +90,58 @@ def process_logits(logits: jax.Array, temperature: float = 1.0, top_k: int = 0, 
   return jax.nn.log_softmax(logits, axis=-1)
 
 
-# Candidates looked at first by `nucleus_mask`: when they hold the nucleus (the usual case) the full sort of
-# the vocabulary is skipped. Measured on SmolLM2 (V = 49152, 2 CPU cores): a full argsort costs ~10 ms per
-# sampled token, about a third of a decoding step; top-256 a small fraction of that.
+# Candidates looked at first by `nucleus_mask`: when they hold the nucleus the threshold search is skipped.
+# Measured on SmolLM2 (V = 49152, 2 CPU cores): a full argsort of [16, V] costs ~180 ms, the threshold search
+# ~10-20 ms, top-256 a few ms.
 NUCLEUS_CANDIDATES = 256
 
 
-def nucleus_mask(logits: jax.Array, top_p: float, candidates: int = NUCLEUS_CANDIDATES) -> jax.Array:
+def _nucleus_threshold_mask(logits: jax.Array, lse: jax.Array, top_p: float) -> jax.Array:
+  """The nucleus as {v : p_v >= p*} with p* found by bisection on the bit patterns of the probabilities.
+
+  Non-negative float32 values order like their int32 bit patterns, so 31 halvings of [0, bits(1.0) + 1] find
+  the largest t with mass(p >= t) >= top_p exactly (no sort: each halving is one masked sum over [B, V]).
+  That set is the sorted-cumsum nucleus, except that tokens tied with the last kept one are all kept.
+  """
+  probs = jnp.exp(logits - lse)
+  bits = jax.lax.bitcast_convert_type(probs, jnp.int32)         # monotone in probs (all >= 0)
+  b = logits.shape[0]
+  lo = jnp.zeros((b, 1), jnp.int32)                             # mass(p >= 0) = 1 >= top_p
+  hi = jnp.full((b, 1), int(np.float32(1.0).view(np.int32)) + 1, jnp.int32)   # mass(p >= hi) = 0 < top_p
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    mass = jnp.sum(jnp.where(bits >= mid, probs, 0.0), axis=-1, keepdims=True)
+    ok = mass >= top_p
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  lo, _ = jax.lax.fori_loop(0, 31, halve, (lo, hi))
+  return bits >= lo
+
+
+def nucleus_mask(logits: jax.Array, top_p: float, candidates: int = NUCLEUS_CANDIDATES,
+                 method: str = "threshold") -> jax.Array:
   """The top-p (nucleus) set: the smallest set of most likely tokens whose probability reaches `top_p`.
 
   The `candidates` most likely tokens are found with `lax.top_k`; when their mass reaches `top_p` in every
-  row the nucleus lies among them (every later token has at least that mass before it) and the full sort
-  is skipped (`lax.cond`); otherwise the whole vocabulary is sorted. Both paths give the same set (up to
-  the float rounding of the cumulative sums).
+  row the nucleus lies among them (every later token has at least that mass before it) and the rest is
+  skipped (`lax.cond`). Otherwise method 'threshold' (default) finds the probability threshold of the nucleus
+  by bisection (`_nucleus_threshold_mask`, ~15x faster than a sort of a 49k vocabulary on CPU) and 'sort'
+  sorts the whole vocabulary. All paths give the same set up to the float rounding of the sums, except that
+  'threshold' keeps every token tied with the last kept one.
 
   Args:
     logits: [B, V] float32 (may hold -inf).
     top_p: nucleus mass in (0, 1).
-    candidates: tokens examined by the fast path.
+    candidates: tokens examined by the fast path (>= V: no fast path).
+    method: 'threshold' or 'sort', the path taken when the candidates do not hold the nucleus.
 
   Returns:
     [B, V] bool, true for kept tokens (the most likely token is always kept).
   """
+  if method not in ("threshold", "sort"):
+    raise ValueError(f"method must be 'threshold' or 'sort', got {method!r}.")
   b, v = logits.shape
   lse = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
   rows = jnp.arange(b)[:, None]
@@ -126,12 +156,13 @@ def nucleus_mask(logits: jax.Array, top_p: float, candidates: int = NUCLEUS_CAND
     order = jnp.argsort(-logits, axis=-1)
     return keep_from_sorted(jnp.take_along_axis(logits, order, axis=-1), order)
 
+  slow = full_sort if method == "sort" else (lambda: _nucleus_threshold_mask(logits, lse, top_p))
   k = min(int(candidates), v)
   if k >= v:
-    return full_sort()
+    return slow()
   top_vals, top_idx = jax.lax.top_k(logits, k)
   covered = jnp.all(jnp.sum(jnp.exp(top_vals - lse), axis=-1) >= top_p)
-  return jax.lax.cond(covered, lambda: keep_from_sorted(top_vals, top_idx), full_sort)
+  return jax.lax.cond(covered, lambda: keep_from_sorted(top_vals, top_idx), slow)
 
 
 def sample_token(key: jax.Array, logits: jax.Array, temperature: float = 0.0, top_k: int = 0,

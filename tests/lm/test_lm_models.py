@@ -195,24 +195,35 @@ def test_sampling_filters():
   assert int(tok[0]) == 0
 
 
-def test_nucleus_fast_path_equals_full_sort():
-  """The top-k fast path of the nucleus gives the full sort's set: sharp rows (nucleus within the 16
-  candidates) and a flat row (it is not: the whole vocabulary is sorted, for the whole batch)."""
+def test_nucleus_fast_paths_equal_full_sort():
+  """The top-k fast path and the threshold bisection give the full sort's set: sharp rows (nucleus within
+  the 16 candidates), a flat row (it is not: the threshold search or the sort runs for the whole batch) and
+  rows where no candidate path is taken (candidates >= V)."""
   rng = np.random.default_rng(0)
   sharp = rng.standard_normal((3, 1000)).astype(np.float32) * 6.0
   flat = rng.standard_normal((1, 1000)).astype(np.float32) * 0.1
-  ref = lambda l, p: gen_lib.nucleus_mask(l, p, candidates=l.shape[-1])  # noqa: E731  (the full sort only)
-  fast = jax.jit(gen_lib.nucleus_mask, static_argnums=(1, 2))
-  for logits in (sharp, np.concatenate([sharp, flat])):
-    for top_p in (0.3, 0.9):
-      want = np.asarray(jax.jit(ref, static_argnums=1)(jnp.asarray(logits), top_p))
-      got = np.asarray(fast(jnp.asarray(logits), top_p, 16))
-      np.testing.assert_array_equal(got, want)
-      assert want[:3].sum(1).max() <= 16 and want.any(1).all()
+  ref = jax.jit(lambda l, p: gen_lib.nucleus_mask(l, p, candidates=l.shape[-1], method="sort"),
+                static_argnums=1)
+  fast = jax.jit(gen_lib.nucleus_mask, static_argnums=(1, 2, 3))
+  for logits in (sharp, np.concatenate([sharp, flat]), rng.standard_normal((8, 1000)).astype(np.float32) * 2.0):
+    for top_p in (0.3, 0.9, 0.99):
+      want = np.asarray(ref(jnp.asarray(logits), top_p))
+      for cand, method in ((16, "threshold"), (16, "sort"), (1000, "threshold")):
+        got = np.asarray(fast(jnp.asarray(logits), top_p, cand, method))
+        np.testing.assert_array_equal(got, want, err_msg=f"{cand} {method} {top_p}")
+      assert want.any(1).all()
+  assert np.asarray(ref(jnp.asarray(sharp), 0.9)).sum(1).max() <= 16
   # by hand: probabilities .5 .3 .15 .05, top_p .7: mass before = 0, .5, .8 -> the first two; 2 candidates hold .8
   logits = jnp.log(jnp.asarray([[0.15, 0.5, 0.05, 0.3]]))
-  np.testing.assert_array_equal(np.asarray(gen_lib.nucleus_mask(logits, 0.7, candidates=2)), [[0, 1, 0, 1]])
-  np.testing.assert_array_equal(np.asarray(gen_lib.nucleus_mask(logits, 0.9, candidates=2)), [[1, 1, 0, 1]])
+  for cand in (2, 4):
+    np.testing.assert_array_equal(np.asarray(gen_lib.nucleus_mask(logits, 0.7, candidates=cand)), [[0, 1, 0, 1]])
+    np.testing.assert_array_equal(np.asarray(gen_lib.nucleus_mask(logits, 0.9, candidates=cand)), [[1, 1, 0, 1]])
+  # ties at the boundary: .4 .2 .2 .2, top_p .5 -> the sort keeps .4 and one .2; the threshold keeps every .2
+  tied = jnp.log(jnp.asarray([[0.2, 0.4, 0.2, 0.2]]))
+  assert int(np.asarray(gen_lib.nucleus_mask(tied, 0.5, candidates=4, method="sort")).sum()) == 2
+  np.testing.assert_array_equal(np.asarray(gen_lib.nucleus_mask(tied, 0.5, candidates=4)), [[1, 1, 1, 1]])
+  with pytest.raises(ValueError, match="method"):
+    gen_lib.nucleus_mask(tied, 0.5, method="heap")
 
 
 def test_scoring_matches_log_softmax(params, fwd):
