@@ -38,11 +38,8 @@ def _site_dir() -> str:
 def _run_one(name: str, workdir: str, fast: bool, json_out: str) -> None:
   sys.path.insert(0, _HERE)
   from iclr24_jax import registry
-  module = registry.study_module(name)
-  if not hasattr(module, "reproduce"):
-    rows = []
-  else:
-    rows = module.reproduce(os.path.join(workdir, name), fast=fast)
+  fn = registry.reproduce_fn(name)
+  rows = [] if fn is None else fn(os.path.join(workdir, name), fast=fast)
   from iclr24_jax.common.metrics import to_python
   with open(json_out, "w") as f:
     json.dump(to_python(rows), f, indent=1, default=str)
@@ -177,15 +174,18 @@ def write_markdown(all_rows: dict, timings: dict, errors: dict, out_dir: str, fa
   def cell(v, fmt):
     return "-" if v is None else format(v, fmt)
 
+  from iclr24_jax.registry import EXTENDED
   for k, v in timings.items():
     v = v if isinstance(v, dict) else {"seconds": v}
-    lines.append(f"| {k} | {cell(v.get('seconds'), '.0f')} | {cell(v.get('cpu_seconds'), '.0f')} | "
+    label = f"{k} (outside the main job)" if k in EXTENDED else k
+    lines.append(f"| {label} | {cell(v.get('seconds'), '.0f')} | {cell(v.get('cpu_seconds'), '.0f')} | "
                  f"{cell(v.get('load'), '.1f')} |")
-  if timings:
-    walls = [v["seconds"] if isinstance(v, dict) else v for v in timings.values()]
-    cpus = [v.get("cpu_seconds") if isinstance(v, dict) else None for v in timings.values()]
+  main = {k: v for k, v in timings.items() if k not in EXTENDED}
+  if main:
+    walls = [v["seconds"] if isinstance(v, dict) else v for v in main.values()]
+    cpus = [v.get("cpu_seconds") if isinstance(v, dict) else None for v in main.values()]
     known = [c for c in cpus if c is not None]
-    lines.append(f"| **all** | **{sum(w for w in walls if w is not None):.0f}** | "
+    lines.append(f"| **all (the main job)** | **{sum(w for w in walls if w is not None):.0f}** | "
                  f"**{sum(known):.0f}** ({len(known)} of {len(cpus)} recorded) | |")
   if plots:
     lines += ["", "## Plots", ""]
@@ -217,12 +217,17 @@ def main() -> int:
     return 0
   sys.path.insert(0, _HERE)
   from iclr24_jax import registry
-  names = [n for n in registry.available() if (not args.only or n in args.only.split(","))
-           and n not in args.skip.split(",")]
+  only = [n for n in args.only.split(",") if n]
+  every = registry.available() + registry.extended()
+  unknown = [n for n in only if n not in every]
+  if unknown:
+    parser.error(f"unknown experiment(s) {unknown}; choose from {every}")
+  # The main job: every experiment but the extended studies, which run only when named in --only.
+  names = [n for n in every if (n in only if only else n not in registry.EXTENDED) and n not in args.skip.split(",")]
   os.makedirs(args.out, exist_ok=True)
   all_rows, timings, errors = {}, {}, {}
   if args.table:
-    all_rows, timings = load_saved_rows(args.out, registry.available())
+    all_rows, timings = load_saved_rows(args.out, every)
     print(f"wrote {write_markdown(all_rows, timings, {}, args.out, False)}")
     return 0
   _, saved_times = load_saved_rows(args.out, names)
@@ -272,9 +277,9 @@ def main() -> int:
   all_rows = {n: all_rows[n] for n in names if n in all_rows}    # registry order in the table
   timings = {n: timings[n] for n in names if n in timings}
   if args.keep:  # saved rows of the experiments not run this time, in registry order
-    saved_rows, saved_times = load_saved_rows(args.out, registry.available())
+    saved_rows, saved_times = load_saved_rows(args.out, every)
     merged_rows, merged_times = {}, {}
-    for name in registry.available():
+    for name in every:
       if name in all_rows:
         merged_rows[name], merged_times[name] = all_rows[name], timings[name]
       elif name in saved_rows and name not in errors:

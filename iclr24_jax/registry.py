@@ -27,6 +27,12 @@ PAPERS = ("llmbar", "fps", "clip_ood", "finetune_dissect", "motif", "coboosting"
           "graphcare", "nci", "mdm", "ldcq", "pmp", "cdgm", "lm_inversion", "mario", "safeguards", "daclip")
 
 
+# Studies too heavy for the main job (about 75 minutes on 2 cores): run by name, e.g.
+# `python -m experiments.reproduce --only mario_seeds`; their recorded rows (results/rows/<name>.json) are tabled
+# with the rest. name -> (paper, function of the paper's study module with the `reproduce` signature).
+EXTENDED = {"mario_seeds": ("mario", "reproduce_seeds")}
+
+
 def module_name(name: str) -> str:
   if name in FAMILY:
     return FAMILY[name]
@@ -63,3 +69,20 @@ def study_module(name: str) -> ModuleType:
 def available() -> list[str]:
   """Names with an experiment module, families first."""
   return [n for n in list(FAMILY) + list(PAPERS) if exists(n)]
+
+
+def extended() -> list[str]:
+  """Names of the studies outside the main job (`EXTENDED`) whose paper exists."""
+  return [n for n, (paper, _) in EXTENDED.items() if exists(paper)]
+
+
+def reproduce_fn(name: str):
+  """The `reproduce(workdir, fast=False) -> rows` of an experiment or an extended study, or None if it has none.
+
+  Raises:
+    ValueError: an unknown name.
+  """
+  if name in EXTENDED:
+    paper, fn = EXTENDED[name]
+    return getattr(study_module(paper), fn)
+  return getattr(study_module(name), "reproduce", None)

@@ -42,3 +42,11 @@ def test_no_undefined_names_in_the_library():
                         os.path.join(ROOT, "experiments")], capture_output=True, text=True).stdout
   bad = [line for line in out.splitlines() if "undefined name" in line or "import *" in line]
   assert not bad, "\n".join(bad)
+
+
+def test_extended_studies_resolve_and_stay_out_of_the_main_job():
+  for name in registry.extended():
+    paper, _ = registry.EXTENDED[name]
+    assert paper in registry.available() and name not in registry.available()
+    assert callable(registry.reproduce_fn(name))
+  assert registry.reproduce_fn("mario") is registry.study_module("mario").reproduce

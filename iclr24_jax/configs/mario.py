@@ -4,7 +4,10 @@ Paper: https://openreview.net/forum?id=t8eO0CiZJV   Official code: https://githu
 
 Run:  python -m experiments.main --config=configs/mario.py:tiny --workdir=runs/mario_tiny
       python -m experiments.main --config=configs/mario.py --workdir=runs/mario          # SmolLM2 + LoRA, StrategyQA
-Variants (comma-separated): a data set 'strategyqa' (default) or 'quarel'; 'tiny' (random tiny Llama, seconds).
+Variants (comma-separated): a data set 'strategyqa' (default) or 'quarel'; 'tiny' (random tiny Llama, seconds);
+a scale 'seeds' (the recorded 3-seed study, `python -m experiments.reproduce --only mario_seeds`: 200 test
+questions, 2 Quark rounds x 150 samples, ~25 CPU-minutes per seed) or 'full' (the issue's scale: all 458 test
+questions, 2 rounds x 256 samples; ~1 CPU-hour per seed, not run on 2 cores).
 The default sizes are those of the 2-core reproduction (see papers/mario/README.md); the official run used
 batch 64, lr 1e-5, 10,000 steps with sampling every 500 steps, on T5-large.
 """
@@ -13,14 +16,15 @@ import ml_collections
 from iclr24_jax.configs import variants
 
 DATASETS = ("strategyqa", "quarel")
+SCALES = ("seeds", "full")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The MaRio config: SmolLM2-135M-Instruct + LoRA on StrategyQA at the 2-core reproduction's sizes by default.
 
   Args:
-    arg: comma-separated: a data set ('strategyqa', 'quarel') and / or 'tiny' (random tiny Llama, seconds);
-      None or '' gives the default.
+    arg: comma-separated: a data set ('strategyqa', 'quarel'), 'tiny' (random tiny Llama, seconds) and / or a
+      scale ('seeds' or 'full', see the module docstring); None or '' gives the default.
 
   Returns:
     ml_collections.ConfigDict.
@@ -59,12 +63,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 4
   c.eval_every = 0
   c.checkpoint_every = 0
+  c.num_seeds = 1                # training seeds of `study.reproduce_seeds` (paired: one fixed test subset)
+  c.test_subset_seed = 1         # the seeded test subset (shared by every training seed)
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
 
-  parts = variants.parse(arg, DATASETS + ("tiny",), name="mario")
+  parts = variants.parse(arg, DATASETS + ("tiny",) + SCALES, name="mario", exclusive=[DATASETS, SCALES])
   for p in parts:
     if p in DATASETS:
       c.data.name = p
+  if "seeds" in parts or "full" in parts:
+    # SFT 20 steps, 2 Quark rounds (the issue's budget), 16 / 32 Quark steps per round, 3 seeds.
+    c.num_seeds = 3
+    c.sft_steps = 20
+    c.quark_rounds = 2
+    c.samples_per_round = 150 if "seeds" in parts else 256
+    c.quark_steps_per_round = 16 if "seeds" in parts else 32
+    c.data.num_eval = 200 if "seeds" in parts else 458   # StrategyQA test has 458 questions
+    c.sample_batch = 50 if "seeds" in parts else 64
+    c.num_steps = c.sft_steps + c.quark_rounds * c.quark_steps_per_round
   if "tiny" in parts:
     c.model.name = "tiny"
     c.model.vocab_size = 512

@@ -92,6 +92,15 @@ def test_consistency_equals_score_continuations(params, tok):
   assert np.all(np.abs(got) <= 1.0)
   with pytest.raises(ValueError, match="choices"):
     mario.consistency_reward(params, CFG, tok, qs[:1], rs[:1], ["maybe"], choices)
+  # The memo of question-only probabilities: same numbers, filled once, reused (a repeated question included).
+  memo = {}
+  first = mario.consistency_reward(params, CFG, tok, qs + qs[:1], rs + rs[1:2], golds + golds[:1], choices,
+                                   batch_size=4, memo=memo)
+  assert len(memo) == 3
+  np.testing.assert_allclose(first[:3], got, atol=1e-6)
+  memo[(rewards.answer_prompt(qs[0]), choices)] = np.asarray([1.0, 0.0])   # a planted value must be read back
+  again = mario.consistency_reward(params, CFG, tok, qs[:1], rs[:1], golds[:1], choices, batch_size=4, memo=memo)
+  np.testing.assert_allclose(again, with_r[0, 0] - 1.0, atol=1e-5)
 
 
 def test_plausibility_is_debiased_log_odds(params, tok):
@@ -296,3 +305,18 @@ def test_study_rows_on_the_tiny_model(tmp_path):
   for r in rows[:8]:
     assert r["holds"] in ("yes", "inconclusive")          # never 'no' without a reference
   assert all(r["holds"] is None for r in rows[8:])
+
+
+@pytest.mark.slow
+def test_seeded_study_on_the_tiny_model(tmp_path):
+  """reproduce_seeds: 3 training seeds on one test subset, every comparison judged on per-seed means."""
+  from iclr24_jax.papers.mario import study
+  rows = study.reproduce_seeds(str(tmp_path), fast=True)
+  assert len(rows) == 12 and os.path.exists(rows[0]["plots"][0])
+  for r in rows[:8]:
+    assert r["holds"] in ("yes", "inconclusive") and len(r["judgement"]["a"]) == 3
+    assert "3 seeds, paired" in r["ours"] and "pooled over seeds" in r["notes"]
+  assert all(r["holds"] is None for r in rows[8:])
+  with open(os.path.join(tmp_path, "mario_seeds_details.json")) as f:
+    details = json.load(f)
+  assert [d["seed"] for d in details["seeds"]] == [0, 1, 2]

@@ -310,7 +310,8 @@ def score(models: Models, config: Any, questions: Sequence[str], responses: Sequ
   choices = CHOICES[config.data.name]
   names = tuple(config.rewards) + ("accuracy",)
   return rewards_lib.score_responses(models.scorer_params, models.config, models.tokenizer, questions, responses,
-                                     golds, choices, rewards=names, batch_size=int(config.score_batch))
+                                     golds, choices, rewards=names, batch_size=int(config.score_batch),
+                                     memo=models.cache.setdefault("question_only_probs", {}))
 
 
 def _is_valid(response: str) -> bool:

@@ -134,8 +134,19 @@ def _logprobs(params, config, tokenizer, prompts, options, batch_size):
                                  widths=SCORE_WIDTHS)[:n]
 
 
-def _choice_probs(params, config, tokenizer, prompts, choices, batch_size):
-  """[N, C] softmax over the choices of the length-normalised log-probabilities (the official rq_score)."""
+def _choice_probs(params, config, tokenizer, prompts, choices, batch_size, memo: dict | None = None):
+  """[N, C] softmax over the choices of the length-normalised log-probabilities (the official rq_score).
+
+  `memo` (a dict owned by the caller, for one frozen scorer): prompts already in it are not scored again, and the
+  new ones are added (the question-only prompts repeat across the arms and rounds of a study).
+  """
+  if memo is not None:
+    key = lambda q: (q, tuple(choices))  # noqa: E731
+    todo = list(dict.fromkeys(q for q in prompts if key(q) not in memo))
+    if todo:
+      for q, row in zip(todo, _choice_probs(params, config, tokenizer, todo, choices, batch_size)):
+        memo[key(q)] = row
+    return np.stack([memo[key(q)] for q in prompts]) if prompts else np.zeros((0, len(choices)))
   options = [" " + c.strip() for c in choices]
   lengths = np.asarray([len(tokenizer.encode(o, add_bos=False)) for o in options], np.float64)
   lp = _logprobs(params, config, tokenizer, prompts, options, batch_size) / lengths
@@ -145,7 +156,8 @@ def _choice_probs(params, config, tokenizer, prompts, choices, batch_size):
 
 
 def consistency_reward(params, config, tokenizer, questions: Sequence[str], rationales: Sequence[str],
-                       golds: Sequence[str], choices: Sequence[str], batch_size: int = 16) -> np.ndarray:
+                       golds: Sequence[str], choices: Sequence[str], batch_size: int = 16,
+                       memo: dict | None = None) -> np.ndarray:
   """Consistency (the paper's 'rationale quality'): P(gold | q, r) - P(gold | q).
 
   Eq. (MaRio consistency, after Wiegreffe et al.): how much the rationale raises the answer model's probability of
@@ -158,6 +170,7 @@ def consistency_reward(params, config, tokenizer, questions: Sequence[str], rati
     questions, rationales, golds: N strings each (golds must be among `choices`).
     choices: the C answer strings shared by every question (StrategyQA ['yes', 'no'], QuaRel ['(A)', '(B)']).
     batch_size: prompts per compiled call.
+    memo: optional dict (for this scorer) that keeps P(choices | q) of question-only prompts across calls.
 
   Returns:
     [N] float64 in [-1, 1].
@@ -175,7 +188,8 @@ def consistency_reward(params, config, tokenizer, questions: Sequence[str], rati
     return np.zeros((0,), np.float64)
   with_r = _choice_probs(params, config, tokenizer, [answer_prompt(q, r) for q, r in zip(questions, rationales)],
                          choices, batch_size)
-  without = _choice_probs(params, config, tokenizer, [answer_prompt(q) for q in questions], choices, batch_size)
+  without = _choice_probs(params, config, tokenizer, [answer_prompt(q) for q in questions], choices, batch_size,
+                          memo=memo)
   rows = np.arange(n)
   return with_r[rows, gold_idx] - without[rows, gold_idx]
 
@@ -233,7 +247,7 @@ def plausibility_reward(params, config, tokenizer, questions: Sequence[str], rat
 
 def score_responses(params, config, tokenizer, questions: Sequence[str], responses: Sequence[str],
                     golds: Sequence[str], choices: Sequence[str], rewards: Sequence[str] = REWARD_NAMES,
-                    batch_size: int = 16) -> dict[str, np.ndarray]:
+                    batch_size: int = 16, memo: dict | None = None) -> dict[str, np.ndarray]:
   """Every named reward of N responses: {name: [N]} (names from REWARD_NAMES).
 
   Args:
@@ -244,6 +258,8 @@ def score_responses(params, config, tokenizer, questions: Sequence[str], respons
     choices: the C answer strings of the data set (e.g. ['yes', 'no']).
     rewards: which rewards to compute (a subset of REWARD_NAMES).
     batch_size: prompts per compiled LM call.
+    memo: optional dict kept across calls with one scorer (question-only answer probabilities, see
+      `consistency_reward`).
 
   Returns:
     {name: [N] float64} for every name in `rewards`.
@@ -262,7 +278,8 @@ def score_responses(params, config, tokenizer, questions: Sequence[str], respons
     elif name == "accuracy":
       out[name] = accuracy_reward(responses, golds)
     elif name == "consistency":
-      out[name] = consistency_reward(params, config, tokenizer, questions, rationales, golds, choices, batch_size)
+      out[name] = consistency_reward(params, config, tokenizer, questions, rationales, golds, choices, batch_size,
+                                     memo=memo)
     else:
       out[name] = plausibility_reward(params, config, tokenizer, questions, rationales, batch_size)
   return out
