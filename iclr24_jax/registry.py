@@ -30,7 +30,7 @@ PAPERS = ("llmbar", "fps", "clip_ood", "finetune_dissect", "motif", "coboosting"
 # Studies too heavy for the main job (about 75 minutes on 2 cores): run by name, e.g.
 # `python -m experiments.reproduce --only mario_seeds`; their recorded rows (results/rows/<name>.json) are tabled
 # with the rest. name -> (paper, function of the paper's study module with the `reproduce` signature).
-EXTENDED = {"mario_seeds": ("mario", "reproduce_seeds")}
+EXTENDED = {"mario_seeds": ("mario", "reproduce_seeds"), "nci_pretrained": ("nci", "reproduce_pretrained")}
 
 
 def module_name(name: str) -> str:
@@ -72,8 +72,8 @@ def available() -> list[str]:
 
 
 def extended() -> list[str]:
-  """Names of the studies outside the main job (`EXTENDED`) whose paper exists."""
-  return [n for n, (paper, _) in EXTENDED.items() if exists(paper)]
+  """Names of the studies outside the main job (`EXTENDED`) whose paper and study function exist."""
+  return [n for n, (paper, fn) in EXTENDED.items() if exists(paper) and hasattr(study_module(paper), fn)]
 
 
 def reproduce_fn(name: str):
@@ -84,5 +84,5 @@ def reproduce_fn(name: str):
   """
   if name in EXTENDED:
     paper, fn = EXTENDED[name]
-    return getattr(study_module(paper), fn)
+    return getattr(study_module(paper), fn, None)
   return getattr(study_module(name), "reproduce", None)
