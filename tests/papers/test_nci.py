@@ -215,3 +215,86 @@ def test_config_domains_match_the_data_module():
   from iclr24_jax.configs import nci as cfg
   from iclr24_jax.papers.nci import data as nci_data
   assert tuple(cfg.DOMAINS) == tuple(nci_data.DOMAINS)
+
+
+def _image_keys(x):  # pixel levels k/255 as bytes, one per image
+  return [np.rint(v * 255).astype(np.uint8).tobytes() for v in x.reshape(len(x), -1)]
+
+
+def test_pretraining_pool_is_disjoint_and_covers_every_style():
+  from iclr24_jax.configs import nci as cfg
+  from iclr24_jax.papers.nci import data as nci_data
+  doms = nci.make_domains(nci.DOMAINS, image_size=16, max_per_domain=400)
+  pool, rest = nci_data.split_pool(doms, 0.25, seed=0)
+  assert [d.name for d in pool] == [n + "_pool" for n in nci.DOMAINS]  # every style, the targets' included
+  assert [d.name for d in rest] == list(nci.DOMAINS)
+  for dom, p, r in zip(doms, pool, rest):
+    assert len(p.y) == 100 and len(r.y) == 300  # round(0.25 * 400)
+    assert set(p.y.tolist()) == set(range(10))  # all ten labels in each style's share of the pool
+    keys, pk, rk = _image_keys(dom.x), _image_keys(p.x), _image_keys(r.x)
+    assert sorted(pk + rk) == sorted(keys)  # a partition of the domain ...
+    assert len(set(keys)) == len(keys)  # ... of distinct images (else the next check could not see a leak)
+    assert not set(pk) & set(rk)  # ... and disjoint
+  # The study's data (sources, the target's adaptation and evaluation splits) never contains a pool image.
+  config = cfg.get_config("pretrained")
+  config.data.max_per_domain = 400
+  pool_keys = {k for p in pool for k in _image_keys(p.x)}
+  assert train_lib.pretraining_pool(config)[0].x.shape == pool[0].x.shape
+  sources, uda, evl, *_ = train_lib.setup(config, "mnist_rot60", "nci")
+  seen = [k for d in sources + [uda, evl] for k in _image_keys(d.x)]
+  assert len(seen) == 5 * 300 and not pool_keys & set(seen)
+  # Without a pool the study's domains are make_domains' (the from-scratch rows do not change).
+  config.data.pool_fraction = 0.0
+  np.testing.assert_array_equal(train_lib.study_domains(config)[4].x, doms[4].x)
+  with pytest.raises(ValueError, match="pool fraction"):
+    nci_data.split_pool(doms, 1.0)
+
+
+def test_fine_tuning_starts_from_the_pretrained_params():
+  import ml_collections
+  cfg = ml_collections.ConfigDict(dict(name="mnist_cnn", widths=(8, 8), discriminator="linear"))
+  nets = model_lib.make_networks(cfg, 10, K)
+  lr = 1e-3
+  tx = optax.adam(lr)
+  pre = nci.init(jax.random.key(42), nets, (S, S, 1), tx, tx).params["model"]  # the "pretrained" params
+  rng = np.random.default_rng(0)
+  sx = jnp.asarray(rng.random((K, 16, S, S, 1), np.float32))
+  sy = jnp.asarray(rng.integers(0, 10, (K, 16)), jnp.int32)
+  sn, tx_ = jnp.asarray([16, 16], jnp.int32), jnp.asarray(rng.random((16, S, S, 1), np.float32))
+  keys = jax.random.split(jax.random.key(0), 2)
+  args = (keys, sx, sy, sn, tx_)
+  same = lambda a, b: jax.tree.map(np.testing.assert_array_equal, a, b)
+  # Zero steps: every seed returns the pretrained params exactly.
+  params, _ = train_lib.make_train_fn(nets, "nci", 0.5, tx, tx, 0, 4, (S, S, 1), init_params=pre)(*args)
+  same(jax.tree.map(lambda a: a[1], params["model"]), pre)
+  # fresh_head: the featurizer is the pretrained one, the head each seed's own random init.
+  params, _ = train_lib.make_train_fn(nets, "nci", 0.5, tx, tx, 0, 4, (S, S, 1), init_params=pre,
+                                      fresh_head=True)(*args)
+  head = train_lib.head_name(pre)
+  assert head == "Dense_0"
+  same({k: v for k, v in jax.tree.map(lambda a: a[0], params["model"]).items() if k != head},
+       {k: v for k, v in pre.items() if k != head})
+  assert not np.allclose(params["model"][head]["kernel"][0], pre[head]["kernel"])
+  assert not np.allclose(params["model"][head]["kernel"][0], params["model"][head]["kernel"][1])
+  # Two Adam steps move each weight by at most 2 lr (Adam's step is <= lr per coordinate): fine-tuning.
+  params, _ = train_lib.make_train_fn(nets, "nci", 0.5, tx, tx, 2, 4, (S, S, 1), init_params=pre)(*args)
+  moved = jax.tree.map(lambda a, b: float(np.max(np.abs(a[0] - b))), params["model"], pre)
+  assert 0.0 < max(jax.tree.leaves(moved)) <= 2 * lr * (1 + 1e-3)
+
+
+def test_pretrained_config_fine_tunes_at_a_tenth_of_the_lr():
+  from iclr24_jax.configs import nci as cfg
+  pre, scratch = cfg.get_config("pretrained"), cfg.get_config("reproduce")
+  assert pre.optimizer.learning_rate == pytest.approx(0.1 * scratch.optimizer.learning_rate)
+  assert pre.data.pool_fraction == 0.25 and scratch.data.pool_fraction == 0.0 and pre.adv_schedule == "ramp"
+  assert cfg.get_config("pretrained,tiny").pretrain.steps == 10
+
+
+@pytest.mark.slow
+def test_reproduce_pretrained_fast(tmp_path):
+  from iclr24_jax.papers.nci import study
+  rows = study.reproduce_pretrained(str(tmp_path), fast=True)
+  assert len(rows) == 1 + 4 + 1 + 1
+  assert all(r["holds"] is None for r in rows)
+  assert rows[0]["ours"].startswith("checkpoint ")
+  assert os.path.exists(tmp_path / "nci_pretrained_lodo.png")

@@ -87,6 +87,38 @@ def make_domains(names: tuple[str, ...] = DOMAINS, image_size: int = 16, seed: i
   return out
 
 
+def split_pool(domains: list[Domain], fraction: float = 0.25, seed: int = 0) -> tuple[list[Domain], list[Domain]]:
+  """Holds out a seeded `fraction` of every domain as a labelled pretraining pool (the ImageNet analogue).
+
+  The paper fine-tunes an ImageNet-pretrained ResNet-50, whose pretraining images cover the styles of the
+  DA benchmarks (photos, art, sketches); here a pool of labelled images of *every* domain, the target's style
+  included, plays that role. The pool and the rest are disjoint by index, so the leave-one-out study that runs
+  on the rest (sources, the target's adaptation and evaluation splits) never sees a pool image.
+
+  Args:
+    domains: the domains of `make_domains` (x [N_d, H, W, C], y [N_d]).
+    fraction: share of each domain's images moved to the pool, in (0, 1).
+    seed: the per-domain permutation (domain d uses rng([seed, 11, d])).
+
+  Returns:
+    (pool, rest): pool[d] = Domain('<name>_pool', round(fraction * N_d) images), rest[d] = Domain('<name>',
+    the other images), both in the order of `domains`.
+  """
+  if not 0.0 < fraction < 1.0:
+    raise ValueError(f"pool fraction must be in (0, 1); got {fraction}.")
+  pool, rest = [], []
+  for d, dom in enumerate(domains):
+    perm = np.random.default_rng([seed, 11, d]).permutation(len(dom.y))
+    n = int(round(fraction * len(perm)))
+    if n == 0 or n == len(perm):
+      raise ValueError(f"pool fraction {fraction} leaves domain '{dom.name}' ({len(perm)} images) empty on one "
+                       f"side; choose a fraction between 1/N and 1 - 1/N.")
+    a, b = np.sort(perm[:n]), np.sort(perm[n:])
+    pool.append(Domain(dom.name + "_pool", dom.x[a], dom.y[a]))
+    rest.append(Domain(dom.name, dom.x[b], dom.y[b]))
+  return pool, rest
+
+
 def split_target(domain: Domain, uda_fraction: float = 0.2, seed: int = 0) -> tuple[Domain, Domain]:
   """Splits the target domain into an unlabelled adaptation part and a held-out evaluation part.
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 
@@ -156,6 +157,65 @@ def ramp_steps(config: Any, method: str) -> int | None:
   return int(config.num_steps)
 
 
+def study_domains(config: Any) -> list[data_lib.Domain]:
+  """The domains the leave-one-out study runs on: all of each domain, or, when config.data.pool_fraction > 0
+  (the 'pretrained' setting), what is left after `data.split_pool` took the pretraining pool out."""
+  names = tuple(config.data.domains)
+  domains = data_lib.make_domains(names, config.data.image_size, max_per_domain=config.data.get("max_per_domain"))
+  frac = float(config.data.get("pool_fraction", 0.0) or 0.0)
+  return data_lib.split_pool(domains, frac, seed=0)[1] if frac > 0 else domains
+
+
+def pretraining_pool(config: Any) -> list[data_lib.Domain]:
+  """The labelled pretraining pool (one Domain per style, all five styles; see `data.split_pool`)."""
+  frac = float(config.data.get("pool_fraction", 0.0) or 0.0)
+  if frac <= 0:
+    raise ValueError("config.data.pool_fraction must be > 0 to pretrain (use the 'pretrained' variant).")
+  names = tuple(config.data.domains)
+  domains = data_lib.make_domains(names, config.data.image_size, max_per_domain=config.data.get("max_per_domain"))
+  return data_lib.split_pool(domains, frac, seed=0)[0]
+
+
+def head_name(params: Any) -> str:
+  """The top-level name of the classifier's last Dense layer (the head h) in a classifier's params."""
+  dense = [k for k in params if k.startswith("Dense_")]
+  if not dense:
+    raise ValueError(f"no Dense layer among the classifier params {sorted(params)}.")
+  return max(dense, key=lambda k: int(k.split("_")[1]))
+
+
+def pretrain(config: Any, seed: int = 0) -> tuple[Any, dict]:
+  """ERM on the labelled pretraining pool (labels only, no domain terms) -> the classifier's params.
+
+  The analogue of the paper's ImageNet checkpoint: one shared run (seed `seed`) that every arm and seed of the
+  fine-tuning study starts from. Runs `make_train_fn` with method 'erm' and the five pool styles as its
+  "sources" (a batch of config.pretrain.batch_size per style, the mean of the per-style CEs); the ERM model loss
+  has no domain term (its discriminator is a probe that never reaches the model), and the "target" it is given
+  (the pool itself) enters no model loss.
+
+  Args:
+    config: an nci config with data.pool_fraction > 0 and a `pretrain` block (steps, learning_rate, batch_size).
+    seed: the key of the pretraining run.
+
+  Returns:
+    (params: the classifier's params {'Conv_0': ..., 'Dense_0': ...} (featurizer f and head h),
+     info: dict(pool_size: int, pool_acc: float (training accuracy on the pool), steps: int)).
+  """
+  pool = pretraining_pool(config)
+  px, py, pn = data_lib.stack_padded(pool)
+  pc = config.pretrain
+  nets = model_lib.make_networks(config.model, 10, len(pool))
+  opt = ml_collections.ConfigDict(dict(config.optimizer))
+  opt.learning_rate = float(pc.learning_rate)
+  tx = make_optimizer(opt, int(pc.steps))
+  train = make_train_fn(nets, "erm", 0.0, tx, tx, int(pc.steps), int(pc.batch_size), px.shape[2:])
+  allx = np.concatenate([d.x for d in pool])
+  params, _ = train(jax.random.key(seed)[None], jnp.asarray(px), jnp.asarray(py), jnp.asarray(pn), jnp.asarray(allx))
+  params = jax.tree.map(lambda a: a[0], params["model"])
+  acc = evaluate(nets, {"model": params}, allx, np.concatenate([d.y for d in pool]))
+  return params, {"pool_size": int(len(allx)), "pool_acc": float(acc), "steps": int(pc.steps)}
+
+
 def setup(config: Any, target: str, method: str):
   """The data, networks and optimizers of one (target, method) leave-one-domain-out run.
 
@@ -170,7 +230,7 @@ def setup(config: Any, target: str, method: str):
   names = tuple(config.data.domains)
   if target not in names:
     raise ValueError(f"target domain '{target}' is not among config.data.domains {names}.")
-  domains = data_lib.make_domains(names, config.data.image_size, max_per_domain=config.data.get("max_per_domain"))
+  domains = study_domains(config)
   tgt = domains[names.index(target)]
   uda, evl = data_lib.split_target(tgt, config.data.uda_fraction, seed=0)
   sources = [d for d in domains if d.name != target]
@@ -183,13 +243,19 @@ def setup(config: Any, target: str, method: str):
 
 
 def make_train_fn(nets: model_lib.Networks, method: str, weight: float, tx_model, tx_disc, num_steps: int,
-                  batch_size: int, input_shape: tuple[int, ...], ramp: int | None = None):
+                  batch_size: int, input_shape: tuple[int, ...], ramp: int | None = None, init_params: Any = None,
+                  fresh_head: bool = False):
   """Whole training runs of S seeds at once (a vmap over seeds) with on-device batch sampling.
 
   Args:
     nets, method, weight: the networks, 'erm' | 'dann' | 'nci' | 'oracle' and lambda.
     tx_model, tx_disc: optimizers; num_steps, batch_size: the budget; input_shape: (H, W, C).
     ramp: steps of the lambda ramp (see `ramp_steps`), None for a constant lambda.
+    init_params: optional classifier params (e.g. from `pretrain`) every seed starts from instead of its random
+      init (fine-tuning); the discriminator and both optimizer states are fresh per seed. With zero steps the
+      returned model params equal `init_params` exactly.
+    fresh_head: with init_params, keep each seed's random head (the last Dense layer) instead of the given one
+      (DomainBed's fresh nn.Linear on a pretrained featurizer).
 
   Returns:
     train(keys [S], src_x [K, N, ...], src_y [K, N], src_n [K], tgt_x [M, ...]) -> (params [S, ...],
@@ -213,7 +279,18 @@ def make_train_fn(nets: model_lib.Networks, method: str, weight: float, tx_model
     return state, {"loss": m["loss"], "nll": m["nll"], "d_acc": m["d_acc"]}
 
   seeds_step = jax.vmap(sampled_step, in_axes=(0, None, 0, None, None, None, None))
-  init_fn = jax.jit(jax.vmap(lambda key: model_lib.init(key, nets, input_shape, tx_model, tx_disc)))
+  def init_one(key):
+    state = model_lib.init(key, nets, input_shape, tx_model, tx_disc)
+    if init_params is None:
+      return state
+    model = jax.tree.map(jnp.asarray, dict(init_params))
+    if fresh_head:
+      head = head_name(model)
+      model[head] = state.params["model"][head]
+    return state.replace(params={"model": model, "disc": state.params["disc"]},
+                         opt_state={"model": tx_model.init(model), "disc": state.opt_state["disc"]})
+
+  init_fn = jax.jit(jax.vmap(init_one))
   step_fn = jax.jit(seeds_step, donate_argnums=0)
 
   def train(keys, src_x, src_y, src_n, tgt_x, scan: bool = False):
@@ -227,13 +304,15 @@ def make_train_fn(nets: model_lib.Networks, method: str, weight: float, tx_model
     for i in range(num_steps):
       state, m = step_fn(state, i, key_data, src_x, src_y, src_n, tgt_x)
       ms.append(m)
+    if not ms:  # zero steps (e.g. the pretrained params as they are): no metrics
+      return state.params, {}
     return state.params, jax.tree.map(lambda *xs: jnp.stack(xs, 1), *ms)
 
   return train
 
 
 def leave_one_out(config: Any, target: str, method: str, seeds: int, weight: float | None = None,
-                  vmap_seeds: bool | str = "auto") -> dict:
+                  vmap_seeds: bool | str = "auto", init_params: Any = None) -> dict:
   """Trains `seeds` runs of a method for one target domain -> accuracies per seed.
 
   Args:
@@ -243,6 +322,8 @@ def leave_one_out(config: Any, target: str, method: str, seeds: int, weight: flo
     vmap_seeds: True runs the S seeds as one vmapped program; False one seed at a time (the same program
       with S = 1); 'auto' = vmap on GPU/TPU only: on XLA:CPU a vmap over seeds turns the convolutions into
       grouped ones, and 3 vmapped seeds cost 6x one seed (measured), twice the cost of running them in turn.
+    init_params: classifier params to fine-tune from (`pretrain`), shared by every seed; config.fresh_head
+      re-initialises the head per seed. None: each seed's random init (the from-scratch study).
 
   Returns:
     dict(target_acc [S], source_acc (mean), final_d_acc (mean)); seed s uses fold_in(key(config.seed), s)
@@ -252,7 +333,8 @@ def leave_one_out(config: Any, target: str, method: str, seeds: int, weight: flo
   sx, sy, sn = data_lib.stack_padded(sources)
   lam = adv_weight(config, len(sources)) if weight is None else float(weight)
   train = make_train_fn(nets, method, lam, tx_m, tx_d, config.num_steps, config.batch_size, sx.shape[2:],
-                        ramp=ramp_steps(config, method))
+                        ramp=ramp_steps(config, method), init_params=init_params,
+                        fresh_head=bool(config.get("fresh_head", False)))
   sx, sy, sn, ux = map(jnp.asarray, (sx, sy, sn, uda.x))
   acc_fn = jax.jit(jax.vmap(lambda p, x, y: jnp.mean(jnp.argmax(nets.features_and_logits(p["model"], x)[1], -1) == y),
                             in_axes=(0, None, None)))
