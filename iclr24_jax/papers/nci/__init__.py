@@ -10,9 +10,10 @@ adversarial gradient, unlike DANN, where both sides are pulled together.
 Public API:
   discriminator_loss, loss_fn, erm_model_loss, dann_model_loss      (pure losses; model_loss: alias of loss_fn)
   init, train_step, erm_step, dann_step, make_train_step             (state and steps; make_step: alias)
-  evaluate, make_domains                                             (evaluation and data)
+  evaluate, make_domains, split_pool                                 (evaluation and data)
+  train.pretrain, train.leave_one_out(init_params=...)               (the pretrained setting, study.py)
 """
-from iclr24_jax.papers.nci.data import DOMAINS, Domain, make_domains
+from iclr24_jax.papers.nci.data import DOMAINS, Domain, make_domains, split_pool
 from iclr24_jax.papers.nci.losses import dann_model_loss, discriminator_loss, erm_model_loss, loss_fn, model_loss
 from iclr24_jax.papers.nci.model import AdversarialState, Networks, init
 from iclr24_jax.papers.nci.train import dann_step, erm_step, evaluate, make_step, make_train_step, train_step
@@ -28,5 +29,5 @@ BIBTEX = """@inproceedings{chaudhuri2024nci,
 }"""
 
 __all__ = ["discriminator_loss", "loss_fn", "model_loss", "erm_model_loss", "dann_model_loss", "init", "train_step",
-           "erm_step", "dann_step", "make_train_step", "make_step", "evaluate", "make_domains", "Domain", "DOMAINS",
+           "erm_step", "dann_step", "make_train_step", "make_step", "evaluate", "make_domains", "split_pool", "Domain", "DOMAINS",
            "AdversarialState", "Networks", "TITLE", "URL", "BIBTEX"]
