@@ -265,6 +265,10 @@ def test_real_text_pipeline_runs(tmp_path):
   except Exception as e:   # noqa: BLE001
     pytest.skip(f"SmolLM2 not installed: {e}")
   res = real.run_real_text(str(tmp_path), dict(num_probe_documents=2, num_train_documents=4, steps=2,
-                                               batch_size=2, max_len=48, max_new_tokens=16))
+                                               batch_size=2, max_len=48, max_new_tokens=16, seeds=(0, 1)))
   assert set(res["report"]) == {"topic", "style", "counterfactual"}
   assert np.isfinite(res["parts"]["total"])
+  assert len(res["parts_by_seed"]) == 2 and len(res["losses"]) == 2
+  # the seeds differ (LoRA init, document order), and the seed-averaged total is the mean of the seeds' totals
+  assert res["losses"][0] != res["losses"][1]
+  np.testing.assert_allclose(res["parts"]["total"], np.mean([p["total"] for p in res["parts_by_seed"]]), rtol=1e-5)

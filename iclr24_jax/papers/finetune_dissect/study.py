@@ -10,7 +10,7 @@
 (c) Real text (`real_text=True`, on in the main job; ~300 CPU-s with 108 rewrites to write, ~130 once cached):
     SmolLM2-135M-Instruct rewrites of 36 MaRio StrategyQA questions and rationales (cached), MiniLM-filtered,
     and the components after a short LoRA finetuning of SmolLM2 on 48 domain documents, with bootstrap
-    intervals over documents (one finetuning run).
+    intervals over documents; 3 finetuning seeds, the claim rows judged on per-seed means.
 """
 from __future__ import annotations
 
