@@ -5,11 +5,14 @@
   python -m experiments.reproduce --fast          # tiny settings (smoke test of the whole pipeline)
   python -m experiments.reproduce --only nci --keep   # rerun one; keep the other experiments' saved rows
   python -m experiments.reproduce --table         # only rebuild REPRODUCTION.md from results/rows/*.json
+  python -m experiments.reproduce --only mario_seeds --keep   # a study outside the main job (registry.EXTENDED)
 
 Each experiment runs in its own subprocess (a crash or leak in one cannot take down the others), `--jobs` of them
 at once (default min(2, CPU count): JAX keeps two cores busy only part of the time, so two at once use both),
 longest first by their last recorded CPU seconds;
-its rows land in <workdir>/<name>/rows.json and, for a full (non --fast) run, in results/rows/<name>.json
+The studies in `registry.EXTENDED` (too heavy for the main job) run only when named; the main job tables their
+recorded rows. An experiment's rows land in <workdir>/<name>/rows.json and, for a full (non --fast) run, in
+results/rows/<name>.json
 (committed, with the run's wall and CPU seconds and the load average; its plots are copied to results/plots/). The table collects them with the
 paper's value or claim and whether the claim holds here: 'yes' / 'no' beyond 2 standard errors over seeds,
 'inconclusive' inside them (`iclr24_jax.common.stats`), '-' for a measurement without a claim.
@@ -276,6 +279,11 @@ def main() -> int:
       finish(pid, status, usage)
   all_rows = {n: all_rows[n] for n in names if n in all_rows}    # registry order in the table
   timings = {n: timings[n] for n in names if n in timings}
+  if not args.fast and not args.keep and not only:
+    # The extended studies are not part of the main job: their recorded rows are tabled beside its own.
+    saved_rows, saved_times = load_saved_rows(args.out, [n for n in registry.extended() if n not in all_rows])
+    all_rows.update(saved_rows)
+    timings.update({n: t for n, t in saved_times.items() if n in saved_rows})
   if args.keep:  # saved rows of the experiments not run this time, in registry order
     saved_rows, saved_times = load_saved_rows(args.out, every)
     merged_rows, merged_times = {}, {}
