@@ -6,8 +6,8 @@ Run:  python -m experiments.main --config=configs/mario.py:tiny --workdir=runs/m
       python -m experiments.main --config=configs/mario.py --workdir=runs/mario          # SmolLM2 + LoRA, StrategyQA
 Variants (comma-separated): a data set 'strategyqa' (default) or 'quarel'; 'tiny' (random tiny Llama, seconds);
 a scale 'seeds' (the recorded 3-seed study, `python -m experiments.reproduce --only mario_seeds`: 200 test
-questions, 2 Quark rounds x 150 samples, ~25 CPU-minutes per seed) or 'full' (the issue's scale: all 458 test
-questions, 2 rounds x 256 samples; ~1 CPU-hour per seed, not run on 2 cores).
+questions, 2 Quark rounds x 150 samples, ~25 CPU-minutes per seed) or 'full' (the issue's scale: the whole test
+split, 458 StrategyQA questions, 2 rounds x 256 samples; ~1 CPU-hour per seed, not run on 2 cores).
 The default sizes are those of the 2-core reproduction (see papers/mario/README.md); the official run used
 batch 64, lr 1e-5, 10,000 steps with sampling every 500 steps, on T5-large.
 """
@@ -78,7 +78,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.quark_rounds = 2
     c.samples_per_round = 150 if "seeds" in parts else 256
     c.quark_steps_per_round = 16 if "seeds" in parts else 32
-    c.data.num_eval = 200 if "seeds" in parts else 458   # StrategyQA test has 458 questions
+    c.data.num_eval = 200 if "seeds" in parts else 0     # 0: the whole test split (StrategyQA 458, QuaRel 552)
     c.sample_batch = 50 if "seeds" in parts else 64
     c.num_steps = c.sft_steps + c.quark_rounds * c.quark_steps_per_round
   if "tiny" in parts:
