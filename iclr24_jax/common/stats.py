@@ -204,7 +204,8 @@ def compare_row(*, paper: str, experiment: str, metric: str, a: Sequence[float],
   """
   res = judge(a, b, paired=paired, direction=direction, z=z)
   ours = (f"{name_a} {fmt_mean_se(res['mean_a'], res['se_a'])} vs {name_b} {fmt_mean_se(res['mean_b'], res['se_b'])}; "
-          f"diff {res['diff']:+.3g}+-{res['se_diff']:.2g} ({res['n']} seeds{', paired' if res['paired'] else ''})")
+          f"diff {res['diff']:+.3g}+-{res['se_diff']:.2g} ({res['n']} seeds"
+          f"{', vs a fixed value' if np.isscalar(b) else (', paired' if res['paired'] else '')})")
   judgement = dict(res, a=[float(v) for v in np.ravel(a)],
                    b=float(b) if np.isscalar(b) else [float(v) for v in np.ravel(b)], direction=direction, z=z)
   row = dict(paper=paper, experiment=experiment, metric=metric, ours=ours, paper_value=paper_value,

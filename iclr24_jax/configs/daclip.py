@@ -46,7 +46,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Stage 1: the controller (official: AdamW lr 2e-5, wd 0.05, batch 784, 30 epochs from OpenCLIP ViT-B/32).
   c.controller = ml_collections.ConfigDict(dict(
       optimizer=dict(learning_rate=5e-4, schedule="cosine", warmup_steps=20, weight_decay=0.05),
-      num_steps=200, batch_size=128))
+      num_steps=200, batch_size=128, seeds=3))   # seeds: controllers trained for (a); seed 0's feeds stage 2
   # Stage 2: IR-SDE (official train.yml: max_sigma 50, T 100, cosine, eps 0.005).
   c.sde = ml_collections.ConfigDict(dict(T=100, lambda_=50.0 / 255.0, schedule="cosine", eps=0.005))
   # The restorer (official ConditionalUNet: nf 64, ch_mult [1, 2, 4, 8], cross-attention at the lowest levels).

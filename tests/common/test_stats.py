@@ -74,5 +74,8 @@ def test_compare_row_and_normalise():
   row = stats.compare_row(paper="p", experiment="e", metric="acc", a=[0.8, 0.82, 0.81], b=[0.7, 0.71, 0.69],
                           name_a="ours", name_b="base", paper_value="ours > base")
   assert row["holds"] == "yes" and "ours 0.81" in row["ours"] and "3 seeds, paired" in row["ours"]
+  fixed = stats.compare_row(paper="p", experiment="e", metric="acc", a=[1.0, 0.98, 1.0], b=0.13, name_a="ours",
+                            name_b="frozen", paired=False)
+  assert fixed["holds"] == "yes" and "3 seeds, vs a fixed value" in fixed["ours"]
   assert stats.normalise_holds(True) == "yes" and stats.normalise_holds("No") == "no"
   assert stats.normalise_holds("-") is None and stats.normalise_holds("inconclusive") == "inconclusive"
