@@ -297,4 +297,4 @@ def test_reproduce_pretrained_fast(tmp_path):
   assert len(rows) == 1 + 4 + 1 + 1
   assert all(r["holds"] is None for r in rows)
   assert rows[0]["ours"].startswith("checkpoint ")
-  assert os.path.exists(tmp_path / "nci_pretrained_lodo.png")
+  assert os.path.exists(tmp_path / "lodo.png")  # results/plots/nci_pretrained_lodo.png in a full run
