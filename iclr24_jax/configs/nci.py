@@ -20,7 +20,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The NCI config: NCI on the five digit domains with 'digits' as the target unless `arg` changes it.
 
   Args:
-    arg: comma-separated variants: 'tiny', 'reproduce' (the leave-one-domain-out study's settings), a
+    arg: comma-separated variants: 'tiny', 'reproduce' (the leave-one-domain-out study's settings), 'pretrained'
+      (pool pretraining + low-lr fine-tuning, study.reproduce_pretrained; 'pretrained,tiny' for a smoke run), a
       baseline ('erm', 'dann', 'oracle') and 'target=<domain>' (one of DOMAINS); None or '' gives the default.
 
   Returns:
