@@ -71,6 +71,55 @@ def loop_grads_are_slow(backend: str | None = None) -> bool:
   return (backend or jax.default_backend()) == "cpu"
 
 
+def repeat_step(step_fn: Callable[..., tuple[Any, Mapping[str, jax.Array]]], *, loop: bool | None = None,
+                donate: bool = False) -> Callable[..., tuple[Any, dict]]:
+  """`run(state, start, n, *args) -> (state, mean metrics)`: `state, m = step_fn(state, i, *args)` for i in
+  start .. start + n - 1 (batches drawn on device inside `step_fn`, e.g. keyed by i).
+
+  Args:
+    step_fn: `(state, i int32 scalar, *args) -> (state, metrics)`, pure.
+    loop: True runs the n steps as one jitted `lax.fori_loop` (n traced: no recompile for a new n); False as a
+      host loop of one jitted step; None = False where `loop_grads_are_slow()` (CPU), True elsewhere.
+    donate: donate the state's buffers to each call (the caller must not reuse the state it passed).
+
+  Returns:
+    run(state, start, n, *args): the final state and the mean of each metric over the n steps.
+  """
+  if loop is None:
+    loop = not loop_grads_are_slow()
+  tree_map = jax.tree_util.tree_map
+  if loop:
+    def run_loop(state, start, n, *args):
+      shapes = jax.eval_shape(lambda: step_fn(state, start, *args)[1])
+
+      def body(i, carry):
+        st, total = carry
+        st, m = step_fn(st, start + i, *args)
+        return st, tree_map(lambda a, b: a + b.astype(a.dtype), total, m)
+
+      zeros = tree_map(lambda sd: jax.numpy.zeros(sd.shape, jax.numpy.float32), shapes)
+      state, total = jax.lax.fori_loop(0, n, body, (state, zeros))
+      return state, tree_map(lambda v: v / jax.numpy.maximum(n, 1), total)
+
+    compiled = jax.jit(run_loop, donate_argnums=(0,) if donate else ())
+    return lambda state, start, n, *args: compiled(state, np.int32(start), np.int32(n), *args)
+
+  one = jax.jit(step_fn, donate_argnums=(0,) if donate else ())
+
+  def run_host(state, start, n, *args):
+    total = None
+    for i in range(int(n)):
+      state, m = one(state, np.int32(start + i), *args)
+      m = tree_map(lambda v: v.astype(jax.numpy.float32), m)
+      total = m if total is None else tree_map(lambda a, b: a + b, total, m)
+    if total is None:   # n = 0: the state unchanged, zero metrics (as the loop path gives)
+      shapes = jax.eval_shape(step_fn, state, np.int32(start), *args)[1]
+      return state, tree_map(lambda sd: jax.numpy.zeros(sd.shape, jax.numpy.float32), shapes)
+    return state, tree_map(lambda v: v / int(n), total)
+
+  return run_host
+
+
 def scan_steps(step_fn: TrainStep) -> TrainStep:
   """K steps as one function: `chunk(state, stacked_batches [K, B, ...], key) -> (state, metrics [K])`.
 

@@ -76,3 +76,28 @@ def test_bad_options_are_named():
     _run(keep_best="accuracy")
   with pytest.raises(ValueError, match="not among the eval metrics"):
     _run(eval_fn=lambda s: {"a": 1.0}, eval_every=8, keep_best="b")
+
+
+def test_repeat_step_loop_and_host_paths_agree():
+  """repeat_step: the fori_loop and the host loop run steps start..start+n-1 with the same keys (a hand-checked
+  step counter and sum of i), the same parameters and mean metrics; n = 0 leaves the state unchanged."""
+  x, y = jnp.asarray(X), jnp.asarray(Y)
+
+  def step(state, i, x, y):
+    rows = (jnp.arange(16) + 16 * (i % 4)) % 64
+    new, m = _step(state, {"x": x[rows], "y": y[rows]}, jax.random.key(3))
+    return new, {"loss": m["loss"], "i": i}
+
+  out = {}
+  for path in (True, False):
+    run = loop.repeat_step(step, loop=path)
+    st, m1 = run(_init(None), 0, 5, x, y)
+    st, m2 = run(st, 5, 3, x, y)
+    same, m0 = run(st, 8, 0, x, y)
+    out[path] = (st.params, float(m1["loss"]), float(m2["i"]), int(st.step), same.params, float(m0["loss"]))
+  for path in (True, False):
+    assert out[path][3] == 8 and out[path][2] == 6.0 and out[path][5] == 0.0   # mean of i over 5, 6, 7
+    np.testing.assert_array_equal(out[path][4]["w"], out[path][0]["w"])
+  np.testing.assert_allclose(out[True][0]["w"], out[False][0]["w"], rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-6)
+  assert loop.loop_grads_are_slow("cpu") and not loop.loop_grads_are_slow("gpu")

@@ -42,37 +42,20 @@ def chunk_runner(step_fn: Callable, sample_fn: Callable, key: jax.Array, scan: b
     step_fn: step(state, batch, key) -> (state, metrics).
     sample_fn: sample(data, key) -> batch (drawn on device from the arrays in `data`).
     key: the stream's key; step i uses fold_in(key, i).
-    scan: True runs the n steps as one jitted `lax.scan` (n static); False as a host loop of one jitted step
-      (not donated: a state may hold arrays forwarded from the caller, e.g. frozen CLIP weights). None = False on CPU (`common.loop.loop_grads_are_slow`: XLA:CPU runs the conv
+    scan: True runs the n steps as one jitted loop; False as a host loop of one jitted step (`common.loop.repeat_step`;
+      not donated: a state may hold arrays forwarded from the caller, e.g. frozen CLIP weights). None = False on CPU
+      (`common.loop.loop_grads_are_slow`: XLA:CPU runs the conv
       backward passes of these ViT / UNet steps 8-20x slower inside a loop), True on accelerators.
 
   Returns:
     run_chunk(state, data, start, n).
   """
-  if scan is None:
-    scan = not loop_lib.loop_grads_are_slow()
-
-  def one(state, data, i):
+  def one(state, i, data):
     k = jax.random.fold_in(key, i)
     return step_fn(state, sample_fn(data, k), k)
 
-  if scan:
-    @functools.partial(jax.jit, static_argnums=3)
-    def run_chunk(state, data, start, n):
-      state, ms = jax.lax.scan(lambda st, i: one(st, data, start + i), state, jnp.arange(n))
-      return state, jax.tree_util.tree_map(lambda v: jnp.mean(v, axis=0), ms)
-    return run_chunk
-
-  one_jit = jax.jit(one)
-
-  def run_host(state, data, start, n):
-    ms = []
-    for i in range(n):
-      state, m = one_jit(state, data, jnp.int32(start + i))
-      ms.append(m)
-    return state, jax.tree_util.tree_map(lambda *v: jnp.mean(jnp.stack(v), axis=0), *ms)
-
-  return run_host
+  runner = loop_lib.repeat_step(one, loop=scan)
+  return lambda state, data, start, n: runner(state, start, n, data)
 
 
 def train_scan(step_fn: Callable | None, sample_fn: Callable | None, state: Any, data: Any, key: jax.Array,

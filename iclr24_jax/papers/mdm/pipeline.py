@@ -170,26 +170,18 @@ class Arm:
     self.model, self.scheds, self.image_shape, self.tx = model, scheds, image_shape, tx
     step = training.make_train_step(model, scheds, **loss_kw)
 
-    def one(st, key, x, y):
+    def one(st, i, key, x, y):
+      del i   # the batch and noise follow st.step
       k = jax.random.fold_in(key, st.step)
       k_b, k_s = jax.random.split(k)
       idx = jax.random.randint(k_b, (batch_size,), 0, x.shape[0])
       st, m = step(st, {"x": x[idx], "y": y[idx]}, k_s)
-      return st, m["loss"]
+      return st, {"loss": m["loss"]}
 
-    def train(state, key, x, y, n):
-      def body(_, carry):
-        st, loss_sum = carry
-        st, loss = one(st, key, x, y)
-        return st, loss_sum + loss
-      st, loss_sum = jax.lax.fori_loop(0, n, body, (state, jnp.zeros((), jnp.float32)))
-      return st, loss_sum / jnp.maximum(n, 1)
-
-    # On CPU the steps are a host loop of one jitted step: XLA:CPU runs the UNet's conv backward passes several
-    # times slower inside a loop (`common.loop.loop_grads_are_slow`); elsewhere all n steps are one fori_loop.
+    # `common.loop.repeat_step`: on CPU a host loop of one jitted step (XLA:CPU runs the UNet's conv backward
+    # passes several times slower inside a loop, `loop_grads_are_slow`); elsewhere one fori_loop, n traced.
+    self._run = {loop: loop_lib.repeat_step(one, loop=loop, donate=True) for loop in (True, False)}
     self._host_loop = loop_lib.loop_grads_are_slow()
-    self._one = jax.jit(one, donate_argnums=0)
-    self._train = jax.jit(train, donate_argnums=0)
 
     def evaluate(params, key, x, y, labels):
       mse = heldout_mse(model, params, scheds, x, y, jax.random.key(123), loss_kw)  # same (t, noise) for all
@@ -216,13 +208,8 @@ class Arm:
 
   def train(self, state, key, arrays, n):
     """n steps on arrays {'x': [N, H, W, C], 'y': [N]} with on-device batches -> (state, mean loss)."""
-    if not self._host_loop:
-      return self._train(state, key, arrays["x"], arrays["y"], jnp.asarray(int(n), jnp.int32))
-    total = jnp.zeros((), jnp.float32)
-    for _ in range(int(n)):
-      state, loss = self._one(state, key, arrays["x"], arrays["y"])
-      total = total + loss
-    return state, total / max(int(n), 1)
+    state, m = self._run[not self._host_loop](state, 0, int(n), key, arrays["x"], arrays["y"])
+    return state, m["loss"]
 
   def evaluate(self, params, key):
     """(held-out eps-MSE per level [R], sampled levels, cross-level consistency [B]) on the host."""

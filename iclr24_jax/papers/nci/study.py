@@ -43,6 +43,16 @@ def _bar_plot(table: dict, path: str, arms_order: tuple[str, ...] = ARMS) -> str
   return metrics_lib.save_figure(fig, path)
 
 
+def _arm_weights(k: int) -> dict:
+  """lambda of each arm for K source domains (None: no adversarial term)."""
+  return {"erm": None, "dann": 1.0 / k, "nci_0.1/K": 0.1 / k, "nci_1/K": 1.0 / k}
+
+
+def _per_target_text(r: dict, arms) -> str:
+  """'arm mean+-SE' (target accuracy in %, over seeds) for the arms of one target."""
+  return ", ".join(f"{m} {100 * r[m].mean():.1f}+-{100 * stats.mean_se(r[m])[1]:.1f}" for m in arms)
+
+
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """Leave-one-domain-out target accuracy: ERM, DANN (lambda 1/K) and NCI at lambda 0.1/K and 1/K, all on the
   same lambda ramp and paired by seed (same init and batches), 3 seeds vmapped; the target oracle (1 seed).
@@ -54,7 +64,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   seeds = 1 if fast else 3
   targets = tuple(config.data.domains)[:2] if fast else tuple(config.data.domains)
   k = len(config.data.domains) - 1
-  weights = {"erm": None, "dann": 1.0 / k, "nci_0.1/K": 0.1 / k, "nci_1/K": 1.0 / k, "oracle": None}
+  weights = dict(_arm_weights(k), oracle=None)
   table = {}
   for t in targets:
     table[t] = {}
@@ -69,7 +79,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   rows = []
   for t in targets:
     r = table[t]
-    txt = ", ".join(f"{m} {100 * r[m].mean():.1f}+-{100 * stats.mean_se(r[m])[1]:.1f}" for m in ARMS)
+    txt = _per_target_text(r, ARMS)
     rows.append({"paper": "nci", "experiment": f"target={t} ({seeds} seeds, oracle 1, {config.num_steps} steps)",
                  "metric": "target acc (%)", "ours": txt, "paper_value": "-", "holds": None,
                  "notes": "per-target values (mean +- SE over seeds); the claims are judged on the mean over targets"})
@@ -123,7 +133,7 @@ def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
   nets = model_lib.make_networks(config.model, 10, k)
   scratch = cfg_mod.get_config(arg)
   scratch.optimizer.learning_rate = cfg_mod.get_config("reproduce").optimizer.learning_rate
-  weights = {"erm": None, "dann": 1.0 / k, "nci_0.1/K": 0.1 / k, "nci_1/K": 1.0 / k}
+  weights = _arm_weights(k)
   table, ckpt = {}, {}
   for t in targets:
     evl = train_lib.setup(config, t, "erm")[2]
@@ -142,7 +152,7 @@ def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
   rows = []
   for t in targets:
     r = table[t]
-    txt = ", ".join(f"{m} {100 * r[m].mean():.1f}+-{100 * stats.mean_se(r[m])[1]:.1f}" for m in arms)
+    txt = _per_target_text(r, arms)
     rows.append({"paper": "nci", "experiment": f"pretrained, target={t} ({seeds} seeds, {config.num_steps} steps)",
                  "metric": "target acc (%)", "ours": f"checkpoint {100 * ckpt[t]:.1f}; {txt}", "paper_value": "-",
                  "holds": None, "notes": "per-target values (mean +- SE over seeds); checkpoint = the pretrained "
