@@ -46,11 +46,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.score_batch = 4               # replies per compiled scoring call (13 questions each)
   c.cache_dir = ""                # '' -> $ICLR24_JAX_CACHE/cpm
   c.model = ml_collections.ConfigDict(dict(name="cpm_logistic", features=14))
-  c.optimizer = ml_collections.ConfigDict(dict(l2="lbfgs", l1="fista"))
+  c.optimizer = ml_collections.ConfigDict(dict(l2="newton", l1="orthant_wise_newton"))   # cpm.model solvers
   c.num_steps = 0                 # no step loop: convex fits run to tolerance
   c.data = ml_collections.ConfigDict(dict(name="hh_rlhf", data_dir="", num_train=300, num_test=300, seed=0,
                                           max_chars=600))
-  # Official grid (mle-train/fit_logistic.py): penalty l1/l2, C in logspace(-5, 5, 12), 8-fold CV on accuracy.
+  # Official grid (mle-train/fit_logistic.py): penalty l1/l2, C in logspace(-5, 5, 12), cv=8 (StratifiedKFold(8),
+  # unshuffled) on accuracy.
   c.cv = ml_collections.ConfigDict(dict(penalties=("l1", "l2"), Cs=tuple(np.logspace(-5, 5, 12).tolist()),
                                         num_folds=8, pad_rows=64))
   c.bon = ml_collections.ConfigDict(dict(enabled=True, num_prompts=16, n=16, ns=(1, 2, 4, 8, 16), temperature=1.0,

@@ -124,7 +124,7 @@ def preference_study(fa, fb, ea, eb, labels, num_train: int, seeds, cv: Any) -> 
     tr, te = perm[:num_train], perm[num_train:]
     res = {}
     cpm, info = model_lib.cross_validate(fa[tr], fb[tr], labels[tr], penalties=tuple(cv.penalties),
-                                         Cs=tuple(cv.Cs), num_folds=cv.num_folds, seed=s, pad_rows=cv.pad_rows)
+                                         Cs=tuple(cv.Cs), num_folds=cv.num_folds, pad_rows=cv.pad_rows)
     res["CPM"] = _correct(cpm, fa[te], fb[te], labels[te])
     weights.append(np.asarray(cpm.weights))
     chosen.append((info["penalty"], info["C"]))
@@ -132,10 +132,10 @@ def preference_study(fa, fb, ea, eb, labels, num_train: int, seeds, cv: Any) -> 
     # the same compiled program serves.
     no_len = lambda f: np.concatenate([f[:, :LENGTH_COL], np.zeros_like(f[:, LENGTH_COL:])], axis=1)
     lm_only, _ = model_lib.cross_validate(no_len(fa[tr]), no_len(fb[tr]), labels[tr], penalties=tuple(cv.penalties),
-                                          Cs=tuple(cv.Cs), num_folds=cv.num_folds, seed=s, pad_rows=cv.pad_rows)
+                                          Cs=tuple(cv.Cs), num_folds=cv.num_folds, pad_rows=cv.pad_rows)
     res["CPM without length"] = _correct(lm_only, no_len(fa[te]), no_len(fb[te]), labels[te])
     if ea is not None:
-      pm, _ = pm_lib.fit_pm(ea[tr], eb[tr], labels[tr], num_folds=cv.num_folds, seed=s, pad_rows=cv.pad_rows)
+      pm, _ = pm_lib.fit_pm(ea[tr], eb[tr], labels[tr], num_folds=cv.num_folds, pad_rows=cv.pad_rows)
       res["standard PM"] = _correct(pm, ea[te], eb[te], labels[te])
     singles = model_lib.single_feature_correct(fa[tr], fb[tr], labels[tr], fa[te], fb[te], labels[te])
     for j, name in enumerate(feat.ALL_FEATURES):
@@ -176,10 +176,10 @@ def bon_study(fa, fb, ea, eb, labels, sample_feats, sample_embs, seeds, ns, cv: 
     rewards = {k: [] for k in out}
     for h in halves:
       cpm, _ = model_lib.cross_validate(fa[h], fb[h], labels[h], penalties=tuple(cv.penalties), Cs=tuple(cv.Cs),
-                                        num_folds=cv.num_folds, seed=s, pad_rows=cv.pad_rows)
+                                        num_folds=cv.num_folds, pad_rows=cv.pad_rows)
       rewards["CPM"].append(_zscore(np.asarray(model_lib.reward(cpm, sample_feats.reshape(p * n, f)))))
       if "standard PM" in out:
-        pm, _ = pm_lib.fit_pm(ea[h], eb[h], labels[h], num_folds=cv.num_folds, seed=s, pad_rows=cv.pad_rows)
+        pm, _ = pm_lib.fit_pm(ea[h], eb[h], labels[h], num_folds=cv.num_folds, pad_rows=cv.pad_rows)
         e = sample_embs.reshape(p * n, -1)
         rewards["standard PM"].append(_zscore(np.asarray(model_lib.reward(pm, e))))
     for k, (ra, rb) in rewards.items():
@@ -214,13 +214,13 @@ def synthetic_study(cfg: Any, seeds) -> dict:
     tr, te = np.arange(cfg.num_train), np.arange(cfg.num_train, k0)
     y = d["labels"]
     cpm, _ = model_lib.cross_validate(d["fa"][tr], d["fb"][tr], y[tr], penalties=tuple(cfg.penalties),
-                                      Cs=tuple(cfg.Cs), num_folds=cfg.num_folds, seed=s, pad_rows=cfg.pad_rows)
+                                      Cs=tuple(cfg.Cs), num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
     wh = np.asarray(cpm.weights)
     res["cosine"].append(float(wh @ w / (np.linalg.norm(wh) * np.linalg.norm(w) + 1e-12)))
     res["acc_cpm"].append(float(np.mean(_correct(cpm, d["fa"][te], d["fb"][te], y[te]))))
     true_margin = d["reward_a"][te] - d["reward_b"][te]
     res["acc_bayes"].append(float(np.mean((true_margin > 0) == (y[te] == 1))))
-    pm, _ = pm_lib.fit_pm(d["ea"][tr], d["eb"][tr], y[tr], num_folds=cfg.num_folds, seed=s, pad_rows=cfg.pad_rows)
+    pm, _ = pm_lib.fit_pm(d["ea"][tr], d["eb"][tr], y[tr], num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
     res["acc_pm"].append(float(np.mean(_correct(pm, d["ea"][te], d["eb"][te], y[te]))))
     # Best-of-n: models A and B fitted on disjoint halves of the training pairs; A picks, the truth scores.
     shape = (cfg.bon_prompts, cfg.bon_n)
@@ -231,10 +231,10 @@ def synthetic_study(cfg: Any, seeds) -> dict:
       for h in halves:
         if name == "cpm":
           m, _ = model_lib.cross_validate(d["fa"][h], d["fb"][h], y[h], penalties=tuple(cfg.penalties),
-                                          Cs=tuple(cfg.Cs), num_folds=cfg.num_folds, seed=s, pad_rows=cfg.pad_rows)
+                                          Cs=tuple(cfg.Cs), num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
           rs.append(np.asarray(model_lib.reward(m, f_s)).reshape(shape))
         else:
-          m, _ = pm_lib.fit_pm(d["ea"][h], d["eb"][h], y[h], num_folds=cfg.num_folds, seed=s, pad_rows=cfg.pad_rows)
+          m, _ = pm_lib.fit_pm(d["ea"][h], d["eb"][h], y[h], num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
           rs.append(np.asarray(model_lib.reward(m, e_s)).reshape(shape))
       res[f"bon_true_{name}"].append(float(np.mean(model_lib.best_of_n(rs[0], r_s))))
       res[f"agree_{name}"].append(float(np.mean(np.argmax(rs[0], 1) == np.argmax(rs[1], 1))))
