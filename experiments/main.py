@@ -23,6 +23,8 @@ def main(argv):
   del argv
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; --verbosity=0 brings it back
+  from iclr24_jax.common.compile_cache import enable_compilation_cache
+  enable_compilation_cache()  # ~/.cache/iclr24_jax/jax; ICLR24_JAX_COMPILATION_CACHE=0 turns it off
   if _DISTRIBUTED.value:
     from iclr24_jax.common.sharding import initialize_distributed
     initialize_distributed(_COORD.value, _NPROC.value, _PID.value, _CPU_DEVICES.value)

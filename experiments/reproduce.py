@@ -40,6 +40,8 @@ def _site_dir() -> str:
 
 def _run_one(name: str, workdir: str, fast: bool, json_out: str) -> None:
   sys.path.insert(0, _HERE)
+  from iclr24_jax.common.compile_cache import enable_compilation_cache
+  enable_compilation_cache()  # programs compiled by an earlier run load from disk (ICLR24_JAX_COMPILATION_CACHE=0: off)
   from iclr24_jax import registry
   fn = registry.reproduce_fn(name)
   rows = [] if fn is None else fn(os.path.join(workdir, name), fast=fast)

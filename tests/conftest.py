@@ -1,4 +1,5 @@
-"""Test setup: 8 simulated CPU devices (before JAX is used), shared-data lookup, quiet logs."""
+"""Test setup: 8 simulated CPU devices (before JAX is used), the persistent compilation cache, shared-data lookup,
+quiet logs."""
 import os
 import pathlib
 import sys
@@ -10,6 +11,10 @@ if str(ROOT) not in sys.path:
 from iclr24_jax.common.sharding import simulate_cpu_devices  # noqa: E402
 
 simulate_cpu_devices(8)  # also widens XLA's CPU pools (see its docstring: collective deadlock on 2 cores)
+
+from iclr24_jax.common.compile_cache import enable_compilation_cache  # noqa: E402
+
+enable_compilation_cache()  # a rerun loads its programs from disk; ICLR24_JAX_COMPILATION_CACHE=0 turns it off
 
 import logging  # noqa: E402
 

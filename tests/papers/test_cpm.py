@@ -144,6 +144,83 @@ def test_cross_validate_recovers_known_weights():
   np.testing.assert_allclose(info2["table"]["l1"], info["table"]["l1"], atol=1e-6)
 
 
+@pytest.mark.parametrize("labels", [
+    np.r_[np.zeros(30, int), np.ones(30, int)],                   # sorted, balanced
+    np.random.default_rng(0).integers(0, 2, 61),                  # shuffled, unbalanced, N not a multiple of K
+    np.random.default_rng(1).choice(["b", "a", "c"], 50, p=[0.5, 0.4, 0.1]),   # classes by first appearance
+])
+def test_stratified_folds_equal_scikit_learn(labels):
+  from sklearn.model_selection import StratifiedKFold
+  for seed in (None, 3):
+    skf = StratifiedKFold(8, shuffle=seed is not None, random_state=seed)
+    ref = np.empty(len(labels), int)
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")   # "the least populated class has only 6 members": the 3-class case
+      for k, (_, test) in enumerate(skf.split(np.zeros((len(labels), 1)), labels)):
+        ref[test] = k
+    np.testing.assert_array_equal(model_lib.stratified_fold_ids(labels, 8, seed), ref, err_msg=f"seed={seed}")
+  with pytest.raises(ValueError, match="num_folds"):
+    model_lib.stratified_fold_ids(np.r_[0, 0, 1, 1], 3)        # every class smaller than K
+
+
+@pytest.fixture(scope="module")
+def correlated_pairs():
+  """The small correlated regime of the HH reproduction: 60 pairs, 14 features correlated at 0.9."""
+  true = np.array([1.2, 0.8, 0.0, 0.6, 0.0, 0.9, 0.0, 0.4, -0.7, -0.5, -0.3, -0.6, 0.0, 0.3])
+  d = cpm.make_synthetic(4, 60, true, feature_corr=0.9)
+  pooled = np.concatenate([d["fa"], d["fb"]])
+  x = (d["fa"] - pooled.mean(0)) / (pooled.std(0) + 1e-7) - (d["fb"] - pooled.mean(0)) / (pooled.std(0) + 1e-7)
+  return d, x, d["labels"], cpm.cross_validate(d["fa"], d["fb"], d["labels"])
+
+
+def test_cv_table_equals_scikit_learn_per_fold(correlated_pairs):
+  # The official search: GridSearchCV over penalty x C (official grid, C up to 1e5), cv=8 = StratifiedKFold(8),
+  # scoring='accuracy', refit on all rows; liblinear solved to tol 1e-10 is the reference optimum.
+  from sklearn.linear_model import LogisticRegression
+  from sklearn.model_selection import GridSearchCV, StratifiedKFold
+  d, x, y, (model, info) = correlated_pairs
+  grid = {"penalty": ["l1", "l2"], "C": list(cpm.OFFICIAL_CS)}
+  est = LogisticRegression(fit_intercept=False, solver="liblinear", tol=1e-10, max_iter=100_000)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    gs = GridSearchCV(est, grid, cv=StratifiedKFold(8), scoring="accuracy").fit(x, y)
+  res = gs.cv_results_
+  for p in ("l1", "l2"):
+    for j, c in enumerate(cpm.OFFICIAL_CS):
+      i = next(i for i, q in enumerate(res["params"]) if q == {"C": c, "penalty": p})
+      folds = [res[f"split{k}_test_score"][i] for k in range(8)]
+      np.testing.assert_array_equal(info["fold_accuracy"][p][j], folds, err_msg=f"{p} C={c:.3g}")
+      assert info["table"][p][j] == res["mean_test_score"][i]
+  assert (info["penalty"], info["C"]) == (gs.best_params_["penalty"], gs.best_params_["C"])
+  assert info["cv_accuracy"] == gs.best_score_
+  np.testing.assert_allclose(np.asarray(model.weights), gs.best_estimator_.coef_[0], atol=1e-4)
+  # The regime is the hard one: the table varies with C, and the weakest penalties give large weights.
+  assert len({round(a, 6) for a in info["table"]["l2"]}) > 3
+  assert np.abs(LogisticRegression(fit_intercept=False, C=1e5, solver="liblinear", tol=1e-10, max_iter=100_000)
+                .fit(x, y).coef_).max() > 1.0
+
+
+def test_cv_fits_stop_in_a_few_newton_steps(correlated_pairs):
+  # No fit of the vmapped batch runs to the cap of 100 (a float32 tolerance it cannot reach would make all wait):
+  # measured here, L2 takes 1-6 steps along the warm-started path, L1 1-25 (its support grows from 0 to 14
+  # features between C = 0.04 and 1e5).
+  _, _, _, (_, info) = correlated_pairs
+  for p, steps in info["newton_steps"].items():
+    assert steps.shape == (len(cpm.OFFICIAL_CS), 9)
+    assert 1 <= steps.min() and steps.max() <= (8 if p == "l2" else 40), (p, steps)
+
+
+def test_more_features_than_rows_matches_sklearn():
+  # The standard PM's case (1152 dims, ~50 rows): L2 Newton on the rows (Woodbury), against liblinear.
+  rng = np.random.default_rng(2)
+  x = rng.normal(size=(40, 96)).astype(np.float32)
+  y = (rng.random(40) < 1 / (1 + np.exp(-x[:, :4].sum(1)))).astype(np.int32)
+  for C in (0.01, 1.0):
+    w, steps = _fit_x(x, y, penalty="l2", C=C)
+    np.testing.assert_allclose(np.asarray(w), _sklearn(x, y, "l2", C, "liblinear"), atol=1e-4, err_msg=f"C={C}")
+    assert int(steps) < 20
+
+
 # --------------------------------------------------------------------------------- features and prompts
 
 
