@@ -843,3 +843,28 @@ def tfds_dataset(name: str, data_dir: str | os.PathLike, *, train_split: str = "
   va, tr_idx = perm[:n_val], perm[n_val:]
   return Dataset(display_name or name, Split(x_tr[tr_idx], y_tr[tr_idx]), Split(x_tr[va], y_tr[va]),
                  Split(x_te, y_te), num_classes)
+
+
+class PaperDataNotWiredError(NotImplementedError):
+  """The paper's data set was found and read, but this experiment does not train on it yet."""
+
+
+def paper_data_not_wired(slug: str, data_config: Any, summary: str = "") -> PaperDataNotWiredError:
+  """The error an `experiment.run` raises after `load` read a paper data set its pipeline cannot consume yet.
+
+  Raising it (rather than falling back to the embedded data) keeps a run from reporting numbers on other data
+  than the config names.
+
+  Args:
+    slug: the paper.
+    data_config: config.data.
+    summary: what was read (sizes), for the message.
+
+  Returns:
+    a PaperDataNotWiredError to raise.
+  """
+  name = config_value(data_config, "name")
+  return PaperDataNotWiredError(
+      f"{slug}: data set '{name}' was found and read{(' (' + summary + ')') if summary else ''}, but "
+      f"iclr24_jax.papers.{slug}.experiment.run trains on its embedded data only so far; use "
+      f"iclr24_jax.papers.{slug}.data.load(config.data) in your own loop (see the README's 'Your own data').")

@@ -187,7 +187,8 @@ def load(data_config) -> dict[str, list[dict]]:
   Args:
     data_config: config.data with `name` ('hh_rlhf' or 'shp'), `data_dir` (the set's folder; '' = `<shared
       data>/hh_rlhf`), optionally `subsets` (HH subsets / SHP domains; default every folder present) and
-      `splits` (default ('train', 'test'); the shared copy has only harmless-base test).
+      `splits` (default ('train', 'test') with a data_dir, ('test',) for the shared copy, which holds only
+      harmless-base test).
 
   Returns:
     {split: [{'history', 'chosen', 'rejected', 'source'}]}: HH transcripts are split at their last
@@ -203,7 +204,8 @@ def load(data_config) -> dict[str, list[dict]]:
   if name not in DATASETS:
     raise ValueError(f"unknown CPM data set '{name}'; choose one of {sorted(DATASETS)}.")
   subsets = tuple(data_lib.config_value(data_config, "subsets", ()) or ())
-  default_splits = ("train", "test")
+  # The shared copy beside the project holds only HH-RLHF harmless-base test; a user's clone has both splits.
+  default_splits = ("train", "test") if data_lib.config_value(data_config, "data_dir", "") else ("test",)
   splits = tuple(data_lib.config_value(data_config, "splits", default_splits) or default_splits)
   source = HH_SOURCE if name == "hh_rlhf" else SHP_SOURCE
   root = data_lib.locate_data(data_config, name, what=name, layout=DATASETS[name], source=source)

@@ -621,6 +621,20 @@ def load(data_config) -> tuple[EHRDataset, RawKG]:
   task = str(data_lib.config_value(data_config, "task", "mortality") or "mortality")
   if task not in TASKS:
     raise ValueError(f"unknown GraphCare task '{task}'; choose one of {sorted(TASKS)}.")
-  root = data_lib.locate_data(data_config, "mimic3_demo", what=f"MIMIC-III ({name})",
-                              layout=" , ".join(MIMIC_FILES) + " (or .csv.gz) in one folder", source=MIMIC_SOURCE)
+  root = mimic_folder(data_config)
   return mimic3_demo_task(task, root, int(data_lib.config_value(data_config, "min_drug_visits", 5)))
+
+
+def mimic_folder(data_config) -> pathlib.Path:
+  """The MIMIC-III folder `config.data` names, checked for every table (a cheap fail-fast before reading).
+
+  'mimic3' needs `data_dir` (or `$ICLR24_DATA/mimic3`); 'mimic3_demo' falls back to `<shared data>/mimic3_demo`.
+
+  Raises:
+    common.data.DataNotFoundError: the folder or a table is missing.
+  """
+  from iclr24_jax.common import data as data_lib
+  name = data_lib.config_value(data_config, "name")
+  root = data_lib.locate_data(data_config, name, what=f"MIMIC-III ({name})",
+                              layout=", ".join(MIMIC_FILES) + " (or .csv.gz) in one folder", source=MIMIC_SOURCE)
+  return mimic3_demo_dir(root)
