@@ -19,9 +19,12 @@ CORE = [
     "matplotlib>=3.8",
     "Pillow>=10",  # JPEG degradations (daclip); explicit rather than through matplotlib
     "tensorflow-datasets==4.9.10",
+    "grain==0.2.18",   # per-host shards of the papers' large data sets (common.data.process_shard, TFDS sources)
+    "pyarrow>=15",     # parquet / Arrow files of the text sets in the HF layouts (common.data.read_records)
 ]
 LM = ["transformers==4.57.6", "tokenizers>=0.20", "safetensors>=0.4", "gguf>=0.10", "jinja2>=3.1"]
-RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "nle==1.3.0", "gymnasium==1.2.0"]
+RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "nle==1.3.0", "gymnasium==1.2.0",
+      "h5py>=3.10"]  # D4RL's HDF5 files (rl.offline.load_d4rl: unio4, ldcq)
 TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
         "pyflakes>=3"]  # tests/test_registry.py: no undefined names after code moves between modules
 # Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles
