@@ -435,7 +435,7 @@ def locate_data(data_config: Any, sub: str, *, what: str, layout: str, source: s
       return shared / sub
     tried = f"{shared / sub}" if shared is not None else f"${DATA_ENV}/{sub} (no shared data folder)"
   raise DataNotFoundError(
-      f"{what} not found at {tried}. Expected layout: {layout}. Set config.data.data_dir "
+      f"{what} not found: {tried} does not exist. Expected layout: {layout}. Set config.data.data_dir "
       f"(--config.data.data_dir=/path) to that folder, or {DATA_ENV} to a folder holding {sub}/. "
       f"Get it: {source}")
 

@@ -13,7 +13,7 @@ from iclr24_jax.common import data
 def test_locate_data_names_layout_and_source(tmp_path, monkeypatch):
   (tmp_path / "set").mkdir()
   assert data.locate_data({"data_dir": str(tmp_path / "set")}, "set", what="X", layout="L", source="S") == tmp_path / "set"
-  with pytest.raises(data.DataNotFoundError, match=r"X not found at .*missing.*Expected layout: L\..*Get it: S"):
+  with pytest.raises(data.DataNotFoundError, match=r"X not found: .*missing does not exist\. Expected layout: L\..*Get it: S"):
     data.locate_data({"data_dir": str(tmp_path / "missing")}, "set", what="X", layout="L", source="S")
   monkeypatch.setenv(data.DATA_ENV, str(tmp_path))   # no data_dir: $ICLR24_DATA/<sub>
   assert data.locate_data({"data_dir": ""}, "set", what="X", layout="L", source="S") == tmp_path / "set"

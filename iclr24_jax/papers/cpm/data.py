@@ -7,11 +7,14 @@ is done here with a seeded generator.
 """
 from __future__ import annotations
 
+import pathlib
 import re
 from typing import Sequence
 
 import numpy as np
 
+from iclr24_jax.common import data as common_data
+from iclr24_jax.common import textdata
 from iclr24_jax.papers.cpm import features as feat
 
 _TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):", re.S)
@@ -143,14 +146,11 @@ SHP_SOURCE = "the stanfordnlp/SHP data set (git clone of its hub repository; dat
 
 
 def _hh_records(root, split: str, subsets) -> list[dict]:
-  import pathlib
-  from iclr24_jax.common import data as data_lib
-  from iclr24_jax.common import textdata
   root = pathlib.Path(root)
   names = list(subsets) or sorted(p.name for p in root.iterdir() if p.is_dir())
   out = []
   for sub in names:
-    data_lib.need_path(root, [f"{sub}/{split}.jsonl.gz", f"{sub}/{split}.jsonl"], what=f"HH-RLHF {sub}/{split}",
+    common_data.need_path(root, [f"{sub}/{split}.jsonl.gz", f"{sub}/{split}.jsonl"], what=f"HH-RLHF {sub}/{split}",
                        layout=DATASETS["hh_rlhf"], source=HH_SOURCE)
     for r in textdata.load_hh_rlhf(split=split, subset=sub, data_dir=root):
       h1, c = feat.split_dialogue(r["chosen"])
@@ -162,18 +162,16 @@ def _hh_records(root, split: str, subsets) -> list[dict]:
 
 
 def _shp_records(root, split: str, subsets) -> list[dict]:
-  import pathlib
-  from iclr24_jax.common import data as data_lib
   root = pathlib.Path(root)
   names = list(subsets) or sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
   out = []
   for sub in names:
-    path = data_lib.need_path(root, [f"{sub}/{split}.json", f"{sub}/{split}.jsonl"], what=f"SHP {sub}/{split}",
+    path = common_data.need_path(root, [f"{sub}/{split}.json", f"{sub}/{split}.jsonl"], what=f"SHP {sub}/{split}",
                               layout=DATASETS["shp"], source=SHP_SOURCE)
-    for i, r in enumerate(data_lib.read_records(path)):
+    for i, r in enumerate(common_data.read_records(path)):
       missing = [k for k in ("history", "human_ref_A", "human_ref_B", "labels") if k not in r]
       if missing:
-        raise data_lib.DataFormatError(f"{path} record {i} lacks {missing}; SHP records have history, "
+        raise common_data.DataFormatError(f"{path} record {i} lacks {missing}; SHP records have history, "
                                        "human_ref_A, human_ref_B, labels.")
       a_wins = int(r["labels"]) == 1
       out.append({"history": r["history"], "chosen": r["human_ref_A"] if a_wins else r["human_ref_B"],
@@ -185,10 +183,10 @@ def load(data_config) -> dict[str, list[dict]]:
   """The train and test preference pairs of HH-RLHF or SHP, from `config.data.data_dir` (or the shared data).
 
   Args:
-    data_config: config.data with `name` ('hh_rlhf' or 'shp'), `data_dir` (the set's folder; '' = `<shared
-      data>/hh_rlhf`), optionally `subsets` (HH subsets / SHP domains; default every folder present) and
-      `splits` (default ('train', 'test') with a data_dir, ('test',) for the shared copy, which holds only
-      harmless-base test).
+    data_config: config.data with `name` ('hh_rlhf' or 'shp'), `data_dir` (the set's folder, or a folder holding
+      it; '' = `<shared data>/hh_rlhf`), optionally `subsets` (HH subsets / SHP domains; default every folder
+      with JSON files) and `splits` (default ('train', 'test'), or ('test',) when no subset has a train file,
+      as the shared copy, which holds only harmless-base test).
 
   Returns:
     {split: [{'history', 'chosen', 'rejected', 'source'}]}: HH transcripts are split at their last
@@ -199,15 +197,19 @@ def load(data_config) -> dict[str, list[dict]]:
     ValueError: unknown name. common.data.DataNotFoundError: a split file is missing.
     common.data.DataFormatError: an SHP record lacks its fields.
   """
-  from iclr24_jax.common import data as data_lib
-  name = data_lib.config_value(data_config, "name")
+  name = common_data.config_value(data_config, "name")
   if name not in DATASETS:
     raise ValueError(f"unknown CPM data set '{name}'; choose one of {sorted(DATASETS)}.")
-  subsets = tuple(data_lib.config_value(data_config, "subsets", ()) or ())
-  # The shared copy beside the project holds only HH-RLHF harmless-base test; a user's clone has both splits.
-  default_splits = ("train", "test") if data_lib.config_value(data_config, "data_dir", "") else ("test",)
-  splits = tuple(data_lib.config_value(data_config, "splits", default_splits) or default_splits)
+  subsets = tuple(common_data.config_value(data_config, "subsets", ()) or ())
   source = HH_SOURCE if name == "hh_rlhf" else SHP_SOURCE
-  root = data_lib.locate_data(data_config, name, what=name, layout=DATASETS[name], source=source)
+  root = common_data.locate_data(data_config, name, what=name, layout=DATASETS[name], source=source)
+  if (root / name).is_dir():   # data_dir may be the shared data folder itself (as `load_pairs` accepts)
+    root = root / name
+  if not subsets:   # every folder holding JSON / JSON-lines files
+    subsets = tuple(d.name for d in sorted(root.iterdir()) if d.is_dir() and any(d.glob("*.json*")))
+  # The shared copy beside the project holds only HH-RLHF harmless-base test; a user's clone has both splits.
+  has_train = any(next((root / sub).glob("train.json*"), None) is not None for sub in subsets)
+  default_splits = ("train", "test") if has_train else ("test",)
+  splits = tuple(common_data.config_value(data_config, "splits", default_splits) or default_splits)
   read = _hh_records if name == "hh_rlhf" else _shp_records
   return {s: read(root, s, subsets) for s in splits}
