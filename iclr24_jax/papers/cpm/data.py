@@ -106,8 +106,8 @@ def make_synthetic(seed: int, num_pairs: int, weights: Sequence[float] | np.ndar
 
   Returns:
     {'fa', 'fb': [N, F], 'labels': [N], 'reward_a', 'reward_b': [N] true rewards, 'weights': [F],
-     'ea', 'eb': [N, D] (if embed_dim)}. Draw train and test pairs in one call and split them, so both share
-     the embedding's projection.
+      'ea', 'eb': [N, D] (if embed_dim)}. Draw train and test pairs in one call and split them, so both share
+      the embedding's projection.
   """
   w = np.asarray(weights, np.float64)
   f = w.shape[0]
