@@ -23,6 +23,7 @@ DATASETS = {
                  f"types {DEGRADATIONS}, data_dir = the folder holding train/ and val/",
 }
 DATASET_ALIASES = {"daclip": "universal", "universal_ir": "universal"}
+DATASETS.update({alias: f"alias of '{name}'" for alias, name in DATASET_ALIASES.items()})
 SOURCE = ("the DA-CLIP README (github.com/Algolzw/daclip-uir, 'Dataset Construction'): collect the ten sets, "
           "then its scripts/generate_universal_dataset / prepare scripts write datasets/universal/{train,val}/"
           "<degradation>/{LQ,GT}")

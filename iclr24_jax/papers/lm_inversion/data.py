@@ -313,6 +313,7 @@ DATASETS = {
                           "data/train-*.parquet with column instruction",
 }
 DATASET_ALIASES = {"instructions_2m": "one_million_instructions", "anthropic_toxic_prompts": "anthropic_hh_first_prompt"}
+DATASETS.update({alias: f"alias of '{name}'" for alias, name in DATASET_ALIASES.items()})
 _COLUMNS = {"one_million_instructions": ("system", "user"), "anthropic_hh_first_prompt": ("user",),
             "python_code_alpaca": ("instruction",)}
 HF_SOURCE = ("`git clone` of the data set's hub repository (datasets/<owner>/<name>), or "

@@ -25,6 +25,7 @@ DATASETS = {
                      "preference/<annotator>.npy (int8 [N], 0 / 1 / 2 / 3 = first / second / tie / unknown)",
 }
 DATASET_ALIASES = {"motif": "motif_dataset", "nethack_pairs": "motif_dataset"}
+DATASETS.update({alias: f"alias of '{name}'" for alias, name in DATASET_ALIASES.items()})
 DEFAULT_ANNOTATOR = "llama70b_msg_defaultgoal_default"
 SOURCE = ("github.com/facebookresearch/motif: `cat motif_dataset_zipped/motif_dataset_part_* > motif_dataset.zip; "
           "unzip motif_dataset.zip` (data_dir = the motif_dataset folder)")
