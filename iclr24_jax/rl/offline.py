@@ -208,7 +208,7 @@ def d4rl_filenames(name: str) -> list[str]:
     layout = "-".join(p for p in parts[1:-1] if p != "dense")
     out.append(f"maze2d-{layout}-{'dense' if dense else 'sparse'}-{parts[-1]}.hdf5")
   out += [f for k, f in {**_ANTMAZE_V2, **_KITCHEN}.items() if k == name]
-  return out
+  return list(dict.fromkeys(out))
 
 
 def find_d4rl_file(name: str, data_dir: str | os.PathLike) -> pathlib.Path:

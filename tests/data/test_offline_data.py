@@ -42,6 +42,14 @@ def test_d4rl_hdf5_by_official_file_name(tmp_path):
   np.testing.assert_array_equal(ds_old["observations"], ds["observations"])   # the older call reads the same file
 
 
+def test_d4rl_file_names():
+  # d4rl/infos.py URL basenames: gym_mujoco_v2/<env>_<kind with underscores>-v2, maze2d/maze2d-<layout>-sparse-v1
+  assert offline.d4rl_filenames("halfcheetah-medium-expert-v2") == ["halfcheetah-medium-expert-v2.hdf5",
+                                                                    "halfcheetah_medium_expert-v2.hdf5"]
+  assert offline.d4rl_filenames("maze2d-umaze-dense-v1") == ["maze2d-umaze-dense-v1.hdf5"]
+  assert offline.d4rl_filenames("maze2d-medium-v1")[1] == "maze2d-medium-sparse-v1.hdf5"
+
+
 def test_d4rl_errors(tmp_path):
   with pytest.raises(common_data.DataNotFoundError, match="hopper_medium_replay-v2.hdf5"):
     unio4_data.load({"name": "hopper-medium-replay-v2", "data_dir": str(tmp_path)})
