@@ -74,6 +74,14 @@ def row_verdict(row: dict, where: str = "", smoke: bool = False) -> tuple[str, s
   """(kind, verdict as tabled) of a row: a claim's yes / no / inconclusive / not run, a check's pass / fail /
   inconclusive, '-' for a measurement (and, in a smoke run's table, for a claim or check its study left unjudged).
 
+  Args:
+    row: a reproduction row (kind, holds, basis, ...).
+    where: how an error names the row ("experiment 'cpm', row 3 (...)").
+    smoke: a --fast run's table, whose studies may leave claims and checks unjudged.
+
+  Returns:
+    (kind, verdict), e.g. ('check', 'pass') or ('claim', 'not run').
+
   Raises:
     stats.RowKindError: the row's kind is missing, unknown or does not fit its verdict (`where` names the row).
   """
@@ -93,6 +101,13 @@ def summary_counts(all_rows: dict, smoke: bool = False) -> dict[str, dict[tuple[
   """Per experiment, the number of rows in each `COLUMNS` cell (a smoke run also counts its unjudged claims and
   checks, under ('claim', '-') and ('check', '-')).
 
+  Args:
+    all_rows: {experiment name: [row, ...]}.
+    smoke: a --fast run's table (see `row_verdict`).
+
+  Returns:
+    {experiment name: {(kind, verdict): count}} over `COLUMNS` and the two smoke cells.
+
   Raises:
     stats.RowKindError: a row without a valid kind, named by experiment and row index.
   """
@@ -108,6 +123,13 @@ def summary_counts(all_rows: dict, smoke: bool = False) -> dict[str, dict[tuple[
 def summary_lines(all_rows: dict, smoke: bool = False) -> list[str]:
   """Per experiment: claims (yes / no / inconclusive / not run) apart from checks (pass / fail / inconclusive) and
   measurements, and the totals; a smoke run adds a column of the claims and checks it left unjudged.
+
+  Args:
+    all_rows: {experiment name: [row, ...]}.
+    smoke: a --fast run's table (see `row_verdict`).
+
+  Returns:
+    The Markdown table's lines: header, rule, one line per experiment, the totals.
 
   Raises:
     stats.RowKindError: a row without a valid kind, named by experiment and row index.
@@ -130,7 +152,14 @@ def summary_lines(all_rows: dict, smoke: bool = False) -> list[str]:
 
 
 def not_run_rows(name: str) -> list[dict]:
-  """The `NOT_RUN` rows of a paper's study module (headline claims no row tests yet); [] for the rest."""
+  """The `NOT_RUN` rows of a paper's study module (headline claims no row tests yet).
+
+  Args:
+    name: an experiment name (a paper slug, a family check or an extended study).
+
+  Returns:
+    Copies of the paper's `NOT_RUN` rows; [] for a family check, an extended study or a study without the list.
+  """
   from iclr24_jax import registry
   if name not in registry.PAPERS or not registry.exists(name):
     return []
@@ -138,7 +167,14 @@ def not_run_rows(name: str) -> list[dict]:
 
 
 def with_not_run(all_rows: dict) -> dict:
-  """`all_rows` with each paper's `NOT_RUN` rows appended (a row a run already recorded is not repeated)."""
+  """`all_rows` with each paper's `NOT_RUN` rows appended (a row a run already recorded is not repeated).
+
+  Args:
+    all_rows: {experiment name: [row, ...]}, e.g. `load_saved_rows`'s rows.
+
+  Returns:
+    A new dict of new lists; the input is not changed.
+  """
   out = {}
   for name, rows in all_rows.items():
     seen = {(r.get("experiment"), r.get("metric"), r.get("basis")) for r in rows}

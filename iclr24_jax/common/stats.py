@@ -289,17 +289,19 @@ def row_kind(row: dict[str, Any], where: str = "", require_verdict: bool = True)
         f"{where} {what}: give every row kind='claim' (tests a statement the paper makes), 'check' (verifies the "
         "implementation, or a setting whose outcome its construction fixes) or 'measurement' (a number without a "
         "verdict) where the row is built (stats.compare_row(kind=...) or the row dict).")
-  holds = normalise_holds(row.get("holds"))
+  try:
+    holds = normalise_holds(row.get("holds"))
+  except ValueError as e:
+    raise RowKindError(f"{where}: {e}") from None
+  unjudged_ok = holds is None and not require_verdict
   if kind == "measurement" and holds is not None:
     raise RowKindError(f"{where} is a measurement but has holds={row.get('holds')!r}: a measurement carries no "
                        "verdict (holds None); make it a 'claim' or a 'check' if the verdict is meant.")
-  if holds is None and kind != "measurement" and not require_verdict:
-    pass
-  elif kind == "check" and holds not in HOLDS:
+  if kind == "check" and holds not in HOLDS and not unjudged_ok:
     raise RowKindError(f"{where} is a check but has holds={row.get('holds')!r}: a check is judged 'yes' (pass), "
                        "'no' (fail) or 'inconclusive'.")
   if kind == "claim":
-    if holds is None and require_verdict:
+    if holds is None and not unjudged_ok:
       raise RowKindError(f"{where} is a claim without a verdict: judge it ('yes' / 'no' / 'inconclusive'), mark it "
                          "'not run' (stats.not_run_row), or make it a 'measurement'.")
     if not str(row.get("basis") or "").strip():
