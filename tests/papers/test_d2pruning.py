@@ -97,6 +97,38 @@ def test_d2_matches_official_dense_algorithm(block_size, chunk):
   np.testing.assert_array_equal(np.asarray(ours), ref)
 
 
+def test_select_coreset_d2_equals_the_official_dense_algorithm():
+  # End to end (the one-program path of select_coreset): the official sampler's picks, in its order, at a size
+  # where the blocked two-level argmax is on (N >= 1,024).
+  rng = np.random.default_rng(5)
+  x = rng.normal(size=(1100, 6)).astype(np.float32)
+  s = rng.random(1100).astype(np.float32)
+  ours = selection.select_coreset(x, s, 0.2, method="d2", k=5, gamma_reverse=0.1)
+  ref = _official_dense_select(x.astype(np.float64), s.astype(np.float64), 220, 5, 0.1)
+  np.testing.assert_array_equal(ours, ref)
+
+
+@pytest.mark.parametrize("mode,forward", [("sum", True), ("product", True), ("sum", False)])
+def test_d2_select_equals_the_public_functions_composed(mode, forward):
+  # d2_select fuses forward and reverse message passing into one compiled program over host-built neighbour
+  # lists: the same picks and the same rho, bit for bit, as knn_graph -> forward_message_passing ->
+  # reverse_message_passing_select with per-group quotas.
+  rng = np.random.default_rng(1)
+  n = 700
+  x = rng.normal(size=(n, 8)).astype(np.float32)
+  s = rng.random(n).astype(np.float32)
+  groups = rng.integers(-1, 3, n)
+  quotas = np.array([60, 40, 50])
+  sel, rho = selection.d2_select(x, s, groups, quotas, k=6, gamma_reverse=0.3, graph_mode=mode, forward=forward)
+  g = d2pruning.knn_graph(x, 6, groups=groups)
+  rho_ref = d2pruning.forward_message_passing(g, jnp.asarray(s), 1.0, mode) if forward else jnp.asarray(s)
+  ref = d2pruning.reverse_message_passing_select(g, rho_ref, int(quotas.sum()), 0.3, eligible=jnp.asarray(groups >= 0),
+                                                 groups=jnp.asarray(np.maximum(groups, 0)),
+                                                 quotas=jnp.asarray(quotas))
+  np.testing.assert_array_equal(sel, np.asarray(ref))
+  np.testing.assert_array_equal(rho, np.asarray(rho_ref))
+
+
 def test_reverse_select_is_jittable_never_repeats_and_respects_budget():
   rng = np.random.default_rng(1)
   x = rng.normal(size=(120, 5)).astype(np.float32)

@@ -78,23 +78,18 @@ def knn_graph(embeddings, k: int, groups=None, symmetric: bool = True, squared: 
     raise ValueError(f"k must be a positive integer; got {k!r}.")
   if k > n - 1:
     raise ValueError(f"k={k} neighbours requested but only {n - 1} other examples exist; lower k.")
-  if groups is None:
-    if not symmetric:
-      dist, idx = graph_lib.knn(x, k, block_size=block_size)
-      senders, receivers, d = _edges_from_table(np.asarray(dist), np.asarray(idx), np.ones((n, k), bool), False)
-      g = graph_lib.graph_from_edges(senders, receivers, n, nodes=x, edges=d.astype(np.float32)[:, None])
-    else:
-      g = graph_lib.knn_graph(x, k, symmetric=True, block_size=block_size)
-  else:
+  if groups is not None:
     groups = np.asarray(groups)
     if groups.shape != (n,):
       raise ValueError(f"groups must have shape [N] = ({n},); got {groups.shape}.")
-    # the shared kernel with its group mask: neighbours only inside a group, absent slots at distance inf
-    dist, idx = graph_lib.knn(x, k, block_size=block_size, groups=groups)
-    dist, idx = np.asarray(dist), np.asarray(idx)
-    valid = np.isfinite(dist)
-    senders, receivers, d = _edges_from_table(np.where(valid, dist, 0.0), idx, valid, symmetric)
-    g = graph_lib.graph_from_edges(senders, receivers, n, nodes=x, edges=d.astype(np.float32)[:, None])
+  # The shared blocked kernel (its group mask keeps neighbours inside a group, absent slots at distance inf).
+  # Squared distances come back and the square root is taken here on the host: the same correctly rounded
+  # float32 sqrt, without compiling and dispatching a separate device program for it.
+  d2, idx = graph_lib.knn(x, k, block_size=block_size, squared=True, groups=groups)
+  dist, idx = np.sqrt(np.asarray(d2)), np.asarray(idx)
+  valid = np.isfinite(dist) if groups is not None else np.ones(dist.shape, bool)
+  senders, receivers, d = _edges_from_table(np.where(valid, dist, 0.0), idx, valid, symmetric)
+  g = graph_lib.graph_from_edges(senders, receivers, n, nodes=x, edges=d.astype(np.float32)[:, None])
   if squared:
     g = g._replace(edges=np.square(np.asarray(g.edges, np.float32)))
   return g

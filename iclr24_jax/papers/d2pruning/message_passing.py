@@ -77,6 +77,9 @@ def forward_message_passing(graph: GraphsTuple, scores: jax.Array, gamma: float 
     s_j = jnp.maximum(s_j, message_floor)
   messages = jnp.exp(-gamma * d) * s_j  # w_ij, Eq. (1)
   agg = jax.ops.segment_sum(messages, receivers, n)  # sum over neighbours j of i
+  # The barrier keeps s + sum_j w_ij in that order under jit too (XLA would start the scatter-add from s,
+  # changing the last bit of rho and so, rarely, a pick between near-tied examples).
+  agg = jax.lax.optimization_barrier(agg)
   return s + agg if mode == "sum" else s * agg  # Eq. (2)
 
 

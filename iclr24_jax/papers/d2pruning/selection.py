@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import graph as graph_lib
 from iclr24_jax.papers.d2pruning import dataset_graph
 from iclr24_jax.papers.d2pruning import message_passing as mp
 
@@ -151,11 +152,25 @@ def _strata_groups(scores, labels, eligible, budget: int, num_strata: int) -> tu
   return groups, np.concatenate(quotas)
 
 
-@functools.partial(jax.jit, static_argnames=("block_size",))
-def _select_jit(nbr, dist, starts, degrees, scores, budget, gamma, eligible, groups, quotas, block_size):
-  # budget is traced and the output padded to N: one compiled loop per (N, padded E), whatever the budget.
-  return mp.select_from_lists(nbr, dist, starts, degrees, scores, budget, gamma, eligible=eligible, groups=groups,
-                              quotas=quotas, block_size=block_size, out_size=scores.shape[0])
+@functools.partial(jax.jit, static_argnames=("graph_mode", "forward", "message_floor", "block_size"),
+                   compiler_options={"xla_cpu_use_fusion_emitters": False})
+def _d2_program(senders, distances, receivers, starts, degrees, scores, budget, gamma_forward, gamma_reverse,
+                eligible, groups, quotas, graph_mode: str, forward: bool, message_floor: float | None,
+                block_size: int):
+  # Forward message passing and the whole reverse selection loop in one compiled program (no eager op between
+  # them: each would be a dispatch, and a compile for every new edge count). Edges are padded to a bucket with
+  # receiver N (dropped by the segment sum) and neighbour index N (dropped by the selection's scatters); the
+  # budget is traced and the picks padded to N, so one program serves every budget. XLA:CPU's elemental fusion
+  # emitter compiles it ~2x faster than the default, at the same speed.
+  n = scores.shape[0]
+  rho = scores
+  if forward:
+    graph = graph_lib.GraphsTuple(nodes=None, edges=distances, senders=senders, receivers=receivers,
+                                  n_node=np.asarray([n]), n_edge=np.asarray([senders.shape[0]]), globals=None)
+    rho = mp.forward_message_passing(graph, scores, gamma_forward, graph_mode, message_floor)
+  sel = mp.select_from_lists(senders, distances, starts, degrees, rho, budget, gamma_reverse, eligible=eligible,
+                             groups=groups, quotas=quotas, block_size=block_size, out_size=n)
+  return sel, rho
 
 
 def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: float = 1.0,
@@ -208,18 +223,24 @@ def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: fl
       return picked_small, np.asarray(scores, np.float32)
   k_eff = int(min(k, max(int(counts.max(initial=1)) - 1, 1)))
   graph = dataset_graph.knn_graph(embeddings, k_eff, groups=groups, squared=squared)
-  s = jnp.asarray(scores, jnp.float32)
-  rho = mp.forward_message_passing(graph, s, gamma_forward, graph_mode, message_floor) if forward else s
-  nbr, dist, starts, degrees = mp.neighbour_lists(graph)
-  n, e = rho.shape[0], nbr.shape[0]
-  e_pad = -(-e // 4096) * 4096  # padded edge count: fewer distinct compiled shapes
-  nbr = jnp.pad(nbr, (0, e_pad - e), constant_values=n)
-  dist = jnp.pad(dist, (0, e_pad - e))
+  # CSR neighbour lists on the host (the edges come sorted by receiver, then sender): the same lists as
+  # `message_passing.neighbour_lists`, without a device round trip per array.
+  n = int(np.shape(scores)[0])
+  senders, receivers = np.asarray(graph.senders, np.int32), np.asarray(graph.receivers, np.int32)
+  e = senders.shape[0]
+  degrees = np.bincount(receivers, minlength=n).astype(np.int32)
+  starts = (np.cumsum(degrees) - degrees).astype(np.int32)
+  e_pad = -(-max(e, 1) // 4096) * 4096  # padded edge count: fewer distinct compiled shapes
+  pad = e_pad - e
   budget = int(quotas.sum())
-  sel = _select_jit(nbr, dist, starts, degrees, rho, jnp.int32(budget), jnp.float32(gamma_reverse),
-                    jnp.asarray(groups >= 0), jnp.asarray(np.maximum(groups, 0), jnp.int32),
-                    jnp.asarray(quotas, jnp.int32),
-                    mp.auto_block_size(n, e / max(n, 1)) if block_size is None else block_size)
+  sel, rho = _d2_program(np.pad(senders, (0, pad), constant_values=n),
+                         np.pad(np.asarray(graph.edges, np.float32).reshape(-1), (0, pad)),
+                         np.pad(receivers, (0, pad), constant_values=n), starts, degrees,
+                         np.asarray(scores, np.float32), np.int32(budget), np.float32(gamma_forward),
+                         np.float32(gamma_reverse), groups >= 0, np.maximum(groups, 0).astype(np.int32),
+                         np.asarray(quotas, np.int32), graph_mode=graph_mode, forward=bool(forward),
+                         message_floor=message_floor,
+                         block_size=mp.auto_block_size(n, e / max(n, 1)) if block_size is None else block_size)
   sel = np.asarray(sel)[:budget]
   return np.concatenate([sel[sel >= 0], picked_small]), np.asarray(rho)
 
@@ -334,7 +355,7 @@ def select_coreset(embeddings, scores, fraction: float, method: str = "d2", key:
     raise ValueError(f"unknown selection method '{method}'; choose one of {METHODS}.")
   n = _validate(embeddings if method in ("d2", "kcenter") else None, scores, labels)
   budget = budget_of(fraction, n)
-  key = jax.random.key(0) if key is None else key
+  key = jax.random.key(0) if key is None and method in ("random", "ccs", "kcenter") else key
   scores = np.asarray(scores, np.float64)
   if method in ("d2", "ccs") and hard_cutoff:
     cut = scores if cutoff_scores is None else np.asarray(cutoff_scores)
@@ -386,6 +407,7 @@ def select_coreset(embeddings, scores, fraction: float, method: str = "d2", key:
       sel, _ = d2_select(embeddings, scores, groups, quotas, **opts)
   sel = np.asarray(sel, np.int64)
   if sel.shape[0] < budget:  # official: fill up at random from the eligible rest
+    key = jax.random.key(0) if key is None else key
     rest = np.setdiff1d(np.flatnonzero(eligible), sel)
     extra = np.asarray(jax.random.permutation(jax.random.fold_in(key, 1), rest))[:budget - sel.shape[0]]
     sel = np.concatenate([sel, extra])
