@@ -145,6 +145,9 @@ BENCH_WEIGHTS = (1.2, 0.8, 0.0, 0.6, 0.0, 0.9, 0.0, 0.4, -0.7, -0.5, -0.3, -0.6,
 _FIRST_CALL = """
 import os, sys, time
 sys.path.insert(0, os.getcwd())
+if os.environ.get("ICLR24_JAX_COMPILATION_CACHE") != "0":
+  from iclr24_jax.common.compile_cache import enable_compilation_cache
+  enable_compilation_cache()
 import numpy as np
 from iclr24_jax.papers.cpm import data, model
 d = data.make_synthetic(0, {n}, {weights})
@@ -154,16 +157,18 @@ print(time.perf_counter() - t0)
 """
 
 
-def _first_call_s(n: int) -> float | None:
-  """A user's first `cross_validate` call (tracing and compilation) in a fresh process, compilation cache off."""
+def _first_call_s(n: int, cached: bool) -> float | None:
+  """A user's first `cross_validate` call (tracing and compilation) in a fresh process: compilation cache off, or
+  on (a first process fills the cache, the second is timed: its program loads from disk)."""
   import os
   import subprocess
   import sys
-  env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false", ICLR24_JAX_COMPILATION_CACHE="0")
+  env = dict(os.environ, ICLR24_JAX_COMPILATION_CACHE="1" if cached else "0")
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
   try:
-    out = subprocess.run([sys.executable, "-c", _FIRST_CALL.format(n=n, weights=BENCH_WEIGHTS)], env=env, cwd=root,
-                         capture_output=True, text=True, timeout=600, check=True)
+    for _ in range(2 if cached else 1):
+      out = subprocess.run([sys.executable, "-c", _FIRST_CALL.format(n=n, weights=BENCH_WEIGHTS)], env=env,
+                           cwd=root, capture_output=True, text=True, timeout=600, check=True)
     return float(out.stdout.strip().splitlines()[-1])
   except Exception:  # noqa: BLE001  (reported as missing, never guessed)
     return None
@@ -207,7 +212,8 @@ def model_selection_vs_sklearn(n: int, repeats: int = 3) -> list[dict]:
     repeats: timed calls per side.
 
   Returns:
-    rows (name, size, median_s, first_call_s, peer, peer_median_s, ratio, same_choice, table_max_diff, load).
+    rows (name, size, median_s, first_call_s, first_call_cached_s, peer, peer_median_s, ratio, same_choice,
+    same_choice_up_to_ties, table_max_diff, load).
   """
   import os
   import statistics
@@ -215,7 +221,7 @@ def model_selection_vs_sklearn(n: int, repeats: int = 3) -> list[dict]:
   pooled = np.concatenate([d["fa"], d["fb"]])
   mean, std = pooled.mean(0), pooled.std(0) + model_lib.STD_EPS
   x = (d["fa"] - mean) / std - (d["fb"] - mean) / std          # the official train_model_g input (float64)
-  first = _first_call_s(n)
+  first, first_cached = _first_call_s(n, cached=False), _first_call_s(n, cached=True)
   ours = lambda: model_lib.cross_validate(d["fa"], d["fb"], d["labels"])
   _, info = ours()
   rows = []
@@ -235,15 +241,20 @@ def model_selection_vs_sklearn(n: int, repeats: int = 3) -> list[dict]:
       j = int(np.argmin(np.abs(np.asarray(model_lib.OFFICIAL_CS) - params["classifier__C"])))
       diff = max(diff, abs(res["mean_test_score"][i] - info["table"][params["classifier__penalty"]][j]))
     best = search.best_params_
+    same = (info["penalty"], info["C"]) == (best["classifier__penalty"], best["classifier__C"])
+    # A different choice is a tie when scikit-learn's choice scores, in our table, within the tables' largest
+    # difference of our best (liblinear stops at tol 1e-4, so a fold can differ by one borderline pair).
+    j_best = int(np.argmin(np.abs(np.asarray(model_lib.OFFICIAL_CS) - best["classifier__C"])))
+    tie = info["cv_accuracy"] - info["table"][best["classifier__penalty"]][j_best] <= diff + 1e-12
     med, peer = statistics.median(t_ours), statistics.median(t_peer)
     rows.append({"name": "cpm/model_selection", "size": f"N={n} pairs, F=14", "median_s": med,
-                 "first_call_s": first, "peer": "scikit-learn GridSearchCV (" + " + ".join(solvers) + ", n_jobs=-1)",
-                 "peer_median_s": peer, "ratio": peer / med, "target": ">= 2" if len(solvers) == 2 else "-",
-                 "same_choice": (info["penalty"], info["C"]) == (best["classifier__penalty"], best["classifier__C"]),
+                 "first_call_s": first, "first_call_cached_s": first_cached,
+                 "peer": "scikit-learn GridSearchCV (" + " + ".join(solvers) + ", n_jobs=-1)", "peer_median_s": peer, "ratio": peer / med, "target": ">= 2" if len(solvers) == 2 else "-",
+                 "same_choice": same, "same_choice_up_to_ties": same or tie,
                  "table_max_diff": diff, "load": os.getloadavg()[0], "repeats": repeats, "mesh_devices": 1,
                  "notes": f"ours {info['penalty']} C={info['C']:.3g} cv {info['cv_accuracy']:.4f}; scikit-learn "
                           f"{best['classifier__penalty']} {best['classifier__solver']} C={best['classifier__C']:.3g} "
-                          f"cv {search.best_score_:.4f}; first call in a fresh process, compilation cache off"})
+                          f"cv {search.best_score_:.4f}; first calls in a fresh process (compilation cache off / on)"})
   return rows
 
 
