@@ -249,7 +249,8 @@ def model_selection_vs_sklearn(n: int, repeats: int = 3) -> list[dict]:
     med, peer = statistics.median(t_ours), statistics.median(t_peer)
     rows.append({"name": "cpm/model_selection", "size": f"N={n} pairs, F=14", "median_s": med,
                  "first_call_s": first, "first_call_cached_s": first_cached,
-                 "peer": "scikit-learn GridSearchCV (" + " + ".join(solvers) + ", n_jobs=-1)", "peer_median_s": peer, "ratio": peer / med, "target": ">= 2" if len(solvers) == 2 else "-",
+                 "peer": "scikit-learn GridSearchCV (" + " + ".join(solvers) + ", n_jobs=-1)", "peer_median_s": peer,
+                 "ratio": peer / med, "target": ">= 2" if len(solvers) == 2 else "-",
                  "same_choice": same, "same_choice_up_to_ties": same or tie,
                  "table_max_diff": diff, "load": os.getloadavg()[0], "repeats": repeats, "mesh_devices": 1,
                  "notes": f"ours {info['penalty']} C={info['C']:.3g} cv {info['cv_accuracy']:.4f}; scikit-learn "
