@@ -358,6 +358,9 @@ def accuracy(model: Model, features_a: jax.Array, features_b: jax.Array, labels:
 def pair_correct(model: Model, features_a: jax.Array, features_b: jax.Array, labels: jax.Array) -> jax.Array:
   """Per-pair correctness: 1 if the preferred reply gets the higher reward, 0.5 on a tie, else 0.
 
+  The official evaluation counts a tie as wrong (see the comment in the code); `cross_validate` scores its folds
+  as scikit-learn does (a zero margin predicts B).
+
   Args:
     model: the fitted reward Model (linear in the features).
     features_a: [N, F] features of reply A.
@@ -369,6 +372,9 @@ def pair_correct(model: Model, features_a: jax.Array, features_b: jax.Array, lab
   """
   margin = reward(model, features_a) - reward(model, features_b)
   sign = 2.0 * jnp.asarray(labels, jnp.float32) - 1.0
+  # Deviation: official `get_model_statistics` takes mean(chosen > rejected), a tie counting 0; a tie needs equal
+  # rewards (all weights 0, or identical features), and a model that cannot tell the replies apart is at
+  # chance, so it counts 1/2 here.
   return jnp.where(margin == 0, 0.5, (sign * margin > 0).astype(jnp.float32))
 
 
@@ -474,9 +480,8 @@ def cross_validate(features_a: jax.Array, features_b: jax.Array, labels: jax.Arr
   program (a warm-started C path per penalty, folds vmapped); rows are padded with zero weight to a multiple of
   `pad_rows`, so data sets of similar size share it.
 
-  The official grid also lists the solvers liblinear and saga; both minimise the same objective, which is
-  solved here to float32 resolution, so one fit stands for both (`# Deviation`: saga's default 100 epochs can
-  stop short of the optimum at large C; the fit here does not).
+  The official grid also lists the solvers liblinear and saga; both minimise the same objective, solved here to
+  float32 resolution, so one fit stands for both (see the deviation noted in the code).
 
   Args:
     features_a, features_b: [N, F] (no NaN).
@@ -511,6 +516,9 @@ def cross_validate(features_a: jax.Array, features_b: jax.Array, labels: jax.Arr
   folds = np.full(rows, -1, np.int32)
   folds[:n] = stratified_fold_ids(y, num_folds, seed)
   grid = np.asarray(list(Cs), np.float64)
+  # Deviation: the official grid crosses penalty x C with the solvers liblinear and saga, which minimise the same
+  # objective; one fit to float32 resolution stands for both (saga's default 100 epochs can stop short of the
+  # optimum at large C and score differently; in a tie GridSearchCV keeps liblinear, listed first).
   order = np.argsort(grid, kind="stable")                   # the path runs from strong to weak penalties
   hits, refits, steps = _cv_program(xp, yp, folds, grid[order].astype(np.float32),
                                     np.float32(DEFAULT_TOL if tol is None else tol), tuple(penalties), num_folds,
