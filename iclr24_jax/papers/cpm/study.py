@@ -151,15 +151,16 @@ if os.environ.get("ICLR24_JAX_COMPILATION_CACHE") != "0":
 import numpy as np
 from iclr24_jax.papers.cpm import data, model
 d = data.make_synthetic(0, {n}, {weights})
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.process_time()
 model.cross_validate(d["fa"], d["fb"], d["labels"])
-print(time.perf_counter() - t0)
+print(time.perf_counter() - t0, time.process_time() - c0)
 """
 
 
-def _first_call_s(n: int, cached: bool) -> float | None:
+def _first_call_s(n: int, cached: bool) -> tuple[float | None, float | None]:
   """A user's first `cross_validate` call (tracing and compilation) in a fresh process: compilation cache off, or
-  on (a first process fills the cache, the second is timed: its program loads from disk)."""
+  on (a first process fills the cache, the second is timed: its program loads from disk). Returns (wall s, CPU s)
+  ((None, None) if the child failed)."""
   import os
   import subprocess
   import sys
@@ -169,9 +170,10 @@ def _first_call_s(n: int, cached: bool) -> float | None:
     for _ in range(2 if cached else 1):
       out = subprocess.run([sys.executable, "-c", _FIRST_CALL.format(n=n, weights=BENCH_WEIGHTS)], env=env,
                            cwd=root, capture_output=True, text=True, timeout=600, check=True)
-    return float(out.stdout.strip().splitlines()[-1])
+    wall, cpu = out.stdout.strip().splitlines()[-1].split()
+    return float(wall), float(cpu)
   except Exception:  # noqa: BLE001  (reported as missing, never guessed)
-    return None
+    return None, None
 
 
 def official_grid_search(x: np.ndarray, labels: np.ndarray, solvers=("liblinear", "saga")):
@@ -212,7 +214,8 @@ def model_selection_vs_sklearn(n: int, repeats: int = 3) -> list[dict]:
     repeats: timed calls per side.
 
   Returns:
-    rows (name, size, median_s, first_call_s, first_call_cached_s, peer, peer_median_s, ratio, same_choice,
+    rows (name, size, median_s, cpu_s, first_call_s, first_call_cpu_s, first_call_cached_s, peer, peer_median_s,
+    ratio, same_choice,
     same_choice_up_to_ties, table_max_diff, load).
   """
   import os
@@ -221,17 +224,18 @@ def model_selection_vs_sklearn(n: int, repeats: int = 3) -> list[dict]:
   pooled = np.concatenate([d["fa"], d["fb"]])
   mean, std = pooled.mean(0), pooled.std(0) + model_lib.STD_EPS
   x = (d["fa"] - mean) / std - (d["fb"] - mean) / std          # the official train_model_g input (float64)
-  first, first_cached = _first_call_s(n, cached=False), _first_call_s(n, cached=True)
+  (first, first_cpu), (first_cached, _) = _first_call_s(n, cached=False), _first_call_s(n, cached=True)
   ours = lambda: model_lib.cross_validate(d["fa"], d["fb"], d["labels"])
   _, info = ours()
   rows = []
   for solvers in (("liblinear", "saga"), ("liblinear",)):
     official_grid_search(x, d["labels"], solvers)              # untimed: starts the worker pool
-    t_ours, t_peer = [], []
+    t_ours, t_peer, cpu_ours = [], [], []
     for _ in range(repeats):
-      t0 = time.perf_counter()
+      t0, c0 = time.perf_counter(), time.process_time()
       ours()
       t_ours.append(time.perf_counter() - t0)
+      cpu_ours.append(time.process_time() - c0)
       t0 = time.perf_counter()
       search = official_grid_search(x, d["labels"], solvers)
       t_peer.append(time.perf_counter() - t0)
@@ -248,10 +252,11 @@ def model_selection_vs_sklearn(n: int, repeats: int = 3) -> list[dict]:
     tie = info["cv_accuracy"] - info["table"][best["classifier__penalty"]][j_best] <= diff + 1e-12
     med, peer = statistics.median(t_ours), statistics.median(t_peer)
     rows.append({"name": "cpm/model_selection", "size": f"N={n} pairs, F=14", "median_s": med,
-                 "first_call_s": first, "first_call_cached_s": first_cached,
+                 "cpu_s": statistics.median(cpu_ours), "first_call_s": first, "first_call_cpu_s": first_cpu,
+                 "first_call_cached_s": first_cached,
                  "peer": "scikit-learn GridSearchCV (" + " + ".join(solvers) + ", n_jobs=-1)", "peer_median_s": peer,
                  "ratio": peer / med, "target": ">= 2" if len(solvers) == 2 else "-",
-                 "same_choice": same, "same_choice_up_to_ties": same or tie,
+                 "same_choice": bool(same), "same_choice_up_to_ties": bool(same or tie),
                  "table_max_diff": diff, "load": os.getloadavg()[0], "repeats": repeats, "mesh_devices": 1,
                  "notes": f"ours {info['penalty']} C={info['C']:.3g} cv {info['cv_accuracy']:.4f}; scikit-learn "
                           f"{best['classifier__penalty']} {best['classifier__solver']} C={best['classifier__C']:.3g} "
