@@ -9,18 +9,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from iclr24_jax.lm import quant
+
 
 def dense(p: dict, x: jax.Array) -> jax.Array:
   """y = x @ kernel (+ (x @ lora_a) @ lora_b * lora_scale) (+ bias).
 
   Args:
-    p: {'kernel': [in, out], optional 'bias': [out], optional LoRA fields}.
+    p: {'kernel': [in, out], optional 'bias': [out], optional LoRA fields}; or a compact kernel from
+      `quant.convert_params` ('kernel_bf16' / 'kernel_int8' + 'scale_int8', [out, in]) or
+      `llama.quantize_params` ('qkernel' + 'qscale').
     x: [..., in].
 
   Returns:
     [..., out].
   """
-  if "qkernel" in p:
+  if quant.is_compact(p):
+    y = quant.matmul_t(x, p)
+  elif "qkernel" in p:
     y = int8_matmul(x, p["qkernel"], p["qscale"])
   else:
     y = x @ p["kernel"]

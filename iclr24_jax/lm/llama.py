@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.lm import layers
+from iclr24_jax.lm import quant
 
 Params = dict[str, Any]
 
@@ -377,15 +378,19 @@ def _mlp(layer: dict, x: jax.Array, config: LlamaConfig) -> jax.Array:
 
 
 def embed_tokens(params: Params, ids: jax.Array) -> jax.Array:
-  """Token embeddings [..., D] (float32 table, or the int8 table of `quantize_params`).
+  """Token embeddings [..., D] (float table, a `quant.convert_params` table, or `quantize_params`' int8 one).
 
   Args:
-    params: LM params holding 'embed' [V, D], or 'embed_q' int8 [V, D] with 'embed_scale' [V].
+    params: LM params holding 'embed' [V, D], 'embed_bf16' [V, D], 'embed_int8' [V, D] with
+      'embed_scale_int8' [V, D // group], or 'embed_q' int8 [V, D] with 'embed_scale' [V].
     ids: int token ids of any shape [...], values in [0, V).
 
   Returns:
-    [..., D] embeddings in the table's dtype (float32 when dequantised from int8).
+    [..., D] embeddings in the table's dtype (float32 for the compact and quantised tables).
   """
+  rows = quant.embed_lookup(params, ids)
+  if rows is not None:
+    return rows
   if "embed_q" in params:
     return (jnp.take(params["embed_q"], ids, axis=0).astype(jnp.float32)
             * jnp.take(params["embed_scale"], ids, axis=0)[..., None])
@@ -393,7 +398,7 @@ def embed_tokens(params: Params, ids: jax.Array) -> jax.Array:
 
 
 def param_dtype(params: Params):
-  """The dtype activations run in (the embedding table's, float32 for int8-quantised params)."""
+  """The dtype activations run in (the float embedding table's; float32 for converted or quantised params)."""
   return params["embed"].dtype if "embed" in params else jnp.float32
 
 
@@ -441,7 +446,8 @@ def output_logits(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax
   """Logits from final (normed) hidden states [..., D] -> [..., V] (tied or untied head).
 
   Args:
-    params: LM params (the tied table 'embed' / 'embed_q', or 'lm_head' when config.tie_embeddings is False).
+    params: LM params (the tied table 'embed' / 'embed_bf16' / 'embed_int8' / 'embed_q', or 'lm_head' when
+      config.tie_embeddings is False).
     config: LlamaConfig (its tie_embeddings selects the head).
     hidden: [..., D] final normed hidden states.
 
@@ -449,6 +455,9 @@ def output_logits(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax
     logits [..., V].
   """
   if config.tie_embeddings:
+    logits = quant.head_logits(params, hidden)
+    if logits is not None:
+      return logits
     if "embed_q" in params:
       return layers.int8_matmul(hidden, params["embed_q"], params["embed_scale"])
     return hidden @ params["embed"].T
