@@ -292,7 +292,8 @@ def benchmark(quick: bool = True) -> list[dict]:
   fused = llama.fuse_params(params)
   rows = memory_rows(fused)
   threads = int(os.environ.get("ICLR24_LLAMACPP_THREADS", "0")) or None  # default: every core (the 2)
-  rows.extend(side_by_side(params, fused, cfg, tok, repeats=3 if quick else 5, threads=threads))
+  rows.extend(side_by_side(params, fused, cfg, tok, repeats=3 if quick else 5, new_tokens=32 if quick else 64,
+                           threads=threads))
   if not quick:
     rows.extend(decode_profile(fused, cfg, repeats=30))
   return rows
