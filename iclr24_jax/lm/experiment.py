@@ -7,6 +7,7 @@
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import pathlib
@@ -365,6 +366,8 @@ class LlamaCppBatch:
   def __init__(self, path: str, batch: int, max_len: int, threads: int):
     import llama_cpp
     self._lc = llama_cpp
+    self._quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)  # kept alive with self
+    llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
     llama_cpp.llama_backend_init()
     self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
     if not self.model:
