@@ -312,7 +312,7 @@ def memory_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:
   """
   x = jnp.ones((nbytes // 4 // 1024, 1024), jnp.float32)
   bump = jax.jit(lambda a: a + 1.0, donate_argnums=0)
-  total = jax.jit(lambda a: jnp.sum(a, axis=0))
+  total = jax.jit(lambda a: jnp.sum(a, axis=1))
   x = jax.block_until_ready(bump(x))
   jax.block_until_ready(total(x))
   copy_s, read_s = [], []
@@ -331,20 +331,22 @@ def memory_rows(fused: llama.Params) -> list[dict]:
   """'lm/memory_bandwidth' and one 'lm/bandwidth_floor/<format>' row per weight format.
 
   A batch-1 decoding step reads every weight once, so bandwidth / (weight bytes per token) bounds its
-  tokens/s from above (the floor of the step time). llama.cpp's Q4_1 file is listed for comparison.
+  tokens/s from above (the floor of the step time). The bandwidth is the better of the copy and read
+  figures. llama.cpp's Q4_1 file is listed for comparison.
   """
   bw = memory_bandwidth()
   load = os.getloadavg()[0]
   rows = [{"name": "lm/memory_bandwidth", "size": f"{bw['bytes'] >> 20} MiB float32", "batch": 1,
            "mesh_devices": 1, "copy_gb_s": bw["copy_gb_s"], "read_gb_s": bw["read_gb_s"],
            "notes": f"jitted in-place x + 1 (read + write) and sum (read), best of 5; 1-min load average {load:.1f}"}]
+  best = max(bw["copy_gb_s"], bw["read_gb_s"])
   sizes = {fmt: quant.weight_bytes(quant.convert_params(fused, fmt)) for fmt in BENCH_FORMATS}
   gguf = weights.find_smollm2_gguf()
   sizes["llama.cpp Q4_1 (file)"] = os.path.getsize(gguf)
   for fmt, nbytes in sizes.items():
     rows.append({"name": f"lm/bandwidth_floor/{fmt}", "size": "batch 1", "batch": 1, "mesh_devices": 1,
-                 "weight_mb_per_token": nbytes / 1e6, "floor_tok_s": bw["read_gb_s"] * 1e9 / nbytes,
-                 "notes": "read bandwidth / weight bytes per token (upper bound on batch-1 decoding tokens/s)"})
+                 "weight_mb_per_token": nbytes / 1e6, "floor_tok_s": best * 1e9 / nbytes,
+                 "notes": f"{best:.1f} GB/s / weight bytes per token (an upper bound on batch-1 decoding tokens/s)"})
   return rows
 
 
