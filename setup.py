@@ -26,7 +26,8 @@ TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
         "pyflakes>=3"]  # tests/test_registry.py: no undefined names after code moves between modules
 # Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles
 # llama.cpp from source, natively for the build machine's CPU; not in 'all' so that setup and CI stay fast).
-# On 2 cores: CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python took ~25 min.
+# On 2 cores: CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python took ~40 min
+# while other jobs loaded the machine.
 # >= 0.3.36: the benchmark's batched decoding uses its llama_batch / llama_memory_* API.
 BENCH = ["llama-cpp-python>=0.3.36"]
 
