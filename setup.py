@@ -34,9 +34,11 @@ setuptools.setup(
     description="Pure-functional JAX/Flax reimplementations of 19 ICLR 2024 papers.",
     long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
     long_description_content_type="text/markdown",
-    # The library (configs included) and the experiment drivers, so that `python -m experiments.reproduce`
-    # works from an installed (non-editable) copy; configs/ at the top level only holds launcher shims.
-    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*", "experiments"]),
+    # The library only (configs and the launcher `iclr24_jax.launch` included). The top-level experiments/ and
+    # configs/ folders are checkout shims (`python -m experiments.main`); installing a package named
+    # `experiments` would collide with a user's own.
+    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*"]),
+    entry_points={"console_scripts": ["iclr24 = iclr24_jax.launch:main"]},
     package_data={"iclr24_jax": ["rl/*.json", "papers/*/*.json", "**/README.md"]},
     python_requires=">=3.10",
     install_requires=CORE,

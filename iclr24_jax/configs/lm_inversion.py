@@ -52,7 +52,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.steps_per_call = 1
   c.log_every = 20
   c.eval_every = 0
-  c.checkpoint_every = 0
+  c.checkpoint_every = 100
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.eval = ml_collections.ConfigDict(dict(topk=(1, 10, 100), bag_k=10, bootstrap=2000))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   for part in variants.parse(arg, ("tiny", "official_padding"), name="lm_inversion"):
@@ -69,6 +70,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.batch_size = 16
       c.num_steps = 8
       c.log_every = 4
+      c.checkpoint_every = 4
       c.optimizer.warmup_steps = 0
       c.eval.topk = (1, 10)
       c.samples.update(new_tokens=4, batch_size=16, input_len=12)
