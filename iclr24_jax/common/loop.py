@@ -323,6 +323,7 @@ class Preempted(Exception):
 
 
 _STOP: dict[str, str | None] = {"signal": None}
+_DEPTH = [0]   # nesting of `stop_on_signals` contexts
 
 
 def request_stop(reason: str = "SIGTERM") -> None:
@@ -360,7 +361,7 @@ def stop_on_signals(immediate: bool = False) -> Iterator[None]:
   (`jax.distributed.initialize`), SIGTERM is left to that service, which agrees on one step for every process
   (`multihost_utils.reached_preemption_sync_point`, read by `StopCheck`). Outside the main thread nothing is
   installed. The previous handlers come back on exit; nesting is fine (the loop nests its own inside the
-  launcher's).
+  launcher's), and when the outermost context exits the request is forgotten (it belonged to the run it stopped).
 
   Args:
     immediate: raise `Preempted` (step None) at once instead: the launcher's setting around a whole run, so a
@@ -385,11 +386,15 @@ def stop_on_signals(immediate: bool = False) -> Iterator[None]:
           + (" (Ctrl-C again stops at once, unsaved)." if name == "SIGINT" else "."), file=sys.stderr, flush=True)
 
   old = {s: signal.signal(s, handler) for s in names}
+  _DEPTH[0] += 1
   try:
     yield
   finally:
     for s, h in old.items():
       signal.signal(s, h)
+    _DEPTH[0] -= 1
+    if _DEPTH[0] == 0:   # the outermost context (the launcher's, or a loop called on its own) ends the request
+      clear_stop()
 
 
 class StopCheck:

@@ -145,7 +145,7 @@ def resolve_config(value: str) -> str:
     ValueError: a bare name that is no packaged config; the message lists them.
   """
   path, sep, variant = value.partition(":")
-  if path.endswith(".py") or "/" in path or os.sep in path or os.path.exists(path):
+  if path.endswith(".py") or "/" in path or os.sep in path:
     return value
   spec = importlib.util.find_spec("iclr24_jax.configs")
   folder = os.path.dirname(spec.origin)
@@ -219,7 +219,12 @@ def _main(argv: Sequence[str], progress_fn: Callable[[int, dict], None] | None =
   elif f["cpu_devices"].value:
     from iclr24_jax.common.sharding import simulate_cpu_devices
     simulate_cpu_devices(f["cpu_devices"].value)
-  config, workdir = f["config"].value, f["workdir"].value
+  workdir = f["workdir"].value
+  try:
+    config = f["config"].value
+  except (IOError, ValueError) as e:   # config_flags reports a config file that failed to load here
+    _say(f"--config: {e}")
+    return 2
   try:
     print(f"running {config.paper} in {workdir}", flush=True)
     out = run(config, workdir, fresh=f["fresh"].value, allow_config_change=f["allow_config_change"].value,
