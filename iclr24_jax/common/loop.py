@@ -32,27 +32,29 @@ The pieces (`train_loop` is their composition; a paper with its own driver uses 
   StopCheck       SIGTERM / SIGINT (`stop_on_signals`) seen at a step boundary, one agreed step on multi-host
   Preempted       raised once the checkpoint of that boundary is saved; the launcher turns it into one line
 
-An own driver (say, a chunked loop whose batches are drawn on device from a key) reads:
+An own driver (say, a chunked loop whose batches are drawn on device from a key; `papers/cdgm/train.py:fit` is
+the worked example) reads:
 
-  hook = loop.CheckpointHook(os.path.join(workdir, 'checkpoints'), every_steps=config.checkpoint_every,
-                             every_secs=config.get('checkpoint_every_secs', 0.0), config=config)
-  state, run = hook.restore_or_init(init_fn, key_init, shardings)   # run: LoopState (run.step = 0 when fresh)
-  if not run.finished:
-    log = loop.RunLog(workdir, num_steps=num_steps, start_step=run.step, history=run.history, name='mine')
-    stop = loop.StopCheck()
-    with loop.stop_on_signals():
-      while run.step < num_steps:
-        state, metrics = chunk(state, run.step, n)            # the driver's own compiled call
-        run.step += n
-        log.write(run.step, loop.prefix_keys(jax.device_get(metrics), 'train'))
-        hook.step_boundary(run.step, state, run, stop=stop(run.step), num_steps=num_steps)  # saves; may raise
-      run.history = log.history
-      hook.finish(num_steps, state, run)                      # the final save, marked finished
-  hook.close()
+  hook = loop.CheckpointHook(os.path.join(workdir, 'checkpoints'), config=config,
+                             every_steps=config.checkpoint_every, every_secs=config.checkpoint_every_secs)
+  try:
+    state, run = hook.restore_or_init(init_fn, key_init, shardings)   # run: LoopState (run.step 0 when fresh)
+    if not run.finished:
+      log, stop_check = loop.RunLog(workdir, run, num_steps=num_steps, name='mine'), loop.StopCheck()
+      with loop.stop_on_signals():
+        while run.step < num_steps:
+          state, metrics = chunk(state, n)                   # the driver's own compiled call of n steps
+          log.write(run.step + n, loop.prefix_keys(jax.device_get(metrics), 'train'))
+          run.step += n
+          hook.step_boundary(run.step, state, run, num_steps=num_steps, stop=stop_check(run.step))
+        hook.finish(num_steps, state, run)                   # the final save, marked finished
+  finally:
+    hook.close()
 
-`hook.step_boundary` saves when the interval is due or a stop was requested, and raises `Preempted` after a
-requested stop's save. A data position that is not a function of the step (an iterator, an environment state)
-goes into `run.extra` (JSON) or into the state pytree itself.
+`hook.step_boundary` saves when an interval is due or a stop was requested, and raises `Preempted` after a
+requested stop's save; a rerun of a finished run restores it and skips the loop. A data position that is not a
+function of the step (an iterator, an environment state) goes into `run.extra` (JSON) or into the state pytree;
+keep-best parameters go through `KeepBest` and `step_boundary(..., best=keep.params)`.
 """
 from __future__ import annotations
 
