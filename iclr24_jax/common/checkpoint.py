@@ -352,15 +352,37 @@ def recorded_config(workdir: str) -> dict | None:
   return flat
 
 
+def checkpoint_steps(workdir: str, max_depth: int = 3) -> dict[str, int]:
+  """The newest complete step of every `checkpoints` folder under `workdir` (a run with several loops keeps one
+  per loop, e.g. `baselines/sage/checkpoints`), read from the folder names; no checkpoint manager is opened.
+
+  Args:
+    workdir: the run's folder.
+    max_depth: how deep below workdir to look.
+
+  Returns:
+    {folder relative to workdir: step} for the folders holding at least one complete step.
+  """
+  out = {}
+  base = os.path.abspath(workdir)
+  for root, dirs, _ in os.walk(base):
+    depth = 0 if root == base else os.path.relpath(root, base).count(os.sep) + 1
+    if depth >= max_depth:
+      dirs[:] = []
+    if os.path.basename(root) == "checkpoints":
+      steps = [int(d) for d in dirs if d.isdigit()]
+      if steps:
+        out[os.path.relpath(root, base)] = max(steps)
+      dirs[:] = []
+  return out
+
+
 def resumed_step(workdir: str) -> int:
   """The step a rerun in `workdir` resumes from: the newest complete checkpoint in `workdir/checkpoints`, else the
   last step in metrics.jsonl, else 0 (read from the files; no checkpoint manager is opened)."""
-  steps = []
-  ck = os.path.join(workdir, "checkpoints")
-  if os.path.isdir(ck):
-    steps = [int(n) for n in os.listdir(ck) if n.isdigit() and os.path.isdir(os.path.join(ck, n))]
-  if steps:
-    return max(steps)
+  top = checkpoint_steps(workdir, max_depth=1).get("checkpoints")
+  if top is not None:
+    return top
   path = os.path.join(workdir, "metrics.jsonl")
   if os.path.exists(path):
     last = 0
@@ -381,7 +403,7 @@ def check_config(workdir: str, config: Any, allow_change: bool = False) -> dict[
     workdir: the run's folder (exists).
     config: this start's config.
     allow_change: accept a differing config: the change is appended to `config_changes.jsonl` with the step it
-      applies from (`resumed_step`) instead of overwriting the record.
+      applies from (`resumed_step`, and every checkpoint folder's step) instead of overwriting the record.
 
   Returns:
     the changes {dotted key: (old, new)} ({} on a first start or an unchanged config).
@@ -405,7 +427,8 @@ def check_config(workdir: str, config: Any, allow_change: bool = False) -> dict[
                       f"{lines}\nResume with the recorded config, pass --allow_config_change to accept and record the "
                       "change, or start over with --fresh or a new --workdir.", changes)
   if jax.process_index() == 0:
-    row = {"step": resumed_step(workdir), "time": datetime.datetime.now().isoformat(timespec="seconds"),
+    row = {"step": resumed_step(workdir), "checkpoints": checkpoint_steps(workdir),
+           "time": datetime.datetime.now().isoformat(timespec="seconds"),
            "changes": {k: [o, n] for k, (o, n) in changes.items()}}
     with open(os.path.join(workdir, CHANGES_FILE), "a") as f:
       f.write(json.dumps(row, default=str) + "\n")

@@ -210,13 +210,13 @@ def abstract_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, sharding
   Args:
     init_fn: key -> state pytree.
     key: PRNG key (only its shape / dtype matter).
-    shardings: one NamedSharding for every leaf, or a pytree of shardings matching the state.
+    shardings: one sharding for every leaf, or a pytree of shardings matching the state.
 
   Returns:
     pytree of jax.ShapeDtypeStruct (shape, dtype, sharding) shaped like the state; no computation runs.
   """
   shapes = jax.eval_shape(init_fn, key)
-  if isinstance(shardings, NamedSharding):
+  if isinstance(shardings, jax.sharding.Sharding):
     return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=shardings), shapes)
   return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
