@@ -23,7 +23,8 @@ CORE = [
 LM = ["transformers==4.57.6", "tokenizers>=0.20", "safetensors>=0.4", "gguf>=0.10", "jinja2>=3.1"]
 RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "nle==1.3.0", "gymnasium==1.2.0"]
 TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
-        "pyflakes>=3"]  # tests/test_registry.py: no undefined names after code moves between modules
+        "pyflakes>=3",  # tests/test_registry.py: no undefined names after code moves between modules
+        "sacrebleu>=2.4"]  # tests/papers/test_lm_inversion.py: our BLEU against sacrebleu (the official metric)
 # Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles
 # llama.cpp from source; not in 'all' so that setup and CI stay fast).
 BENCH = ["llama-cpp-python>=0.3"]
