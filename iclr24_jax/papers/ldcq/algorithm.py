@@ -86,7 +86,8 @@ class LDCQParams:
     vae: SkillVAE params.
     diffusion: denoiser params (None with the Gaussian prior).
     q: twin online Q params stacked [2, ...] (None: no Q, the latent-BC policy).
-    q_target: twin target Q params [2, ...] (acting uses these, as the official evaluation).
+    q_target: twin target Q params [2, ...] (acting uses the online twin `q` when given, as the official
+      evaluation does; these only when `q` is None).
     spec: the LDCQSpec (static).
   """
 
