@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics, stats
 from iclr24_jax.diffusion import metrics as diff_metrics
 from iclr24_jax.diffusion.unet import MLPDenoiser
@@ -384,6 +385,9 @@ def run(config: Any, workdir: str) -> dict:
     results dict: env, data_kind, num_seeds, methods (per-method score summary), seconds, sliced_w2_heldout,
     checkpoint, plots, wall_seconds.
   """
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_lib.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("ldcq", config.data)   # run() does not train on it yet
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   writer = metrics.MetricWriter(workdir)

@@ -365,6 +365,9 @@ def run(config: Any, workdir: str) -> dict:
     dict(test {bleu, token_f1, exact_match}, num_train, num_test, num_chunks, steps_per_s, final_train_loss,
          seconds_distributions).
   """
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_lib.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("lm_inversion", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   prep = prepare(config)
   res = train(config, prep, workdir)
