@@ -41,7 +41,8 @@ RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "
 TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
         "pyflakes>=3",  # tests/test_registry.py: no undefined names after code moves between modules
         "setuptools>=68", "wheel>=0.41",  # tests/common/test_install.py builds a wheel without build isolation
-        "mkdocs>=1.6,<2", "mkdocstrings-python>=1.10"]  # tests/test_docs.py: the API reference builds (--strict)
+        "mkdocs>=1.6,<2", "mkdocstrings-python>=1.10",  # tests/test_docs.py: the API reference builds (--strict)
+        "sacrebleu>=2.4"]  # tests/papers/test_lm_inversion.py: our BLEU against sacrebleu (the official metric)
 # Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles
 # llama.cpp from source; not in 'all' so that setup and CI stay fast).
 BENCH = ["llama-cpp-python>=0.3"]

@@ -145,7 +145,11 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     rows.append(dict(paper="lm_inversion", experiment=setting, metric=f"inverter {key}",
                      ours=f"{m:.2f} +- {se:.2f} over {ns} seeds; per-prompt 95% CI (seed-averaged) [{lo:.2f}, {hi:.2f}]",
                      paper_value=PAPER[key], holds=None, kind="measurement",
-                     notes="a small T5 trained from scratch on CPU vs the paper's T5-base on 2.3M prompts"))
+                     notes=("a small T5 trained from scratch on CPU vs the paper's T5-base on 2.3M prompts; "
+                            "metrics as the official evaluation (sacrebleu corpus BLEU per prompt without effective "
+                            "order, case-sensitive token-set F1); labels and predictions cut at "
+                            f"{config.data.label_len} decoder tokens ({prep['labels_cut']['test']} of {n} test "
+                            "prompts are longer)")))
   kl_note = ("# 'no' checked against references before writing it: a train step memorises a fixed batch (test), "
              "the shuffled control shows the inverter reads its input, and the KL baseline recovers planted "
              f"neighbours exactly (test); the budget ({config.num_steps} steps on {len(prep['train_prompts'])} prompts vs "
@@ -185,9 +189,10 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
               f"{d['token_f1']['hi']:+.2f}], BLEU {d['bleu']['diff']:+.2f} [{d['bleu']['lo']:+.2f}, "
               f"{d['bleu']['hi']:+.2f}] (paired bootstrap over {n} prompts)"),
         paper_value="less access -> worse inversion (paper Sec. 6: top-k access)", holds=None, kind="measurement",
-        notes=f"one seed per access level (seed {seeds[0]}: same init and batches as the full inverter); hidden "
-              f"entries set to {model_lib.TOPK_FILL:g} in training and evaluation (the official rule); a "
-              "measurement, not a seed-judged claim"))
+        notes=f"one seed per access level (seed {seeds[0]}: same init and batches as the full inverter); vec2text's "
+              f"rule in training and evaluation: top-k of the distribution minus the unigram estimate, kept values "
+              f"shifted by {model_lib.TOPK_FILL:g}, every other entry {model_lib.TOPK_FILL:g}; a measurement, not "
+              "a seed-judged claim"))
   plot = _bar_plot(item, os.path.join(workdir, "lm_inversion_methods.png"))
   rows.append(dict(paper="lm_inversion", experiment=setting,
                    metric="time (s): distributions / samples / training / evaluation",
