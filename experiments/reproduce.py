@@ -1,8 +1,12 @@
-"""From a checkout: `python -m experiments.reproduce ...` = `iclr24 reproduce ...` (`iclr24_jax.launch.reproduce`)."""
+"""From a checkout: `python -m experiments.reproduce ...` = `iclr24 reproduce ...` (`iclr24_jax.launch.reproduce`).
+
+Imported (`from experiments import reproduce`), this name is the library module itself.
+"""
 import sys
 
-from iclr24_jax.launch.reproduce import *  # noqa: F401,F403  (the module's functions, for `from experiments import reproduce`)
-from iclr24_jax.launch.reproduce import main
+from iclr24_jax.launch import reproduce as _reproduce
 
 if __name__ == "__main__":
-  sys.exit(main())
+  sys.exit(_reproduce.main())
+else:
+  sys.modules[__name__] = _reproduce
