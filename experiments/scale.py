@@ -114,7 +114,7 @@ def _fmt(v, kind: str) -> str:
   if kind == "gb":
     return gb(v)
   if kind == "tflop":
-    return f"{v / 1e12:.1f}"
+    return f"{v / 1e12:.3g}"
   if kind == "s":
     return f"{v:.3g}"
   if kind == "bool":
@@ -165,7 +165,7 @@ def write_markdown(rows_by_paper: dict[str, list[dict]], skipped: dict[str, str]
           _fmt(r.get("flops"), "tflop"), _fmt(r.get("hand_flops"), "tflop"), _fmt(r.get("bytes_accessed"), "gb"),
           _fmt(r.get("compile_s"), "s"), _fmt(r.get("step_s_h100"), "s"), _fmt(r.get("step_s_v5e"), "s"),
           _fmt(r.get("fits_h100_80gb"), "bool"), _fmt(r.get("fits_v5e_16gb"), "bool"), measured,
-          f"{r.get('paper_hardware', '')}; {r.get('paper_time', '')}"]) + " |")
+          f"{r.get('paper_hardware') or '-'}; time: {r.get('paper_time') or '-'}"]) + " |")
   lines += ["", "## Programs, sources and notes", ""]
   for slug, rows in rows_by_paper.items():
     if not rows:
