@@ -219,6 +219,11 @@ def main() -> int:
   if mesh_shape is not None and len(mesh_shape) != 2:
     raise SystemExit("--mesh takes two sizes: data,model (e.g. 2,4).")
 
+  if args.run:
+    import jax
+    if jax.default_backend() == "cpu":
+      raise SystemExit("--run times the steps on an accelerator (GPU / TPU); this process only sees CPUs. The "
+                       "paper-size inputs would be allocated in host memory (a 70B model needs 140 GB).")
   if args.devices or args.run:
     if args.devices and not args.run:
       from iclr24_jax.common.sharding import simulate_cpu_devices

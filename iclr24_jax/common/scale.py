@@ -249,7 +249,7 @@ def fsdp_shardings(shapes: Any, mesh: Mesh, axis: str = DATA_AXIS, min_bytes: in
   n = mesh.shape[axis]
 
   def one(x):
-    nbytes = int(np.prod(x.shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
+    nbytes = int(np.prod(x.shape, dtype=np.int64)) * x.dtype.itemsize
     dims = sorted(range(len(x.shape)), key=lambda i: -x.shape[i])
     for i in dims:
       if nbytes >= min_bytes and n > 1 and x.shape[i] % n == 0:
@@ -311,7 +311,7 @@ def abstract(shapes: Any, shardings: Any) -> Any:
 
 def _shard_bytes(x: jax.ShapeDtypeStruct) -> int:
   shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-  return int(np.prod(shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
+  return int(np.prod(shape, dtype=np.int64)) * x.dtype.itemsize
 
 
 def per_device_bytes(tree: Any) -> int:
@@ -334,7 +334,7 @@ def replicated_bytes(tree: Any, min_bytes: int = 1 << 24) -> int:
   """
   total = 0
   for x in jax.tree.leaves(tree):
-    full = int(np.prod(x.shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
+    full = int(np.prod(x.shape, dtype=np.int64)) * x.dtype.itemsize
     sharding = x.sharding
     if (full >= min_bytes and sharding is not None and len(sharding.device_set) > 1
         and sharding.is_fully_replicated):
@@ -364,11 +364,7 @@ def _aval_bytes(v) -> int:
   aval = v.aval
   if not hasattr(aval, "shape") or not hasattr(aval, "dtype"):
     return 0
-  try:
-    itemsize = jnp.dtype(aval.dtype).itemsize
-  except TypeError:  # PRNG key types
-    return 0
-  return int(np.prod(aval.shape, dtype=np.int64)) * itemsize
+  return int(np.prod(aval.shape, dtype=np.int64)) * aval.dtype.itemsize
 
 
 def _eqn_cost(eqn) -> tuple[float, float]:
@@ -565,6 +561,12 @@ def measure(program: Program, mesh: Mesh, steps: int = 10, seed: int = 0) -> dic
   """
   if steps < 1:
     raise ValueError(f"measure needs steps >= 1, got {steps}.")
+  need = per_device_bytes(program.args)
+  stats = mesh.devices.flat[0].memory_stats() if hasattr(mesh.devices.flat[0], "memory_stats") else None
+  limit = (stats or {}).get("bytes_limit")
+  if limit and need > limit:
+    raise ValueError(f"{program.name}: the inputs alone need {need / 1e9:.1f} GB per device, the device has "
+                     f"{limit / 1e9:.1f} GB; run it on more devices (a larger mesh).")
   with jax.set_mesh(mesh):
     args = random_args(program, seed)
     t0 = time.perf_counter()
@@ -581,7 +583,7 @@ def measure(program: Program, mesh: Mesh, steps: int = 10, seed: int = 0) -> dic
     jax.block_until_ready(out)
     elapsed = time.perf_counter() - t0
   peak = None
-  stats = jax.devices()[0].memory_stats() if hasattr(jax.devices()[0], "memory_stats") else None
+  stats = mesh.devices.flat[0].memory_stats() if hasattr(mesh.devices.flat[0], "memory_stats") else None
   if stats:
     peak = int(stats.get("peak_bytes_in_use", 0))
   return {"measured_steps_per_s": steps / elapsed, "measured_step_s": elapsed / steps,

@@ -225,6 +225,16 @@ def test_sixty_four_devices_in_a_subprocess_hold_less_per_device(tmp_path):
   assert row64["peak_bytes"] < row8["peak_bytes"] / 4
 
 
+def test_measure_runs_and_carries_the_state():
+  config = llama.tiny_config(vocab_size=64)
+  mesh = scale.mesh_for(8, 8)
+  program = lm_scale.train_program("tiny", config, optax.sgd(0.1), mesh, lm_scale.causal_batch(8, 16))
+  out = scale.measure(program, mesh, steps=2)
+  assert out["measured_steps_per_s"] > 0 and out["measured_steps"] == 2 and out["measured_backend"] == "cpu"
+  with pytest.raises(ValueError, match="steps >= 1"):
+    scale.measure(program, mesh, steps=0)
+
+
 @pytest.mark.gpu
 def test_measure_runs_steps_on_the_accelerator():
   if jax.default_backend() == "cpu":

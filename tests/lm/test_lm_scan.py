@@ -102,22 +102,19 @@ def test_released_shapes_have_the_published_parameter_counts():
     lm_scale.named_model("gpt-4")
 
 
-def test_mixed_precision_keeps_float32_master_weights(params, batch):
-  tx = optax.sgd(0.1)
-  state = lm_train.init_train_state(params, tx)
-  step32 = jax.jit(lm_train.make_train_step(CFG))
-  step16 = jax.jit(lm_train.make_train_step(CFG, compute_dtype=jnp.bfloat16))
-  s32, m32 = step32(state, batch, jax.random.key(0))
-  s16, m16 = step16(state, batch, jax.random.key(0))
+def test_mixed_precision_keeps_float32_master_weights(params, batch, reference):
+  loss32, grads32 = reference
+  state = lm_train.init_train_state(params, optax.sgd(0.1))
+  s16, m16 = jax.jit(lm_train.make_train_step(CFG, compute_dtype=jnp.bfloat16))(state, batch, jax.random.key(0))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(s16.params))
   # bfloat16 keeps 8 significant bits (relative rounding 2^-8 = 0.4% per operation): the loss of a 3-layer model
-  # moves by well under 2%, and the float32 update is the same step to that precision.
-  np.testing.assert_allclose(m16["loss"], m32["loss"], rtol=2e-2)
-  d32 = jax.tree.map(lambda a, b: a - b, s32.params, state.params)
+  # moves by well under 2%, and the float32 SGD update (-0.1 x gradient) points the same way.
+  np.testing.assert_allclose(m16["loss"], loss32, rtol=2e-2)
+  d32 = jax.tree.map(lambda g: -0.1 * g, grads32)
   d16 = jax.tree.map(lambda a, b: a - b, s16.params, state.params)
-  cos = sum(float(jnp.sum(a * b)) for a, b in zip(jax.tree.leaves(d32), jax.tree.leaves(d16)))
-  cos /= np.sqrt(sum(float(jnp.sum(a * a)) for a in jax.tree.leaves(d32)) *
-                 sum(float(jnp.sum(b * b)) for b in jax.tree.leaves(d16)))
+  dot = sum(float(jnp.sum(a * b)) for a, b in zip(jax.tree.leaves(d32), jax.tree.leaves(d16)))
+  cos = dot / np.sqrt(sum(float(jnp.sum(a * a)) for a in jax.tree.leaves(d32)) *
+                      sum(float(jnp.sum(b * b)) for b in jax.tree.leaves(d16)))
   assert cos > 0.99
 
 
