@@ -195,7 +195,7 @@ def rebuild_table(out: str) -> str:
         rows_by_paper[slug] = json.load(f)
     else:
       config, why = paper_entry(slug)
-      skipped[slug] = why if config is None else "not compiled yet (run python -m experiments.scale --only " + slug + ")"
+      skipped[slug] = why if config is None else f"not compiled yet (python -m experiments.scale --only {slug})"
   return write_markdown(rows_by_paper, skipped, os.path.join(out, "SCALE.md"))
 
 

@@ -36,7 +36,25 @@ Building blocks for those programs: `logical_shardings` (MaxText-style logical a
 FSDP on 'data' and tensor parallelism on 'model'), `fsdp_shardings` (models without axis names: the largest
 divisible dimension over 'data'), `train_state_shardings` (a `TrainState` whose optimizer state follows its
 params), `abstract`, `batch_shardings`, `mesh_for` (a mesh whose 'data' axis divides the batch). The LM family's
-builders (`iclr24_jax/lm/scale.py`) show the whole path.
+builders (`iclr24_jax/lm/scale.py`) show the whole path; a model without axis names (a UNet, a ResNet) needs
+only these:
+
+  def scale_program(config, mesh):
+    s = scale.paper_scale(config, 'mdm')
+    state = jax.eval_shape(lambda: init(jax.random.key(0), config))     # the TrainState, nothing allocated
+    state_sh = scale.train_state_shardings(state, scale.fsdp_shardings(state.params, mesh), mesh)
+    batch = {'images': jax.ShapeDtypeStruct((s.batch_size, 256, 256, 3), jnp.float32)}
+    rep = NamedSharding(mesh, P())
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+    return scale.Program('UNet train step', train_step, (scale.abstract(state, state_sh),
+                         scale.abstract(batch, scale.batch_shardings(batch, mesh)), key),
+                         out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True,
+                         params=scale.num_elements(state.params), items_per_step=s.batch_size, item='images',
+                         abstract_params=scale.abstract(state.params, state_sh.params), ...)
+
+Deep stacks should be scanned (`lax.scan` over stacked layer weights: one compiled layer) and, under a mesh,
+keep their activations batch-sharded (`lm.layers.constrain_batch`), or XLA may follow the FSDP-sharded weights
+and replicate the activations instead.
 
 `analyse(program, mesh)` compiles and returns one row (a dict); its keys (binding, read by other code):
   devices, mesh, params, argument_bytes, output_bytes, alias_bytes, temp_bytes, peak_bytes (per device, bytes),
@@ -64,7 +82,6 @@ What the numbers are:
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Callable, Mapping, Sequence
 

@@ -79,7 +79,8 @@ def test_bad_remat_is_named():
 def test_t5_stacked_layers_equal_lists():
   p = t5.init_params(jax.random.key(1), T5_CFG)
   rng = np.random.default_rng(1)
-  b = {"inputs": rng.integers(2, 64, (2, 7)).astype(np.int32), "input_mask": np.array([[1] * 7, [1] * 5 + [0] * 2], bool),
+  b = {"inputs": rng.integers(2, 64, (2, 7)).astype(np.int32),
+       "input_mask": np.array([[1] * 7, [1] * 5 + [0] * 2], bool),
        "labels": rng.integers(2, 64, (2, 5)).astype(np.int32), "label_mask": np.ones((2, 5), bool)}
   f = jax.jit(jax.value_and_grad(lambda q, c: t5.seq2seq_loss(q, c, b)[0]), static_argnums=1)
   loss0, g0 = f(p, T5_CFG)
