@@ -32,6 +32,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       name="prompts", data_dir="", sources=("strategyqa", "quarel", "obqa", "llmbar"), max_tokens=64,
       num_test=500, num_train=2000, split_seed=0, max_prompts=0, label_len=80, lm_batch_size=32, cache_dir="",
       train_used=2000))
+  # label_len: decoder tokens of a label (79 prompt tokens + EOS) and of a decoded prediction. Longer prompts are
+  # cut, as vec2text cuts text at max_seq_length; with the 1,024-token decoder BPE the fidelity review counted 70 of
+  # the 500 test prompts (prepare() counts them: 'labels_cut'), whose full text the metrics still compare against.
   # The sample-inversion baseline: 16 tokens sampled from the target after each prompt (cached), read by a T5 of
   # the same size as the inverter's, trained with the same steps; input_len: its encoder length in decoder tokens.
   c.samples = ml_collections.ConfigDict(dict(new_tokens=16, temperature=1.0, seed=0, batch_size=32, input_len=40))
@@ -78,7 +81,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     elif part == "paper":
       # The official training command, jxmorris12/vec2text@e5022f1 README.md:301 (t5-base, batch 16 per device in one
       # process, max_seq_length 128, lr 2e-4 constant after 100,000 warm-up steps, 100 epochs, bf16) and :306-308
-      # (the Llama-2-7B inverters, trained on the 2.33M prompts of "Two Million Instructions"). The inverter's
+      # (the Llama-2-7B inverters, trained on the 2.33M prompts the paper calls "Two Million Instructions",
+      # published as wentingzhao/one-million-instructions: the loader's 'one_million_instructions'). The inverter's
       # width is T5-base's hidden size (vec2text/models/inversion_from_logits.py:32-52: sequence_weights
       # [S, 768, 768], S = 42 for Llama-2's 32,000 tokens) and its MLP bottleneck the embedder's width
       # (vec2text/models/inversion.py:89-90: 4,096 for Llama-2-7B).
@@ -86,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # mapped onto T5's vocabulary, 64 pseudo-tokens through T5's word embeddings); the library implements the
       # paper's Sec. 4 unrolled projection (InversionFromLogitsModel), here at the official sizes.
       c.target = ml_collections.ConfigDict(dict(name="llama2_7b", path="", seed=0, vocab_size=32000))
-      c.data.update(dict(name="two_million_instructions", data_dir="", max_tokens=128, label_len=128,
+      c.data.update(dict(name="one_million_instructions", data_dir="", max_tokens=128, label_len=128,
                          num_train=2_330_000, train_used=2_330_000, max_prompts=0))
       c.model.update(width=768, bottleneck=4096, d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12,
                      decoder_vocab=32128, dropout_rate=0.0, official_padding=True, name="t5-base")
