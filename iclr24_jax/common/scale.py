@@ -18,7 +18,7 @@ own pure functions at the sizes of the official run script. A `Program` holds
   args            its arguments: a tuple of pytrees of `jax.ShapeDtypeStruct`, each leaf carrying its
                   `NamedSharding` over `mesh` (`abstract(shapes, shardings)` builds them)
   in_shardings / out_shardings / donate_argnums   passed to `jax.jit` (None: taken from args / propagated)
-  params          number of model parameters (all models the step touches, frozen ones included)
+  params          number of model parameters (a LoRA base or a frozen reference copy counted once)
   items_per_step  tokens (or images, samples, ...) per step, with `item` naming the unit
   hand_flops      FLOPs of one step by hand (e.g. 6 x params x tokens + attention), all devices together
   kind            'train' or 'inference'; carry: the first output replaces the first argument on the next

@@ -100,7 +100,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (the library's expected-score mode; greedy parsing reads the same first step).
     c.scale = ml_collections.ConfigDict(dict(
         model="flan-t5-xl", batch_size=256, enc_len=512, num_options=10, param_dtype="float32",
-        paper_hardware="not reported", paper_time="not reported",
+        paper_hardware="1 GPU (utils/common.py:35 device=0)", paper_time="not stated in the official code",
         source="dongyoung-go/CPM@a8565d8 feature_extract/annotate_new.py:22,48-51; utils/common.py:35,41; "
                "feature_extract/annotation.sh:8"))
   if "parse" in parts:

@@ -6,8 +6,8 @@ Run:  python -m experiments.main --config=configs/llmbar.py:tiny --workdir=/tmp/
 Variants (after the colon): '' (SmolLM2-135M-Instruct + Vanilla on all 419 instances, log-probability
 judging, the official token budgets), 'tiny' (fake deterministic judge, 2 instances per subset), 'tiny_smollm2' (SmolLM2, 1 instance per
 subset, 5 new tokens), 'paper' (the paper's judge at its own size, compiled ahead of time by
-`python -m experiments.scale --only llmbar`), or any strategy name: 'vanilla', 'rules', 'rules_metrics', 'rules_reference',
-'rules_metrics_reference', 'cot', 'swap', 'swap_cot', 'rating', 'rating_norules', 'rating_metrics',
+`python -m experiments.scale --only llmbar`), or any strategy name: 'vanilla', 'rules', 'rules_metrics',
+'rules_reference', 'rules_metrics_reference', 'cot', 'swap', 'swap_cot', 'rating', 'rating_norules', 'rating_metrics',
 'rating_reference', 'rating_metrics_reference'. Generations are cached in <workdir>/generations.jsonl, so a run
 resumes after an interruption.
 """
@@ -91,7 +91,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # prompt at a time); the Vanilla prompts of the 419 instances run to ~1,300 SmolLM2 tokens, ~97% under 1,024.
     c.scale = ml_collections.ConfigDict(dict(
         batch_size=8, seq_len=1024, num_options=2, param_dtype="bfloat16",
-        paper_hardware="not reported (GPT-4 through the API; Llama-2-70B on local GPUs)", paper_time="not reported",
+        paper_hardware="GPT-4 through the API; Llama-2-70B split over the local GPUs (device_map auto)",
+        paper_time="not stated in the official code",
         source="princeton-nlp/LLMBar@900616b LLMEvaluator/evaluators/config/LLaMA2/Vanilla.json:4-6, "
                "LLMEvaluator/evaluate.py:120"))
   return c

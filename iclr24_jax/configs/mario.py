@@ -113,7 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # more short decoder pass); `quark_loss` computes it for the decoder-only policy only.
     c.scale = ml_collections.ConfigDict(dict(
         batch_size=64, enc_len=64, num_codes=4, param_dtype="float32",
-        paper_hardware="not reported", paper_time="not reported",
+        paper_hardware="not stated in the official code", paper_time="not stated in the official code",
         source="INK-USC/RationaleMultiRewardDistillation@8f9ff58 mario/main_n_new.py:797,960,962; "
                "mario/arguments.py:45,50,53,60,97,99,101,103,107,126,128"))
   if "tiny" in parts:

@@ -103,7 +103,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.scale = ml_collections.ConfigDict(dict(
         model="llama2_70b", batch_size=8, seq_len=512, num_options=2, param_dtype="bfloat16",
         paper_hardware="8 GPUs, tensor parallel (annotate_pairs_dataset.py:32, rlaif/llms.py:29)",
-        paper_time="not reported",
+        paper_time="not stated in the official code",
         source="facebookresearch/motif@51b5f47 scripts/annotate_pairs_dataset.py:14,30,32,37; "
                "rlaif/llms.py:29-30,49-50"))
   if "tiny" in parts:

@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from iclr24_jax.common import scale as scale_lib
 from iclr24_jax.lm import llama
 from iclr24_jax.lm import lora as lora_lib
+from iclr24_jax.lm import scoring
 from iclr24_jax.lm import t5
 from iclr24_jax.lm import train as lm_train
 
@@ -287,8 +288,6 @@ def llama_choice_program(name: str, config: llama.LlamaConfig, mesh: Mesh, batch
   Returns:
     common.scale.Program (kind 'inference').
   """
-  from iclr24_jax.lm import scoring
-
   def judge(params, ids, mask, option_ids):
     return jnp.take(scoring.next_token_logprobs(params, config, ids, mask), option_ids, axis=-1)
 
