@@ -89,6 +89,7 @@ def analyse_papers(slugs: list[str], mesh_shape: tuple[int, int] | None, run: bo
         row["measured_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     row["paper"] = slug
     row["source"] = str(config.scale.get("source", ""))
+    row["host_load"] = round(os.getloadavg()[0], 1)  # compile_s depends on how busy the machine was
     rows.append(row)
     print(f"--- {slug} on {row['mesh']}: {row.get('compile_s', '?')} s compile, "
           f"peak {scale.gb(row.get('peak_bytes'))} GB/device ({time.time() - t0:.0f} s)", flush=True)
@@ -122,6 +123,14 @@ def _fmt(v, kind: str) -> str:
   return str(v)
 
 
+def _cpu_note(rows_by_paper: dict[str, list[dict]]) -> str:
+  loads = [r["host_load"] for rows in rows_by_paper.values() for r in rows if r.get("host_load") is not None]
+  cpus = os.cpu_count()
+  if not loads:
+    return f"{cpus} CPU cores"
+  return f"{cpus} CPU cores at a 1-minute load average of {min(loads):g}-{max(loads):g}"
+
+
 def write_markdown(rows_by_paper: dict[str, list[dict]], skipped: dict[str, str], path: str) -> str:
   """results/SCALE.md: one table over every paper's rows, then each paper's program, sources and notes."""
   import jax
@@ -145,7 +154,8 @@ def write_markdown(rows_by_paper: dict[str, list[dict]], skipped: dict[str, str]
       "* Step time is a roofline lower bound per device: max(FLOPs / peak, bytes / bandwidth) with 989 TFLOP/s "
       "and 3.35 TB/s (H100 SXM, bf16 dense) or 197 TFLOP/s and 819 GB/s (TPU v5e); communication is ignored.",
       "* 'measured' is `--run` on a real accelerator (random inputs, 10 steps after one warm-up): "
-      "no accelerator was available when this table was made, so it says 'not run'.", "",
+      "no accelerator was available when this table was made, so it says 'not run'.",
+      f"* compile s is wall time on the machine that made the table ({_cpu_note(rows_by_paper)}).", "",
       "| paper | program | params | devices | mesh | param GB | arg GB | temp GB | out GB | peak GB | "
       "TFLOP (XLA) | TFLOP (hand) | bytes GB | compile s | H100 s/step | v5e s/step | fits 80 GB | fits 16 GB | "
       "measured steps/s | paper's hardware / time |",
