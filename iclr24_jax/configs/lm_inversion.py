@@ -100,6 +100,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                                    warmup_steps=100_000, weight_decay=0.0))
       c.batch_size = 16
       c.num_steps = 100 * (2_330_000 // 16)          # 100 epochs of 145,625 steps
+      c.checkpoint_every = 0   # by wall time only (checkpoint_every_secs): every 100 steps would save ~145k times
       c.seeds = (0,)
       c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
       # What experiments.scale compiles: one inverter step on precomputed distributions (the official
