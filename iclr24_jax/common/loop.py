@@ -500,6 +500,11 @@ class RunLog:
       self.prog.update(int(step), loss if isinstance(loss, (int, float)) else None)
     return out
 
+  def close(self) -> None:
+    """Closes the TensorBoard event file of the writer (metrics.jsonl needs nothing)."""
+    if self.writer is not None:
+      self.writer.close()
+
 
 class StepRunner:
   """One compiled step, or a `lax.scan` chunk of K steps, over the mesh: `runner(state, batches, step, last, key)`.
@@ -834,6 +839,7 @@ def train_loop(*, init_fn: Callable[[jax.Array], Any], train_step: TrainStep, ba
   if workdir is not None:
     hook = CheckpointHook(f"{workdir}/checkpoints", every_steps=checkpoint_every, every_secs=checkpoint_every_secs,
                           max_to_keep=max_to_keep, config=config)
+  log = None
   try:
     with jax.set_mesh(mesh):
       if hook is not None:
@@ -850,6 +856,8 @@ def train_loop(*, init_fn: Callable[[jax.Array], Any], train_step: TrainStep, ba
                            stop_at=stop_at, log=log, log_every=log_every,
                            evals=EvalHook(eval_fn, eval_every, num_steps), keep=keep, hook=hook)
   finally:
+    if log is not None:
+      log.close()
     if hook is not None:
       hook.close()
   best = keep is not None and keep.params is not None

@@ -29,19 +29,40 @@ def to_python(tree: Any) -> Any:
 
 
 class MetricWriter:
-  """Appends one JSON object per logged step to `workdir/metrics.jsonl` (process 0 writes; the others no-op).
+  """Appends one JSON object per logged step to `workdir/metrics.jsonl` (process 0 writes; the others no-op), and
+  the same scalars to TensorBoard event files in `workdir/tensorboard/` (`tensorboard --logdir runs/`).
 
   On resume (`resume_step` given) rows logged after that step by the interrupted run are dropped, so
-  the file reads as one uninterrupted run; a fresh start (`resume_step` None) replaces the file. Build it with
-  `open_writer` (the one place that decides between the two).
+  the file reads as one uninterrupted run (TensorBoard hides them through its purge step); a fresh start
+  (`resume_step` None) replaces the file and the event files. Build it with `open_writer` (the one place that
+  decides between the two).
+
+  Args:
+    workdir: the run's folder.
+    resume_step: the step a resumed run continues from; None for a fresh run.
+    filename: the JSON-lines file; a name other than metrics.jsonl gets its own TensorBoard folder
+      (`tensorboard/<name without .jsonl>`).
+    tensorboard: also write event files (needs tensorboardX, a core dependency).
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None, filename: str = "metrics.jsonl"):
+  def __init__(self, workdir: str, resume_step: int | None = None, filename: str = "metrics.jsonl",
+               tensorboard: bool = True):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, filename)
     self.enabled = jax.process_index() == 0
+    self.tensorboard = None
     if not self.enabled:
       return
+    if tensorboard:
+      from iclr24_jax.common import tensorboard as tb_lib
+      stem = os.path.splitext(filename)[0]
+      logdir = os.path.join(workdir, "tensorboard", *(() if filename == "metrics.jsonl" else (stem,)))
+      if resume_step is None and os.path.isdir(logdir):
+        for old in os.listdir(logdir):
+          if old.startswith("events.out.tfevents."):
+            os.remove(os.path.join(logdir, old))
+      self.tensorboard = tb_lib.TensorBoardWriter(
+          logdir, purge_step=None if resume_step is None else int(resume_step) + 1)
     if resume_step is not None and os.path.exists(self.path):
       rows = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= resume_step]
       tmp = self.path + ".tmp"
@@ -63,6 +84,14 @@ class MetricWriter:
     if self.enabled:
       with open(self.path, "a") as f:
         f.write(json.dumps(row) + "\n")
+      if self.tensorboard is not None:
+        self.tensorboard.write_scalars(int(step), {k: v for k, v in row.items() if k != "step"})
+
+  def close(self) -> None:
+    """Closes the TensorBoard event file (the JSON-lines file is closed after every row)."""
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+      self.tensorboard = None
 
 
 def open_writer(workdir: str | None, start_step: int = 0, filename: str = "metrics.jsonl") -> MetricWriter | None:

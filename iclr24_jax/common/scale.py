@@ -2,7 +2,7 @@
 
 `jax.jit(fn).lower(*abstract_args).compile()` on `jax.ShapeDtypeStruct` inputs that carry shardings allocates
 nothing, so a CPU can say whether a Llama-2-7B finetuning step compiles over 8 or 64 devices, how many bytes each
-device holds, and how many FLOPs a step costs. `experiments/scale.py` runs this for every paper and writes
+device holds, and how many FLOPs a step costs. `iclr24 scale` (`iclr24_jax/launch/scale.py`) runs this for every paper and writes
 `results/SCALE.md` and `results/scale/<slug>.json`.
 
 The interface a paper implements (in `iclr24_jax/papers/<slug>/study.py`):

@@ -3,26 +3,24 @@
   iclr24 run --config=pmp:tiny --workdir=runs/pmp      # iclr24_jax.launch.run (absl flags)
   iclr24 reproduce --only pmp,cdgm                     # iclr24_jax.launch.reproduce
   iclr24 benchmark --only classify                     # iclr24_jax.launch.benchmark
-  iclr24 scale ...                                     # experiments/scale.py, from a checkout
+  iclr24 scale --only mdm                              # iclr24_jax.launch.scale (paper sizes, compiled AOT)
 
-From a checkout `python -m experiments.main | reproduce | benchmark` are the same commands; `python -m
+From a checkout `python -m experiments.main | reproduce | benchmark | scale` are the same commands; `python -m
 iclr24_jax.launch <command> ...` works wherever the library is installed. The library API is `launch.run.run`.
 """
 from __future__ import annotations
 
 import importlib
-import importlib.util
-import runpy
 import sys
 from typing import Sequence
 
 COMMANDS = {"run": "iclr24_jax.launch.run", "reproduce": "iclr24_jax.launch.reproduce",
-            "benchmark": "iclr24_jax.launch.benchmark", "scale": "experiments.scale"}
+            "benchmark": "iclr24_jax.launch.benchmark", "scale": "iclr24_jax.launch.scale"}
 USAGE = ("usage: iclr24 {run,reproduce,benchmark,scale} [flags]\n"
          "  run        one experiment in one workdir: iclr24 run --config=<slug>[:variant] --workdir=<dir>\n"
          "  reproduce  the small reproductions -> results/REPRODUCTION.md (--only a,b; --fast)\n"
          "  benchmark  compiled-step timings -> results/BENCHMARK.md (--only a,b)\n"
-         "  scale      paper-size configs compiled on abstract inputs (experiments/scale.py; a checkout only)\n"
+         "  scale      paper-size configs compiled on abstract inputs -> results/SCALE.md (--only a,b)\n"
          "'iclr24 <command> --help' shows the command's flags.")
 
 
@@ -48,19 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   if command == "run":
     from iclr24_jax.launch import run
     return run.main([prog] + rest)
-  if command in ("reproduce", "benchmark"):
+  try:
     return int(importlib.import_module(name).main(rest) or 0)
-  try:
-    found = importlib.util.find_spec(name) is not None
-  except ModuleNotFoundError:
-    found = False
-  if not found:
-    print(f"iclr24: '{command}' runs {name.replace('.', '/')}.py, which is not importable here: run it from a "
-          "checkout of the repository (its root on the path).", file=sys.stderr)
-    return 2
-  sys.argv = [prog] + rest
-  try:
-    runpy.run_module(name, run_name="__main__", alter_sys=True)
   except SystemExit as e:
     return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-  return 0

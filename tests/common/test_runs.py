@@ -11,11 +11,13 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 
 from iclr24_jax.common import checkpoint as ckpt_lib
 from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
+from iclr24_jax.common import tensorboard
 from iclr24_jax.launch import run as launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -115,6 +117,12 @@ def test_sigterm_then_resume_equals_uninterrupted(slug, uninterrupted, tmp_path)
   assert _comparable(resumed.results) == _comparable(full)
   assert _rows(wd) == full_rows   # metrics.jsonl reads as one uninterrupted run: no duplicated or missing rows
   assert ckpt_lib.is_finished(wd)
+  # TensorBoard's event files hold the same scalars as metrics.jsonl, also across the kill and resume
+  events = tensorboard.read_scalars(os.path.join(wd, "tensorboard"))
+  logged = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
+  loss = [(r["step"], r["train/loss"]) for r in logged if "train/loss" in r]
+  assert loss and [s for s, _ in events["train/loss"]] == [s for s, _ in loss]
+  np.testing.assert_allclose([v for _, v in events["train/loss"]], [v for _, v in loss], rtol=1e-6)  # float32
 
 
 @pytest.mark.parametrize("slug", ["pmp", "classify"])
