@@ -187,6 +187,9 @@ def convert_params(params: Params, weight_format: str, group_size: int = DEFAULT
   _check_format(weight_format)
   if weight_format == "float32":
     return params
+  if not isinstance(params["layers"], list):
+    raise ValueError("convert_params expects the list layer form; call llama.unstack_layers(params) first "
+                     "(the stacked form serves training and scoring, compact formats serve decoding).")
   if "embed" not in params or any(is_compact(v) or (isinstance(v, dict) and "qkernel" in v)
                                   for layer in params["layers"] for v in layer.values()):
     raise ValueError("convert_params expects float parameters (an 'embed' table and float kernels); these "
@@ -216,7 +219,8 @@ def weight_format(params: Params) -> str:
   Returns:
     The format name of its first layer's kernels.
   """
-  layer = params["layers"][0]
+  layers = params["layers"]
+  layer = layers[0] if isinstance(layers, list) else layers
   for v in layer.values():
     if isinstance(v, dict):
       if "kernel_int8" in v:
@@ -289,6 +293,8 @@ def bind_to_step(params: Params, step: jax.Array) -> Params:
   Returns:
     A pytree with the same values (exactly: the factor is 1.0) and structure.
   """
+  if not isinstance(params["layers"], list):
+    return params  # the stacked (scanned) form: float only (convert_params refuses it)
   zero = (step < 0)
 
   def codes(q):
