@@ -89,9 +89,16 @@ def quantize_groups(w_t: jax.Array, group_size: int = DEFAULT_GROUP_SIZE, affine
 
 def dequantize_groups(q: jax.Array, scale: jax.Array, minimum: jax.Array | None = None,
                       dtype=jnp.float32) -> jax.Array:
-  """q [R, C], scale [R, G] (, minimum [R, G]) -> q * scale (+ minimum) [R, C] in `dtype`.
+  """Widens 8-bit codes back to weights: q * scale (+ minimum), each scale covering C // G columns.
 
-  Each scale covers C // G consecutive columns.
+  Args:
+    q: [R, C] int8 or uint8 codes.
+    scale: [R, G] float scales.
+    minimum: [R, G] float minimums (affine codes) or None (symmetric).
+    dtype: output dtype.
+
+  Returns:
+    [R, C] weights in `dtype`.
   """
   r, c = q.shape
   g = scale.shape[-1]
@@ -148,7 +155,14 @@ def matmul_t(x: jax.Array, p: dict) -> jax.Array:
 
 
 def is_compact(p: Any) -> bool:
-  """Whether a dense dict holds a `convert_params` kernel (bfloat16 or int8)."""
+  """Whether a dense dict holds a `convert_params` kernel (bfloat16 or int8).
+
+  Args:
+    p: any pytree node.
+
+  Returns:
+    bool.
+  """
   return isinstance(p, dict) and ("kernel_bf16" in p or "kernel_int8" in p)
 
 
@@ -235,7 +249,15 @@ def weight_format(params: Params) -> str:
 
 
 def embed_lookup(params: Params, ids: jax.Array) -> jax.Array | None:
-  """Rows of a converted embedding table as float32 [..., D], or None when the table is not converted."""
+  """Rows of a converted embedding table.
+
+  Args:
+    params: a `llama` pytree.
+    ids: [...] int token ids.
+
+  Returns:
+    [..., D] float32 rows, or None when the table is not converted.
+  """
   if "embed_int8" in params:
     q = jnp.take(params["embed_int8"], ids, axis=0)                 # [..., D]
     s = jnp.take(params["embed_scale_int8"], ids, axis=0)           # [..., G]
@@ -248,7 +270,15 @@ def embed_lookup(params: Params, ids: jax.Array) -> jax.Array | None:
 
 
 def head_logits(params: Params, hidden: jax.Array) -> jax.Array | None:
-  """Tied-head logits hidden [..., D] -> [..., V] from a converted table, or None when not converted."""
+  """Tied-head logits from a converted table.
+
+  Args:
+    params: a `llama` pytree.
+    hidden: [..., D] final normed hidden states.
+
+  Returns:
+    [..., V] float32 logits, or None when the table is not converted.
+  """
   if "embed_int8" in params:
     return matmul_t(hidden, {"kernel_int8": params["embed_int8"], "scale_int8": params["embed_scale_int8"]})
   if "embed_bf16" in params:
