@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib
 import functools
 import os
 import pathlib
@@ -434,7 +435,7 @@ class LlamaCppBatch:
 def _llamacpp_or_reason() -> str | None:
   """None when llama-cpp-python imports and finds the GGUF, else why not."""
   try:
-    import llama_cpp  # noqa: F401
+    importlib.import_module("llama_cpp")
   except Exception as e:  # ImportError, or the shared library failing to load
     return (f"llama-cpp-python does not import ({type(e).__name__}: {str(e)[:160]}); install the 'bench' extra "
             "(pip install llama-cpp-python; it compiles llama.cpp from source)")
@@ -525,7 +526,6 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
     mask = np.ones_like(prompts, bool)
     lc = LlamaCppBatch(gguf, b, prompt_len + new_tokens, threads)
     lc_tokens = lc.greedy(prompts, new_tokens)[0]
-    first = {"n": [], "lc": []}
     fns = {}
     for fmt in formats:
       p = quant.convert_params(fused, fmt)
@@ -541,7 +541,7 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
       for (fmt, count), (f, p) in fns.items():
         t[fmt, count].append(_timed(lambda f=f, p=p: f(p, prompt_ids=prompts, prompt_mask=mask,
                                                          key=jax.random.key(0)).tokens)[1])
-      _, pre, dec = lc.greedy(prompts, new_tokens)
+      dec = lc.greedy(prompts, new_tokens)[2]
       lc_steps.append(dec)
     lc.close()
     lc_tps = b * (new_tokens - 1) / float(np.median(lc_steps))
