@@ -88,12 +88,50 @@ def _per_seed(scores: dict) -> dict[str, np.ndarray]:
   return {k: v.mean(axis=1) for k, v in scores.items()}
 
 
+def score_rows(per: dict[str, np.ndarray], env_name: str, protocol: str, headline: str, common: str,
+               plot: str) -> list[dict]:
+  """The judged score rows of one maze (`COMPARISONS`, paired by seed), the random policy's score beside each.
+
+  Args:
+    per: {method: [S] per-seed mean normalised score} (methods absent from it are skipped).
+    env_name: the maze, e.g. 'maze/medium' (the rows' experiment prefix).
+    protocol: the config's eval.protocol (named in the metric).
+    headline: the paper's side of the LDCQ-vs-BC row (the maze's Table 2 figures).
+    common: the settings every row's notes end with.
+    plot: the score plot's path.
+
+  Returns:
+    list of row dicts: claims (basis quoted) and the check LDCQ vs random.
+  """
+  rows = []
+  floor = ""
+  if "random" in per:
+    floor = f"random policy {stats.fmt_mean_se(*stats.mean_se(per['random']))}"
+  short = lambda m: METHODS[m].split(" (")[0]  # noqa: E731
+  arms = "; ".join(f"{short(k)} {stats.fmt_mean_se(*stats.mean_se(v))}" for k, v in per.items())
+  for a_name, b_name, kind, basis, isolates, paper_side in COMPARISONS:
+    if a_name not in per or b_name not in per:
+      continue
+    row = stats.compare_row(
+        paper="ldcq", experiment=f"{env_name}: {short(a_name)} vs {short(b_name)}",
+        metric=f"normalised score (rl.offline references) of the '{protocol}' protocol, mean of the episodes per seed",
+        a=per[a_name], b=per[b_name], name_a=short(a_name), name_b=short(b_name),
+        paper_value=paper_side or headline, direction="greater", paired=True, kind=kind, basis=basis,
+        notes=f"isolates {isolates}; every arm (mean +- se over seeds): {arms}; {common}", plots=[plot])
+    if floor and "random" not in (a_name, b_name):
+      row["ours"] += f"; {floor}"
+    rows.append(row)
+  return rows
+
+
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """(a) Held-out latent fit: sliced W2 from prior samples to the encoder's posterior means at held-out s_0, diffusion
-  prior vs the Gaussian VAE prior (the in-support mechanism); (b) maze/medium: normalised score (config eval.protocol, the
-  official maze2d one by default) of LDCQ vs the VAE prior + Q, the diffusion prior without Q (what Q adds), latent
-  BC and BC (5 seeds x 20 episodes, paired by seed); (c) maze/umaze (3 seeds) as the
-  short-horizon control. Every comparison is judged with `common.stats` (2 standard errors over seeds).
+  prior vs the Gaussian VAE prior (the in-support mechanism); (b) maze/medium: normalised score (config eval.protocol,
+  the official maze2d one by default) judged one step at a time (`COMPARISONS`): LDCQ vs BC, LDCQ vs the VAE prior + Q
+  (what the diffusion prior adds under Q), the diffusion prior without Q vs latent BC (what the prior adds alone),
+  LDCQ vs the diffusion prior without Q (what Q adds), and the check LDCQ vs the uniform random policy, whose score
+  stands beside every row (5 seeds x 20 episodes, paired by seed and episode start); (c) maze/umaze (3 seeds) as
+  the short-horizon control. Every comparison is judged with `common.stats` (2 standard errors over seeds).
 
   Args:
     workdir: output folder (created).
@@ -129,25 +167,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
              "BC 30.3; 150.1 is the paper's maze2d-large figure)" if layout == "medium" else
              "umaze (short horizon) is the control: the paper's gap is smallest there (maze2d-umaze LDCQ 134.2 vs "
              "BC 3.8)")
-    floor = ""
-    if "random" in per:
-      m_r, se_r = stats.mean_se(per["random"])
-      floor = f"random policy {stats.fmt_mean_se(m_r, se_r)}"
-    arms = "; ".join(f"{METHODS[k].split(' (')[0]} {stats.fmt_mean_se(*stats.mean_se(v))}" for k, v in per.items())
-    for a_name, b_name, kind, basis, isolates, paper_side in COMPARISONS:
-      if a_name not in per or b_name not in per:
-        continue
-      row = stats.compare_row(
-          paper="ldcq", experiment=f"{name}: {METHODS[a_name].split(' (')[0]} vs {METHODS[b_name].split(' (')[0]}",
-          metric=f"normalised score (rl.offline references) of the '{c.eval.protocol}' protocol, mean of the "
-                 "episodes per seed", a=per[a_name], b=per[b_name], name_a=METHODS[a_name].split(" (")[0],
-          name_b=METHODS[b_name].split(" (")[0],
-          paper_value=paper_side or claim,
-          direction="greater", paired=True, kind=kind, basis=basis,
-          notes=f"isolates {isolates}; every arm (mean +- se over seeds): {arms}; {common}", plots=[plot])
-      if floor and "random" not in (a_name, b_name):
-        row["ours"] += f"; {floor}"
-      rows.append(row)
+    rows += score_rows(per, name, str(c.eval.protocol), claim, common, plot)
     if "bc" in per and "ldcq" in per:
       diffs[layout] = per["ldcq"] - per["bc"]
     if "sw" in res:
