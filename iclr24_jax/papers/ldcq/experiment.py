@@ -326,7 +326,7 @@ def plot_scores(path: str, scores: dict, title: str) -> str:
   Returns:
     path.
   """
-  fig, axes = metrics.new_figure(size=(5.2, 3.2))
+  fig, axes = metrics.new_figure(size=(6.4, 3.4))
   ax = axes[0, 0]
   names = list(scores)
   per_seed = [scores[n].mean(axis=1) for n in names]
@@ -336,7 +336,7 @@ def plot_scores(path: str, scores: dict, title: str) -> str:
   for i, p in enumerate(per_seed):
     ax.scatter(np.full(len(p), i), p, color="k", s=8, zorder=3)
   ax.set_xticks(range(len(names)))
-  ax.set_xticklabels([METHODS[n].split(" (")[0] for n in names], fontsize=8)
+  ax.set_xticklabels([METHODS[n].split(" (")[0] for n in names], fontsize=8, rotation=20, ha="right")
   ax.set_ylabel("normalised score (mean over episodes)")
   ax.set_title(title, fontsize=9)
   return metrics.save_figure(fig, path)

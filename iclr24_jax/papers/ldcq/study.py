@@ -154,7 +154,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     results[layout] = {"per_seed_scores": {k: v.tolist() for k, v in per.items()},
                        "sw": {k: v.tolist() for k, v in res.get("sw", {}).items()}, "seconds": res["seconds"]}
     plot = plot_scores(os.path.join(workdir, f"scores_{layout}.png"), res["scores"],
-                        f"{name}: normalised return ({c.num_seeds} seeds x {c.eval.num_episodes} episodes)")
+                        f"{name}: normalised score, '{c.eval.protocol}' protocol ({c.num_seeds} seeds x "
+                        f"{c.eval.num_episodes} episodes)")
     stage = ", ".join(f"{k} {v:.0f}" for k, v in res["seconds"].items())
     common = (f"{c.num_seeds} seeds x {c.eval.num_episodes} episodes ({c.data.kind} data, {c.data.num_transitions} "
               f"transitions, goal relabelled to 'G'); H={c.horizon}, z={c.model.z_dim}, VAE {c.vae.num_steps} steps, "
