@@ -31,6 +31,17 @@ BETTER = ("'better or comparable results than leading zero-shot diffusion poster
           "inpainting, super-resolution, and motion deblur' (abstract; Tables 1-2)")
 BEYOND = "beyond the paper: verifies our telescoping-weight correction, not a paper statement"
 
+# Headline claims of the abstract that no row tests at the paper's scale (experiments/reproduce.py tables them).
+NOT_RUN = [
+    stats.not_run_row(
+        paper="fps", experiment="FFHQ / ImageNet 256x256 inverse problems against DPS and the paper's baselines",
+        metric="LPIPS / PSNR / FID at 1000 steps (paper Tables 1-2)", paper_value="Tables 1-2",
+        basis=BETTER, reason=("the image rows are a proxy: 16x16 digits, a small MLP prior, 250 steps; no pretrained "
+                              "256x256 ADM checkpoints or LPIPS / FID networks here, and `experiment.run` does not "
+                              "sample on the ffhq / imagenet folders `fps.data.load` reads yet"),
+        variant="configs/fps.py:official with data.name='ffhq' (or 'imagenet') and a pretrained 256x256 prior"),
+]
+
 
 def range_verdict(values, lo: float = CRITERION[0], hi: float = CRITERION[1], z: float = 2.0) -> str:
   """'yes' if mean +- z se of the per-seed values lies inside [lo, hi], 'no' if entirely outside, else

@@ -64,7 +64,8 @@ NOT_RUN = [
         paper="ldcq", experiment="D4RL maze2d / antmaze / kitchen / locomotion against the paper's baselines",
         metric="D4RL normalised return", paper_value="Table 2 (e.g. maze2d-large 150.1)",
         basis=BASIS, reason=("the rows run the library's own maze analogue (own dynamics and layouts) against BC, "
-                             "latent BC and VAE prior + Q; no D4RL files or CQL / IQL / Diffuser baselines here"),
+                             "latent BC, VAE prior + Q, the diffusion prior without Q and the random policy; no D4RL "
+                             "files or CQL / IQL / Diffuser baselines here"),
         variant="configs/ldcq.py with data.path set to a D4RL HDF5 file, and the paper's baselines beside it"),
 ]
 
