@@ -43,11 +43,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3, max_grad_norm=0.5))
   c.rewards = ("plausibility", "diversity", "consistency")   # quantile-binned; task accuracy is the 4th code
   c.num_bins = 5                 # official n_extra_tokens 5
-  c.kl_coef = 0.1                # the beta (official argument default 0.05)
-  c.entropy_coef = 0.05          # official default
-  c.temperature = 1.0            # official sampling: top-p 0.9 at temperature 1
-  c.top_p = 0.9
-  c.eval_temperature = 1.0       # evaluation samples like training (one compiled sampler); 0 = greedy
+  # The official run command (README of INK-USC/RationaleMultiRewardDistillation, main_n_new.py): --kl_coef=0.1
+  # --entropy_coef=0.0 --top_p=0.7 (the argparse defaults 0.05 / 0.05 / 0.9 are not what it runs), sampling at
+  # temperature 1; the live evaluation decodes greedily (eval_test, do_sample=False).
+  c.kl_coef = 0.1
+  c.entropy_coef = 0.0
+  c.temperature = 1.0
+  c.top_p = 0.7
+  c.eval_temperature = 0.0       # 0 = greedy (official); > 0 samples with top_p
   c.expert_rollouts = True       # silver rationales join the pool (official ReferenceDataPool)
   c.sft_steps = 10
   c.quark_rounds = 1

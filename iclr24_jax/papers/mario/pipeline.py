@@ -323,8 +323,9 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   """SFT, then config.quark_rounds rounds of (sample -> score -> pool -> re-bin -> Quark steps).
 
   Official (main_n_new.py): the first round samples from the reference policy (the SFT model, no codes), later
-  rounds from the policy conditioned on the best codes; top-p 0.9 at temperature 1; only responses containing
-  "So the answer is" enter the pool; the silver rationales join the pool as expert rollouts.
+  rounds from the policy conditioned on the best codes; top-p config.top_p (the official run: 0.7) at
+  config.temperature (1); only responses containing "So the answer is" enter the pool; the silver rationales
+  join the pool as expert rollouts.
 
   Args:
     config: a configs/mario.py ConfigDict.
@@ -394,7 +395,8 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
 
 def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Mapping[str, int] | None,
              key: jax.Array | None = None) -> dict[str, Any]:
-  """Responses to `items` (top-p sampling as in training, config.eval_temperature / top_p) and per-item rewards.
+  """Responses to `items` and per-item rewards: greedy decoding when config.eval_temperature is 0 (the official
+  live evaluation, main_n_new.py `eval_test`), else top-p sampling at that temperature.
 
   Args:
     models: the loaded models.
@@ -402,7 +404,7 @@ def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Ma
     state: TrainState of the policy (`train_mario` output 'sft' or 'mario').
     items: N MaRio items (question, answer).
     bins: {reward: bin} codes for every row (e.g. models.codes.best()), or None (no codes: SFT).
-    key: PRNG key; None = key(config.seed + 1000).
+    key: PRNG key of the sampler (unused when greedy); None = key(config.seed + 1000).
 
   Returns:
     {'responses': [N] str, 'valid': [N] bool, name: [N] float for every reward and 'accuracy'}.
@@ -417,7 +419,11 @@ def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Ma
 
 
 def score_silver(models: Models, config: Any, items: Sequence[dict]) -> dict[str, np.ndarray]:
-  """The silver (GPT-3) rationales' rewards: the reference row.
+  """The rewards of the items' own rationales (the data set's 'rationale' field): the reference row.
+
+  StrategyQA's train split holds GPT-3's silver rationales (the SFT targets), but its test split holds the
+  human-written facts of StrategyQA (the official raw/test.jsonl; GPT-3's test rationales are a separate file,
+  gpt3/test_gpt3_responses.jsonl, not in the shared data): on test items this scores the human facts.
 
   Args:
     models: the loaded models.
