@@ -52,6 +52,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.top_p = 0.7
   c.eval_temperature = 0.0       # 0 = greedy (official); > 0 samples with top_p
   c.expert_rollouts = True       # silver rationales join the pool (official ReferenceDataPool)
+  # A budget-matched SFT baseline (ours, issue 41): '' off; 'pool' continues SFT for the Quark steps on the rows
+  # each Quark round trains on (without codes); 'silver' on the silver rationales of the training questions.
+  c.sft_matched = ""
   c.sft_steps = 10
   c.quark_rounds = 1
   c.samples_per_round = 32
@@ -77,6 +80,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if "seeds" in parts or "full" in parts:
     # SFT 20 steps, 2 Quark rounds (the issue's budget), 16 / 32 Quark steps per round, 3 seeds.
     c.num_seeds = 3
+    c.sft_matched = "pool"
     c.sft_steps = 20
     c.quark_rounds = 2
     c.samples_per_round = 150 if "seeds" in parts else 256

@@ -113,7 +113,8 @@ class HostPPO:
   Args:
     config: a PPO config (ppo.default_config() layout): ppo.{rollout_steps, update_epochs, num_minibatches,
       gamma, gae_lambda, clip_eps, value_clip_eps, ent_coef, vf_coef, normalize_advantages, reward_scale,
-      reward_clip (optional, 0 = none)}, optimizer, num_steps (= updates, for the learning-rate schedule). ppo.num_envs is taken from `env`.
+      reward_clip (optional, 0 = none)}, optimizer, num_steps (= updates, for the learning-rate schedule).
+      ppo.num_envs is taken from `env`.
     env: the vectorised host environment.
     model: Flax module obs -> (Categorical, value).
     reward_hook: optional batch -> rewards [T, N] (numpy), applied before GAE to the batch whose 'reward' is

@@ -313,6 +313,7 @@ def test_kl_hand_computed_on_tiny_distributions(params, tok):
   lp, _, w = f(params, {k: coded[k] for k in ("ids", "mask", "loss_mask")})
   lr, _, _ = f(ref_params, {"ids": coded["ids"], "mask": coded["mask"] & ~coded["code_mask"],
                             "loss_mask": coded["loss_mask"]})
+
   def log_softmax(x):
     x = np.asarray(x, np.float64)
     x = x - x.max(-1, keepdims=True)
@@ -386,15 +387,33 @@ def test_tiny_experiment_smoke(tmp_path):
   from iclr24_jax.configs import mario as cfg_mod
   from iclr24_jax.papers.mario import experiment
   cfg = cfg_mod.get_config("tiny")
+  cfg.sft_matched = "pool"                                  # the budget-matched SFT arm trains beside MaRio
   res = experiment.run(cfg, str(tmp_path))
-  for arm in ("sft", "mario", "mario_worst"):
+  for arm in ("sft", "mario", "mario_worst", "sft_matched"):
     for n in ("plausibility", "diversity", "consistency", "accuracy"):
       assert np.isfinite(res[arm][n])
   assert res["pool_size"] >= cfg.samples_per_round  # at least the silver rationales
   with open(os.path.join(tmp_path, "results.json")) as f:
     assert json.load(f)["num_eval"] == cfg.data.num_eval
   rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
-  assert {r["stage"] for r in rows} == {"sft", "quark0"}
+  assert {r["stage"] for r in rows} == {"sft", "quark0", "sft_matched0"}
+  # the matched arm takes as many steps as the Quark round: its logged steps mirror quark0's
+  assert [r["step"] for r in rows if r["stage"] == "sft_matched0"] == [r["step"] for r in rows
+                                                                      if r["stage"] == "quark0"]
+  cfg.sft_matched = "later"
+  with pytest.raises(ValueError, match="sft_matched"):
+    experiment.run(cfg, str(tmp_path / "bad"))
+
+
+def test_valid_accuracy_and_majority_baseline():
+  from iclr24_jax.papers.mario import study
+  # 5 responses, 4 valid; correct among the valid: 1, 0, 1, 1 -> 3 / 4 = 0.75 (the invalid one cannot be right)
+  acc, ok = [1.0, 0.0, 1.0, 0.0, 1.0], [True, True, True, False, True]
+  assert study._valid_accuracy(acc, ok) == (0.75, 4)
+  items = [{"answer": a} for a in ("no", "yes", "no", "No", "yes")]     # 'no' 3 of 5 (case-insensitive)
+  assert study._majority_baseline(items) == ("no", 0.6)
+  note = study._accuracy_note({"SFT": (acc, ok)}, items)
+  assert "SFT 0.750 on 4/5 valid" in note and "always 'no'): 0.600" in note
 
 
 @pytest.mark.slow
@@ -405,6 +424,8 @@ def test_study_rows_on_the_tiny_model(tmp_path):
   for r in rows[:8]:   # one seed: measurements, the bootstrap's word in the notes, never 'no' without a reference
     assert r["holds"] is None and "mario_seeds" in r["notes"] and "'no'" not in r["notes"]
   assert all(r["holds"] is None for r in rows[8:])
+  for r in rows[:8]:   # beside every accuracy row: accuracy on valid responses and the majority baseline
+    assert ("majority baseline" in r["notes"]) == r["metric"].startswith("accuracy")
 
 
 @pytest.mark.slow
@@ -412,11 +433,14 @@ def test_seeded_study_on_the_tiny_model(tmp_path):
   """reproduce_seeds: 3 training seeds on one test subset, every comparison judged on per-seed means."""
   from iclr24_jax.papers.mario import study
   rows = study.reproduce_seeds(str(tmp_path), fast=True)
-  assert len(rows) == 12 and os.path.exists(rows[0]["plots"][0])
-  for r in rows[:8]:
+  # (a) 4 + (b) 4 + budget-matched SFT (the seeds variant's sft_matched='pool') 4 + the reference row 4
+  assert len(rows) == 16 and os.path.exists(rows[0]["plots"][0])
+  for r in rows[:12]:
     assert r["holds"] in ("yes", "inconclusive") and len(r["judgement"]["a"]) == 3
     assert "3 seeds, paired" in r["ours"] and "pooled over seeds" in r["notes"]
-  assert all(r["holds"] is None for r in rows[8:])
+    assert ("majority baseline" in r["notes"]) == r["metric"].startswith("accuracy")
+  assert sum("budget-matched" in r["experiment"] for r in rows) == 4
+  assert all(r["holds"] is None for r in rows[12:])
   with open(os.path.join(tmp_path, "mario_seeds_details.json")) as f:
     details = json.load(f)
   assert [d["seed"] for d in details["seeds"]] == [0, 1, 2]

@@ -101,8 +101,8 @@ def run(config: Any, workdir: str) -> dict:
   Returns:
     {'strategy', 'judge', 'judge_mode', 'subsets': {subset: {'accuracy', 'agreement', 'n', 'ci' [lo, hi],
     'raw_accuracy', 'raw_agreement', 'position_a_rate'} in %}, 'accuracy', 'agreement', 'failure_rate',
-    'position_a_rate', 'mean_position_bias' and 'debiased_ties' (logprob mode), 'num_generations', 'cache_hits', 'seconds',
-    'credit': {subset: per-pair credit list} (for paired comparisons), ...}.
+    'position_a_rate', 'mean_position_bias' and 'debiased_ties' (logprob mode), 'num_generations', 'cache_hits',
+    'seconds', 'credit': {subset: per-pair credit list} (for paired comparisons), ...}.
   """
   os.makedirs(workdir, exist_ok=True)
   data = data_lib.load(config.data.data_dir or None, list(config.data.subsets) or None)

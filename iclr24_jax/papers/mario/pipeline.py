@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -333,10 +334,19 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
     train_items: MaRio items (question, rationale, answer) for SFT and the Quark prompts.
     log: called with one progress line per stage.
 
+  With config.sft_matched = 'pool' (or 'silver') a budget-matched SFT baseline trains beside MaRio: the SFT state
+  continues with the SFT loss for the same steps as the Quark rounds, on the very pool rows each round trains on
+  without their codes ('pool'), or on the silver rationales of the training questions ('silver'); its minibatch
+  stream is its own, so MaRio's run is the same with and without it.
+
   Returns:
     {'sft': SFT state (adapters on the pretrained base), 'mario': Quark state (adapters on the merged SFT
-    model), 'history': [metrics rows], 'pool': DataPool, 'timing': {stage: seconds}}.
+    model), 'sft_matched': the budget-matched SFT state (None when off), 'history': [metrics rows],
+    'pool': DataPool, 'timing': {stage: seconds}}.
   """
+  matched = str(config.get("sft_matched", "") or "")
+  if matched not in ("", "pool", "silver"):
+    raise ValueError(f"config.sft_matched must be '', 'pool' or 'silver', got {matched!r}.")
   rng = np.random.default_rng(int(config.seed))
   key = jax.random.key(int(config.seed))
   key_init, key_sample = jax.random.split(key)
@@ -362,6 +372,9 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   del sft_base
 
   pool = control.DataPool(models.codes)
+  # A copy: the compiled step donates its state, and the SFT arm is still evaluated afterwards.
+  matched_state = jax.tree.map(lambda x: jnp.array(x, copy=True), sft_state) if matched else None
+  matched_rng = np.random.default_rng([int(config.seed), 1])   # its own stream: MaRio's draws are unchanged
   n_samples = int(config.samples_per_round)
   # The expert rollouts: the silver rationales of the sampled questions (scored once).
   for r in range(int(config.quark_rounds)):
@@ -388,9 +401,17 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
     timing[f"round{r}_sample_s"] = t_gen
     timing[f"round{r}_score_s"] = t_score
     timing[f"round{r}_train_s"] = time.perf_counter() - t0 - t_gen - t_score
+    if matched:
+      t1 = time.perf_counter()
+      rows_q, rows_r = ((pool.questions, pool.responses) if matched == "pool" else (questions, silver))
+      matched_state = train_steps(models, config, matched_state, "sft", rows_q, rows_r, None,
+                                  int(config.quark_steps_per_round), matched_rng, history, f"sft_matched{r}")
+      jax.block_until_ready(matched_state.params)
+      timing[f"round{r}_sft_matched_s"] = time.perf_counter() - t1
     log(f"[mario] round {r}: {len(keep)}/{len(qs)} valid samples, pool {len(pool)}; sample {t_gen:.0f}s, "
         f"score {t_score:.0f}s, train {timing[f'round{r}_train_s']:.0f}s")
-  return {"sft": sft_state, "mario": state, "history": history, "pool": pool, "timing": timing}
+  return {"sft": sft_state, "mario": state, "sft_matched": matched_state, "history": history, "pool": pool,
+          "timing": timing}
 
 
 def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Mapping[str, int] | None,

@@ -34,6 +34,30 @@ REFERENCE_NOTE = ("reference scores of the test split's own rationales under the
                   "the human-written facts, not GPT-3 rationales; the SFT targets are GPT-3's train rationales)")
 
 
+def _valid_accuracy(accuracy, valid) -> tuple[float, int]:
+  """Accuracy over the responses that contain "So the answer is" (the others cannot be right), and their count."""
+  acc, ok = np.asarray(accuracy, np.float64), np.asarray(valid, bool)
+  return (float(acc[ok].mean()) if ok.any() else float("nan")), int(ok.sum())
+
+
+def _majority_baseline(items) -> tuple[str, float]:
+  """The accuracy of always answering the most common gold answer of `items` (e.g. 'no' on StrategyQA)."""
+  answers = [str(it["answer"]).strip().lower() for it in items]
+  best = max(sorted(set(answers)), key=answers.count)
+  return best, answers.count(best) / max(len(answers), 1)
+
+
+def _accuracy_note(arms: dict, items) -> str:
+  """Beside every accuracy row: each arm's accuracy on its valid responses and the majority baseline."""
+  parts = []
+  for name, (acc, valid) in arms.items():
+    a, k = _valid_accuracy(acc, valid)
+    parts.append(f"{name} {a:.3f} on {k}/{len(np.ravel(valid))} valid")
+  ans, share = _majority_baseline(items)
+  return (f"accuracy on valid responses (with 'So the answer is'): " + ", ".join(parts)
+          + f"; majority baseline (always '{ans}'): {share:.3f}")
+
+
 def _reference_row(config) -> str:
   """The label of row (c): what the test split's 'rationale' field holds."""
   if config.data.name == "strategyqa":
@@ -59,6 +83,7 @@ def _bar_plot(evals: dict, silver: dict | None, names: tuple, path: str) -> str:
   fig, axes = metrics_lib.new_figure(size=(6.5, 3.5))
   ax = axes[0, 0]
   arms = [("SFT", evals["sft"]), ("MaRio (best codes)", evals["mario"]), ("MaRio (worst codes)", evals["worst"])]
+  arms += [("SFT (budget-matched)", evals["sft_matched"])] if "sft_matched" in evals else []
   arms += [("test rationales (human facts)", silver)] if silver is not None else []
   width = 0.8 / len(arms)
   x = np.arange(len(names))
@@ -99,9 +124,7 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
   models = pipeline.load_models(config, [it["question"] + " " + it["rationale"] for it in train_items])
   train_items = pipeline.short_items(models, train_items, int(config.data.max_response_tokens))
   out = pipeline.train_mario(config, models, train_items)
-  evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
-           "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
-           "worst": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
+  evals = _evaluate_arms(models, config, out, test_items)
   silver = pipeline.score_silver(models, config, test_items)
   names = tuple(config.rewards) + ("accuracy",)
   n_eval = len(test_items)
@@ -112,17 +135,26 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
   plot = _bar_plot(evals, silver, names, os.path.join(workdir, "mario_rewards.png"))
   rows: list[dict] = []
   # (a) controllability.
+  acc_of = lambda *arms: _accuracy_note({a: (evals[a]["accuracy"], evals[a]["valid"]) for a in arms}, test_items)
   for n in names:
     rows.append(_judge_row(f"(a) controllability, {setting}", f"{n}: best vs worst code", evals["mario"][n],
                            evals["worst"][n], "best", "worst",
                            "conditioning on a worse bin lowers that reward (Quark / MaRio controllability)",
-                           notes="all codes set to their best vs their worst bin at once (one extra decoding pass)"))
+                           notes="all codes set to their best vs their worst bin at once (one extra decoding pass)"
+                                 + (f"; {acc_of('mario', 'worst')}" if n == "accuracy" else "")))
   # (b) SFT vs MaRio.
   for n in names:
     rows.append(_judge_row(f"(b) SFT vs MaRio, {setting}", n, evals["mario"][n], evals["sft"][n], "MaRio", "SFT",
                            PAPER_CLAIM, notes=("valid responses (with 'So the answer is'): SFT "
                                                f"{np.mean(evals['sft']['valid']):.2f}, MaRio "
-                                               f"{np.mean(evals['mario']['valid']):.2f}")))
+                                               f"{np.mean(evals['mario']['valid']):.2f}"
+                                               + (f"; {acc_of('sft', 'mario')}" if n == "accuracy" else ""))))
+  if "sft_matched" in evals:
+    for n in names:
+      rows.append(_judge_row(f"(b) budget-matched SFT vs MaRio, {setting}", n, evals["mario"][n],
+                             evals["sft_matched"][n], "MaRio", "SFT (matched)", PAPER_CLAIM,
+                             notes=(f"SFT continued for the Quark steps on {config.sft_matched} rows"
+                                    + (f"; {acc_of('sft_matched', 'mario')}" if n == "accuracy" else ""))))
   # (c) the silver rationales.
   for n in names:
     lo, hi = stats.bootstrap_ci(silver[n])
@@ -149,10 +181,14 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
 
 
 def _evaluate_arms(models, config, out: dict, test_items) -> dict:
-  """SFT (no codes), MaRio (best codes) and MaRio (worst codes) on the test items: {arm: evaluate(...) dict}."""
-  return {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
-          "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
-          "worst": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
+  """SFT (no codes), MaRio (best codes), MaRio (worst codes) and, when trained, the budget-matched SFT on the test
+  items: {arm: evaluate(...) dict}."""
+  evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
+           "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
+           "worst": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
+  if out.get("sft_matched") is not None:
+    evals["sft_matched"] = pipeline.evaluate(models, config, out["sft_matched"], test_items, None)
+  return evals
 
 
 def _no_to_inconclusive(row: dict) -> dict:
@@ -194,7 +230,8 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
   names = tuple(config.rewards) + ("accuracy",)
   seeds = int(config.num_seeds)
   per_seed: list[dict] = []        # {arm: {reward: mean}} per seed
-  items: dict = {arm: {n: [] for n in names + ("valid",)} for arm in ("sft", "mario", "worst")}
+  arms = ("sft", "mario", "worst") + (("sft_matched",) if config.get("sft_matched") else ())
+  items: dict = {arm: {n: [] for n in names + ("valid",)} for arm in arms}
   details: dict = {"config": config.to_dict(), "seeds": []}
   for s in range(seeds):
     cfg = cfg_mod.get_config(variant + (",tiny" if fast else ""))
@@ -231,19 +268,34 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
              f"r{config.model.lora_rank}: SFT {config.sft_steps} steps, {config.quark_rounds} Quark rounds x "
              f"{config.samples_per_round} samples + silver, {config.quark_steps_per_round} Quark steps per round "
              f"(batch {config.batch_size}); {seeds} training seeds, paired")
+  def acc_of(*arms_):
+    return "; " + _accuracy_note({a: (np.concatenate(items[a]["accuracy"]), np.concatenate(items[a]["valid"]))
+                                  for a in arms_}, test_items) + " (pooled over seeds)"
+
   rows: list[dict] = []
   for n in names:
     rows.append(_no_to_inconclusive(stats.compare_row(
         paper=PAPER, experiment=f"(a) controllability, {setting}", metric=f"{n}: best vs worst code",
         a=seeds_of("mario", n), b=seeds_of("worst", n), name_a="best", name_b="worst",
         paper_value="conditioning on a worse bin lowers that reward (Quark / MaRio controllability)",
-        notes=f"all codes set to their best vs their worst bin at once; {pooled('mario', 'worst', n)}")))
+        notes=(f"all codes set to their best vs their worst bin at once; {pooled('mario', 'worst', n)}"
+               + (acc_of("mario", "worst") if n == "accuracy" else "")))))
   for n in names:
     rows.append(_no_to_inconclusive(stats.compare_row(
         paper=PAPER, experiment=f"(b) SFT vs MaRio, {setting}", metric=n, a=seeds_of("mario", n),
         b=seeds_of("sft", n), name_a="MaRio", name_b="SFT", paper_value=PAPER_CLAIM,
         notes=(f"{pooled('mario', 'sft', n)}; valid responses (with 'So the answer is'): SFT "
-               f"{np.mean(seeds_of('sft', 'valid')):.2f}, MaRio {np.mean(seeds_of('mario', 'valid')):.2f}"))))
+               f"{np.mean(seeds_of('sft', 'valid')):.2f}, MaRio {np.mean(seeds_of('mario', 'valid')):.2f}"
+               + (acc_of("sft", "mario") if n == "accuracy" else "")))))
+  if "sft_matched" in items:
+    for n in names:
+      rows.append(_no_to_inconclusive(stats.compare_row(
+          paper=PAPER, experiment=f"(b) budget-matched SFT vs MaRio, {setting}", metric=n,
+          a=seeds_of("mario", n), b=seeds_of("sft_matched", n), name_a="MaRio", name_b="SFT (matched)",
+          paper_value=PAPER_CLAIM,
+          notes=(f"SFT continued for the same {config.quark_rounds} x {config.quark_steps_per_round} steps on "
+                 f"the {config.sft_matched} rows MaRio trains on; {pooled('mario', 'sft_matched', n)}"
+                 + (acc_of("sft_matched", "mario") if n == "accuracy" else "")))))
   for n in names if silver is not None else ():
     lo, hi = stats.bootstrap_ci(silver[n])
     rows.append({"paper": PAPER, "experiment": f"(c) {_reference_row(config)}, the same {len(test_items)} questions",

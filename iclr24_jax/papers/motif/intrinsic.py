@@ -13,9 +13,10 @@ written with > as in the official learner.) The reward scale multiplies the game
 
 Official run (README, NetHackScore): alpha_ext = alpha_int = 0.1 (`--extrinsic_reward`, `--llm_reward`),
 `--reward_scale 0.1` and sample-factory's default `--reward_clip 10`, so one score point weighs 0.01 and one unit
-of r_int 0.1 (1:10); beta = 3, eps = the 0.5 quantile of r_hat over the unique training messages; mu and sigma are the running mean / variance of r_phi over all messages of
-the training pairs (scripts/train_reward.py, rlaif/reward_model.py), and the count N_episode(m) includes the
-current occurrence and restarts with every episode (obs_wrappers.MessageWrapper).
+of r_int 0.1 (1:10); beta = 3, eps = the 0.5 quantile of r_hat over the unique training messages; mu and sigma are
+the running mean / variance of r_phi over all messages of the training pairs (scripts/train_reward.py,
+rlaif/reward_model.py), and the count N_episode(m) includes the current occurrence and restarts with every episode
+(obs_wrappers.MessageWrapper).
 
 Deviation: the official learner looks eps up in its saved table of 19 quantiles (0.05 ... 0.95) and crashes for
 any other value; here any quantile in [0, 1] is computed from the normalised rewards (`threshold`), and

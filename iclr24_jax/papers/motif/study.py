@@ -36,9 +36,10 @@ def _config(fast: bool):
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models,
-  (c) toy success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels, and with the
-  oracle's values used directly as r_phi without a learned model (claims judged on paired seeds), (d) NetHack measurements (steps/s, score and messages at a CPU budget; no claims).
+  """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models, (c) toy
+  success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels, and with the oracle's
+  values used directly as r_phi without a learned model (claims judged on paired seeds), (d) NetHack measurements
+  (steps/s, score and messages at a CPU budget; no claims).
 
   Args:
     workdir: output folder (created).
