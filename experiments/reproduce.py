@@ -14,8 +14,12 @@ The studies in `registry.EXTENDED` (too heavy for the main job) run only when na
 recorded rows. An experiment's rows land in <workdir>/<name>/rows.json and, for a full (non --fast) run, in
 results/rows/<name>.json
 (committed, with the run's wall and CPU seconds and the load average; its plots are copied to results/plots/). The table collects them with the
-paper's value or claim and whether the claim holds here: 'yes' / 'no' beyond 2 standard errors over seeds,
-'inconclusive' inside them (`iclr24_jax.common.stats`), '-' for a measurement without a claim.
+paper's value or claim and whether it holds here: 'yes' / 'no' beyond 2 standard errors over seeds, 'inconclusive'
+inside them (`iclr24_jax.common.stats`). Every row has a kind: a claim (a statement the paper makes; its basis
+quotes the paper), a check (the implementation, or a setting whose outcome its construction fixes: pass / fail) or
+a measurement (no verdict); the summary counts them apart, and a row without a valid kind stops the table
+(`stats.row_kind`). Each paper's study module lists the headline claims of its abstract that no row tests yet in
+`NOT_RUN` (`stats.not_run_row`); they are tabled as 'not run' claims, so the gap shows.
 """
 from __future__ import annotations
 
@@ -60,27 +64,123 @@ def _fmt(v):
   return str(v).replace("|", "/").replace("\n", " ")
 
 
-def _holds(value) -> str | None:
-  from iclr24_jax.common.stats import normalise_holds
-  try:
-    return normalise_holds(value)
-  except ValueError:
-    return None
+# The summary's columns: (kind, verdict as tabled). A check's 'yes' is a pass and its 'no' a fail.
+COLUMNS = (("claim", "yes"), ("claim", "no"), ("claim", "inconclusive"), ("claim", "not run"),
+           ("check", "pass"), ("check", "fail"), ("check", "inconclusive"), ("measurement", "-"))
+_CHECK_VERDICT = {"yes": "pass", "no": "fail", "inconclusive": "inconclusive"}
 
 
-def summary_lines(all_rows: dict) -> list[str]:
-  """Per experiment: how many claims hold (yes), fail (no), are inside the noise (inconclusive), and measurements."""
-  lines = ["| experiment | yes | no | inconclusive | measurement |", "|---|---|---|---|---|"]
-  total = [0, 0, 0, 0]
+def row_verdict(row: dict, where: str = "", smoke: bool = False) -> tuple[str, str]:
+  """(kind, verdict as tabled) of a row: a claim's yes / no / inconclusive / not run, a check's pass / fail /
+  inconclusive, '-' for a measurement (and, in a smoke run's table, for a claim or check its study left unjudged).
+
+  Args:
+    row: a reproduction row (kind, holds, basis, ...).
+    where: how an error names the row ("experiment 'cpm', row 3 (...)").
+    smoke: a --fast run's table, whose studies may leave claims and checks unjudged.
+
+  Returns:
+    (kind, verdict), e.g. ('check', 'pass') or ('claim', 'not run').
+
+  Raises:
+    stats.RowKindError: the row's kind is missing, unknown or does not fit its verdict (`where` names the row).
+  """
+  from iclr24_jax.common import stats
+  kind = stats.row_kind(row, where, require_verdict=not smoke)
+  holds = stats.normalise_holds(row.get("holds"))
+  if kind == "measurement" or holds is None:
+    return kind, "-"
+  return kind, _CHECK_VERDICT[holds] if kind == "check" else holds
+
+
+def _where(name: str, index: int, row: dict) -> str:
+  return f"experiment {name!r}, row {index} ({row.get('experiment')!r} / {row.get('metric')!r})"
+
+
+def summary_counts(all_rows: dict, smoke: bool = False) -> dict[str, dict[tuple[str, str], int]]:
+  """Per experiment, the number of rows in each `COLUMNS` cell (a smoke run also counts its unjudged claims and
+  checks, under ('claim', '-') and ('check', '-')).
+
+  Args:
+    all_rows: {experiment name: [row, ...]}.
+    smoke: a --fast run's table (see `row_verdict`).
+
+  Returns:
+    {experiment name: {(kind, verdict): count}} over `COLUMNS` and the two smoke cells.
+
+  Raises:
+    stats.RowKindError: a row without a valid kind, named by experiment and row index.
+  """
+  counts = {}
   for name, rows in all_rows.items():
-    counts = [0, 0, 0, 0]
-    for r in rows:
-      h = _holds(r.get("holds"))
-      counts[{"yes": 0, "no": 1, "inconclusive": 2, None: 3}[h]] += 1
-    total = [t + c for t, c in zip(total, counts)]
-    lines.append(f"| {name} | " + " | ".join(str(c) for c in counts) + " |")
-  lines.append("| **all** | " + " | ".join(f"**{c}**" for c in total) + " |")
+    c = dict.fromkeys(COLUMNS + (("claim", "-"), ("check", "-")), 0)
+    for i, r in enumerate(rows):
+      c[row_verdict(r, _where(name, i, r), smoke)] += 1
+    counts[name] = c
+  return counts
+
+
+def summary_lines(all_rows: dict, smoke: bool = False) -> list[str]:
+  """Per experiment: claims (yes / no / inconclusive / not run) apart from checks (pass / fail / inconclusive) and
+  measurements, and the totals; a smoke run adds a column of the claims and checks it left unjudged.
+
+  Args:
+    all_rows: {experiment name: [row, ...]}.
+    smoke: a --fast run's table (see `row_verdict`).
+
+  Returns:
+    The Markdown table's lines: header, rule, one line per experiment, the totals.
+
+  Raises:
+    stats.RowKindError: a row without a valid kind, named by experiment and row index.
+  """
+  counts = summary_counts(all_rows, smoke)
+  cols = COLUMNS + ((("claim", "-"), ("check", "-")) if smoke else ())
+  head = ("| experiment | claims: yes | no | inconclusive | not run | checks: pass | fail | inconclusive | "
+          "measurements |" + (" unjudged (smoke run) |" if smoke else ""))
+  lines = [head, "|---" * (len(COLUMNS) + 1 + int(smoke)) + "|"]
+  total = dict.fromkeys(cols, 0)
+  for name, c in counts.items():
+    for k in cols:
+      total[k] += c[k]
+    cells = [str(c[k]) for k in COLUMNS] + ([str(c[("claim", "-")] + c[("check", "-")])] if smoke else [])
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  cells = [f"**{total[k]}**" for k in COLUMNS]
+  cells += [f"**{total[('claim', '-')] + total[('check', '-')]}**"] if smoke else []
+  lines.append("| **all** | " + " | ".join(cells) + " |")
   return lines
+
+
+def not_run_rows(name: str) -> list[dict]:
+  """The `NOT_RUN` rows of a paper's study module (headline claims no row tests yet).
+
+  Args:
+    name: an experiment name (a paper slug, a family check or an extended study).
+
+  Returns:
+    Copies of the paper's `NOT_RUN` rows; [] for a family check, an extended study or a study without the list.
+  """
+  from iclr24_jax import registry
+  if name not in registry.PAPERS or not registry.exists(name):
+    return []
+  return [dict(r) for r in getattr(registry.study_module(name), "NOT_RUN", [])]
+
+
+def with_not_run(all_rows: dict) -> dict:
+  """`all_rows` with each paper's `NOT_RUN` rows appended (a row a run already recorded is not repeated).
+
+  Args:
+    all_rows: {experiment name: [row, ...]}, e.g. `load_saved_rows`'s rows.
+
+  Returns:
+    A new dict of new lists; the input is not changed.
+  """
+  out = {}
+  for name, rows in all_rows.items():
+    seen = {(r.get("experiment"), r.get("metric"), r.get("basis")) for r in rows}
+    extra = [r for r in not_run_rows(name) if (r.get("experiment"), r.get("metric"), r.get("basis")) not in seen]
+    out[name] = list(rows) + extra
+  return out
 
 
 def save_rows(name: str, rows: list, seconds: float, results_dir: str, workdir: str,
@@ -137,23 +237,34 @@ def load_saved_rows(results_dir: str, names: list[str]) -> tuple[dict, dict]:
 
 
 def write_markdown(all_rows: dict, timings: dict, errors: dict, out_dir: str, fast: bool) -> str:
+  """Writes <out_dir>/REPRODUCTION.md: the summary, the rows, the run times and the plots.
+
+  Raises:
+    stats.RowKindError: a row without a valid kind (nothing is written then).
+  """
+  summary = summary_lines(all_rows, smoke=fast)   # validates every row's kind before anything is written
   lines = ["# Small-scale reproductions", "",
            f"Generated by `python -m experiments.reproduce{' --fast' if fast else ''}` (table rebuilt "
            f"{datetime.date.today().isoformat()}; each experiment's rows are from its own run, saved in "
-           "results/rows/, CPU unless stated). `holds` says whether the paper's claim (its direction, not its "
-           "absolute number) holds in our small setting: 'yes' / 'no' only when the difference is beyond 2 standard "
-           "errors over seeds (or a bootstrap 95% interval over items excludes 0), 'inconclusive' when it is inside "
-           "them; a legacy row judged on one run says so in its notes. '-' marks a measurement without a claim.", "",
-           "## Summary", ""] + summary_lines(all_rows) + ["",
+           "results/rows/, CPU unless stated). Each row has a kind. A **claim** tests a statement the paper makes "
+           "(its notes open with the paper's words and where they stand); `holds` says whether it holds in our "
+           "small setting (its direction, not its absolute number): 'yes' / 'no' only when the difference is beyond "
+           "2 standard errors over seeds (or a bootstrap 95% interval over items excludes 0), 'inconclusive' when it "
+           "is inside them, 'not run' for a headline claim of the abstract that no row tests yet (the notes say why "
+           "and what would run it). A **check** verifies the implementation, or a setting whose outcome its "
+           "construction fixes (pass / fail / inconclusive): it is not evidence for the paper. A **measurement** "
+           "is a number without a verdict ('-').", "",
+           "## Summary", ""] + summary + ["",
            "## Rows", "",
-           "| paper | experiment | metric | ours | paper's value / claim | holds | notes |",
-           "|---|---|---|---|---|---|---|"]
+           "| paper | experiment | kind | metric | ours | paper's value / claim | holds | notes |",
+           "|---|---|---|---|---|---|---|---|"]
   plots = []
   for name, rows in all_rows.items():
-    for r in rows:
-      h = _holds(r.get("holds"))
-      cells = [_fmt(r.get(k)) for k in ("paper", "experiment", "metric", "ours", "paper_value")]
-      cells += [h or "-", _fmt(r.get("notes"))]
+    for i, r in enumerate(rows):
+      kind, verdict = row_verdict(r, _where(name, i, r), smoke=fast)
+      notes = "; ".join(str(x) for x in (r.get("basis"), r.get("notes")) if x)
+      cells = [_fmt(r.get(k)) for k in ("paper", "experiment")] + [kind]
+      cells += [_fmt(r.get(k)) for k in ("metric", "ours", "paper_value")] + [verdict, _fmt(notes or None)]
       lines.append("| " + " | ".join(cells) + " |")
       for p in r.get("plots", []) or []:
         if not p:
@@ -166,7 +277,7 @@ def write_markdown(all_rows: dict, timings: dict, errors: dict, out_dir: str, fa
         elif os.path.exists(os.path.join(out_dir, p)):
           plots.append((name, p))
   for name, err in errors.items():
-    lines.append(f"| {name} | (failed) | - | - | - | - | {_fmt(err[-300:])} |")
+    lines.append(f"| {name} | (failed) | - | - | - | - | - | {_fmt(err[-300:])} |")
   lines += ["", "## Run times", "",
             "Wall seconds of each experiment's own run, its CPU seconds (user + system) where recorded, and the "
             "1-minute load average at its end: wall times measured on a shared, loaded machine are inflated; on an "
@@ -231,7 +342,7 @@ def main() -> int:
   all_rows, timings, errors = {}, {}, {}
   if args.table:
     all_rows, timings = load_saved_rows(args.out, every)
-    print(f"wrote {write_markdown(all_rows, timings, {}, args.out, False)}")
+    print(f"wrote {write_markdown(with_not_run(all_rows), timings, {}, args.out, False)}")
     return 0
   _, saved_times = load_saved_rows(args.out, names)
   jobs = args.jobs or min(2, os.cpu_count() or 1)
@@ -295,7 +406,7 @@ def main() -> int:
         if name in saved_times:
           merged_times[name] = saved_times[name]
     all_rows, timings = merged_rows, merged_times
-  path = write_markdown(all_rows, timings, errors, args.out, args.fast)
+  path = write_markdown(with_not_run(all_rows), timings, errors, args.out, args.fast)
   print(f"wrote {path}")
   return 1 if errors else 0
 

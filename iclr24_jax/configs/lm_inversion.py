@@ -31,6 +31,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       name="prompts", data_dir="", sources=("strategyqa", "quarel", "obqa", "llmbar"), max_tokens=64,
       num_test=500, num_train=2000, split_seed=0, max_prompts=0, label_len=80, lm_batch_size=32, cache_dir="",
       train_used=2000))
+  # label_len: decoder tokens of a label (79 prompt tokens + EOS) and of a decoded prediction. Longer prompts are
+  # cut, as vec2text cuts text at max_seq_length; with the 1,024-token decoder BPE the fidelity review counted 70 of
+  # the 500 test prompts (prepare() counts them: 'labels_cut'), whose full text the metrics still compare against.
   # The sample-inversion baseline: 16 tokens sampled from the target after each prompt (cached), read by a T5 of
   # the same size as the inverter's, trained with the same steps; input_len: its encoder length in decoder tokens.
   c.samples = ml_collections.ConfigDict(dict(new_tokens=16, temperature=1.0, seed=0, batch_size=32, input_len=40))

@@ -204,7 +204,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """
   os.makedirs(workdir, exist_ok=True)
   rows = []
-  row = lambda **kw: rows.append({"paper": "lm", "plots": [], "notes": "", **kw})  # noqa: E731
+  # Every row verifies the LM core (weights, forward, decoding speed, finetuning): checks, not paper claims.
+  row = lambda **kw: rows.append({"paper": "lm", "plots": [], "notes": "", "kind": "check", **kw})  # noqa: E731
   params, cfg, tok = weights.load_smollm2()
   fused = llama.fuse_params(params)
 

@@ -90,7 +90,7 @@ def sample_rows(model: Any, state: Any, data: dict, key: jax.Array, num: int, ap
 
 def prepare_table(config: Any) -> tuple[data_lib.Table, tfm.TableTransform, np.ndarray]:
   """Loads the table, fits the transform and encodes the training rows."""
-  table = data_lib.load_table(config.data.name, config.data.get("data_dir") or None)
+  table = data_lib.load(config.data)   # generated, or the paper's tables (DataNotFoundError when absent)
   tf = tfm.fit_transform(table.train, table.discrete, max_clusters=int(config.data.max_clusters),
                          seed=int(config.seed), max_fit_rows=config.data.get("gmm_fit_rows") or None,
                          max_iter=int(config.data.get("gmm_max_iter", 100)))

@@ -252,6 +252,9 @@ def _plot_similarity(curves: dict, path: str) -> str:
 
 def run(config: Any, workdir: str) -> dict:
   """The whole pipeline (module docstring); returns the results written to results.json."""
+  if config.data.name in data_mod.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_mod.load(config.data)                  # naming the layout and source when absent)
+    raise data_lib.paper_data_not_wired("clip_ood", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   timings = {}
   t_all = time.perf_counter()

@@ -357,10 +357,11 @@ def fit(model: nn.Module, task: str, tx: optax.GradientTransformation, sample_ba
         val_batches: Sequence[dict] | None = None, eval_every: int = 0, steps_per_call: int = 1) -> dict:
   """One seed of `fit_seeds` (kept for callers with one batch stream): returns params without the seed axis.
 
+  The arguments not listed are those of `fit_seeds`.
+
   Args:
     train_batches: step -> batch.
     seed: the run seed.
-    (the rest as in `fit_seeds`)
 
   Returns:
     dict(params, best_step, best_score, history, steps_per_s).

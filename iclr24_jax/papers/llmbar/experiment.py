@@ -105,7 +105,7 @@ def run(config: Any, workdir: str) -> dict:
     'seconds', 'credit': {subset: per-pair credit list} (for paired comparisons), ...}.
   """
   os.makedirs(workdir, exist_ok=True)
-  data = data_lib.load(config.data.data_dir or None, list(config.data.subsets) or None)
+  data = data_lib.load(config.data)   # DataNotFoundError (layout, source) when absent
   data = data_lib.stratified_subset(data, config.data.per_subset, config.seed)
   take = int(config.data.get("take_first", 0) or 0)
   if take > 0:  # the first pairs (file order) of each subset's sample: a sub-sample of a larger run's pairs

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from iclr24_jax.common import metrics as metrics_lib
+from iclr24_jax.papers.mario import data as mario_data
 from iclr24_jax.papers.mario import pipeline
 
 
@@ -30,6 +31,7 @@ def run(config: Any, workdir: str) -> dict:
     config.sft_matched), 'timing': {...}, ...}.
   """
   os.makedirs(workdir, exist_ok=True)
+  mario_data.load(config.data)   # fail fast with the layout and source before any model is loaded
   data_dir = config.data.get("data_dir") or None
   train_items = pipeline.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
                                     silver_only=True, seed=int(config.seed))

@@ -44,7 +44,7 @@ def encode_examples(tokenizer, questions: Sequence[str], responses: Sequence[str
 
   Returns:
     {'ids' [N, T] int32, 'mask' [N, T] bool, 'loss_mask' [N, T] bool (response + end tokens),
-     'code_mask' [N, T] bool (the codes)}.
+      'code_mask' [N, T] bool (the codes)}.
   """
   n = len(questions)
   if len(responses) != n or (prefixes is not None and len(prefixes) != n):

@@ -36,6 +36,7 @@ from iclr24_jax.papers.mdm import model as model_lib
 from iclr24_jax.papers.mdm import training
 from iclr24_jax.papers.mdm.judge import train_judge
 from iclr24_jax.papers.mdm.pipeline import build, fast_compile, heldout_mse, inner_kwargs, load_images, loss_kwargs
+from iclr24_jax.papers.mdm import data as mdm_data
 
 PAPER = "mdm"
 ARMS = ("progressive", "nested", "single")
@@ -86,6 +87,9 @@ def run(config: Any, workdir: str) -> dict:
     ValueError: config.arm not in ARMS.
     FloatingPointError: the samples contain NaN / inf.
   """
+  if config.data.name in mdm_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    mdm_data.load(config.data)                  # naming the layout and source when absent)
+    raise data_lib.paper_data_not_wired("mdm", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   if config.arm not in ARMS:
     raise ValueError(f"config.arm must be one of {ARMS}, got {config.arm!r}.")

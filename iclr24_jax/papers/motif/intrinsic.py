@@ -154,7 +154,7 @@ class EpisodeMessageCounter:
     """Counts messages step by step.
 
     Args:
-      messages: [T][N] hashable messages (bytes or str): the message of step t in env i.
+      messages: `[T][N]` hashable messages (bytes or str): the message of step t in env i.
       done: [T, N] bool: the episode of env i ended at step t (its counts restart after this step).
 
     Returns:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
@@ -24,6 +25,9 @@ METHODS = train_lib.METHODS
 
 def run(config: Any, workdir: str) -> dict:
   """One method on one target domain through the shared loop (metrics, checkpoints, resume, plots)."""
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_lib.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("nci", config.data)   # run() does not train on it yet
   method, target = config.method, config.data.target
   if method not in METHODS:
     raise ValueError(f"unknown method '{method}'; choose one of {METHODS}.")

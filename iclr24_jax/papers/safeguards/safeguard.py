@@ -56,7 +56,7 @@ def coverage_accuracy(y_bar: jax.Array, y: jax.Array, tau: jax.Array | float,
 
   Returns:
     {'coverage': fraction of (valid) instances covered, 'accuracy': accuracy on the covered ones (NaN when
-     nothing is covered), 'num_covered': count}.
+      nothing is covered), 'num_covered': count}.
   """
   y_bar = jnp.asarray(y_bar)
   w = jnp.ones_like(y_bar) if weights is None else jnp.asarray(weights, y_bar.dtype)
