@@ -1,6 +1,6 @@
 """mario: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
 
-Reproduction (StrategyQA, SmolLM2-135M-Instruct + LoRA, the main job's miniature: ~7 CPU-minutes; see README.md):
+Reproduction (StrategyQA, SmolLM2-135M-Instruct + LoRA, the main job's miniature: ~11 CPU-minutes; see README.md):
   (a) controllability: MaRio conditioned on the best vs the worst bin of every reward, per reward, paired over
       the same held-out questions;
   (b) SFT vs MaRio (best codes) on held-out test questions: accuracy and every reward;
