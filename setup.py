@@ -54,9 +54,11 @@ setuptools.setup(
     long_description=(open(os.path.join(HERE, "README.md")).read()
                       if os.path.exists(os.path.join(HERE, "README.md")) else ""),
     long_description_content_type="text/markdown",
-    # The library (configs included) and the experiment drivers, so that `python -m experiments.reproduce`
-    # works from an installed (non-editable) copy; configs/ at the top level only holds launcher shims.
-    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*", "experiments"]),
+    # The library only (configs and the launcher `iclr24_jax.launch` included). The top-level experiments/ and
+    # configs/ folders are checkout shims (`python -m experiments.main`); installing a package named
+    # `experiments` would collide with a user's own.
+    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*"]),
+    entry_points={"console_scripts": ["iclr24 = iclr24_jax.launch:main"]},
     package_data={"iclr24_jax": ["py.typed", "rl/*.json", "papers/*/*.json", "**/README.md"]},
     license="Apache-2.0",
     python_requires=">=3.10",

@@ -74,7 +74,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.use_cache = True
   c.log_every = 100
   c.eval_every = 0
-  c.checkpoint_every = 0
+  c.checkpoint_every = 500         # steps of the prior's training (train_steps)
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
   arg = variants.one(arg, VARIANTS, name="fps")
@@ -91,6 +92,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.images.update(dict(tasks=("inpainting",), num_images=2, dps_zetas=(1.0,), methods=("fps", "pinv")))
     c.model.update(dict(hidden=32, num_blocks=1, time_embed_dim=16))
     c.train_steps = 20
+    c.checkpoint_every = 10
     c.batch_size = 32
     c.log_every = 10
     c.optimizer.warmup_steps = 2

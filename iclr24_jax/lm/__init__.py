@@ -82,3 +82,9 @@ from iclr24_jax.lm.generation import nucleus_mask  # noqa: E402
 from iclr24_jax.lm.train import default_loss, kl_regularized_loss, target_logits, token_kl  # noqa: E402
 
 __all__ += ["kl_regularized_loss", "token_kl", "target_logits", "default_loss", "nucleus_mask"]
+
+# Paper scale: the released Llama-2 shapes, stacked (scanned) layers, and the programs `experiments.scale` compiles.
+from iclr24_jax.lm import scale  # noqa: E402
+from iclr24_jax.lm.llama import llama2_config, stack_layers, unstack_layers  # noqa: E402
+
+__all__ += ["scale", "llama2_config", "stack_layers", "unstack_layers"]

@@ -146,7 +146,7 @@ def run(config: Any, workdir: str) -> dict:
   res = loop.train_loop(init_fn=init_fn, train_step=train.make_train_step(cfg, lora_cfg),
                         batches=batches, num_steps=config.num_steps, key=jax.random.key(config.seed),
                         workdir=workdir, mesh=mesh, log_every=config.log_every, eval_every=config.eval_every,
-                        eval_fn=eval_fn, checkpoint_every=config.checkpoint_every, config=config)
+                        eval_fn=eval_fn, config=config, **loop.checkpoint_options(config))
   final = jax.jit(train.model_params, static_argnums=1)(res.state, lora_cfg)
   after = res.final_eval["eval/loss"]
   chat = config.data.name == "qa"

@@ -189,3 +189,29 @@ def benchmark(quick: bool = True) -> list[dict]:
       rows[0]["speedup_vs_generate5_batch8"] = pair[0]["median_s"] / rows[0]["median_s"]
     rows.extend(pair)
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size routine for `experiments.scale`: one judging batch of the Llama-2-70B judge.
+
+  The prefill of `scale.batch_size` Vanilla prompts of `scale.seq_len` tokens and the log-probabilities of the two
+  verdicts, bfloat16 weights sharded over the mesh (`configs/llmbar.py:paper`; GPT-4 is closed, Llama-2-70B-chat
+  is the paper's open judge).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program (params, ids, mask, option_ids) -> [B, 2] log-probabilities.
+  """
+  import jax.numpy as jnp
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, "llmbar")
+  return lm_scale.llama_choice_program(
+      "Llama-2-70B judging batch (Vanilla, prefill + verdict log-probabilities)",
+      lm_scale.named_model(config.model.name), mesh, s.batch_size, s.seq_len, s.num_options,
+      param_dtype=jnp.dtype(s.param_dtype),
+      notes="GPT-4 is closed: the Llama-2-70B shape stands in. The paper's generate mode adds <= 50 decoding "
+            "steps per prompt.", paper_hardware=s.paper_hardware, paper_time=s.paper_time)

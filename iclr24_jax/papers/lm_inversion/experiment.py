@@ -152,8 +152,8 @@ def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = 
       train_step=model_lib.make_train_step(inverter, bool(config.model.official_padding)),
       batches=batches, num_steps=int(config.num_steps), key=jax.random.key(rng_seed), workdir=workdir,
       mesh=sharding.make_mesh(config.get("mesh")), log_every=int(config.log_every),
-      checkpoint_every=int(config.checkpoint_every), config=config, progress=progress,
-      steps_per_call=int(config.get("steps_per_call", 1)), name="lm_inversion")
+      config=config, progress=progress, steps_per_call=int(config.get("steps_per_call", 1)), name="lm_inversion",
+      **loop_lib.checkpoint_options(config))
 
 
 def predict(params: Any, logprobs: np.ndarray, unigram: jax.Array, prep: dict, config: Any,

@@ -247,3 +247,52 @@ def benchmark(quick: bool = True) -> list[dict]:
           name="lm_inversion/inverter_train_step", size=f"V={v}, S={inverter.num_chunks}", batch=size, items=size)
     rows += bench.across_devices(make_case, sizes=(bs,), carry=True, repeats=3)
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one T5-base inverter step on Llama-2-7B distributions.
+
+  16 distributions over 32,000 tokens per step, unrolled into 42 pseudo-embeddings of width 768, prompts of up to
+  128 tokens, AdamW (`configs/lm_inversion.py:paper`). The projection's weights are sharded by size (FSDP), T5's
+  by name (`lm.scale.param_shardings`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of `model.make_train_step` (state, batch, key) -> (state, metrics).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, "lm_inversion")
+  m = config.model
+  vocab = int(config.target.vocab_size)
+  t5_config = lm_scale.named_model(m.name, vocab_size=int(m.decoder_vocab))
+  chunks = model_lib.num_chunks(vocab, int(m.width), bool(m.official_padding))
+  inverter = model_lib.Inverter(t5_config, width=int(m.width), num_chunks=chunks, bottleneck=int(m.bottleneck),
+                                dropout_rate=float(m.dropout_rate))
+  tx = make_optimizer(config.optimizer, config.num_steps)
+  state = jax.eval_shape(lambda: model_lib.init_state(jax.random.key(0), inverter, tx, vocab))
+  rep = NamedSharding(mesh, P())
+  params_sh = {"projection": scale_lib.fsdp_shardings(state.params["projection"], mesh),
+               "t5": lm_scale.param_shardings(state.params["t5"], mesh)}
+  state_sh = scale_lib.train_state_shardings(state, params_sh, mesh, extra={"unigram": rep})
+  state_abs = scale_lib.abstract(state, state_sh)
+  b, t = s.batch_size, int(config.data.label_len)
+  batch = {"logprobs": jax.ShapeDtypeStruct((b, vocab), jnp.float32),
+           "labels": jax.ShapeDtypeStruct((b, t), jnp.int32),
+           "label_mask": jax.ShapeDtypeStruct((b, t), jnp.bool_)}
+  batch_abs = scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh))
+  d, w, h = t5_config.d_model, int(m.width), int(m.bottleneck)
+  projection = 2 * b * chunks * (w * w + w * h + h * d)  # sequence_weights, fc1, fc2 (forward)
+  flops = lm_scale.t5_flops(t5_config, b, chunks, t) + 3 * projection
+  step = model_lib.make_train_step(inverter, official_padding=bool(m.official_padding))
+  return scale_lib.Program(
+      name="T5-base inverter step (Llama-2-7B distributions)", fn=step,
+      args=(state_abs, batch_abs, jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)),
+      out_shardings=(state_sh, rep), donate_argnums=(0,), params=scale_lib.num_elements(state.params),
+      items_per_step=b * (chunks + t), hand_flops=flops, kind="train", carry=True,
+      abstract_params=state_abs.params, notes="float32 compute (the official trains with bf16 autocast).",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -375,3 +375,40 @@ def benchmark(quick: bool = True) -> list[dict]:
     if r.get("name") == "mario/t5_sample_top_p":
       r["samples_per_s"] = r.get("items_per_s")
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one Quark step of T5-large at the official run's sizes.
+
+  Full finetuning in float32 with a frozen reference copy (the KL term), Adam with the official schedule; 64
+  questions of up to `scale.enc_len` tokens, 4 control codes + 256 response tokens (`configs/mario.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of `lm.train.make_train_step` with `quark.quark_loss`.
+  """
+  import functools
+
+  import jax.numpy as jnp
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.common.optim import make_optimizer
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, PAPER)
+  model = lm_scale.named_model(config.model.name)
+  b, src, k, t = s.batch_size, s.enc_len, s.num_codes, config.max_new_tokens
+  batch = {**lm_scale.seq2seq_batch(b, src, k + t),
+           "loss_mask": jax.ShapeDtypeStruct((b, k + t), jnp.bool_),
+           "ref_labels": jax.ShapeDtypeStruct((b, t), jnp.int32),
+           "ref_label_mask": jax.ShapeDtypeStruct((b, t), jnp.bool_)}
+  loss = functools.partial(quark.quark_loss, kl_coef=config.kl_coef, entropy_coef=config.entropy_coef, task_coef=0.0)
+  # The policy's forward + backward over codes + response, and the reference's forward over the response.
+  flops = lm_scale.t5_flops(model, b, src, k + t) + lm_scale.t5_flops(model, b, src, t, training=False)
+  return lm_scale.train_program(
+      "T5-large Quark step (full finetuning, frozen reference)", model,
+      make_optimizer(config.optimizer, config.num_steps), mesh, batch, loss_fn=loss, keep_reference=True,
+      param_dtype=jnp.dtype(s.param_dtype), hand_flops=flops, items_per_step=b * (src + k + t),
+      notes="Without the task (gold-label) term of the official loss.",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -289,3 +289,26 @@ def benchmark(quick: bool = True) -> list[dict]:
                               items=4 * 64, name="motif/NetHack collect + Motif hook (env steps/s, 4 games)"))
   venv.close()
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size routine for `experiments.scale`: one annotation step of the Llama-2-70B annotator.
+
+  The prefill of `scale.batch_size` caption-pair prompts of `scale.seq_len` tokens (4,096 tokens: one vLLM forward
+  of the official annotator) and the log-probabilities of '1' / '2' (`configs/motif.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program (params, ids, mask, option_ids) -> [B, 2] log-probabilities.
+  """
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, PAPER)
+  return lm_scale.llama_choice_program(
+      "Llama-2-70B annotation step (prefill + preference log-probabilities)", lm_scale.named_model(s.model), mesh,
+      s.batch_size, s.seq_len, s.num_options, param_dtype=jnp.dtype(s.param_dtype),
+      notes="The official annotator samples up to 4,096 tokens and parses them; this is the prefill both share.",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)
