@@ -13,7 +13,7 @@ Variants (after the colon):
 Pipeline: skill beta-VAE -> latent diffusion prior on the encoder's posterior means -> latents pre-sampled from
 the prior at every s_H -> batch-constrained double Q-learning with prioritised replay -> acting by argmax Q over
 latents sampled from the prior (the official maze2d two-stage planner by default), each run with the VAE prior + Q,
-latent BC, the diffusion prior without Q and BC beside it.
+latent BC, the diffusion prior without Q, BC and the uniform random policy (the floor) beside it.
 Data: rl.offline ('maze/<layout>', 'noisy': the noisy waypoint controller with random goals, which needs
 stitching; cached under $ICLR24_RL_CACHE), or a user's D4RL file via data.path (.hdf5 needs h5py).
 """
@@ -81,7 +81,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # script default --num_diffusion_samples 50); episode_steps 800 (official: `while env_step < 800`).
   c.eval = ml_collections.ConfigDict(dict(protocol="maze", num_episodes=20, num_samples=50, exec_horizon=10,
                                           episode_steps=800))
-  c.methods = ("ldcq", "vae_q", "latent_bc", "diffusion_prior", "bc")
+  c.methods = ("ldcq", "vae_q", "latent_bc", "diffusion_prior", "bc", "random")
   c.fast_compile = False  # True: compile every stage at XLA level 0 on CPU (compile-bound small runs)
   c.log_every = 100
   c.eval_every = 0

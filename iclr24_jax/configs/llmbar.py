@@ -55,7 +55,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # "Output (a)" vs "Output (b)", lm.choice_logprobs + lm.debiased_preference; aux texts and CoT explanations
   # are still generated) or 'generate' (the paper's protocol: greedy text parsed by the official regexes).
   c.judge_mode = "logprob"
-  c.tie_tau = 1e-4  # logprob mode: |preference| < tie_tau nats is a tie, counted as an unparseable answer
+  c.tie_tau = 1e-4  # logprob mode: |preference| < tie_tau nats is a tie
+  # logprob mode: a tie falls back to the raw per-order picks ('raw', as the official scoring of those answers:
+  # one order right = 0.5) or is a failure in both orders ('zero').
+  c.debiased_ties = "raw"
   c.bootstrap = ml_collections.ConfigDict(dict(n_boot=2000, seed=0))  # 95% intervals on accuracy
   c.verbose = True
   c.log_every = 64  # prompts per judge call = per cache write (a resumed run loses at most one chunk)

@@ -44,12 +44,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3, max_grad_norm=0.5))
   c.rewards = ("plausibility", "diversity", "consistency")   # quantile-binned; task accuracy is the 4th code
   c.num_bins = 5                 # official n_extra_tokens 5
-  c.kl_coef = 0.1                # the issue's beta (official argument default 0.05)
-  c.entropy_coef = 0.05          # official default
-  c.temperature = 1.0            # official sampling: top-p 0.9 at temperature 1
-  c.top_p = 0.9
-  c.eval_temperature = 1.0       # evaluation samples like training (one compiled sampler); 0 = greedy
+  # The official run command (README of INK-USC/RationaleMultiRewardDistillation, main_n_new.py): --kl_coef=0.1
+  # --entropy_coef=0.0 --top_p=0.7 (the argparse defaults 0.05 / 0.05 / 0.9 are not what it runs), sampling at
+  # temperature 1; the live evaluation decodes greedily (eval_test, do_sample=False).
+  c.kl_coef = 0.1
+  c.entropy_coef = 0.0
+  c.temperature = 1.0
+  c.top_p = 0.7
+  c.eval_temperature = 0.0       # 0 = greedy (official); > 0 samples with top_p
   c.expert_rollouts = True       # silver rationales join the pool (official ReferenceDataPool)
+  # A budget-matched SFT baseline (ours, issue 41): '' off; 'pool' continues SFT for the Quark steps on the rows
+  # each Quark round trains on (without codes); 'silver' on the silver rationales of the training questions.
+  c.sft_matched = ""
   c.sft_steps = 10
   c.quark_rounds = 1
   c.samples_per_round = 32
@@ -78,6 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if "seeds" in parts or "full" in parts:
     # SFT 20 steps, 2 Quark rounds (the issue's budget), 16 / 32 Quark steps per round, 3 seeds.
     c.num_seeds = 3
+    c.sft_matched = "pool"
     c.sft_steps = 20
     c.quark_rounds = 2
     c.samples_per_round = 150 if "seeds" in parts else 256

@@ -8,8 +8,9 @@ Run:  python -m experiments.main --config=configs/motif.py:tiny --workdir=runs/m
       python -m experiments.main --config=configs/motif.py:nethack --workdir=runs/motif_nethack
 Variants (comma-separated): '' (the captioned gridworld, SmolLM2 annotator), 'oracle' (the toy's oracle
 labels), 'generate' (official generate-and-parse annotation), 'nethack' (NetHackScore, host-loop PPO),
-'staircase_weights' (alpha_ext 10, alpha_int 0.1: the paper's goal-task weighting), 'tiny' (seconds), 'paper'
-(the official Llama-2-70B annotator's sizes, compiled ahead of time by `python -m experiments.scale --only motif`).
+'staircase_weights' (alpha_ext 10, alpha_int 0.1, reward_scale 0.1: the official goal-task weighting, 1:0.1 per
+unit), 'tiny' (seconds), 'paper' (the official Llama-2-70B annotator's sizes, compiled ahead of time by
+`python -m experiments.scale --only motif`).
 `num_steps` counts PPO updates of each toy agent.
 """
 import ml_collections
@@ -52,8 +53,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(embed_dim=32, hidden=64, trunk=512))
   c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3))
   c.reward_steps = 300
-  # Intrinsic reward (official NetHackScore run: beta 3, eps = 0.5 quantile, alpha_ext = alpha_int = 0.1;
-  # the toy's goal reward is 1, so its rewards use alpha 1 with PPO reward_scale 1, the same 1:1 weighting).
+  # Intrinsic reward (official NetHackScore run: beta 3, eps = 0.5 quantile, alpha_ext = alpha_int = 0.1 with
+  # reward_scale 0.1 on the game reward only: 0.01 per score point vs 0.1 per unit of r_int, i.e. 1:10).
+  # Deviation: the toy weights one unit of goal reward and one unit of r_int 1:1 (alpha 1, reward_scale 1); its
+  # only extrinsic reward is 1 at the goal, where NetHack's score grows by ~1-20 points per event.
   c.intrinsic = ml_collections.ConfigDict(dict(beta=3.0, eps_quantile=0.5, alpha_ext=1.0, alpha_int=1.0,
                                                settings=("intrinsic", "extrinsic", "both")))
   c.num_seeds = 8

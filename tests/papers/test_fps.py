@@ -13,7 +13,7 @@ from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, runs, smc, study_exactness
+from iclr24_jax.papers.fps import experiment, runs, smc, study_exactness, study_images
 
 SCHED = schedules.linear_beta_schedule()
 
@@ -694,10 +694,45 @@ def test_run_tiny_smoke(tmp_path):
   assert nt and all(abs(r["obs_var_ratio"] - 1) < 1e-6 for r in nt)
 
 
+def test_split_images_keeps_validation_apart_from_the_test_images():
+  """Test images = the generator's first draw (the same whatever the validation count, so earlier rows' test set is
+  kept); validation images come from the rest of the pool: no image is in both."""
+  pool = np.arange(40, dtype=np.float32).reshape(40, 1, 1, 1)    # image i is the value i
+  test, val = study_images.split_images(pool, 12, 8, seed=0)
+  want = pool[np.random.default_rng(0).choice(40, 12, replace=False)]
+  np.testing.assert_array_equal(test, want)
+  np.testing.assert_array_equal(study_images.split_images(pool, 12, 0, seed=0)[0], want)
+  assert val.shape == (8, 1, 1, 1) and not set(val.ravel()) & set(test.ravel())
+  assert len(set(val.ravel())) == 8
+  with pytest.raises(ValueError, match="num_val_images"):
+    study_images.split_images(pool, 35, 8, seed=0)
+
+
+def test_dps_step_size_is_never_tuned_on_the_test_images(tmp_path):
+  """Several DPS step sizes and no validation images: refused before the prior is trained."""
+  cfg = fps_config.get_config("tiny_images")
+  cfg.images.methods = ("fps", "dps")
+  cfg.images.dps_zetas = (0.3, 1.0)
+  cfg.images.num_val_images = 0
+  with pytest.raises(ValueError, match="validation images"):
+    study_images.image_study(cfg, str(tmp_path), progress=False)
+  assert not (tmp_path / "prior").exists()
+  assert fps_config.get_config("images").images.num_val_images > 0
+
+
 @pytest.mark.slow
 def test_run_tiny_images_smoke(tmp_path):
+  """The image path end to end; DPS picks its step size on 2 validation images (the best mean PSNR there) and runs
+  the test images at that step size, with FPS's number of steps."""
   cfg = fps_config.get_config("tiny_images")
+  cfg.images.methods = ("fps", "pinv", "dps")
+  cfg.images.dps_zetas = (0.3, 3.0)
+  cfg.images.num_val_images = 2
   res = experiment.run(cfg, str(tmp_path), progress=False)
-  sc = res["images"]["tasks"]["inpainting"]["scores"]
-  assert set(sc) == {"fps", "pinv"} and all(np.isfinite(v["psnr"]) for v in sc.values())
+  task = res["images"]["tasks"]["inpainting"]
+  sc = task["scores"]
+  assert set(sc) == {"fps", "pinv", "dps"} and all(np.isfinite(v["psnr"]) for v in sc.values())
+  val = task["dps_val_psnr_by_zeta"]
+  assert set(val) == {0.3, 3.0} and task["dps_zeta"] == max(val, key=val.get)
+  assert res["images"]["num_val_images"] == 2 and res["images"]["num_steps"] == cfg.fps.num_steps
   assert os.path.exists(tmp_path / "images.png")

@@ -14,10 +14,10 @@ Official code: https://github.com/ldcq/ldcq
     z = ldcq.act_maze(key, params, state, num_samples)       # the official maze2d two-stage planner
 """
 from iclr24_jax.papers.ldcq.algorithm import (INITIAL_PRIORITY, PLANNERS, PRIORS, SCORES, LDCQParams, LDCQSpec,
-                                              QConfig, act, act_maze, encode, evaluate_bc, evaluate_skills,
-                                              low_level_action, make_buffer, q_dataset, q_init, q_train_step,
-                                              q_values, sample_latents, train_bc, train_diffusion, train_q,
-                                              train_vae)
+                                              QConfig, act, act_maze, encode, evaluate_bc, evaluate_policy,
+                                              evaluate_random, evaluate_skills, low_level_action, make_buffer,
+                                              q_dataset, q_init, q_train_step, q_values, sample_latents, train_bc,
+                                              train_diffusion, train_q, train_vae)
 from iclr24_jax.papers.ldcq.data import make_segments, relabel_maze_rewards, segment_starts
 from iclr24_jax.papers.ldcq.losses import (bc_loss, gaussian_kl, gaussian_log_prob, latent_diffusion_loss, q_target,
                                            vae_loss)
@@ -42,6 +42,7 @@ __all__ = [
     # pieces
     "QNetwork", "BCPolicy", "twin_q_init", "twin_q_apply", "LDCQSpec", "LDCQParams", "QConfig", "PRIORS", "q_init",
     "q_values", "low_level_action", "encode", "train_vae", "train_diffusion", "train_bc", "train_q", "q_dataset",
-    "make_buffer", "evaluate_skills", "evaluate_bc", "bc_loss", "gaussian_log_prob", "gaussian_kl",
+    "make_buffer", "evaluate_skills", "evaluate_bc", "evaluate_policy", "evaluate_random", "bc_loss",
+    "gaussian_log_prob", "gaussian_kl",
     "make_segments", "segment_starts", "relabel_maze_rewards", "TITLE", "URL", "CODE", "BIBTEX",
 ]

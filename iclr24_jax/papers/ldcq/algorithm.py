@@ -656,6 +656,49 @@ def evaluate_skills(key: jax.Array, params: LDCQParams, env: Any, *, num_episode
   return _episode_scores(ret, t_hit, steps, score)
 
 
+def evaluate_policy(key: jax.Array, policy_fn: Any, env: Any, *, num_episodes: int,
+                    episode_steps: int | None = None, score: str = "return") -> jax.Array:
+  """Episode scores [E] of a flat (state -> action) policy, scored as `evaluate_skills`.
+
+  The episode starts come from the same key split as `evaluate_skills` (reset with `split(split(key)[0], E)`), so
+  every method evaluated with one key starts its episodes from the same states (paired comparisons).
+
+  Args:
+    key: PRNG key.
+    policy_fn: (key, obs [E, D]) -> actions [E, A]; the key is this step's own (unused by a deterministic policy).
+    env: the environment (reset_core, step_core, spec.max_episode_steps).
+    num_episodes: E.
+    episode_steps: episode length T (None: env.spec.max_episode_steps).
+    score: 'return' (summed reward) or 'time_to_goal' (T - t at the first rewarded step, the episode stops there).
+
+  Returns:
+    float32 [E] episode scores.
+
+  Raises:
+    ValueError: unknown score.
+  """
+  _check_score(score)
+  stop_at_goal = score == "time_to_goal"
+  steps = int(episode_steps or env.spec.max_episode_steps)
+  k_reset, k_run = jax.random.split(key)
+  core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
+
+  def body(c, xs):
+    core, obs, ret, t_hit = c
+    t, k = xs
+    a = policy_fn(jax.random.fold_in(k, 1), obs)      # the environment keeps split(k, E): its noise is shared
+    core2, obs2, r, _ = jax.vmap(env.step_core)(jax.random.split(k, num_episodes), core, a)
+    live = (t_hit < 0) | (not stop_at_goal)
+    core2 = jax.tree.map(lambda new, old: jnp.where(live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+                         core2, core)
+    t_hit = jnp.where(live & (t_hit < 0) & (r > 0), t, t_hit)
+    return (core2, jnp.where(live[:, None], obs2, obs), ret + jnp.where(live, r, 0.0), t_hit), None
+
+  init = (core, obs, jnp.zeros((num_episodes,), jnp.float32), jnp.full((num_episodes,), -1, jnp.int32))
+  (_, _, ret, t_hit), _ = jax.lax.scan(body, init, (jnp.arange(steps), jax.random.split(k_run, steps)))
+  return _episode_scores(ret, t_hit, steps, score)
+
+
 def evaluate_bc(key: jax.Array, policy: BCPolicy, params: Any, env: Any, *, num_episodes: int,
                 episode_steps: int | None = None, score: str = "return") -> jax.Array:
   """Episode scores [E] of the BC policy (its mean action), scored as `evaluate_skills`.
@@ -672,26 +715,37 @@ def evaluate_bc(key: jax.Array, policy: BCPolicy, params: Any, env: Any, *, num_
   Returns:
     float32 [E] episode scores.
   """
-  _check_score(score)
-  stop_at_goal = score == "time_to_goal"
-  steps = int(episode_steps or env.spec.max_episode_steps)
-  k_reset, k_run = jax.random.split(key)
-  core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
+  return evaluate_policy(key, lambda k, obs: policy.apply({"params": params}, obs)[0], env,
+                         num_episodes=num_episodes, episode_steps=episode_steps, score=score)
 
-  def body(c, xs):
-    core, obs, ret, t_hit = c
-    t, k = xs
-    a, _ = policy.apply({"params": params}, obs)
-    core2, obs2, r, _ = jax.vmap(env.step_core)(jax.random.split(k, num_episodes), core, a)
-    live = (t_hit < 0) | (not stop_at_goal)
-    core2 = jax.tree.map(lambda new, old: jnp.where(live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
-                         core2, core)
-    t_hit = jnp.where(live & (t_hit < 0) & (r > 0), t, t_hit)
-    return (core2, jnp.where(live[:, None], obs2, obs), ret + jnp.where(live, r, 0.0), t_hit), None
 
-  init = (core, obs, jnp.zeros((num_episodes,), jnp.float32), jnp.full((num_episodes,), -1, jnp.int32))
-  (_, _, ret, t_hit), _ = jax.lax.scan(body, init, (jnp.arange(steps), jax.random.split(k_run, steps)))
-  return _episode_scores(ret, t_hit, steps, score)
+def evaluate_random(key: jax.Array, env: Any, *, num_episodes: int, episode_steps: int | None = None,
+                    score: str = "return") -> jax.Array:
+  """Episode scores [E] of the uniform random policy (actions ~ U[action_low, action_high]^A of env.spec, the
+  policy D4RL's normalisation calls 0 and `rl.offline`'s 'random' data kind), scored as `evaluate_skills` from
+  the same episode starts: the floor every arm is read against.
+
+  Args:
+    key: PRNG key.
+    env: the environment (reset_core, step_core, spec with action_dim, action_low, action_high,
+      max_episode_steps).
+    num_episodes: E.
+    episode_steps: episode length T (None: env.spec.max_episode_steps).
+    score: 'return' or 'time_to_goal'.
+
+  Returns:
+    float32 [E] episode scores.
+
+  Raises:
+    ValueError: a discrete action space (this floor is for continuous control), or an unknown score.
+  """
+  spec = env.spec
+  if spec.discrete:
+    raise ValueError(f"evaluate_random draws continuous actions; {spec.name} has a discrete action space.")
+  shape = (num_episodes, int(spec.action_dim))
+  policy_fn = lambda k, obs: jax.random.uniform(k, shape, minval=spec.action_low,  # noqa: E731
+                                                maxval=spec.action_high)
+  return evaluate_policy(key, policy_fn, env, num_episodes=num_episodes, episode_steps=episode_steps, score=score)
 
 
 def to_numpy(tree: Any) -> Any:

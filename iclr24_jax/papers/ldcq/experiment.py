@@ -23,7 +23,7 @@ from iclr24_jax.papers.ldcq.model import BCPolicy, QNetwork, SkillVAE
 from iclr24_jax.rl import offline as offline_lib
 
 METHODS = {"ldcq": "LDCQ (diffusion prior + Q)", "vae_q": "VAE prior + Q", "latent_bc": "latent BC (VAE prior)",
-           "diffusion_prior": "diffusion prior, no Q", "bc": "BC"}
+           "diffusion_prior": "diffusion prior, no Q", "bc": "BC", "random": "random policy (uniform actions)"}
 # eval.protocol -> (planner, score) of `alg.evaluate_skills`: 'maze' is the official maze2d evaluation
 # (eval/plan_skills_diffusion_maze2d.py: two-stage planner, stop at the goal, score T - t), 'return' the generic
 # argmax planner scored by the summed reward of the whole episode.
@@ -272,6 +272,10 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
       fn = jit(jax.vmap(lambda k, p: alg.evaluate_bc(k, policy, p, env, num_episodes=int(e.num_episodes),
                                                      episode_steps=ep_steps, score=score)), short=True)
       returns["bc"] = np.asarray(timed("eval_bc", fn, k_eval, bc_params))
+    if "random" in methods:   # the floor: uniform actions, the same protocol and episode starts as every arm
+      fn = jit(jax.vmap(lambda k: alg.evaluate_random(k, env, num_episodes=int(e.num_episodes),
+                                                      episode_steps=ep_steps, score=score)), short=True)
+      returns["random"] = np.asarray(timed("eval_random", fn, k_eval))
     out["scores"] = {k: np.asarray(offline_lib.normalized_score(c.data.name, v.astype(np.float64)))
                      for k, v in returns.items()}
   out["returns"] = returns
@@ -322,17 +326,17 @@ def plot_scores(path: str, scores: dict, title: str) -> str:
   Returns:
     path.
   """
-  fig, axes = metrics.new_figure(size=(5.2, 3.2))
+  fig, axes = metrics.new_figure(size=(6.4, 3.4))
   ax = axes[0, 0]
   names = list(scores)
   per_seed = [scores[n].mean(axis=1) for n in names]
   means = [float(np.mean(p)) for p in per_seed]
   ses = [stats.mean_se(p)[1] for p in per_seed]
-  ax.bar(range(len(names)), means, yerr=ses, capsize=4, color=["C0", "C1", "C2", "C3", "C7"][:len(names)])
+  ax.bar(range(len(names)), means, yerr=ses, capsize=4, color=["C0", "C1", "C2", "C3", "C4", "C7"][:len(names)])
   for i, p in enumerate(per_seed):
     ax.scatter(np.full(len(p), i), p, color="k", s=8, zorder=3)
   ax.set_xticks(range(len(names)))
-  ax.set_xticklabels([METHODS[n].split(" (")[0] for n in names], fontsize=8)
+  ax.set_xticklabels([METHODS[n].split(" (")[0] for n in names], fontsize=8, rotation=20, ha="right")
   ax.set_ylabel("normalised score (mean over episodes)")
   ax.set_title(title, fontsize=9)
   return metrics.save_figure(fig, path)

@@ -98,7 +98,8 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
             f"nats); {sample}; bootstrap 95% interval over pairs; raw per-order picks: accuracy "
             f"{100 * res['raw_accuracy']:.1f}%, agreement {100 * res['raw_agreement']:.1f}%, first position "
             f"(a) picked in {100 * res['position_a_rate']:.1f}% of raw judgements (mean bias "
-            f"{res['mean_position_bias']:+.2f} nats toward (a)); ties {100 * res['failure_rate']:.1f}%; "
+            f"{res['mean_position_bias']:+.2f} nats toward (a)); debiased ties {res.get('debiased_ties', 0)} of "
+            f"{res['n']} pairs (scored by their raw picks); "
             f"{res['num_generations']} judge prompts in {res['seconds']:.0f}s ({res['cache_hits']} cached)")
     for subset in ("Natural", "Adversarial"):
       rows.append({"paper": "llmbar", "experiment": f"{strategy}, {subset}", "metric": "accuracy % [95% CI]",
