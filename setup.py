@@ -41,10 +41,14 @@ RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "
 TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
         "pyflakes>=3",  # tests/test_registry.py: no undefined names after code moves between modules
         "setuptools>=68", "wheel>=0.41",  # tests/common/test_install.py builds a wheel without build isolation
-        "mkdocs>=1.6,<2", "mkdocstrings-python>=1.10"]  # tests/test_docs.py: the API reference builds (--strict)
+        "mkdocs>=1.6,<2", "mkdocstrings-python>=1.10",  # tests/test_docs.py: the API reference builds (--strict)
+        "sacrebleu>=2.4"]  # tests/papers/test_lm_inversion.py: our BLEU against sacrebleu (the official metric)
 # Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles
-# llama.cpp from source; not in 'all' so that setup and CI stay fast).
-BENCH = ["llama-cpp-python>=0.3"]
+# llama.cpp from source, natively for the build machine's CPU; not in 'all' so that setup and CI stay fast).
+# On 2 cores: CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python took ~40 min
+# while other jobs loaded the machine.
+# >= 0.3.36: the benchmark's batched decoding uses its llama_batch / llama_memory_* API.
+BENCH = ["llama-cpp-python>=0.3.36"]
 
 setuptools.setup(
     name="iclr24_jax",
@@ -53,9 +57,11 @@ setuptools.setup(
     long_description=(open(os.path.join(HERE, "README.md")).read()
                       if os.path.exists(os.path.join(HERE, "README.md")) else ""),
     long_description_content_type="text/markdown",
-    # The library (configs included) and the experiment drivers, so that `python -m experiments.reproduce`
-    # works from an installed (non-editable) copy; configs/ at the top level only holds launcher shims.
-    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*", "experiments"]),
+    # The library only (configs and the launcher `iclr24_jax.launch` included). The top-level experiments/ and
+    # configs/ folders are checkout shims (`python -m experiments.main`); installing a package named
+    # `experiments` would collide with a user's own.
+    packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*"]),
+    entry_points={"console_scripts": ["iclr24 = iclr24_jax.launch:main"]},
     package_data={"iclr24_jax": ["py.typed", "rl/*.json", "papers/*/*.json", "**/README.md"]},
     license="Apache-2.0",
     python_requires=">=3.10",

@@ -11,6 +11,7 @@ import glob
 import math
 import os
 import struct
+import uuid
 from typing import Any, Mapping
 
 
@@ -21,13 +22,17 @@ class TensorBoardWriter:
 
   Args:
     logdir: the folder of the event files (e.g. `workdir/tensorboard`).
+    purge_step: on a resumed run, the first step it writes again: TensorBoard hides the earlier run's events at
+      and after this step, so the curves read as one uninterrupted run (None: a fresh run).
   """
 
-  def __init__(self, logdir: str):
+  def __init__(self, logdir: str, purge_step: int | None = None):
     from tensorboardX import SummaryWriter  # imported here: the library imports without it
     os.makedirs(logdir, exist_ok=True)
     self.logdir = logdir
-    self._writer = SummaryWriter(logdir=logdir)
+    # A unique suffix: two writers opened within one second (a quick resume) would otherwise share a file name.
+    self._writer = SummaryWriter(logdir=logdir, purge_step=purge_step,
+                                 filename_suffix=f".{os.getpid()}.{uuid.uuid4().hex[:8]}")
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
     """Writes every finite number in `scalars` as a scalar summary at `step` (tags keep their `train/` etc.).
@@ -75,7 +80,9 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
     logdir: a folder written by `TensorBoardWriter` (or any TensorBoard writer).
 
   Returns:
-    tag -> list of (step, value), in file order (files sorted by name, i.e. by creation time).
+    tag -> list of (step, value), in the order written (files in the order of their first event's time). A
+    resumed run's restart marker (a `SessionLog.START` event at its purge step) hides the earlier values at and
+    after that step, as TensorBoard does, so a killed and resumed run reads as one run.
 
   Raises:
     FileNotFoundError: when `logdir` holds no event file.
@@ -84,10 +91,16 @@ def read_scalars(logdir: str) -> dict[str, list[tuple[int, float]]]:
   files = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
   if not files:
     raise FileNotFoundError(f"no TensorBoard event file (events.out.tfevents.*) in {logdir}.")
-  out: dict[str, list[tuple[int, float]]] = {}
+  events = []
   for path in files:
-    for data in _records(path):
-      event = event_pb2.Event.FromString(data)
+    file_events = [event_pb2.Event.FromString(data) for data in _records(path)]
+    if file_events:
+      events.append((file_events[0].wall_time, path, file_events))
+  out: dict[str, list[tuple[int, float]]] = {}
+  for _, _, file_events in sorted(events, key=lambda e: (e[0], e[1])):
+    for event in file_events:
+      if event.HasField("session_log") and event.session_log.status == event_pb2.SessionLog.START:
+        out = {tag: [(s, v) for s, v in vals if s < event.step] for tag, vals in out.items()}
       for value in event.summary.value:
         if value.HasField("simple_value"):
           out.setdefault(value.tag, []).append((int(event.step), float(value.simple_value)))

@@ -200,8 +200,8 @@ def run(config: Any, workdir: str) -> dict:
   mesh = sharding.make_mesh(config.get("mesh"))
   res = loop_lib.train_loop(init_fn=init_fn, train_step=step, batches=stream, num_steps=config.num_steps,
                             key=jax.random.key(config.seed), workdir=workdir, mesh=mesh,
-                            log_every=config.log_every, checkpoint_every=config.checkpoint_every, config=config,
-                            name="diffusion")
+                            log_every=config.log_every, config=config, name="diffusion",
+                            **loop_lib.checkpoint_options(config))
   params = res.state.extra["ema_params"] if ema else res.state.params
   params = jax.device_put(params, jax.devices()[0])
 

@@ -18,3 +18,16 @@ def test_read_scalars_names_an_empty_folder(tmp_path):
   import pytest
   with pytest.raises(FileNotFoundError, match="events.out.tfevents"):
     tensorboard.read_scalars(str(tmp_path))
+
+
+def test_a_resumed_writer_hides_the_interrupted_runs_later_steps(tmp_path):
+  logdir = str(tmp_path / "tb")
+  first = tensorboard.TensorBoardWriter(logdir)
+  for step in (10, 20, 30):            # the interrupted run logged up to 30; its last checkpoint was at 20
+    first.write_scalars(step, {"loss": float(step)})
+  first.close()
+  resumed = tensorboard.TensorBoardWriter(logdir, purge_step=21)
+  for step in (30, 40):
+    resumed.write_scalars(step, {"loss": step + 0.5})
+  resumed.close()
+  assert tensorboard.read_scalars(logdir) == {"loss": [(10, 10.0), (20, 20.0), (30, 30.5), (40, 40.5)]}

@@ -141,7 +141,7 @@ def train_split(config: Any, name: str, model: clip.CLIP, init_fn, images: np.nd
       init_fn=init_fn, train_step=step, batches=stream, num_steps=int(config.num_steps),
       key=jax.random.key(int(config.seed)), workdir=os.path.join(workdir, name) if workdir else None, mesh=mesh,
       log_every=int(config.log_every), eval_every=eval_every, eval_fn=eval_fn if eval_every else None,
-      checkpoint_every=int(config.get("checkpoint_every", 0)), config=config, progress=progress, name=name)
+      config=config, progress=progress, name=name, **loop_lib.checkpoint_options(config))
 
 
 @functools.lru_cache(maxsize=8)

@@ -296,3 +296,26 @@ def benchmark(quick: bool = True) -> list[dict]:
                "median_s": dt, "items_per_s": len(rs) * 13 / dt, "cpu_s": cpu,
                "tokens_per_s": (scorer.num_tokens - k0) / dt, "tokens_per_reply": (scorer.num_tokens - k0) / len(rs)})
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size routine for `experiments.scale`: one feature-scoring step of the Flan-T5-XL extractor.
+
+  `scale.batch_size` feature prompts of `scale.enc_len` tokens encoded once, with the distribution of the first
+  answer token over '1'..'10' (`configs/cpm.py:paper`); float32 weights as the official pipeline loads them.
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program (params, enc_ids, enc_mask, option_ids) -> [B, 10] log-probabilities.
+  """
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, "cpm")
+  return lm_scale.t5_choice_program(
+      "Flan-T5-XL feature scoring step (13 features x replies, first answer token)", lm_scale.named_model(s.model),
+      mesh, s.batch_size, s.enc_len, s.num_options, param_dtype=jnp.dtype(s.param_dtype),
+      notes="GPT-3.5, the paper's other extractor, is closed; Flan-T5-XL is the official code's default.",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

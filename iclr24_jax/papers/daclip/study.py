@@ -114,7 +114,9 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> lis
   inp = res["restoration"]["input"]
   per_type = "; ".join(f"{n}: in {inp['per_type'][n]['psnr']:.1f}, none {np.mean(pc['none']['per_type'][n]['psnr']):.1f}, "
                        f"DA-CLIP {np.mean(pc['daclip']['per_type'][n]['psnr']):.1f}" for n in res["degradations"])
-  note = (f"IR-SDE (T={cfg.sde.T}, lambda=50/255, cosine, eps=0.005), reverse-SDE sampling, {cfg.num_seeds} seeds "
+  sampler = {"posterior": "posterior sampling (official test)", "sde": "reverse-SDE sampling"}[
+      str(cfg.get("restore_method", "posterior"))]
+  note = (f"IR-SDE (T={cfg.sde.T}, lambda=50/255, cosine, eps=0.005), {sampler}, {cfg.num_seeds} seeds "
           f"paired (same init, batches and sampling noise per seed); degraded input PSNR {inp['psnr']:.2f} dB. "
           f"Per degradation (PSNR dB, seed mean): {per_type}.")
   rows.append(stats.compare_row(
@@ -183,8 +185,9 @@ def benchmark(quick: bool = True) -> list[dict]:
     nb = 16
     lq = jnp.asarray(rng.random((nb,) + shape), jnp.float32)
     emb = jnp.asarray(rng.normal(size=(nb, d)), jnp.float32)
-    fn = jax.jit(lambda k, p, x, c, e: model_lib.restore(k, p, x, model=net, schedule=sde, e_c=c, e_d=e))
+    fn = jax.jit(lambda k, p, x, c, e: model_lib.restore(k, p, x, model=net, schedule=sde, e_c=c, e_d=e,
+                                                         method=str(cfg.restore_method)))
     rows.append(bench.time_fn(fn, jax.random.key(2), rparams, lq, emb, emb, repeats=1 if quick else 3, items=nb,
-                              name=f"daclip/restore, T={int(cfg.sde.T)} reverse-SDE steps (items = images)",
+                              name=f"daclip/restore, T={int(cfg.sde.T)} {cfg.restore_method} steps (items = images)",
                               size=f"{size}x{size}", batch=nb))
   return rows

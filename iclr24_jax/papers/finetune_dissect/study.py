@@ -236,3 +236,35 @@ def benchmark(quick: bool = True) -> list[dict]:
           batch=batch_size)
     rows += bench.across_devices(make_case, carry=True, repeats=5 if quick else 20)
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: Llama-2-7B full finetuning at the official run's sizes.
+
+  64 sequences of 1,024 tokens per step, float32 master weights and AdamW moments sharded over the mesh, the
+  forward / backward on a bfloat16 copy with every layer rematerialised (`configs/finetune_dissect.py:paper`).
+
+  Args:
+    config: `get_config('paper')` (its `scale` block and optimizer).
+    mesh: the ('data', 'model') mesh the program is sharded over.
+
+  Returns:
+    common.scale.Program of `lm.train.make_train_step` (state, batch, key) -> (state, metrics).
+  """
+  import jax.numpy as jnp
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, PAPER)
+  if s.method != "full":
+    raise ValueError(f"scale.method={s.method!r}: the compiled paper step is full finetuning ('full'); LoRA "
+                     "adapters need the list form of the layers.")
+  model = lm_scale.named_model(config.model.name, remat=s.remat)
+  opt = config.optimizer
+  tx = finetune.make_optimizer(opt.learning_rate, config.num_steps, opt.warmup_frac, opt.grad_clip, opt.weight_decay)
+  b, t = s.batch_size, s.seq_len
+  return lm_scale.train_program(
+      "Llama-2-7B full finetuning step (AdamW, bf16 compute, remat)", model, tx, mesh, lm_scale.causal_batch(b, t),
+      param_dtype=jnp.dtype(s.param_dtype), compute_dtype=jnp.dtype(s.compute_dtype),
+      hand_flops=lm_scale.llama_flops(model, b, t), items_per_step=b * t,
+      notes="FSDP shards weights, gradients and moments (the official ZeRO-2 shards moments only).",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

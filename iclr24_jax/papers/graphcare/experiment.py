@@ -134,8 +134,8 @@ def run(config: Any, workdir: str) -> dict:
                             batches=batcher.train_batches(train_idx, int(config.seed)), num_steps=int(config.num_steps),
                             key=jax.random.key(int(config.seed)), workdir=workdir, mesh=mesh,
                             log_every=int(config.log_every), eval_every=int(config.eval_every), eval_fn=eval_fn,
-                            checkpoint_every=int(config.checkpoint_every), config=config, name=PAPER,
-                            steps_per_call=int(config.get("steps_per_call", 1)))
+                            config=config, name=PAPER, steps_per_call=int(config.get("steps_per_call", 1)),
+                            **loop_lib.checkpoint_options(config))
   y, p, loss = train_lib.collect_predictions(model, res.state.params, batcher.eval_batches(test_idx), task, mesh)
   test = metrics_lib.task_metrics(task, y, p)
   ci = metrics_lib.bootstrap_ci(task, y, p, num_resamples=200, seed=int(config.seed)) if len(y) > 1 else {}

@@ -98,7 +98,8 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
             f"nats); {sample}; bootstrap 95% interval over pairs; raw per-order picks: accuracy "
             f"{100 * res['raw_accuracy']:.1f}%, agreement {100 * res['raw_agreement']:.1f}%, first position "
             f"(a) picked in {100 * res['position_a_rate']:.1f}% of raw judgements (mean bias "
-            f"{res['mean_position_bias']:+.2f} nats toward (a)); ties {100 * res['failure_rate']:.1f}%; "
+            f"{res['mean_position_bias']:+.2f} nats toward (a)); debiased ties {res.get('debiased_ties', 0)} of "
+            f"{res['n']} pairs (scored by their raw picks); "
             f"{res['num_generations']} judge prompts in {res['seconds']:.0f}s ({res['cache_hits']} cached)")
     for subset in ("Natural", "Adversarial"):
       rows.append({"paper": "llmbar", "experiment": f"{strategy}, {subset}", "metric": "accuracy % [95% CI]",
@@ -188,3 +189,29 @@ def benchmark(quick: bool = True) -> list[dict]:
       rows[0]["speedup_vs_generate5_batch8"] = pair[0]["median_s"] / rows[0]["median_s"]
     rows.extend(pair)
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size routine for `experiments.scale`: one judging batch of the Llama-2-70B judge.
+
+  The prefill of `scale.batch_size` Vanilla prompts of `scale.seq_len` tokens and the log-probabilities of the two
+  verdicts, bfloat16 weights sharded over the mesh (`configs/llmbar.py:paper`; GPT-4 is closed, Llama-2-70B-chat
+  is the paper's open judge).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program (params, ids, mask, option_ids) -> [B, 2] log-probabilities.
+  """
+  import jax.numpy as jnp
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, "llmbar")
+  return lm_scale.llama_choice_program(
+      "Llama-2-70B judging batch (Vanilla, prefill + verdict log-probabilities)",
+      lm_scale.named_model(config.model.name), mesh, s.batch_size, s.seq_len, s.num_options,
+      param_dtype=jnp.dtype(s.param_dtype),
+      notes="GPT-4 is closed: the Llama-2-70B shape stands in. The paper's generate mode adds <= 50 decoding "
+            "steps per prompt.", paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -30,7 +30,7 @@ import optax
 
 from iclr24_jax.lm import t5
 
-# The official top-k access fills every log-probability outside the top k with this value.
+# The official top-k rule's fill value (`default_val=-30.0` in vec2text's embed_and_project).
 TOPK_FILL = -30.0
 UNIGRAM_DECAY = 0.99
 
@@ -54,17 +54,22 @@ def num_chunks(vocab_size: int, width: int, official_padding: bool = False) -> i
   return math.ceil(vocab_size / width)
 
 
-def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding: bool = False) -> jax.Array:
-  """Subtracts the unigram estimate, zero-pads and unrolls a distribution into pseudo-embeddings.
+def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding: bool = False,
+           topk: Any = None, topk_max: int | None = None) -> jax.Array:
+  """Subtracts the unigram estimate, (optionally) applies the top-k rule, pads and unrolls into pseudo-embeddings.
 
   Args:
     logprobs: [B, V] next-token log-probabilities of the target LM.
     unigram: [V] the unigram estimate (`update_unigram`); zeros disables the subtraction.
     width: d, the pseudo-embedding size.
     official_padding: pad as vec2text does (a whole extra zero chunk when d divides V).
+    topk: None (the full distribution), or the top-k access level: an int k >= 1, or an int array [B] per row
+      (0 = that row keeps the full distribution) with `topk_max` set. The rule is vec2text's (`topk_access`,
+      applied after the unigram is subtracted); the padded tail then holds the fill value, as in vec2text.
+    topk_max: static upper bound of a traced `topk` (None: topk must be a Python int).
 
   Returns:
-    [B, S, d] with S = num_chunks(V, d, official_padding); the padded tail is exactly 0.
+    [B, S, d] with S = num_chunks(V, d, official_padding); the padded tail is 0 (or the fill value under top-k).
   """
   logprobs = jnp.asarray(logprobs)
   if logprobs.ndim != 2:
@@ -74,8 +79,14 @@ def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding
     raise ValueError(f"unigram must be [V={v}], got shape {unigram.shape}.")
   s = num_chunks(v, width, official_padding)
   x = logprobs.astype(jnp.float32) - unigram.astype(jnp.float32)[None]
-  x = jnp.pad(x, ((0, 0), (0, s * width - v)))
-  return x.reshape(b, s, width)
+  pad = ((0, 0), (0, s * width - v))
+  if topk is None:
+    return jnp.pad(x, pad).reshape(b, s, width)
+  kept = jnp.pad(topk_access(x, topk, k_max=topk_max), pad, constant_values=TOPK_FILL)
+  if isinstance(topk, int):
+    return kept.reshape(b, s, width)
+  full = jnp.pad(x, pad)
+  return jnp.where(jnp.asarray(topk)[:, None] > 0, kept, full).reshape(b, s, width)
 
 
 def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGRAM_DECAY) -> jax.Array:
@@ -92,26 +103,37 @@ def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGR
   return decay * unigram + (1.0 - decay) * jnp.mean(logprobs.astype(jnp.float32), axis=0)
 
 
-def topk_access(logprobs: jax.Array, k: int, fill: float = TOPK_FILL) -> jax.Array:
-  """The top-k access scenario: keep the k largest log-probabilities, set every other entry to `fill`.
-
-  (vec2text's `zero_embedding_except_topk` with its default value -30.) The inverter then sees only what an API
-  returning the top-k log-probabilities reveals.
+def topk_access(inputs: jax.Array, k: Any, fill: float = TOPK_FILL, k_max: int | None = None) -> jax.Array:
+  """vec2text's top-k rule (`zero_embedding_except_topk`, models/inversion_from_logits.py:16-22, applied in
+  `embed_and_project` to the distribution AFTER the unigram is subtracted, with default_val -30): every entry
+  becomes `fill`, and the k largest entries become fill + their value (the official scatter_add onto the fill).
+  The inverter then sees only which tokens rank highest above the unigram and by how much.
 
   Args:
-    logprobs: [B, V].
-    k: number of entries kept (1 <= k <= V).
-    fill: the value of the hidden entries.
+    inputs: [..., V] unigram-subtracted log-distributions (`unroll` subtracts, then calls this).
+    k: entries kept, an int in [1, V], or an int array broadcastable to inputs.shape[:-1] (traced; needs k_max).
+    fill: the value of every other entry (official -30).
+    k_max: static upper bound of a traced k (None: k must be a Python int).
 
   Returns:
-    [B, V].
+    [..., V].
+
+  Raises:
+    ValueError: k (or k_max) outside [1, V].
   """
-  v = logprobs.shape[-1]
-  if not 1 <= k <= v:
-    raise ValueError(f"k must be in [1, V={v}], got {k}.")
-  vals, idx = jax.lax.top_k(logprobs, k)
-  out = jnp.full_like(logprobs, fill)
-  return jax.vmap(lambda o, i, x: o.at[i].set(x))(out, idx, vals)
+  v = inputs.shape[-1]
+  if k_max is None:
+    if not isinstance(k, int):
+      raise ValueError("a traced k needs a static k_max (the largest k it can take).")
+    k_max = k
+  if not 1 <= k_max <= v or (isinstance(k, int) and not 1 <= k <= v):
+    raise ValueError(f"k must be in [1, V={v}], got {k if isinstance(k, int) else k_max}.")
+  flat = inputs.reshape(-1, v)
+  vals, idx = jax.lax.top_k(flat, k_max)                                    # sorted, largest first
+  keep = jnp.arange(k_max) < jnp.broadcast_to(jnp.asarray(k), inputs.shape[:-1]).reshape(-1, 1)
+  out = jnp.full_like(flat, fill)
+  out = jax.vmap(lambda o, i, a: o.at[i].add(a))(out, idx, jnp.where(keep, vals, 0.0))
+  return out.reshape(inputs.shape)
 
 
 class Projection(nn.Module):
@@ -236,17 +258,20 @@ def init_state(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
   return TrainState.create(init(key, inverter), tx, extra={"unigram": jnp.zeros((vocab_size,), jnp.float32)})
 
 
-def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_decay: float = UNIGRAM_DECAY):
+def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_decay: float = UNIGRAM_DECAY,
+                    topk_max: int = 0):
   """`train_step(state, batch, key) -> (state, metrics)` for `common.loop`.
 
-  The batch holds raw distributions: logprobs [B, V], labels [B, T], label_mask [B, T]. Each step first moves
-  the unigram estimate (state.extra['unigram']) towards the batch mean, then subtracts it and unrolls, as the
-  official model updates its buffer in the training forward pass before using it.
+  The batch holds raw distributions: logprobs [B, V], labels [B, T], label_mask [B, T], and with topk_max > 0 also
+  topk [B] (each row's top-k access level, 0 = full). Each step first moves the unigram estimate
+  (state.extra['unigram']) towards the batch mean of the FULL distributions, then subtracts it, applies the top-k
+  rule and unrolls, as the official model updates its buffer in the training forward pass before using it.
 
   Args:
     inverter: the static description.
     official_padding: unroll with the official padding.
     unigram_decay: the EMA decay (0.99).
+    topk_max: 0 (full distributions) or the largest top-k level the batch's 'topk' can hold.
 
   Returns:
     The pure step; metrics {'loss', 'accuracy', 'tokens', 'grad_norm'} (scalars).
@@ -255,7 +280,8 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
     key = jax.random.fold_in(key, state.step)
     logprobs = batch["logprobs"].astype(jnp.float32)
     unigram = update_unigram(state.extra["unigram"], logprobs, unigram_decay)
-    inputs = unroll(logprobs, unigram, inverter.width, official_padding)
+    topk = batch["topk"] if topk_max else None
+    inputs = unroll(logprobs, unigram, inverter.width, official_padding, topk=topk, topk_max=topk_max or None)
     sub = {"inputs": inputs, "labels": batch["labels"], "label_mask": batch["label_mask"]}
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, sub, key, inverter=inverter)
     metrics = dict(metrics, grad_norm=optax.global_norm(grads))
@@ -265,21 +291,23 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
 
 
 def invert(params: Mapping[str, Any], logprobs: jax.Array, unigram: jax.Array, *, inverter: Inverter,
-           max_len: int, official_padding: bool = False) -> t5.GenerationOutput:
+           max_len: int, official_padding: bool = False, topk: Any = None,
+           topk_max: int | None = None) -> t5.GenerationOutput:
   """Greedy prompt reconstruction from next-token distributions.
 
   Args:
     params: the trained inverter.
-    logprobs: [B, V] target-LM log-distributions (full, or `topk_access` of them).
+    logprobs: [B, V] target-LM log-distributions.
     unigram: [V] the unigram estimate stored at the end of training.
     inverter: the static description.
     max_len: tokens to decode at most (static).
     official_padding: must match training.
+    topk, topk_max: the top-k access level (`unroll`): None = the full distribution.
 
   Returns:
     t5.GenerationOutput (tokens [B, max_len] in the decoder's vocabulary, mask, lengths ...).
   """
-  unrolled = unroll(logprobs, unigram, inverter.width, official_padding)
+  unrolled = unroll(logprobs, unigram, inverter.width, official_padding, topk=topk, topk_max=topk_max)
   embeds = embed(params, unrolled, inverter)
   return t5.generate(params["t5"], inverter.t5_config, None, None, jax.random.key(0), max_len, enc_embeds=embeds)
 

@@ -67,7 +67,7 @@ def _train(config, workdir, model, scheds, image_shape, arrays, num_steps, loss_
   mesh = sharding.make_mesh(config.get("mesh"), devices=jax.devices()[:n_dev] if n_dev else None)
   return loop_lib.train_loop(init_fn=init_fn, train_step=step, batches=stream, num_steps=num_steps,
                              key=jax.random.key(config.seed), workdir=workdir, mesh=mesh, log_every=config.log_every,
-                             checkpoint_every=config.checkpoint_every, config=config, name=name)
+                             config=config, name=name, **loop_lib.checkpoint_options(config))
 
 
 def run(config: Any, workdir: str) -> dict:

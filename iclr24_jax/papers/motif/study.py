@@ -70,9 +70,10 @@ def _config(fast: bool):
 
 
 def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models,
-  (c) toy success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels (claims judged
-  on paired seeds), (d) NetHack measurements (steps/s, score and messages at a CPU budget; no claims).
+  """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models, (c) toy
+  success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels, and with the oracle's
+  values used directly as r_phi without a learned model (claims judged on paired seeds), (d) NetHack measurements
+  (steps/s, score and messages at a CPU budget; no claims).
 
   Args:
     workdir: output folder (created).
@@ -134,9 +135,15 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         notes=f"{len(sources[kind]['records'])} pairs ({sources[kind]['agreement']['distinct_pairs']} distinct "
               f"non-identical), 20% of distinct pairs held out; official lt_cnn encoder. Normalised r_phi: "
               + rank_note(sources[kind]["fitted"])))
-  # (c) all agents in one program: extrinsic-only, then intrinsic-only / both per label source.
+  # (c) all agents in one program: extrinsic-only, then intrinsic-only / both per label source, and the
+  # no-model arm: the oracle's values used directly as r_phi (normalised and thresholded on the dense arm's
+  # training messages), which separates what the reward model learns from what the intrinsic reward does.
+  values = "oracle-values"
+  sources[values] = dict(name="oracle values, no reward model",
+                         fitted=pipeline.oracle_values_fit(c, sources[dense]["records"]))
+  arms = ("oracle", llm_kind, dense, values)
   settings = [(sources["oracle"]["name"], "extrinsic")]
-  for kind in ("oracle", llm_kind, dense):
+  for kind in arms:
     settings += [(sources[kind]["name"], "intrinsic"), (sources[kind]["name"], "both")]
   fits = {sources[k]["name"]: sources[k]["fitted"] for k in sources}
   agents = pipeline.toy_agents(c, env, pipeline.toy_settings(c, fits, settings), k_agents, int(c.num_seeds))
@@ -150,28 +157,33 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
             f"{env.height}x{env.width} world, {env.spec.max_episode_steps}-step episodes; random agent succeeds "
             f"~1%")
   key_of = lambda i: f"key {agents['final']['key'][i].mean():.2f}, unlock {agents['final']['unlock'][i].mean():.2f}"
-  for kind in ("oracle", llm_kind, dense):
+  for kind in arms:
     src = sources[kind]["name"]
     i_int = settings.index((src, "intrinsic"))
     i_both = settings.index((src, "both"))
     extra_note = ""
-    if kind != "oracle":
+    if kind == llm_kind:
       extra_note = (f" Annotator agreement with the oracle: {ag['agreement']:.2f} (row above); the oracle-label "
                     "rows run the same code.")
+    elif kind == values:
+      extra_note = (" r_phi = the oracle's values (goal 3, unlock 2, key 1, bump -1, else 0), no reward model; "
+                    f"mu, sigma and eps from the {dense} arm's training messages.")
     for a, b, claim, nb in ((i_int, 0, CLAIM_INT, "extrinsic"), (i_both, 0, CLAIM_BOTH, "extrinsic"),
                             (i_both, i_int, CLAIM_BOTH, "intrinsic")):
       row = stats.compare_row(
-          paper=PAPER, experiment=f"toy: {src} labels", metric="success rate of the final policy",
+          paper=PAPER, experiment=f"toy: {src}" + ("" if kind == values else " labels"),
+          metric="success rate of the final policy",
           a=succ[a], b=succ[b], name_a=names[a], name_b=nb if nb == "extrinsic" else names[b], paper_value=claim,
           direction="greater", paired=True, kind="claim", basis=BASIS_INT if claim == CLAIM_INT else BASIS_BOTH,
-          notes=f"{budget}. {names[a]}: {key_of(a)}; {names[b]}: {key_of(b)}. Learned reward by event: "
-                f"{rank_note(sources[kind]['fitted'])}.{extra_note}",
+          notes=f"{budget}. {names[a]}: {key_of(a)}; {names[b]}: {key_of(b)}. "
+                f"Normalised r_phi by event: {rank_note(sources[kind]['fitted'])}.{extra_note}",
           plots=[plot])
       if row["holds"] == "no":
         row["notes"] += (" Bug checks behind this 'no': the intrinsic reward, the count decay and the toy's events "
                          "match hand-computed values (tests/papers/test_motif.py), and the agents do maximise the "
-                         "learned reward (the key / unlock rates above): the verdict is about this reward model and "
-                         "budget.")
+                         "reward (the key / unlock rates above): the verdict is about "
+                         + ("these reward values (no learned model) and budget." if kind == values
+                            else "this reward model and budget."))
       rows.append(row)
   rows.append(dict(paper=PAPER, experiment="toy: agents", metric="env steps/s (PPO, reward in the loop, "
                    f"{len(settings)} settings x {c.num_seeds} seeds vmapped, incl. compile)",
@@ -277,3 +289,26 @@ def benchmark(quick: bool = True) -> list[dict]:
                               items=4 * 64, name="motif/NetHack collect + Motif hook (env steps/s, 4 games)"))
   venv.close()
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size routine for `experiments.scale`: one annotation step of the Llama-2-70B annotator.
+
+  The prefill of `scale.batch_size` caption-pair prompts of `scale.seq_len` tokens (4,096 tokens: one vLLM forward
+  of the official annotator) and the log-probabilities of '1' / '2' (`configs/motif.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program (params, ids, mask, option_ids) -> [B, 2] log-probabilities.
+  """
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, PAPER)
+  return lm_scale.llama_choice_program(
+      "Llama-2-70B annotation step (prefill + preference log-probabilities)", lm_scale.named_model(s.model), mesh,
+      s.batch_size, s.seq_len, s.num_options, param_dtype=jnp.dtype(s.param_dtype),
+      notes="The official annotator samples up to 4,096 tokens and parses them; this is the prefill both share.",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)
