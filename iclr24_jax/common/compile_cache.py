@@ -14,6 +14,10 @@ themselves (importing a function should not write to a user's home).
 Every program is cached, whatever its compile time (JAX's default writes only programs that took over 1 s, which
 skips the many small programs of a test run). Entries are keyed by the program, the JAX / XLA versions, the
 devices and the compile options; on a cluster whose nodes differ in CPU, point the folder at node-local disk.
+XLA:CPU (jaxlib 0.9) logs an error line for each entry it loads on CPUs whose LLVM tuning flags it mistakes for
+missing features ("Target machine feature +prefer-no-gather is not supported", openxla/xla#44565; seen on this
+project's AMD EPYC machines); the entry is used all the same. TF_CPP_MIN_LOG_LEVEL=3 silences it (and every other
+C++ error line).
 """
 from __future__ import annotations
 
