@@ -140,6 +140,22 @@ def host_value(x: Any) -> np.ndarray | None:
   return np.asarray(x)
 
 
+def host_array(where: str, name: str, x: Any, dtype: Any = None) -> np.ndarray:
+  """`np.asarray(x, dtype)` for a host-side function, or a named error for a traced / multi-host global array.
+
+  Raises:
+    ContractError: `x` is a tracer (the function runs on the host, it cannot be jitted) or spans other hosts'
+      devices (gather it first, e.g. with jax.experimental.multihost_utils.process_allgather).
+  """
+  if is_traced(x):
+    raise ContractError(f"{where} runs on the host (NumPy) and cannot be traced: call it outside jax.jit / vmap "
+                        f"({name} is a tracer).")
+  if not is_readable(x):
+    raise ContractError(f"{where} runs on the host: {name} is a global array spanning other processes' devices; "
+                        "gather it first (jax.experimental.multihost_utils.process_allgather).")
+  return np.asarray(x, dtype)
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The checking mode of `checked`.
 
