@@ -295,7 +295,7 @@ def static_int(where: str, name: str, value: Any, low: int | None = None, high: 
   value = int(value)
   if (low is not None and value < low) or (high is not None and value > high):
     rng = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
-    raise HyperparameterError(f"{where}: {name} = {value} must lie in {rng}.")
+    raise HyperparameterError(f"{where}: {name} must lie in {rng}; got {value}.")
   return value
 
 
