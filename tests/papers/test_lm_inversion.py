@@ -215,7 +215,7 @@ def test_distribution_check_names_the_problem():
     check_distributions(np.array([[0.0, np.nan]], np.float32))
   check_distributions(np.log(np.full((2, 5), 0.2, np.float32)))
   # a masked / top-k row (-inf entries, less than all the mass) is a valid input
-  check_distributions(np.log(np.array([[0.5, 0.3, 0.0, 0.0, 0.0]], np.float32)))
+  check_distributions(np.array([[np.log(0.5), np.log(0.3), -np.inf, -np.inf, -np.inf]], np.float32))
 
 
 @needs_data
