@@ -295,7 +295,7 @@ def static_int(where: str, name: str, value: Any, low: int | None = None, high: 
   value = int(value)
   if (low is not None and value < low) or (high is not None and value > high):
     rng = f"[{'-inf' if low is None else low}, {'inf' if high is None else high}]"
-    raise HyperparameterError(f"{where}: {name} must lie in {rng}; got {value}.")
+    raise HyperparameterError(f"{where}: {name} must be in {rng}; got {value}.")
   return value
 
 
@@ -431,10 +431,14 @@ def in_range(where: str, name: str, value: Any, low: float | None = None, high: 
   Returns:
     True, or the traced condition for `poison`.
   """
-  lo_txt = "(" if low_open else "["
-  hi_txt = ")" if high_open else "]"
-  rng = f"{lo_txt}{'-inf' if low is None else low}, {'inf' if high is None else high}{hi_txt}"
-  msg = f"{name} must lie in {rng}" + (f"; {hint}" if hint else ".")
+  if high is None and low is not None:
+    rng = f"be {'>' if low_open else '>='} {low:g}"
+  elif low is None and high is not None:
+    rng = f"be {'<' if high_open else '<='} {high:g}"
+  else:
+    rng = (f"be in {'(' if low_open else '['}{'-inf' if low is None else f'{low:g}'}, "
+           f"{'inf' if high is None else f'{high:g}'}{')' if high_open else ']'}")
+  msg = f"{name} must {rng}" + (f"; {hint}" if hint else ".")
   if value is None:
     return True
   if isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool):

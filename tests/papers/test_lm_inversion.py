@@ -52,7 +52,7 @@ def test_topk_access_keeps_only_the_top_entries():
   np.testing.assert_allclose(out[0], [np.log(0.5), -30.0, np.log(0.3), -30.0], rtol=1e-6)
   np.testing.assert_allclose(out[1, 2], np.log(0.4), rtol=1e-6)
   assert int(jnp.sum(out[1] > -30)) == 2
-  with pytest.raises(ValueError, match=r"k must lie in \[1, 4\]"):
+  with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
     li.topk_access(lp, 5)
 
 
