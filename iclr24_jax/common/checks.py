@@ -343,8 +343,9 @@ def require(where: str, ok: Any, error: type[ContractError], message: str) -> An
     if not bool(ok):
       raise error(f"{where}: {message}")
     return True
-  if checking():
-    checkify.check(ok, f"[{error.__name__}] {where}: {message}")
+  if checking():   # checkify formats its message: literal braces ({0, 1}) are escaped
+    text = f"[{error.__name__}] {where}: {message}".replace("{", "{{").replace("}", "}}")
+    checkify.check(ok, text)
   return ok
 
 

@@ -378,8 +378,12 @@ def check_distributions(logprobs: Any, name: str = "logprobs", where: str = "lm_
       raise checks.ProbabilityError(f"{where}: {name} rows are not normalised (sum of exp up to "
                                     f"{float(xp.max(mass)):.3f}); pass log_softmax(logits), not logits.")
     return True
-  return checks.require(where, row_ok, checks.ProbabilityError, f"{name} must be log-distributions (no NaN / "
-                        "+inf, a finite entry, mass <= 1); pass log_softmax(logits).")
+  return checks.all_ok(
+      checks.require(where, ~bad, checks.NonFiniteError, f"{name} has NaN or +inf entries; pass log_softmax "
+                     "outputs (-inf marks a hidden entry)."),
+      checks.require(where, has_finite & (mass <= 1.0 + MASS_TOLERANCE), checks.ProbabilityError,
+                     f"{name} must be log-distributions (a finite entry per row, mass <= 1); pass "
+                     "log_softmax(logits), not logits."))
 
 
 def make_multi_train_step(train_step: Any, num_models: int):
