@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import common
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -27,13 +28,24 @@ CONST_EPS = 1e-10  # the official util.CONST_EPS
 
 
 def normalize_advantage(adv: jax.Array, eps: float = CONST_EPS) -> jax.Array:
-  """(A - mean A) / (std A + eps) with torch's unbiased std (ddof = 1), as the official code."""
+  """(A - mean A) / (std A + eps) with torch's unbiased std (ddof = 1), as the official code: [B] -> [B]."""
+  checks.nonempty("unio4.normalize_advantage", "adv", int(np.size(adv)), "advantages")
+  checks.in_range("unio4.normalize_advantage", "eps", eps, 0.0, None, low_open=True)
   return (adv - jnp.mean(adv)) / (jnp.std(adv, ddof=1) + eps)
 
 
 def advantage_weights(adv: jax.Array, omega: float) -> jax.Array:
-  """omega where A > 0, 1 - omega elsewhere (the official `weighted_advantage` multiplies A by these)."""
-  return jnp.where(adv > 0, omega, 1.0 - omega)
+  """omega where A > 0, 1 - omega elsewhere (the official `weighted_advantage` multiplies A by these).
+
+  Args:
+    adv: [...] advantages.
+    omega: the weight of positive advantages, in [0, 1] (0.5 = plain PPO).
+
+  Returns:
+    [...] weights (NaN under jit for a traced omega outside [0, 1]; a Python omega raises at once).
+  """
+  ok = checks.in_range("unio4.advantage_weights", "omega", omega, 0.0, 1.0, hint="0.5 is plain PPO.")
+  return checks.poison(jnp.where(adv > 0, omega, 1.0 - omega), ok)
 
 
 def asymmetric_clipped_objective(log_prob: jax.Array, old_log_prob: jax.Array, adv: jax.Array, clip_eps: float,
