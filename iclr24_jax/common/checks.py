@@ -182,7 +182,8 @@ def shapes(where: str, known: Mapping[str, int] | None = None, **specs: tuple[An
 
   A layout is a space-separated string of dimensions: a name ("B", "K") binds a size that must agree
   everywhere it appears, a number is an exact size, "*" is any size, and a leading "..." takes any number of
-  leading batch dimensions (the per-row math then maps over them, as optax does).
+  leading batch dimensions (the per-row math then maps over them, as optax does); a trailing "..." takes any
+  trailing dimensions (e.g. "K B ..." for per-domain batches of images).
 
     dims = shapes("cpm.fit", features_a=(fa, "N F"), features_b=(fb, "N F"), labels=(y, "N"))
 
@@ -208,11 +209,14 @@ def shapes(where: str, known: Mapping[str, int] | None = None, **specs: tuple[An
       if not _TOKEN.match(t):
         raise ValueError(f"bad layout token {t!r} in {spec!r}")
     leading = bool(tokens) and tokens[0] == "..."
-    core = tokens[1:] if leading else tokens
-    if (leading and len(shape) < len(core)) or (not leading and len(shape) != len(core)):
-      want = f"rank >= {len(core)}" if leading else f"rank {len(core)}"
+    trailing = not leading and bool(tokens) and tokens[-1] == "..."
+    core = tokens[1:] if leading else tokens[:-1] if trailing else tokens
+    if "..." in core:
+      raise ValueError(f"layout {spec!r}: '...' may only start or end a layout")
+    if ((leading or trailing) and len(shape) < len(core)) or (not (leading or trailing) and len(shape) != len(core)):
+      want = f"rank >= {len(core)}" if (leading or trailing) else f"rank {len(core)}"
       raise ShapeError(f"{where}: {name} must be {_layout(spec)} ({want}); got shape {shape}.")
-    tail = shape[len(shape) - len(core):] if core else ()
+    tail = (shape[:len(core)] if trailing else shape[len(shape) - len(core):]) if core else ()
     for t, size in zip(core, tail):
       if t == "*":
         continue

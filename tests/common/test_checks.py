@@ -20,6 +20,7 @@ def _demo(p, tau):
 def test_layouts_bind_names_and_leading_dims():
   dims = checks.shapes("f", a=(np.zeros((4, 3)), "N F"), b=(np.zeros((4,)), "N"), c=(np.zeros((2, 5, 3)), "... F"))
   assert dims == {"N": 4, "F": 3}
+  assert checks.shapes("f", x=(np.zeros((2, 4, 8, 8, 1)), "K B ...")) == {"K": 2, "B": 4}
   assert checks.shapes("f", x=(np.zeros(()), ""), y=(None, "N")) == {}
   with pytest.raises(checks.ShapeError, match=r"b must be \[N\] with N = 4 \(from a\); got shape \(3,\)"):
     checks.shapes("f", a=(np.zeros((4, 3)), "N F"), b=(np.zeros((3,)), "N"))
