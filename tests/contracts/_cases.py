@@ -333,3 +333,18 @@ def lm():
   p = jax.jit(lambda k: lm_lib.init_params(k, cfg))(jax.random.key(0))
   return dict(cfg=cfg, choice=lambda pi, pm, oi, om: scoring.choice_logprobs_ids(p, cfg, pi, pm, oi, om),
               token=lambda ids: lm_lib.token_logprobs(p, cfg, ids))
+
+
+@functools.lru_cache(None)
+def families():
+  """Small losses of the other papers and families (one compile each)."""
+  from iclr24_jax.papers import coboosting, daclip, graphcare, unio4
+  from iclr24_jax import rl
+  sde = daclip.irsde_schedule(T=10)
+  return dict(
+      kd=lambda s, t, temp: coboosting.kd_loss(s, t, temp),
+      hard=lambda logits, labels: coboosting.hard_sample_loss(logits, labels),
+      expectile=lambda d: unio4.expectile_loss(d, 1.5),
+      gae=lambda r, v, g: rl.gae(r, v, v, jnp.zeros_like(r), jnp.zeros_like(r), g, 0.95)[0],
+      task_loss=lambda logits, labels: graphcare.task_loss(logits, labels, jnp.ones(labels.shape, bool), "binary"),
+      irsde_std=lambda t: daclip.irsde_std(t, sde))

@@ -7,7 +7,7 @@ import pytest
 from iclr24_jax.common import checks
 from tests.contracts import _cases as C
 
-LDCQ, CPM, MDM, D2, SG, FPS = C.ldcq, C.cpm, C.mdm, C.d2pruning, C.safeguards, C.fps
+LDCQ, CPM, MDM, D2, SG, FPS, FAM = C.ldcq, C.cpm, C.mdm, C.d2pruning, C.safeguards, C.fps, C.families
 
 CASES = [
     C.Case("ldcq.q_target discount=1.5", (LDCQ, "target_15"), lambda: C.ldcq_args(),
@@ -34,6 +34,13 @@ CASES = [
            C.Value(checks.HyperparameterError)),
     C.Case("fps.sample traced sigma=-1", (FPS, "sample"), lambda: (np.array([0.4], C.F32), np.float32(-1.0)),
            C.Value(checks.HyperparameterError)),
+    C.Case("coboosting.kd_loss traced temperature=0", (FAM, "kd"),
+           lambda: (np.ones((2, 3), C.F32), np.zeros((2, 3), C.F32), np.float32(0.0)),
+           C.Value(checks.HyperparameterError)),
+    C.Case("unio4.expectile_loss expectile=1.5", (FAM, "expectile"), lambda: (np.ones(3, C.F32),),
+           C.Structural(checks.HyperparameterError)),
+    C.Case("rl.gae traced gamma=1.5", (FAM, "gae"), lambda: (np.ones((4, 2), C.F32), np.zeros((4, 2), C.F32),
+                                                             np.float32(1.5)), C.Value(checks.HyperparameterError)),
 ]
 
 

@@ -6,7 +6,7 @@ import pytest
 from iclr24_jax.common import checks
 from tests.contracts import _cases as C
 
-PMP, MOTIF, LM = C.pmp, C.motif, C.lm
+PMP, MOTIF, LM, FAM = C.pmp, C.motif, C.lm, C.families
 
 
 def _pmp(**over):
@@ -32,6 +32,11 @@ CASES = [
                     np.ones((1, 2), bool)), C.Value(checks.IndexRangeError)),
     C.Case("lm.token_logprobs id -1", (LM, "token"), lambda: (np.array([[5, -1, 7]], np.int32),),
            C.Value(checks.IndexRangeError)),
+    C.Case("coboosting.hard_sample_loss label 5 of 3 classes", (FAM, "hard"),
+           lambda: (np.zeros((2, 3), C.F32), np.array([0, 5], np.int32)), C.Value(checks.IndexRangeError)),
+    # daclip's IR-SDE tables: a time past T was clamped to the last step by the gather
+    C.Case("daclip.irsde_std t=15 with T=10", (FAM, "irsde_std"), lambda: (np.array([3, 15], np.int32),),
+           C.Value(checks.IndexRangeError, C.has_nan)),
     # a float node id is structure (dtype), refused at trace time
     C.Case("pmp.partition_messages float senders", (PMP, "partition"),
            lambda: _pmp(senders=PMP()["senders"].astype(C.F32))(), C.Structural(checks.DtypeError)),

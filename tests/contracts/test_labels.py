@@ -7,7 +7,7 @@ import pytest
 from iclr24_jax.common import checks
 from tests.contracts import _cases as C
 
-CPM, MOTIF, MDM, PMP, LDCQ, SG = C.cpm, C.motif, C.mdm, C.pmp, C.ldcq, C.safeguards
+CPM, MOTIF, MDM, PMP, LDCQ, SG, FAM = C.cpm, C.motif, C.mdm, C.pmp, C.ldcq, C.safeguards, C.families
 
 
 def _motif(labels):
@@ -41,6 +41,8 @@ CASES = [
            C.Value(checks.LabelError)),
     C.Case("safeguards.coverage_accuracy y=2", (SG, "coverage_08"),
            lambda: (np.array([0.9, 0.2, 0.6], C.F32), np.array([2, 0, 1])), C.Value(checks.LabelError)),
+    C.Case("graphcare.task_loss binary labels 2", (FAM, "task_loss"),
+           lambda: (np.zeros((3, 1), C.F32), np.array([0, 2, 1])), C.Value(checks.LabelError)),
     # dtypes are structure: float class ids and float label states are refused at trace time.
     C.Case("mdm.loss_fn float labels", (MDM, "loss_plain"), lambda: (MDM()["x"], np.array([0.0, 1.0], C.F32)),
            C.Structural(checks.DtypeError)),
