@@ -29,20 +29,47 @@ def to_python(tree: Any) -> Any:
 
 
 class MetricWriter:
-  """Appends one JSON object per logged step to `workdir/metrics.jsonl`.
+  """Appends one JSON object per logged step to `workdir/metrics.jsonl` (process 0 writes; the others no-op), and
+  the same scalars to TensorBoard event files in `workdir/tensorboard/` (`tensorboard --logdir runs/`).
 
   On resume (`resume_step` given) rows logged after that step by the interrupted run are dropped, so
-  the file reads as one uninterrupted run.
+  the file reads as one uninterrupted run (TensorBoard hides them through its purge step); a fresh start
+  (`resume_step` None) replaces the file and the event files. Build it with `open_writer` (the one place that
+  decides between the two).
+
+  Args:
+    workdir: the run's folder.
+    resume_step: the step a resumed run continues from; None for a fresh run.
+    filename: the JSON-lines file; a name other than metrics.jsonl gets its own TensorBoard folder
+      (`tensorboard/<name without .jsonl>`).
+    tensorboard: also write event files (needs tensorboardX, a core dependency).
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None, filename: str = "metrics.jsonl"):
+  def __init__(self, workdir: str, resume_step: int | None = None, filename: str = "metrics.jsonl",
+               tensorboard: bool = True):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, filename)
+    self.enabled = jax.process_index() == 0
+    self.tensorboard = None
+    if not self.enabled:
+      return
+    if tensorboard:
+      from iclr24_jax.common import tensorboard as tb_lib
+      stem = os.path.splitext(filename)[0]
+      logdir = os.path.join(workdir, "tensorboard", *(() if filename == "metrics.jsonl" else (stem,)))
+      if resume_step is None and os.path.isdir(logdir):
+        for old in os.listdir(logdir):
+          if old.startswith("events.out.tfevents."):
+            os.remove(os.path.join(logdir, old))
+      self.tensorboard = tb_lib.TensorBoardWriter(
+          logdir, purge_step=None if resume_step is None else int(resume_step) + 1)
     if resume_step is not None and os.path.exists(self.path):
       rows = [r for r in read_jsonl(self.path) if int(r.get("step", 0)) <= resume_step]
-      with open(self.path, "w") as f:
+      tmp = self.path + ".tmp"
+      with open(tmp, "w") as f:
         for r in rows:
           f.write(json.dumps(r) + "\n")
+      os.replace(tmp, self.path)
     elif resume_step is None and os.path.exists(self.path):
       os.remove(self.path)
 
@@ -54,8 +81,33 @@ class MetricWriter:
       metrics: mapping name -> scalar (arrays and numpy values are converted with `to_python`).
     """
     row = {"step": int(step), **to_python(dict(metrics))}
-    with open(self.path, "a") as f:
-      f.write(json.dumps(row) + "\n")
+    if self.enabled:
+      with open(self.path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+      if self.tensorboard is not None:
+        self.tensorboard.write_scalars(int(step), {k: v for k, v in row.items() if k != "step"})
+
+  def close(self) -> None:
+    """Closes the TensorBoard event file (the JSON-lines file is closed after every row)."""
+    if self.tensorboard is not None:
+      self.tensorboard.close()
+      self.tensorboard = None
+
+
+def open_writer(workdir: str | None, start_step: int = 0, filename: str = "metrics.jsonl") -> MetricWriter | None:
+  """The metrics writer of a run that starts (or resumes) at `start_step`.
+
+  Args:
+    workdir: the run's folder; None gives None (nothing written).
+    start_step: 0 for a fresh run (an old file is replaced); the resumed step otherwise (rows after it are dropped).
+    filename: the file inside workdir.
+
+  Returns:
+    MetricWriter, or None without a workdir.
+  """
+  if workdir is None:
+    return None
+  return MetricWriter(workdir, resume_step=int(start_step) if start_step else None, filename=filename)
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -99,7 +151,9 @@ def _fmt_seconds(s: float) -> str:
 class Progress:
   """A one-line progress report: step/total, steps/s, ETA and the last loss.
 
-  Prints at most every `every_s` seconds (and at the end) to `stream`.
+  Prints at most every `every_s` seconds (and at the end) to `stream`. The rate (and so the ETA) is measured from
+  the first update on: the interval before it holds the compilation, which would make the first ETA hours long
+  for a run of minutes; until a second update there is no rate ('?').
   """
 
   def __init__(self, total: int, start: int = 0, every_s: float = 5.0, name: str = "train", stream=None,
@@ -109,9 +163,10 @@ class Progress:
     self.enabled = enabled
     self.t0 = time.perf_counter()
     self.last_print = -float("inf")
+    self._ref: tuple[float, int] | None = None   # (time, step) of the first update: the rate is measured after it
 
   def line(self, step: int, loss: float | None = None) -> str:
-    """The progress line at `step`: step/total (percent), steps/s since the start, ETA and the loss if given.
+    """The progress line at `step`: step/total (percent), steps/s after the first update, ETA and the loss if given.
 
     Args:
       step: the current global step.
@@ -120,12 +175,14 @@ class Progress:
     Returns:
       the line as str.
     """
-    done = step - self.start
-    elapsed = time.perf_counter() - self.t0
+    now = time.perf_counter()
+    t_ref, s_ref = self._ref if self._ref is not None else (now, step)
+    done, elapsed = step - s_ref, now - t_ref
     rate = done / elapsed if elapsed > 0 and done > 0 else float("nan")
     eta = (self.total - step) / rate if rate == rate and rate > 0 else float("nan")
     pct = 100.0 * step / max(self.total, 1)
-    parts = [f"[{self.name}] step {step}/{self.total} ({pct:.0f}%)", f"{rate:.2f} steps/s", f"ETA {_fmt_seconds(eta)}"]
+    parts = [f"[{self.name}] step {step}/{self.total} ({pct:.0f}%)",
+             f"{rate:.2f} steps/s" if rate == rate else "? steps/s", f"ETA {_fmt_seconds(eta)}"]
     if loss is not None:
       parts.append(f"loss {loss:.4g}")
     return " | ".join(parts)
@@ -142,6 +199,8 @@ class Progress:
     if self.enabled and (force or step >= self.total or now - self.last_print >= self.every_s):
       self.last_print = now
       print(self.line(step, loss), file=self.stream, flush=True)
+    if self._ref is None:
+      self._ref = (now, step)
 
 
 def save_figure(fig, path: str) -> str:

@@ -8,8 +8,12 @@ A difference inside the seed noise is neither a yes nor a no.
   a = [0.71, 0.73, 0.70]; b = [0.65, 0.69, 0.66]      # one value per seed, same seeds
   judge(a, b, paired=True, direction='greater')['holds']   # -> 'yes' when mean(a - b) > 2 SE(a - b)
 
-Every paper's `reproduce()` builds its comparison rows with `compare_row` (or `judge` + its own row), and
-`experiments/reproduce.py` counts yes / no / inconclusive / measurement per paper from the `holds` column.
+Every paper's `reproduce()` builds its comparison rows with `compare_row` (or `judge` + its own row). Each row has
+a `kind` (`KINDS`): a *claim* tests a statement the paper makes (its `basis` quotes the paper's words and says
+where they stand), a *check* verifies the implementation or a setting whose outcome its construction fixes, and a
+*measurement* is a number without a verdict. `experiments/reproduce.py` counts claims (yes / no / inconclusive /
+not run) apart from checks (pass / fail / inconclusive) and measurements, and refuses a row without a valid kind
+(`row_kind`). A headline claim nobody has run yet is a `not_run_row` in the study's `NOT_RUN` list.
 """
 from __future__ import annotations
 
@@ -19,6 +23,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 HOLDS = ("yes", "no", "inconclusive")
+NOT_RUN = "not run"   # the `holds` of a claim row that no run has tested yet (see `not_run_row`)
+# claim: tests a statement the paper makes; check: verifies the implementation, or a setting whose outcome is fixed
+# by its construction; measurement: a number without a verdict.
+KINDS = ("claim", "check", "measurement")
+
+
+class RowKindError(ValueError):
+  """A reproduction row whose `kind` is missing or does not fit its verdict (see `row_kind`)."""
 
 
 def _as_1d(x: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
@@ -184,8 +196,9 @@ def fmt_mean_se(mean: float, se: float, digits: int = 3) -> str:
 
 def compare_row(*, paper: str, experiment: str, metric: str, a: Sequence[float], b: Sequence[float] | float,
                 name_a: str, name_b: str, paper_value: str | None = None, direction: str = "greater",
-                paired: bool = True, notes: str = "", z: float = 2.0, **extra: Any) -> dict[str, Any]:
-  """A reproduction row for the claim "name_a beats name_b on metric", judged with `judge`.
+                paired: bool = True, notes: str = "", z: float = 2.0, kind: str | None = None, basis: str = "",
+                **extra: Any) -> dict[str, Any]:
+  """A reproduction row for "name_a beats name_b on metric", judged with `judge`.
 
   Args:
     paper, experiment, metric: the row's labels.
@@ -196,12 +209,22 @@ def compare_row(*, paper: str, experiment: str, metric: str, a: Sequence[float],
     paired: the arms share seeds and data.
     notes: free text appended to the interval summary.
     z: standard errors for the verdict.
+    kind: 'claim', 'check' or 'measurement' (`KINDS`). A measurement carries no verdict (holds None; `judgement`
+      keeps the numbers). Left None, the row has no kind and `experiments/reproduce.py` refuses to table it.
+    basis: for a claim, the paper's words it tests and where they stand ("'...' (Sec. 4, Table 2)"); for a check
+      or a measurement that reads like a claim, why it is not one.
     **extra: more columns (plots=[...], ...).
 
   Returns:
-    A row dict: paper, experiment, metric, ours (formatted), paper_value, holds ('yes'|'no'|'inconclusive'),
-    notes, and `judgement` (the raw numbers of `judge`, including the per-seed values).
+    A row dict: paper, experiment, metric, ours (formatted), paper_value, holds ('yes'|'no'|'inconclusive', None for
+    a measurement), notes, kind and basis (when given), and `judgement` (the raw numbers of `judge`, including the
+    per-seed values).
+
+  Raises:
+    RowKindError: `kind` is not one of `KINDS`.
   """
+  if kind is not None and kind not in KINDS:
+    raise RowKindError(f"kind must be one of {KINDS} (or None), got {kind!r}.")
   res = judge(a, b, paired=paired, direction=direction, z=z)
   ours = (f"{name_a} {fmt_mean_se(res['mean_a'], res['se_a'])} vs {name_b} {fmt_mean_se(res['mean_b'], res['se_b'])}; "
           f"diff {res['diff']:+.3g}+-{res['se_diff']:.2g} ({res['n']} seeds"
@@ -209,16 +232,100 @@ def compare_row(*, paper: str, experiment: str, metric: str, a: Sequence[float],
   judgement = dict(res, a=[float(v) for v in np.ravel(a)],
                    b=float(b) if np.isscalar(b) else [float(v) for v in np.ravel(b)], direction=direction, z=z)
   row = dict(paper=paper, experiment=experiment, metric=metric, ours=ours, paper_value=paper_value,
-             holds=res["holds"], notes=notes, judgement=judgement)
+             holds=None if kind == "measurement" else res["holds"], notes=notes, judgement=judgement)
+  if kind is not None:
+    row["kind"] = kind
+  if basis:
+    row["basis"] = basis
   row.update(extra)
   return row
 
 
-def normalise_holds(value: Any) -> str | None:
-  """Maps a row's `holds` to 'yes' / 'no' / 'inconclusive' / None (a measurement without a claim).
+def not_run_row(*, paper: str, basis: str, reason: str, variant: str, experiment: str = "headline claim (abstract)",
+                metric: str = "-", paper_value: str | None = None) -> dict[str, Any]:
+  """A claim row for a headline claim that no run tests yet, so that the gap shows in the report.
 
-  Legacy rows use True / False; strings 'yes'/'no'/'inconclusive' (any case) pass through; None, '-' and ''
-  mean no claim.
+  Args:
+    paper: the paper's slug.
+    basis: the paper's words and where they stand ("'...' (abstract)").
+    reason: why it is not run (data, compute, a missing arm).
+    variant: what would run it: a config variant (`configs/<slug>.py:<arg>`) or the arm to add.
+    experiment, metric: the row's labels.
+    paper_value: the paper's number, if it gives one.
+
+  Returns:
+    A row dict with kind 'claim', holds 'not run', basis, variant and notes that say why.
+  """
+  if not (basis and reason and variant):
+    raise RowKindError(f"a not-run row of {paper!r} needs a basis (the paper's words), a reason and a variant "
+                       f"(what would run it); got basis={basis!r}, reason={reason!r}, variant={variant!r}.")
+  return dict(paper=paper, experiment=experiment, metric=metric, ours="-",
+              paper_value=paper_value if paper_value is not None else "-", holds=NOT_RUN, kind="claim",
+              basis=basis, variant=variant, notes=f"not run: {reason}; would run with {variant}")
+
+
+def row_kind(row: dict[str, Any], where: str = "", require_verdict: bool = True) -> str:
+  """The row's kind after checking that it fits the row's verdict.
+
+  A claim needs a basis and a verdict ('yes' / 'no' / 'inconclusive', or 'not run' with the variant that would
+  run it); a check needs a verdict; a measurement has none (holds None or '-').
+
+  Args:
+    row: a reproduction row.
+    where: how to name the row in an error ("experiment 'cpm', row 3 (...)").
+    require_verdict: False accepts a claim or check without a verdict (a smoke run's rows, judged on nothing).
+
+  Returns:
+    'claim', 'check' or 'measurement'.
+
+  Raises:
+    RowKindError: the kind is missing or unknown, or does not fit the row's holds / basis.
+  """
+  where = where or f"row {row.get('experiment')!r} / {row.get('metric')!r}"
+  kind = row.get("kind")
+  if kind not in KINDS:
+    what = "has no 'kind'" if kind is None else f"has kind {kind!r}"
+    raise RowKindError(
+        f"{where} {what}: give every row kind='claim' (tests a statement the paper makes), 'check' (verifies the "
+        "implementation, or a setting whose outcome its construction fixes) or 'measurement' (a number without a "
+        "verdict) where the row is built (stats.compare_row(kind=...) or the row dict).")
+  try:
+    holds = normalise_holds(row.get("holds"))
+  except ValueError as e:
+    raise RowKindError(f"{where}: {e}") from None
+  unjudged_ok = holds is None and not require_verdict
+  if kind == "measurement" and holds is not None:
+    raise RowKindError(f"{where} is a measurement but has holds={row.get('holds')!r}: a measurement carries no "
+                       "verdict (holds None); make it a 'claim' or a 'check' if the verdict is meant.")
+  if kind == "check" and holds not in HOLDS and not unjudged_ok:
+    raise RowKindError(f"{where} is a check but has holds={row.get('holds')!r}: a check is judged 'yes' (pass), "
+                       "'no' (fail) or 'inconclusive'.")
+  if kind == "claim":
+    if holds is None and not unjudged_ok:
+      raise RowKindError(f"{where} is a claim without a verdict: judge it ('yes' / 'no' / 'inconclusive'), mark it "
+                         "'not run' (stats.not_run_row), or make it a 'measurement'.")
+    if not str(row.get("basis") or "").strip():
+      raise RowKindError(f"{where} is a claim without a basis: say which paper sentence or table it tests, "
+                         "quoting a few words (basis=\"'...' (Sec. 4, Table 2)\").")
+    if holds == NOT_RUN and not str(row.get("variant") or "").strip():
+      raise RowKindError(f"{where} is 'not run' without a variant: name the config variant or arm that would run it.")
+  return kind
+
+
+def normalise_holds(value: Any) -> str | None:
+  """Maps a row's `holds` to 'yes' / 'no' / 'inconclusive' / 'not run' / None (a measurement without a claim).
+
+  Legacy rows use True / False; strings 'yes'/'no'/'inconclusive'/'not run' (any case) pass through; None, '-'
+  and '' mean no claim.
+
+  Args:
+    value: the row's `holds`.
+
+  Returns:
+    'yes', 'no', 'inconclusive', 'not run' or None.
+
+  Raises:
+    ValueError: an unknown value.
   """
   if value is None:
     return None
@@ -233,4 +340,6 @@ def normalise_holds(value: Any) -> str | None:
     return "no"
   if s.startswith("inconclusive"):
     return "inconclusive"
-  raise ValueError(f"unknown holds value {value!r}: use 'yes', 'no', 'inconclusive' or None.")
+  if s == NOT_RUN:
+    return NOT_RUN
+  raise ValueError(f"unknown holds value {value!r}: use 'yes', 'no', 'inconclusive', 'not run' or None.")

@@ -64,7 +64,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.num_samples = 5000
   c.log_every = 100
   c.eval_every = 0
-  c.checkpoint_every = 0
+  c.checkpoint_every = 500  # a multiple of log_every (saves happen at the end of a chunk)
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
   valid = ["", "tiny", "heloc_official", *TABLES, *[f"{t}_{m}" for t in TABLES for m in MODELS],
@@ -74,6 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if arg == "tiny":
     c.num_steps = 20
     c.log_every = 10
+    c.checkpoint_every = 10
     c.num_samples = 300
     c.data.gmm_fit_rows = 300
     c.data.gmm_max_iter = 20

@@ -35,6 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 50
   c.eval_every = 500
   c.checkpoint_every = 500
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   arg = variants.one(arg, VARIANTS, name="classify")
   if arg == "tiny":

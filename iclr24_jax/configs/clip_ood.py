@@ -48,7 +48,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.batch_size = 256
   c.log_every = 50
   c.eval_every = 0                   # zero-shot eval during training (0: only at the end)
-  c.checkpoint_every = 0             # 0: one checkpoint per split at its end (resumable per split)
+  c.checkpoint_every = 100           # steps of each split (and its last step)
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   # Near-duplicate removal. Deviation: in mean-centred pixel space (Pearson correlation) with threshold 0.01
   # (README): the small CLIP puts distinct digits of one class and style as close together as near-duplicates,
@@ -66,6 +67,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_steps = 6
     c.batch_size = 64
     c.log_every = 3
+    c.checkpoint_every = 3
     c.optimizer.warmup_steps = 0
     c.dedup.num_clusters = 8
     c.prune.chunk = 256

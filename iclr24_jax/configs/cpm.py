@@ -7,7 +7,8 @@ Run (from the project root; the launcher path configs/cpm.py re-exports this mod
       python -m experiments.main --config=configs/cpm.py:repro --workdir=runs/cpm          # the reproduction size
       python -m experiments.main --config=configs/cpm.py --workdir=runs/cpm_full           # the issue's full size
 Variants (comma-separated): '' (300 train + 300 test HH-RLHF pairs, best-of-16 on 16 prompts, SmolLM2 features,
-5 splits), 'repro' (the size that fits the CPU reproduction budget), 'tiny', 'synthetic' (no LM);
+5 splits), 'repro' (the size that fits the CPU reproduction budget), 'tiny', 'synthetic' (no LM), 'paper' (the
+official Flan-T5-XL feature extractor's sizes, compiled ahead of time by `python -m experiments.scale --only cpm`);
 modifiers 'parse' (greedy text + the official regex instead of expected scores), 'official_prompt' (the
 official question wording), 'fake' (the deterministic fake scorer), 'nobon' (skip best-of-n).
 Feature scores are cached (resumable) in $ICLR24_JAX_CACHE/cpm/scores.jsonl (or --config.cache_dir).
@@ -17,7 +18,7 @@ import numpy as np
 
 from iclr24_jax.configs import variants
 
-VARIANTS = ("", "repro", "tiny", "synthetic")
+VARIANTS = ("", "repro", "tiny", "synthetic", "paper")
 MODIFIERS = ("parse", "official_prompt", "fake", "nobon")
 # Synthetic truth: 14 weights (13 "LM features" + length), some exactly zero (for L1), mixed signs.
 SYN_WEIGHTS = (1.2, 0.8, 0.0, 0.6, 0.0, 0.9, 0.0, 0.4, -0.7, -0.5, -0.3, -0.6, 0.0, 0.3)
@@ -27,7 +28,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The CPM config: 300 + 300 HH-RLHF pairs scored by SmolLM2, best-of-16, 5 splits, unless `arg` changes it.
 
   Args:
-    arg: comma-separated: at most one size ('repro', 'tiny' (fake scorer), 'synthetic' (no LM)) plus modifiers
+    arg: comma-separated: at most one size ('repro', 'tiny' (fake scorer), 'synthetic' (no LM), 'paper') plus modifiers
       'parse', 'official_prompt', 'fake', 'nobon'; None or '' gives the default.
 
   Returns:
@@ -84,6 +85,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                             num_folds=4, pad_rows=128))
   elif v == "synthetic":
     c.data.name = "synthetic"
+  elif v == "paper":
+    # The official feature extraction (dongyoung-go/CPM@a8565d8): feature_extract/annotate_new.py:22 (default
+    # extractor google/flan-t5-xl), :48-51 (every feature of both replies of every pair, one call each),
+    # utils/common.py:35 (a Hugging Face text2text pipeline: float32 weights, greedy), :41 (the leading number of
+    # the answer); feature_extract/annotation.sh:8 (the HH-RLHF pairs, train and test halves). The paper's other
+    # extractor, GPT-3.5, is closed: Flan-T5-XL is the open model the official code runs.
+    c.scorer = "flan_t5_xl"
+    c.mode = "parse"
+    c.template = "official"
+    c.data.update(dict(name="hh_rlhf", data_dir="", num_train=0, num_test=0))   # 0: every pair
+    # What experiments.scale compiles: one scoring step, 256 feature prompts of 512 tokens (ours: the pipeline
+    # sends one prompt per call) encoded once, with the distribution of the first answer token over '1'..'10'
+    # (the library's expected-score mode; greedy parsing reads the same first step).
+    c.scale = ml_collections.ConfigDict(dict(
+        model="flan-t5-xl", batch_size=256, enc_len=512, num_options=10, param_dtype="float32",
+        paper_hardware="1 GPU (utils/common.py:35 device=0)", paper_time="not stated in the official code",
+        source="dongyoung-go/CPM@a8565d8 feature_extract/annotate_new.py:22,48-51; utils/common.py:35,41; "
+               "feature_extract/annotation.sh:8"))
   if "parse" in parts:
     c.mode = "parse"
   if "official_prompt" in parts:

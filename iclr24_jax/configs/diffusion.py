@@ -51,13 +51,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                                 learning_rate=2e-3))
   c.log_every = 50
   c.eval_every = 0
-  c.checkpoint_every = 0
+  c.checkpoint_every = 300
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   arg = variants.one(arg, VARIANTS, name="diffusion")
   if arg == "tiny":
     c.num_steps = 20
     c.batch_size = 32
     c.log_every = 5
+    c.checkpoint_every = 10
     c.optimizer.warmup_steps = 5
     c.model.base_channels = 8
     c.model.num_heads = 2

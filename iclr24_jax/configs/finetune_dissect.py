@@ -5,20 +5,21 @@ Paper: https://openreview.net/forum?id=tmsqb6WpLz   Official code: https://githu
 Run:  python -m experiments.main --config=configs/finetune_dissect.py:tiny --workdir=runs/finetune_dissect_tiny
       python -m experiments.main --config=configs/finetune_dissect.py --workdir=runs/finetune_dissect
 Variants: '' (the synthetic grammar study: a tiny Llama pretrained on the general mix, finetuned on the domain mix,
-full and LoRA rank 1 and 8, 3 seeds) and 'tiny' (seconds on CPU).
+full and LoRA rank 1 and 8, 3 seeds), 'tiny' (seconds on CPU) and 'paper' (the official run: Llama-2-7B finetuned on
+PubMed, compiled ahead of time by `python -m experiments.scale --only finetune_dissect`).
 """
 import ml_collections
 
 from iclr24_jax.configs import variants
 
-VARIANTS = ("", "tiny")
+VARIANTS = ("", "tiny", "paper")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The finetune_dissect config: the synthetic grammar study (tiny Llama, full / LoRA rank 1 and 8, 3 seeds).
 
   Args:
-    arg: '' (the study) or 'tiny' (seconds on CPU); None means ''.
+    arg: '' (the study), 'tiny' (seconds on CPU) or 'paper' (the official Llama-2-7B run's sizes); None means ''.
 
   Returns:
     ml_collections.ConfigDict.
@@ -55,6 +56,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                                    "up_proj", "down_proj")))
   c.log_every = 20
   c.checkpoint_every = 0
+  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
+  # as checkpoint_every says until it runs on common.loop's pieces.
+  c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
 
   arg = variants.one(arg, VARIANTS, name="finetune_dissect")
@@ -73,4 +77,33 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval_every = 10
     c.log_every = 10
     c.methods = ("full", "lora2")
+  elif arg == "paper":
+    # The official run, xiaozeroone/lm_finetune_dissect@35122b8: config/train_full.yaml, config/deepspeed.yaml,
+    # run.py (and config/train_lora.yaml for LoRA).
+    c.num_seeds = 1
+    c.seed = 1                                              # train_full.yaml:22
+    c.data = ml_collections.ConfigDict(dict(
+        name="pubmed", data_dir="",                         # train_full.yaml:2-3 (abstracts, train split)
+        max_tokens=1024, num_examples=1000))                # train_full.yaml:4-5 (truncation, subset_examples)
+    c.model = ml_collections.ConfigDict(dict(name="llama2_7b"))   # train_full.yaml:8 meta-llama/Llama-2-7b-hf
+    # train_full.yaml:11-17: batch_size 8 per device x 8 processes (deepspeed.yaml:14) = 64 sequences per step, lr
+    # 3e-6, warmup_ratio 0.1, linear schedule, clip 1.0; run.py:64 adamw_torch (Trainer's weight decay 0).
+    c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=3e-6, warmup_frac=0.1, grad_clip=1.0,
+                                                 batch_size=64, weight_decay=0.0))
+    c.num_steps = 16                 # one epoch (train_full.yaml:13) over 1,000 abstracts at 64 per step
+    c.methods = ("full", "lora8")    # train_full.yaml / train_lora.yaml:9-21 (r 8, alpha 16, the 7 projections)
+    c.lora.alpha_over_rank = 2.0
+    c.eval_every = 0
+    c.log_every = 1
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+    # What experiments.scale compiles: the full-finetuning step. run.py:17 loads bfloat16 weights and :29/:63 turn
+    # on gradient checkpointing; deepspeed.yaml:5/:12 ZeRO stage 2 with bf16 mixed precision (float32 master
+    # weights and Adam moments partitioned over the 8 GPUs). Here: float32 master weights and moments, a bfloat16
+    # copy for the forward/backward, every layer rematerialised, everything sharded over 'data' (FSDP, which
+    # also shards what ZeRO-2 keeps whole: the bf16 weights and the gradients).
+    c.scale = ml_collections.ConfigDict(dict(
+        method="full", batch_size=64, seq_len=1024, param_dtype="float32", compute_dtype="bfloat16", remat="full",
+        paper_hardware="8x A100 80GB (readme.md: training command)", paper_time="not stated in the official code",
+        source="xiaozeroone/lm_finetune_dissect@35122b8 config/train_full.yaml:2-22, config/deepspeed.yaml:5-14, "
+               "run.py:17,29,64"))
   return c

@@ -12,7 +12,8 @@ Variants (after the colon):
   'tiny'      seconds: tiny networks, a few steps, 2 episodes
 Pipeline: skill beta-VAE -> latent diffusion prior on the encoder's posterior means -> latents pre-sampled from
 the prior at every s_H -> batch-constrained double Q-learning with prioritised replay -> acting by argmax Q over
-latents sampled from the prior, each run with the VAE prior + Q, latent BC and BC beside it.
+latents sampled from the prior (the official maze2d two-stage planner by default), each run with the VAE prior + Q,
+latent BC, the diffusion prior without Q, BC and the uniform random policy (the floor) beside it.
 Data: rl.offline ('maze/<layout>', 'noisy': the noisy waypoint controller with random goals, which needs
 stitching; cached under $ICLR24_RL_CACHE), or a user's D4RL file via data.path (.hdf5 needs h5py).
 """
@@ -60,7 +61,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # Deviation: H = 10 (official 30 for D4RL maze2d): this maze's point mass crosses a cell in ~5 steps and the
   # expert reaches the medium goal in ~20 steps (D4RL maze2d-medium: ~150), so 10 steps is a comparable skill.
   c.horizon = 10
-  c.gamma = 0.99  # official 0.995 (DDQN); r_{0:H} is discounted with the same gamma
+  c.gamma = 0.995  # official DDQN / train_q_net.py default; r_{0:H} is discounted with the same gamma
   c.model = ml_collections.ConfigDict(dict(
       z_dim=16, hidden=256, gru_layers=4, policy_type="autoregressive",   # official SkillModel defaults
       denoiser_hidden=256, denoiser_blocks=3, time_embed_dim=128,          # Deviation: residual MLP, not the UNet
@@ -74,12 +75,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       num_steps=100_000, batch_size=128, learning_rate=1e-3, tau=0.005, max_grad_norm=1.0, alpha=0.6,
       per_beta0=0.3, per_beta_step=0.01, num_prior_samples=1000, num_target_samples=100, num_segments=0))
   c.bc = ml_collections.ConfigDict(dict(num_steps=100_000, batch_size=256, learning_rate=1e-3))
-  c.eval = ml_collections.ConfigDict(dict(num_episodes=20, num_samples=500, exec_horizon=10, episode_steps=0))
-  c.methods = ("ldcq", "vae_q", "latent_bc", "bc")
+  # protocol 'maze': the official maze2d evaluation (eval/plan_skills_diffusion_maze2d.py: the two-stage planner,
+  # an episode stops at the goal and scores 800 - t, normalised with the environment's references); 'return': the
+  # generic argmax planner and the summed reward of a whole episode. num_samples: latents per replan (official
+  # script default --num_diffusion_samples 50); episode_steps 800 (official: `while env_step < 800`).
+  c.eval = ml_collections.ConfigDict(dict(protocol="maze", num_episodes=20, num_samples=50, exec_horizon=10,
+                                          episode_steps=800))
+  c.methods = ("ldcq", "vae_q", "latent_bc", "diffusion_prior", "bc", "random")
   c.fast_compile = False  # True: compile every stage at XLA level 0 on CPU (compile-bound small runs)
   c.log_every = 100
   c.eval_every = 0
   c.checkpoint_every = 0  # 0: the final parameters only; -1: none
+  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
+  # as checkpoint_every says until it runs on common.loop's pieces.
+  c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   if arg.startswith("cpu"):
     cpu_scale(c)

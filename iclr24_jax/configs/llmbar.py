@@ -5,8 +5,9 @@ Run:  python -m experiments.main --config=configs/llmbar.py:tiny --workdir=/tmp/
       python -m experiments.main --config=configs/llmbar.py:rules_metrics_reference --workdir=runs/llmbar_rmr
 Variants (after the colon): '' (SmolLM2-135M-Instruct + Vanilla on all 419 instances, log-probability
 judging, the official token budgets), 'tiny' (fake deterministic judge, 2 instances per subset), 'tiny_smollm2' (SmolLM2, 1 instance per
-subset, 5 new tokens), or any strategy name: 'vanilla', 'rules', 'rules_metrics', 'rules_reference',
-'rules_metrics_reference', 'cot', 'swap', 'swap_cot', 'rating', 'rating_norules', 'rating_metrics',
+subset, 5 new tokens), 'paper' (the paper's judge at its own size, compiled ahead of time by
+`python -m experiments.scale --only llmbar`), or any strategy name: 'vanilla', 'rules', 'rules_metrics',
+'rules_reference', 'rules_metrics_reference', 'cot', 'swap', 'swap_cot', 'rating', 'rating_norules', 'rating_metrics',
 'rating_reference', 'rating_metrics_reference'. Generations are cached in <workdir>/generations.jsonl, so a run
 resumes after an interruption.
 """
@@ -24,7 +25,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   Args:
     arg: '' (the default), 'tiny' (fake judge, 2 instances per subset), 'tiny_smollm2' (SmolLM2, 1 instance
-      per subset) or a strategy name from STRATEGIES; None means ''.
+      per subset), 'paper' (the paper's judge size) or a strategy name from STRATEGIES; None means ''.
 
   Returns:
     ml_collections.ConfigDict.
@@ -54,14 +55,17 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # "Output (a)" vs "Output (b)", lm.choice_logprobs + lm.debiased_preference; aux texts and CoT explanations
   # are still generated) or 'generate' (the paper's protocol: greedy text parsed by the official regexes).
   c.judge_mode = "logprob"
-  c.tie_tau = 1e-4  # logprob mode: |preference| < tie_tau nats is a tie, counted as an unparseable answer
+  c.tie_tau = 1e-4  # logprob mode: |preference| < tie_tau nats is a tie
+  # logprob mode: a tie falls back to the raw per-order picks ('raw', as the official scoring of those answers:
+  # one order right = 0.5) or is a failure in both orders ('zero').
+  c.debiased_ties = "raw"
   c.bootstrap = ml_collections.ConfigDict(dict(n_boot=2000, seed=0))  # 95% intervals on accuracy
   c.verbose = True
   c.log_every = 64  # prompts per judge call = per cache write (a resumed run loses at most one chunk)
   c.eval_every = 0
   c.checkpoint_every = 64  # the cache is the checkpoint
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
-  arg = variants.one(arg, ("", "tiny", "tiny_smollm2") + STRATEGIES, name="llmbar")
+  arg = variants.one(arg, ("", "tiny", "tiny_smollm2", "paper") + STRATEGIES, name="llmbar")
   if arg in STRATEGIES:
     c.strategy = arg
   elif arg == "tiny":
@@ -74,4 +78,24 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.per_subset = 1
     c.max_new_tokens = ml_collections.ConfigDict(dict(direct=5, cot=16, metrics=8, reference=8, rating=3))
     c.log_every = 16
+  elif arg == "paper":
+    # The paper's headline judge, GPT-4, is closed; the closest open model the library builds is the Llama-2-70B
+    # shape, which is also the paper's own open judge: princeton-nlp/LLMBar@900616b
+    # LLMEvaluator/evaluators/config/LLaMA2/Vanilla.json:4-6 (meta-llama/Llama-2-70b-chat-hf, max_new_tokens 50),
+    # LLMEvaluator/evaluate.py:120 (bfloat16 weights, device_map 'auto', one prompt per generate call).
+    c.model.name = "llama2_70b"
+    c.strategy = "vanilla"
+    c.judge_mode = "generate"       # the paper's protocol: greedy text parsed by the official regexes
+    c.data = ml_collections.ConfigDict(dict(name="llmbar", data_dir="", subsets=(), per_subset=0, take_first=0))
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, model=8))
+    # What experiments.scale compiles: one judging batch, the prefill every verdict starts with, read as the
+    # log-probabilities of 'a' / 'b' after "Output (" (judge_mode 'logprob'); the paper's generate mode adds up to
+    # 50 decoding steps per prompt after it. 8 prompts of 1,024 tokens per step (ours: the official code sends one
+    # prompt at a time); the Vanilla prompts of the 419 instances run to ~1,300 SmolLM2 tokens, ~97% under 1,024.
+    c.scale = ml_collections.ConfigDict(dict(
+        batch_size=8, seq_len=1024, num_options=2, param_dtype="bfloat16",
+        paper_hardware="GPT-4 through the API; Llama-2-70B split over the local GPUs (device_map auto)",
+        paper_time="not stated in the official code",
+        source="princeton-nlp/LLMBar@900616b LLMEvaluator/evaluators/config/LLaMA2/Vanilla.json:4-6, "
+               "LLMEvaluator/evaluate.py:120"))
   return c

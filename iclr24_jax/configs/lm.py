@@ -46,7 +46,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.max_new_tokens = 12
   c.log_every = 5
   c.eval_every = 20
-  c.checkpoint_every = 0
+  c.checkpoint_every = 0       # steps: SmolLM2's full state is ~1.6 GB, so the default saves by time
+  c.checkpoint_every_secs = 600.0   # every 10 minutes of wall time (and the last step)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   arg = variants.one(arg, VARIANTS, name="lm")
   if arg in ("tiny", "tiny_lora"):

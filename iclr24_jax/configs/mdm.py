@@ -63,7 +63,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.inner_steps = 600             # progressive: the low-resolution UNet's steps first
   c.log_every = 50
   c.eval_every = 0
-  c.checkpoint_every = 0
+  c.checkpoint_every = 150
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.sampler = ml_collections.ConfigDict(dict(num_samples=100, num_steps=25, method="ddim", eta=0.0,
                                              guidance_scale=2.0, clip_x0=1.0))
   c.judge = ml_collections.ConfigDict(dict(enabled=True, num_steps=300, batch_size=64, features=(16, 32), dense=64,
@@ -90,6 +91,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_steps = 3
     c.inner_steps = 3
     c.log_every = 1
+    c.checkpoint_every = 2
     c.sampler.num_samples = 10
     c.sampler.num_steps = 3
     c.judge.enabled = False

@@ -8,14 +8,16 @@ Run:  python -m experiments.main --config=configs/motif.py:tiny --workdir=runs/m
       python -m experiments.main --config=configs/motif.py:nethack --workdir=runs/motif_nethack
 Variants (comma-separated): '' (the captioned gridworld, SmolLM2 annotator), 'oracle' (the toy's oracle
 labels), 'generate' (official generate-and-parse annotation), 'nethack' (NetHackScore, host-loop PPO),
-'staircase_weights' (alpha_ext 10, alpha_int 0.1: the paper's goal-task weighting), 'tiny' (seconds).
+'staircase_weights' (alpha_ext 10, alpha_int 0.1, reward_scale 0.1: the official goal-task weighting, 1:0.1 per
+unit), 'tiny' (seconds), 'paper' (the official Llama-2-70B annotator's sizes, compiled ahead of time by
+`python -m experiments.scale --only motif`).
 `num_steps` counts PPO updates of each toy agent.
 """
 import ml_collections
 
 from iclr24_jax.configs import variants
 
-VARIANTS = ("", "tiny", "oracle", "generate", "nethack", "staircase_weights")
+VARIANTS = ("", "tiny", "oracle", "generate", "nethack", "staircase_weights", "paper")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -24,7 +26,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   Args:
     arg: comma-separated variants: 'tiny', 'oracle' (the toy's oracle labels), 'generate' (generate-and-parse
       annotation), 'nethack' (NetHackScore with host-loop PPO), 'staircase_weights' (alpha_ext 10,
-      alpha_int 0.1); None or '' gives the default.
+      alpha_int 0.1), 'paper' (the official annotator's sizes); None or '' gives the default.
 
   Returns:
     ml_collections.ConfigDict.
@@ -51,8 +53,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(embed_dim=32, hidden=64, trunk=512))
   c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=1e-3))
   c.reward_steps = 300
-  # Intrinsic reward (official NetHackScore run: beta 3, eps = 0.5 quantile, alpha_ext = alpha_int = 0.1;
-  # the toy's goal reward is 1, so its rewards use alpha 1 with PPO reward_scale 1, the same 1:1 weighting).
+  # Intrinsic reward (official NetHackScore run: beta 3, eps = 0.5 quantile, alpha_ext = alpha_int = 0.1 with
+  # reward_scale 0.1 on the game reward only: 0.01 per score point vs 0.1 per unit of r_int, i.e. 1:10).
+  # Deviation: the toy weights one unit of goal reward and one unit of r_int 1:1 (alpha 1, reward_scale 1); its
+  # only extrinsic reward is 1 at the goal, where NetHack's score grows by ~1-20 points per event.
   c.intrinsic = ml_collections.ConfigDict(dict(beta=3.0, eps_quantile=0.5, alpha_ext=1.0, alpha_int=1.0,
                                                settings=("intrinsic", "extrinsic", "both")))
   c.num_seeds = 8
@@ -74,6 +78,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 10
   c.eval_every = 0
   c.checkpoint_every = 0
+  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
+  # as checkpoint_every says until it runs on common.loop's pieces.
+  c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   if "oracle" in parts:
     c.annotation.annotator = "oracle"
@@ -85,6 +92,26 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   if "nethack" in parts:
     c.env.name = "nethack"
     c.data.name = "nethack_messages"
+  if "paper" in parts:
+    # The official annotation (facebookresearch/motif@51b5f47): scripts/annotate_pairs_dataset.py:30 (Llama-2
+    # 70B chat, the default size), :32 (8 GPUs), :37 (2,000 prompts per batch), :14 (the pairs in ./motif_dataset);
+    # rlaif/llms.py:29-30 (vLLM, tensor parallel over the 8 GPUs, float16, at most 4,096 tokens per forward),
+    # :49-50 (top-k 50, temperature 0.1, top-p 0.95, up to 4,096 new tokens).
+    c.env.name = "nethack"
+    c.data.name = "motif_dataset"
+    c.data.data_dir = ""
+    c.annotation.update(dict(annotator="generate", batch_size=2000, max_new_tokens=4096, temperature=0.1,
+                             top_p=0.95))
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, model=8))
+    # What experiments.scale compiles: one annotation step, a prefill of 8 prompts x 512 tokens (4,096 tokens, the
+    # size of one vLLM forward) read as the log-probabilities of '1' / '2' (the library's log-odds annotator; the
+    # official parses sampled text). Weights in bfloat16 (the official float16: same bytes and FLOPs).
+    c.scale = ml_collections.ConfigDict(dict(
+        model="llama2_70b", batch_size=8, seq_len=512, num_options=2, param_dtype="bfloat16",
+        paper_hardware="8 GPUs, tensor parallel (annotate_pairs_dataset.py:32, rlaif/llms.py:29)",
+        paper_time="not stated in the official code",
+        source="facebookresearch/motif@51b5f47 scripts/annotate_pairs_dataset.py:14,30,32,37; "
+               "rlaif/llms.py:29-30,49-50"))
   if "tiny" in parts:
     c.env.update(dict(height=5, width=9, max_episode_steps=30))
     c.data.update(dict(num_envs=8, num_steps=40, num_pairs=60, oracle_pairs=120))

@@ -57,6 +57,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 100
   c.eval_every = 500
   c.checkpoint_every = 500
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   for part in variants.parse(arg, METHODS_AND_SIZES + ("target=<domain>",), name="nci"):
     if part == "tiny":

@@ -39,6 +39,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.eval_every = max(1, c.num_steps // 5)
   c.eval_episodes = 32
   c.checkpoint_every = 0  # 0: only at the end
+  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
+  # as checkpoint_every says until it runs on common.loop's pieces.
+  c.checkpoint_every_secs = 600.0
   # Environments are sharded over mesh.data (1 = one device; -1 = all, needs ppo.num_envs divisible by it).
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   if arg == "tiny":

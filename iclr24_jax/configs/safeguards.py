@@ -50,7 +50,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.log_every = 100
   c.steps_per_call = 50      # detector steps per compiled call (one lax.scan chunk); log_every is a multiple
   c.eval_every = 0
-  c.checkpoint_every = 0
+  c.checkpoint_every = 250  # a multiple of steps_per_call
+  c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.save_checkpoints = True    # False: train without orbax checkpoints (metrics.jsonl is still written)
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   arg = variants.one(arg, VARIANTS, name="safeguards")
@@ -59,6 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.baseline.num_steps = 60
     c.log_every = 20
     c.steps_per_call = 20
+    c.checkpoint_every = 20
     c.safeguard.budget_fractions = (0.0, 0.5, 1.0)
     c.safeguard.num_random_seeds = 2
     c.data.num_samples = 2000

@@ -200,8 +200,8 @@ def run(config: Any, workdir: str) -> dict:
   mesh = sharding.make_mesh(config.get("mesh"))
   res = loop_lib.train_loop(init_fn=init_fn, train_step=step, batches=stream, num_steps=config.num_steps,
                             key=jax.random.key(config.seed), workdir=workdir, mesh=mesh,
-                            log_every=config.log_every, checkpoint_every=config.checkpoint_every, config=config,
-                            name="diffusion")
+                            log_every=config.log_every, config=config, name="diffusion",
+                            **loop_lib.checkpoint_options(config))
   params = res.state.extra["ema_params"] if ema else res.state.params
   params = jax.device_put(params, jax.devices()[0])
 
@@ -302,7 +302,7 @@ def _gmm_rows(workdir: str, fast: bool) -> list[dict]:
                  "ours": r["sw_ratio"],
                  "paper_value": ("exact score => samples follow the data (DDPM Sec. 3; DDIM Eq. 12); "
                                  f"ratio < {bound}") if expect_pass else f"a wrong schedule must fail: ratio > {bound}",
-                 "holds": bool(holds) if not fast else None,
+                 "holds": bool(holds) if not fast else None, "kind": "check",
                  "notes": (f"sw={r['sw']:.4f} floor={r['sw_floor']:.4f} max|mean err|={r['mean_err']:.3f} "
                            f"max|cov err|={r['cov_err']:.3f} max|weight err|={r['weight_err']:.4f}"),
                  "plots": []})
@@ -354,7 +354,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                "metric": "digits-CNN accuracy on samples (requested label)", "ours": acc,
                "paper_value": (f"above chance ({CHANCE}; > {threshold:.3f} at 3 SE); the CNN scores "
                                f"{res['classifier_test_accuracy']:.3f} on real test digits"),
-               "holds": bool(acc > threshold) if not fast else None,
+               "holds": bool(acc > threshold) if not fast else None, "kind": "check",
                "notes": (f"loss {res['first_loss']:.3f} -> {res['final_loss']:.3f}; sample confidence "
                          f"{res['samples_confidence']:.2f} vs uniform noise {res['noise_confidence']:.2f}"),
                "plots": [os.path.join(run_dir, "samples.png"), os.path.join(run_dir, "loss.png")]})

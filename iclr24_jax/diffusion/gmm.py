@@ -179,7 +179,7 @@ class GaussianMixture:
     return PosteriorMixture(weights=r, means=means, covs=covs)
 
   def x0_mean(self, x: jax.Array, alpha_bar) -> jax.Array:
-    """E[x_0 | x_t] [B, D] (Tweedie: (x_t + sigma^2 score) / alpha).
+    """`E[x_0 | x_t]` `[B, D]` (Tweedie: (x_t + sigma^2 score) / alpha).
 
     Args:
       x: [B, D] noisy points x_t.

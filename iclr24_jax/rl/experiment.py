@@ -179,7 +179,7 @@ def _cartpole(workdir: str, fast: bool) -> dict:
   return {"paper": "ppo", "experiment": f"gymnax CartPole-v1, {int(steps[0, -1])} env steps, {num_seeds} seeds",
           "metric": f"mean eval return ({n_eval} episodes/seed, deterministic policy)", "ours": ours,
           "paper_value": f">= {CARTPOLE_THRESHOLD:.0f} (CartPole-v1's reward threshold, 'solved')",
-          "holds": None if fast else bool(ours >= CARTPOLE_THRESHOLD),
+          "holds": None if fast else bool(ours >= CARTPOLE_THRESHOLD), "kind": "check",
           "notes": f"per seed deterministic {np.round(det, 1).tolist()}, stochastic policy "
                    f"{np.round(sto, 1).tolist()}; {secs:.0f} s incl. compile", "plots": [plot]}
 
@@ -211,7 +211,7 @@ def _brax_and_data(workdir: str, fast: bool) -> list[dict]:
   rows.append({"paper": "ppo", "experiment": f"brax inverted_pendulum (spring backend), {int(run_['env_steps'][-1])} "
                "env steps", "metric": "eval return (max 1000)", "ours": final,
                "paper_value": "well above random (here: >= 500, half the maximum)",
-               "holds": None if fast else bool(final >= 500.0),
+               "holds": None if fast else bool(final >= 500.0), "kind": "check",
                "notes": f"random policy {rand:.1f}; {secs:.0f} s incl. compile", "plots": [plot]})
   # Offline data sets from this agent (the same seed and config as the recorded data agent), scored with the
   # recorded reference returns (reference_returns.json), as a user of offline.normalized_score would.
@@ -225,7 +225,7 @@ def _brax_and_data(workdir: str, fast: bool) -> list[dict]:
                  "metric": "normalised score of the data's episodes", "ours": offline.normalized_score(env_name, mean_r),
                  "paper_value": {"random": "~0 (D4RL random)", "medium": "~33 (D4RL: about 1/3 of expert)",
                                  "medium-replay": "between random and medium", "expert": "~100"}[kind],
-                 "holds": None,
+                 "holds": None, "kind": "measurement",
                  "notes": f"{rets.size} complete episodes, mean return {mean_r:.1f}; recorded R_random {lo:.1f}, "
                           f"R_expert {hi:.1f}"})
   return rows
@@ -255,13 +255,15 @@ def _maze_rows(workdir: str, fast: bool) -> list[dict]:
                  "metric": "R_expert (waypoint controller)", "ours": ref["expert"],
                  "paper_value": {"umaze": "D4RL maze2d-umaze: 161.86 (random 23.85)",
                                  "medium": "D4RL maze2d-medium: 277.39 (random 13.13)"}[layout],
-                 "holds": None, "notes": f"R_random {ref['random']:.1f}; own dynamics and layout, so only the "
+                 "holds": None, "kind": "measurement",
+                 "notes": f"R_random {ref['random']:.1f}; own dynamics and layout, so only the "
                                          "ordering random << expert is comparable"})
     for kind in ("random", "noisy"):
       ds = offline.get_dataset(env_name, kind, n, cache_dir=os.path.join(workdir, "offline_cache"))
       rows.append({"paper": "ppo", "experiment": f"offline data {env_name}-{kind} ({n} rows)",
                    "metric": "mean reward per step (sparse goal reward)", "ours": float(np.mean(ds["rewards"])),
                    "paper_value": "noisy controller data reaches goals, random data rarely", "holds": None,
+                   "kind": "measurement",
                    "notes": f"{int(ds['timeouts'].sum())} episodes"})
   return rows
 
@@ -273,7 +275,8 @@ def _recorded_rows() -> list[dict]:
       continue
     rows.append({"paper": "ppo", "experiment": f"{env_name}: recorded reference returns (reference_returns.json)",
                  "metric": "R_random / R_expert", "ours": f"{e['random']:.1f} / {e['expert']:.1f}",
-                 "paper_value": e.get("d4rl_analogue", "-"), "holds": None, "notes": e.get("how", "")})
+                 "paper_value": e.get("d4rl_analogue", "-"), "holds": None, "kind": "measurement",
+                 "notes": e.get("how", "")})
   return rows
 
 
@@ -292,7 +295,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   rows = [_cartpole(workdir, fast)]
   if fast:  # brax compiles take tens of seconds on CPU: the fast smoke run leaves them out
     rows.append({"paper": "ppo", "experiment": "brax inverted_pendulum + its offline data sets", "metric": "-",
-                 "ours": None, "paper_value": "well above random", "holds": None,
+                 "ours": None, "paper_value": "well above random", "holds": None, "kind": "measurement",
                  "notes": "skipped with --fast (brax compilation alone exceeds the fast budget on CPU)"})
   else:
     rows += _brax_and_data(workdir, fast)

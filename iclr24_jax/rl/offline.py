@@ -157,6 +157,137 @@ def load_dataset(path: str | os.PathLike) -> dict[str, np.ndarray]:
   return validate_dataset(ds)
 
 
+# --- D4RL's own files ------------------------------------------------------------------------------------------
+# Where D4RL keeps a data set: `~/.d4rl/datasets/<basename of its URL>` (d4rl/offline_env.py), the URLs being
+# those of d4rl/infos.py. A user's folder may hold either that basename or `<env id>.hdf5`.
+D4RL_SOURCE = ("D4RL (github.com/Farama-Foundation/D4RL): `import gym, d4rl; gym.make('<name>').get_dataset()` "
+               "downloads the file into ~/.d4rl/datasets (point config.data.data_dir there); d4rl/infos.py lists "
+               "each file's URL")
+D4RL_DTYPES = {"observations": np.float32, "actions": np.float32, "rewards": np.float32, "terminals": np.bool_,
+               "timeouts": np.bool_}
+_ANTMAZE_V2 = {  # d4rl/infos.py: antmaze v2 file names (ant_maze_v2/)
+    "antmaze-umaze-v2": "Ant_maze_u-maze_noisy_multistart_False_multigoal_False_sparse_fixed.hdf5",
+    "antmaze-umaze-diverse-v2": "Ant_maze_u-maze_noisy_multistart_True_multigoal_True_sparse_fixed.hdf5",
+    "antmaze-medium-play-v2": "Ant_maze_big-maze_noisy_multistart_True_multigoal_False_sparse_fixed.hdf5",
+    "antmaze-medium-diverse-v2": "Ant_maze_big-maze_noisy_multistart_True_multigoal_True_sparse_fixed.hdf5",
+    "antmaze-large-play-v2": "Ant_maze_hardest-maze_noisy_multistart_True_multigoal_False_sparse_fixed.hdf5",
+    "antmaze-large-diverse-v2": "Ant_maze_hardest-maze_noisy_multistart_True_multigoal_True_sparse_fixed.hdf5",
+}
+_KITCHEN = {  # d4rl/infos.py: kitchen/ file names
+    "kitchen-complete-v0": "mini_kitchen_microwave_kettle_light_slider-v0.hdf5",
+    "kitchen-partial-v0": "kitchen_microwave_kettle_light_slider-v0.hdf5",
+    "kitchen-mixed-v0": "kitchen_microwave_kettle_bottomburner_light-v0.hdf5",
+}
+
+
+D4RL_LOCOMOTION = tuple(f"{env}-{kind}-v2" for env in ("halfcheetah", "hopper", "walker2d")
+                        for kind in ("random", "medium", "medium-replay", "medium-expert", "expert"))
+D4RL_ANTMAZE = tuple(_ANTMAZE_V2)
+D4RL_MAZE2D = tuple(f"maze2d-{layout}-v1" for layout in ("umaze", "medium", "large"))
+D4RL_KITCHEN = tuple(_KITCHEN)
+D4RL_ADROIT = tuple(f"{task}-{kind}-v1" for task in ("pen", "door", "hammer", "relocate")
+                    for kind in ("human", "cloned", "expert"))
+
+
+def d4rl_filenames(name: str) -> list[str]:
+  """File names a D4RL data set `name` (its gym id, e.g. 'hopper-medium-v2') may have on disk.
+
+  Args:
+    name: the D4RL env id: '<hopper|halfcheetah|walker2d|ant>-<kind>-v2', 'maze2d-<layout>-v1',
+      'antmaze-<...>-v2', 'kitchen-<...>-v0', 'pen-human-v1', ...
+
+  Returns:
+    candidate file names: '<name>.hdf5' first, then the basename of D4RL's URL.
+  """
+  out = [f"{name}.hdf5"]
+  parts = name.split("-")
+  if parts[0] in ("hopper", "halfcheetah", "walker2d", "ant") and len(parts) >= 3:
+    out.append(f"{parts[0]}_{'_'.join(parts[1:-1])}-{parts[-1]}.hdf5")     # gym_mujoco_v2/hopper_medium_replay-v2
+  elif parts[0] == "maze2d" and len(parts) >= 3:
+    dense = "dense" in parts
+    layout = "-".join(p for p in parts[1:-1] if p != "dense")
+    out.append(f"maze2d-{layout}-{'dense' if dense else 'sparse'}-{parts[-1]}.hdf5")
+  out += [f for k, f in {**_ANTMAZE_V2, **_KITCHEN}.items() if k == name]
+  return list(dict.fromkeys(out))
+
+
+def find_d4rl_file(name: str, data_dir: str | os.PathLike) -> pathlib.Path:
+  """The D4RL file of `name` in `data_dir` (a folder, searched recursively, or the .hdf5 file itself).
+
+  Raises:
+    FileNotFoundError (common.data.DataNotFoundError) naming the file names tried and where to get them.
+  """
+  from iclr24_jax.common import data as common_data
+  p = pathlib.Path(os.path.expanduser(str(data_dir)))
+  if p.is_file():
+    return p
+  names = d4rl_filenames(name)
+  if p.is_dir():
+    for n in names:
+      hits = sorted(p.rglob(n))
+      if hits:
+        return hits[0]
+  raise common_data.DataNotFoundError(
+      f"D4RL data set '{name}' not found in {p}: expected one of {names} (an HDF5 file with observations, "
+      f"actions, rewards, terminals, timeouts). Get it: {D4RL_SOURCE}.")
+
+
+def check_d4rl_file(path: str | os.PathLike) -> dict[str, tuple]:
+  """Checks a D4RL HDF5 file's keys, ranks and dtypes before reading it (h5py).
+
+  D4RL files store observations [N, D] and actions [N, A] float32, rewards [N] float32, terminals and timeouts
+  [N] bool (maze2d adds infos/goal [N, 2]).
+
+  Returns:
+    {key: (shape, dtype str)} of the required keys.
+
+  Raises:
+    common.data.DataFormatError naming the missing key, wrong rank, length or dtype kind.
+  """
+  import h5py
+  from iclr24_jax.common import data as common_data
+  out = {}
+  with h5py.File(path, "r") as f:
+    missing = [k for k in ("observations", "actions", "rewards", "terminals") if k not in f]
+    if missing:
+      raise common_data.DataFormatError(f"{path} lacks {missing}; a D4RL file has observations, actions, rewards, "
+                                        f"terminals and timeouts (top-level datasets). It has {sorted(f.keys())}.")
+    n = f["observations"].shape[0]
+    for k in ("observations", "actions", "rewards", "terminals", "timeouts"):
+      if k not in f:
+        continue
+      d = f[k]
+      rank = 2 if k in ("observations", "actions") else 1
+      if d.ndim != rank or d.shape[0] != n:
+        raise common_data.DataFormatError(f"{path}: '{k}' has shape {d.shape}; expected {'[N, D]' if rank == 2 else '[N]'} "
+                                          f"with N = {n} (the length of observations).")
+      want = np.dtype(D4RL_DTYPES[k])
+      if (want.kind == "f") != (np.dtype(d.dtype).kind == "f"):
+        raise common_data.DataFormatError(f"{path}: '{k}' has dtype {d.dtype}; D4RL stores {want.name}.")
+      out[k] = (tuple(d.shape), str(d.dtype))
+  return out
+
+
+def load_d4rl(name: str, data_dir: str | os.PathLike) -> dict[str, np.ndarray]:
+  """A D4RL data set from its HDF5 file: format check, then `load_dataset` (next_observations rebuilt as
+  d4rl.qlearning_dataset does when the file has none; terminals / timeouts as bool).
+
+  Args:
+    name: D4RL env id, e.g. 'hopper-medium-v2', 'maze2d-large-v1' (see d4rl_filenames).
+    data_dir: folder holding the file (e.g. ~/.d4rl/datasets), or the file.
+
+  Returns:
+    dict observations [N, D] float32, actions [N, A] float32, rewards [N] float32, next_observations [N, D],
+    terminals [N] bool, timeouts [N] bool (+ goals [N, 2] for maze2d).
+  """
+  path = find_d4rl_file(name, data_dir)
+  check_d4rl_file(path)
+  ds = load_dataset(path)
+  for k in ("observations", "actions", "rewards", "next_observations"):
+    ds[k] = np.asarray(ds[k], np.float32)
+  return ds
+
+
 def episode_returns(ds: dict[str, np.ndarray], complete_only: bool = False) -> np.ndarray:
   """Returns of the episodes in a data set (split at terminals | timeouts; a trailing partial episode counts
   unless complete_only).

@@ -13,9 +13,10 @@ training with host-side evaluation in between):
   runner, metrics = agent.train_chunk(runner, n)   # n updates in a lax.scan
 
 One update: roll out `num_envs` x `rollout_steps` steps with the current policy (observations normalised
-with the current running statistics), pass rewards through `reward_fn` (a hook, e.g. an intrinsic reward),
-update the observation statistics, recompute V(s) and V(s') under them, GAE (exact at time limits, see
-losses.gae), then `update_epochs` x `num_minibatches` Adam steps on the clipped PPO loss.
+with the current running statistics), scale (and optionally clip) the environment reward, pass it through
+`reward_fn` (a hook, e.g. an intrinsic reward; see `process_reward`), update the observation statistics,
+recompute V(s) and V(s') under them, GAE (exact at time limits, see losses.gae), then `update_epochs` x
+`num_minibatches` Adam steps on the clipped PPO loss.
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def default_config() -> ml_collections.ConfigDict:
   c.ppo = ml_collections.ConfigDict(dict(
       num_envs=4, rollout_steps=128, update_epochs=4, num_minibatches=4, gamma=0.99, gae_lambda=0.95,
       clip_eps=0.2, value_clip_eps=0.0, ent_coef=0.01, vf_coef=0.5, normalize_advantages=True,
-      normalize_obs=False, obs_clip=10.0, reward_scale=1.0))
+      normalize_obs=False, obs_clip=10.0, reward_scale=1.0, reward_clip=0.0))
   return c
 
 
@@ -118,6 +119,57 @@ def _get(cfg: Any, name: str, default: Any) -> Any:
   return cfg.get(name, default) if hasattr(cfg, "get") else getattr(cfg, name, default)
 
 
+def scale_env_reward(reward: jax.Array, reward_scale: Any = 1.0, reward_clip: Any = 0.0) -> jax.Array:
+  """The environment (extrinsic) reward as the learner sees it: clip(reward_scale * r, -reward_clip, reward_clip).
+
+  This is sample-factory's actor-side reward processing (`actor_worker._process_rewards`: scale, then clip),
+  which Motif's official runs use; `reward_clip` <= 0 means no clipping (sample-factory's default is 10).
+
+  Args:
+    reward: [...] environment rewards.
+    reward_scale: multiplies the environment reward only.
+    reward_clip: clip bound of the scaled reward; 0 (or None) disables clipping.
+
+  Returns:
+    [...] float32 scaled (and clipped) rewards.
+  """
+  r = jnp.asarray(reward, jnp.float32) * reward_scale
+  if reward_clip is not None and reward_clip > 0:  # a Python number (config): static under jit
+    r = jnp.clip(r, -reward_clip, reward_clip)
+  return r
+
+
+def process_reward(tr: rollout_lib.Transition, reward_scale: Any = 1.0, reward_clip: Any = 0.0,
+                   reward_fn: RewardFn | None = None) -> jax.Array:
+  """The rewards that enter GAE: the scaled environment reward, then the reward hook (if any), unscaled.
+
+  The scale applies to the environment reward alone: a hook sees `tr` with `reward` already scaled (and
+  clipped) and returns the total reward, so an intrinsic term it adds keeps its own coefficient. This is the
+  official Motif formula (sample-factory `actor_worker.py:458-459` scales and clips the game reward;
+  `learner.py:792-793` adds the intrinsic term): r = extrinsic_reward * clip(reward_scale * r_env) +
+  llm_reward * r_int, with the two coefficients inside the hook. Without a hook the result is
+  reward_scale * r_env, as before.
+
+  Args:
+    tr: rollout Transition, leaves [T, B, ...]; tr.reward is the raw environment reward.
+    reward_scale, reward_clip: see `scale_env_reward`.
+    reward_fn: optional hook Transition [T, B] -> rewards [T, B].
+
+  Returns:
+    float32 [T, B] rewards for GAE.
+
+  Raises:
+    ValueError: the hook returned a shape other than tr.reward's.
+  """
+  scaled = scale_env_reward(tr.reward, reward_scale, reward_clip)
+  if reward_fn is None:
+    return scaled
+  rewards = reward_fn(tr.replace(reward=scaled))
+  if rewards.shape != tr.reward.shape:
+    raise ValueError(f"reward_fn returned shape {rewards.shape}; expected {tr.reward.shape} ([T, B]).")
+  return jnp.asarray(rewards, jnp.float32)
+
+
 class PPO:
   """A PPO agent for a JAX `Env` (all methods pure; compile them yourself or use `make_train`).
 
@@ -127,7 +179,9 @@ class PPO:
     init_params: optional params {'policy': ..., 'value': ...} to start from (fine-tuning); either half may be
       None to keep its fresh initialisation.
     init_obs_stats: optional RunningStats to start from (with init_params trained on normalised inputs).
-    reward_fn: optional hook Transition [T, B] -> rewards [T, B] applied before GAE (e.g. an intrinsic reward).
+    reward_fn: optional hook Transition [T, B] -> rewards [T, B] applied before GAE (e.g. an intrinsic reward);
+      it sees the environment reward already multiplied by config.ppo.reward_scale and its output is not
+      scaled again (see `process_reward`).
     mesh: optional mesh; environments (and the rollout batch) are sharded over its 'data' axis.
   """
 
@@ -237,7 +291,8 @@ class PPO:
                  tr: rollout_lib.Transition) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """(rewards, values, advantages, returns) [T, B] for a trajectory under the given params and statistics.
 
-    Rewards pass through reward_fn (when given) and are multiplied by config.ppo.reward_scale first.
+    The environment reward is multiplied by config.ppo.reward_scale (and clipped to +-ppo.reward_clip when
+    that is > 0), then passes through reward_fn when given (`process_reward`).
 
     Args:
       params: ActorCritic params.
@@ -247,8 +302,7 @@ class PPO:
     Returns:
       (rewards, values, advantages, returns), each float32 [T, B].
     """
-    rewards = tr.reward if self.reward_fn is None else self.reward_fn(tr)
-    rewards = rewards * self.p.reward_scale
+    rewards = process_reward(tr, self.p.reward_scale, _get(self.p, "reward_clip", 0.0), self.reward_fn)
     v_apply = lambda o: self.model.apply({"params": params}, self.normalize(stats, o), method="v")
     values = v_apply(tr.obs)
     next_values = v_apply(tr.next_obs)

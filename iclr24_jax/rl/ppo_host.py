@@ -14,9 +14,11 @@ terminated, truncated, info)` where obs is an array or a dict of arrays with lea
 `model` is a Flax module obs -> (Categorical, value [N]).
 
 The reward hook (for an intrinsic reward such as Motif's) sees the whole collected batch (numpy):
-  reward_hook(batch) -> rewards [T, N], batch keys: obs, next_obs (pre-reset), action, reward (extrinsic),
-  terminated, truncated (all [T, N, ...]).
-Its output replaces the reward before GAE; the extrinsic reward stays in the metrics.
+  reward_hook(batch) -> rewards [T, N], batch keys: obs, next_obs (pre-reset), action, reward (the extrinsic
+  reward already scaled by ppo.reward_scale and clipped to +-ppo.reward_clip when > 0), terminated, truncated
+  (all [T, N, ...]).
+Its output replaces the reward before GAE and is not scaled again, so an intrinsic term keeps its own
+coefficient (the official Motif formula, see `ppo.process_reward`); the raw extrinsic reward stays in the metrics.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ import numpy as np
 from iclr24_jax.common import optim
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.rl import losses
+from iclr24_jax.rl.ppo import scale_env_reward
 
 RewardHook = Callable[[dict], np.ndarray]
 
@@ -109,11 +112,13 @@ class HostPPO:
 
   Args:
     config: a PPO config (ppo.default_config() layout): ppo.{rollout_steps, update_epochs, num_minibatches,
-      gamma, gae_lambda, clip_eps, value_clip_eps, ent_coef, vf_coef, normalize_advantages, reward_scale},
-      optimizer, num_steps (= updates, for the learning-rate schedule). ppo.num_envs is taken from `env`.
+      gamma, gae_lambda, clip_eps, value_clip_eps, ent_coef, vf_coef, normalize_advantages, reward_scale,
+      reward_clip (optional, 0 = none)}, optimizer, num_steps (= updates, for the learning-rate schedule).
+      ppo.num_envs is taken from `env`.
     env: the vectorised host environment.
     model: Flax module obs -> (Categorical, value).
-    reward_hook: optional batch -> rewards [T, N] (numpy), applied before GAE.
+    reward_hook: optional batch -> rewards [T, N] (numpy), applied before GAE to the batch whose 'reward' is
+      the scaled environment reward (see `rewards`).
   """
 
   def __init__(self, config: Any, env: Any, model: Any, reward_hook: RewardHook | None = None):
@@ -183,8 +188,8 @@ class HostPPO:
   def _learn_fn(self, state: TrainState, batch: dict, rewards: jax.Array, key: jax.Array):
     p = self.p
     done = jnp.logical_or(batch["terminated"], batch["truncated"])
-    adv, ret = losses.gae(rewards * p.reward_scale, batch["value"], batch["next_value"], batch["terminated"], done,
-                          p.gamma, p.gae_lambda)
+    adv, ret = losses.gae(rewards, batch["value"], batch["next_value"], batch["terminated"], done, p.gamma,
+                          p.gae_lambda)
     n = self.num_envs * self.rollout_steps
     flat = jax.tree.map(lambda x: x.reshape((n,) + x.shape[2:]),
                         {"obs": batch["obs"], "action": batch["action"], "log_prob": batch["log_prob"],
@@ -209,8 +214,32 @@ class HostPPO:
     state, m = jax.lax.scan(epoch, state, jnp.arange(int(p.update_epochs)))
     return state, jax.tree.map(jnp.mean, m)
 
+  def rewards(self, batch: dict) -> np.ndarray:
+    """The rewards that enter GAE: reward_scale * r_env (clipped to +-reward_clip when > 0), then the hook.
+
+    The hook sees the batch with 'reward' replaced by the scaled environment reward and its output is used as
+    is (sample-factory scales the game reward on the actor, Motif's learner adds the intrinsic term after).
+
+    Args:
+      batch: `collect` output ([T, N, ...] arrays; 'reward' is the raw environment reward).
+
+    Returns:
+      float32 [T, N] rewards.
+
+    Raises:
+      ValueError: the reward hook returned a shape other than [T, N].
+    """
+    scaled = np.asarray(scale_env_reward(batch["reward"], float(self.p.reward_scale),
+                                         float(self.p.get("reward_clip", 0.0) or 0.0)), np.float32)
+    if self.reward_hook is None:
+      return scaled
+    rewards = np.asarray(self.reward_hook(dict(batch, reward=scaled)), np.float32)
+    if rewards.shape != batch["reward"].shape:
+      raise ValueError(f"reward_hook returned shape {rewards.shape}; expected {batch['reward'].shape} ([T, N]).")
+    return rewards
+
   def learn(self, state: TrainState, batch: dict, key: jax.Array) -> tuple[TrainState, dict]:
-    """Applies the reward hook, then one PPO update on a collected batch. Returns (state, metrics).
+    """Applies the reward scale and hook (`rewards`), then one PPO update on a collected batch.
 
     Args:
       state: TrainState of the ActorCritic.
@@ -218,16 +247,13 @@ class HostPPO:
       key: PRNG key of the minibatch permutations and losses.
 
     Returns:
-      (new TrainState, metrics dict of floats incl. extrinsic_reward, hook_reward, episodes, episode_return).
+      (new TrainState, metrics dict of floats incl. extrinsic_reward (raw), hook_reward (what GAE saw),
+      episodes, episode_return).
 
     Raises:
       ValueError: the reward hook returned a shape other than [T, N].
     """
-    rewards = batch["reward"]
-    if self.reward_hook is not None:
-      rewards = np.asarray(self.reward_hook(batch), np.float32)
-      if rewards.shape != batch["reward"].shape:
-        raise ValueError(f"reward_hook returned shape {rewards.shape}; expected {batch['reward'].shape} ([T, N]).")
+    rewards = self.rewards(batch)
     jb = {k: batch[k] for k in ("obs", "action", "log_prob", "value", "next_value", "terminated", "truncated")}
     state, m = self._learn(state, jb, jnp.asarray(rewards), key)
     m = {k: float(v) for k, v in jax.device_get(m).items()}

@@ -244,6 +244,5 @@ def train_classifier(config: Any, dataset: data_lib.Dataset, workdir: str | None
       init_fn=init_fn, train_step=make_train_step(model, float(config.get("label_smoothing", 0.0))),
       batches=stream, num_steps=config.num_steps, key=jax.random.key(config.seed), workdir=workdir, mesh=mesh,
       log_every=config.get("log_every", 100), eval_every=config.get("eval_every", 0), eval_fn=eval_fn,
-      checkpoint_every=config.get("checkpoint_every", 0), config=config, progress=progress, stop_at=stop_at,
-      name="classify")
+      config=config, progress=progress, stop_at=stop_at, name="classify", **loop_lib.checkpoint_options(config))
   return model, result

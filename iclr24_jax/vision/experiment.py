@@ -59,6 +59,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   acc = res["test_accuracy"]
   return [{"paper": "classify", "experiment": f"digits CNN, {cfg.num_steps} steps", "metric": "test accuracy",
            "ours": acc, "paper_value": ">= 0.95 (foundation check)", "holds": bool(acc >= 0.95) if not fast else None,
+           "kind": "check",
            "plots": [os.path.join(workdir, "classify", "curves.png")]}]
 
 

@@ -29,21 +29,33 @@ def _run(args, target, cwd):
 
 
 def test_installed_copy_imports_packaged_configs(installed, tmp_path):
-  code = ("import iclr24_jax, experiments, json\n"
+  code = ("import iclr24_jax, json, importlib.util\n"
           "from iclr24_jax.configs import pmp, nci\n"
           "from iclr24_jax.rl import offline\n"
-          "print(json.dumps([iclr24_jax.__file__, experiments.__file__, pmp.get_config('tiny').paper]))")
+          "from iclr24_jax import launch\n"
+          "print(json.dumps([iclr24_jax.__file__, launch.__file__, pmp.get_config('tiny').paper]))")
   proc = _run(["-c", code], installed, tmp_path)
   assert proc.returncode == 0, proc.stderr[-2000:]
-  lib_file, exp_file, paper = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
-  assert lib_file.startswith(str(installed)) and exp_file.startswith(str(installed)), (lib_file, exp_file)
+  lib_file, launch_file, paper = __import__("json").loads(proc.stdout.strip().splitlines()[-1])
+  assert lib_file.startswith(str(installed)) and launch_file.startswith(str(installed)), (lib_file, launch_file)
   assert paper == "pmp"
   assert (installed / "iclr24_jax" / "rl" / "reference_returns.json").is_file()
+  # the wheel installs the library only: no top-level `experiments` package to collide with a user's own
+  assert not (installed / "experiments").exists()
+  assert sorted(p.name for p in installed.iterdir() if (p / "__init__.py").exists()) == ["iclr24_jax"]
+
+
+def test_installed_console_script_runs_a_packaged_config_elsewhere(installed, tmp_path):
+  script = installed / "bin" / "iclr24"
+  assert script.is_file()
+  proc = _run([str(script), "run", "--config=pmp:tiny,nobaselines", "--workdir=runs/pmp"], installed, tmp_path)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert (tmp_path / "runs" / "pmp" / "results.json").is_file() and '"test.auc"' in proc.stdout
 
 
 def test_installed_copy_runs_a_fast_reproduction_elsewhere(installed, tmp_path):
-  proc = _run(["-m", "experiments.reproduce", "--only", "safeguards", "--fast", "--out", str(tmp_path / "out"),
-               "--workdir", str(tmp_path / "runs")], installed, tmp_path)
+  proc = _run(["-m", "iclr24_jax.launch", "reproduce", "--only", "safeguards", "--fast", "--out",
+               str(tmp_path / "out"), "--workdir", str(tmp_path / "runs")], installed, tmp_path)
   assert proc.returncode == 0, (proc.stdout[-1500:], proc.stderr[-3000:])
   table = (tmp_path / "out" / "REPRODUCTION.md").read_text()
   assert "| safeguards |" in table and "(failed)" not in table

@@ -16,20 +16,24 @@ def _launch(*args, timeout=180):
                         text=True, timeout=timeout)
 
 
-def test_launcher_trains_writes_and_resumes(tmp_path):
+def test_launcher_trains_writes_and_a_rerun_prints_the_result(tmp_path):
   wd = str(tmp_path / "classify")
   p = _launch("--config=configs/classify.py:tiny", f"--workdir={wd}")
   assert p.returncode == 0, p.stderr[-2000:]
-  for f in ("metrics.jsonl", "results.json", "curves.png", "test_predictions.png", "checkpoints/config.json"):
+  for f in ("metrics.jsonl", "results.json", "curves.png", "test_predictions.png", "checkpoints/config.json",
+            "config.json", "status.json"):
     assert os.path.exists(os.path.join(wd, f)), f
   assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["20", "40", "config.json"]
-  first = json.load(open(os.path.join(wd, "results.json")))
-  assert first["resumed_from_step"] == 0
-  p = _launch("--config=configs/classify.py:tiny", f"--workdir={wd}")
+  first = open(os.path.join(wd, "results.json")).read()
+  assert json.loads(first)["resumed_from_step"] == 0
+  assert '"test_accuracy"' in p.stdout
+  # the packaged config by name, from another directory: the finished workdir is printed, nothing trains
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  p = subprocess.run([sys.executable, "-m", "iclr24_jax.launch", "run", "--config=classify:tiny", f"--workdir={wd}"],
+                     cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=180)
   assert p.returncode == 0, p.stderr[-2000:]
-  second = json.load(open(os.path.join(wd, "results.json")))
-  assert second["resumed_from_step"] == 40
-  assert second["test_accuracy"] == first["test_accuracy"]
+  assert "holds a finished run" in p.stdout and '"test_accuracy"' in p.stdout
+  assert open(os.path.join(wd, "results.json")).read() == first
 
 
 def test_unknown_config_key_is_named(tmp_path):

@@ -1,4 +1,6 @@
 """train_loop's scan chunks (K steps per compiled call) and best-parameter keeping."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -6,6 +8,7 @@ import optax
 import pytest
 
 from iclr24_jax.common import loop
+from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common.train_state import TrainState
 
 RNG = np.random.default_rng(0)
@@ -101,3 +104,87 @@ def test_repeat_step_loop_and_host_paths_agree():
   np.testing.assert_allclose(out[True][0]["w"], out[False][0]["w"], rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-6)
   assert loop.loop_grads_are_slow("cpu") and not loop.loop_grads_are_slow("gpu")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The pieces: keep-best rows, the loop state in the checkpoint, stops, time-based saves, the progress rate
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def test_prefix_keys_keeps_named_groups():
+  assert loop.prefix_keys({"loss": 1.0, "val/auc": 0.5}, "eval") == {"eval/loss": 1.0, "val/auc": 0.5}
+
+
+def test_keep_best_per_row_keeps_each_rows_best():
+  keep = loop.KeepBest("eval/score", "max")
+  p = lambda v: {"w": jnp.asarray(v, jnp.float32)[:, None] * jnp.ones((3, 2))}   # [S=3, 2]
+  keep.update(10, {"eval/score": [0.5, np.nan, 0.2]}, p([1.0, 1.0, 1.0]))
+  keep.update(20, {"eval/score": [0.4, np.nan, 0.7]}, p([2.0, 2.0, 2.0]))
+  keep.update(30, {"eval/score": np.array([0.6, np.nan, 0.7])}, p([3.0, 3.0, 3.0]))  # a tie is no better
+  # row 0: 0.5 -> 0.4 (no) -> 0.6 (yes, step 30); row 1 never finite; row 2: 0.2 -> 0.7 (step 20) -> 0.7 (tie)
+  assert keep.step == [30, -1, 20]
+  np.testing.assert_array_equal(np.asarray(keep.value)[[0, 2]], [0.6, 0.7])
+  best = keep.result(p([9.0, 9.0, 9.0]))     # row 1 never validated: the final parameters
+  np.testing.assert_array_equal(best["w"][:, 0], [3.0, 9.0, 2.0])
+
+
+def test_loop_state_round_trips_through_json():
+  run = loop.LoopState(step=5, history=[{"step": 5, "train/loss": float("nan")}], best_step=[1, -1],
+                       best_metric=[0.5, float("-inf")], key=loop._encode_key(jax.random.key(7)), extra={"epoch": 2})
+  back = loop.LoopState.from_json(__import__("json").loads(__import__("json").dumps(run.to_json())))
+  assert back.step == 5 and back.extra == {"epoch": 2} and back.best_step == [1, -1]
+  assert back.history[0]["train/loss"] == "nan"          # non-finite values are written as strings, as in metrics.jsonl
+  np.testing.assert_array_equal(jax.random.key_data(loop._decode_key(back.key)),
+                                jax.random.key_data(jax.random.key(7)))
+
+
+def _eval(state):
+  return {"neg_err": -float(jnp.sum((state.params["w"] - jnp.asarray(W_TRUE)) ** 2))}
+
+
+def test_stop_request_saves_at_the_boundary_and_resume_is_exact(tmp_path):
+  full = _run(workdir=str(tmp_path / "full"), eval_fn=_eval, eval_every=8, keep_best="neg_err")
+
+  def stop_at_16(step, row):
+    if step == 16:
+      loop.request_stop("SIGTERM")
+
+  with loop.observe(stop_at_16), pytest.raises(loop.Preempted) as info:
+    _run(workdir=str(tmp_path / "cut"), eval_fn=_eval, eval_every=8, keep_best="neg_err")
+  assert info.value.step == 16 and info.value.exit_code == 143 and loop.stop_requested() is None
+  resumed = _run(workdir=str(tmp_path / "cut"), eval_fn=_eval, eval_every=8, keep_best="neg_err")
+  assert resumed.start_step == 16
+  np.testing.assert_array_equal(resumed.state.params["w"], full.state.params["w"])
+  np.testing.assert_array_equal(resumed.best_params["w"], full.best_params["w"])
+  assert resumed.best_step == full.best_step and resumed.final_eval == full.final_eval
+  strip = lambda h: [{k: v for k, v in r.items() if k != "steps_per_s"} for r in h]
+  assert strip(resumed.history) == strip(full.history)
+  # a finished run: restored as stored, nothing trains or is written
+  path = tmp_path / "cut" / "metrics.jsonl"
+  before = (path.read_bytes(), path.stat().st_mtime_ns)
+  again = _run(workdir=str(tmp_path / "cut"), eval_fn=lambda s: 1 / 0, eval_every=8, keep_best="neg_err")
+  assert again.start_step == 40 and again.best_step == full.best_step and strip(again.history) == strip(full.history)
+  assert (path.read_bytes(), path.stat().st_mtime_ns) == before
+
+
+def test_time_based_checkpoints(tmp_path, monkeypatch):
+  clock = [0.0]
+  monkeypatch.setattr(loop.time, "monotonic", lambda: clock[0])
+
+  def tick(step, row):
+    clock[0] += 25.0            # 25 "seconds" per logged interval of 8 steps: every_secs=60 saves every 3rd
+
+  with loop.observe(tick):
+    _run(workdir=str(tmp_path), checkpoint_every_secs=60.0, max_to_keep=10)
+  # elapsed since the last save at the boundaries 8, 16, 24: 25, 50, 75 -> save at 24; then 32: 25, 40: the end
+  assert sorted(int(s) for s in os.listdir(tmp_path / "checkpoints") if s.isdigit()) == [24, 40]
+
+
+def test_progress_rate_starts_after_the_first_update():
+  import io
+  prog = metrics_lib.Progress(100, every_s=0.0, stream=io.StringIO())
+  assert "ETA ?" in prog.line(10)            # before the first update: no rate yet (it would include compiling)
+  prog.update(10)
+  prog._ref = (prog._ref[0] - 2.0, 10)       # 2 s ago at step 10
+  line = prog.line(30)                       # 20 steps in 2 s: 10 steps/s, 70 left -> 7 s
+  assert "10.00 steps/s" in line and "ETA 7s" in line

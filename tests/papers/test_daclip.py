@@ -282,6 +282,60 @@ def test_reverse_sample_with_the_true_noise_restores_the_clean_image(method):
   assert rms_out < 0.03, (rms_out, rms_in)
 
 
+def _gaussian_chain_std(sched, s, method, scale=1.0):
+  """Exact output std of the reverse chain for Gaussian data x0 ~ N(mu, s^2) with the exact noise prediction
+  eps_hat = scale sqrt(v_t) (x_t - mu) / (B_t^2 s^2 + v_t), B_t = exp(-theta_bar_t dt), v_t = sigma_bar_t^2: every
+  step is linear, y_{t-1} = g_t y_t + sd_t n (y = x - mu), so Var_{t-1} = g_t^2 Var_t + sd_t^2, from Var_T =
+  lambda^2. numpy, float64, from the official formulas (sde_utils.py: reverse_sde_step, reverse_posterior_step =
+  get_init_state_from_noise + reverse_optimum_step + reverse_optimum_std)."""
+  th, thb = np.asarray(sched.thetas, np.float64), np.asarray(sched.thetas_cumsum, np.float64)
+  sig, sb, dt, lam = np.asarray(sched.sigmas, np.float64), np.asarray(sched.sigma_bars, np.float64), sched.dt, \
+      sched.lambda_
+  var = lam ** 2
+  for t in range(sched.num_steps, 0, -1):
+    b, v = np.exp(-thb[t] * dt), sb[t] ** 2
+    k = scale * np.sqrt(v) / (b ** 2 * s ** 2 + v)                     # eps_hat = k y
+    if method == "sde":          # x - (theta (mu - x) - sigma^2 score) dt - sigma sqrt(dt) n, score = -eps / sqrt(v)
+      g, sd2 = 1 + th[t] * dt - sig[t] ** 2 * k / np.sqrt(v) * dt, sig[t] ** 2 * dt
+    else:                        # x0_hat - mu = (1 - sqrt(v) k) e^{theta_bar dt} y, then the bridge posterior
+      a, c = np.exp(-th[t] * dt), np.exp(-thb[t - 1] * dt)
+      x0k = (1 - np.sqrt(v) * k) * np.exp(thb[t] * dt)
+      g = a * (1 - c ** 2) / (1 - b ** 2) + c * (1 - a ** 2) / (1 - b ** 2) * x0k
+      sd2 = max((1 - a ** 2) * (1 - c ** 2) / (1 - b ** 2), 1e-20 * dt) * lam ** 2
+    var = g ** 2 * var + sd2
+  return float(np.sqrt(var))
+
+
+@pytest.mark.parametrize("method,tol", [("sde", 0.03), ("posterior", 0.06)])
+def test_reverse_chain_returns_the_spread_of_a_gaussian_posterior(method, tol):
+  """Known x0 = mu + s z (s = 0.1): with the exact noise prediction the reverse chain must end at spread s, and a
+  score off by x0.8 / x1.2 must not (the true-noise test above cannot see such a scale error). At the official
+  T = 100 the chains' exact spreads are 1.021 s (Euler-Maruyama) and 0.953 s (posterior: the x0 estimate's own
+  uncertainty is dropped at every step); both reach s as T grows (1.002 / 0.995 at T = 1000, checked here)."""
+  sched = daclip.irsde_schedule(T=100, lambda_=50.0 / 255.0, eps=0.005)
+  s, n = 0.1, 20000
+  mu = jnp.full((n, 1), 0.5)
+
+  def oracle(params, x_t, mu_, t):
+    b = jnp.exp(-sched.thetas_cumsum[t] * sched.dt)[:, None]
+    v = sched.sigma_bars[t][:, None] ** 2
+    return params * jnp.sqrt(v) * (x_t - mu_) / (b ** 2 * s ** 2 + v)    # params: the score-scale error
+
+  run = jax.jit(lambda k, scale: daclip.reverse_sample(k, scale, mu, noise_fn=oracle, schedule=sched, method=method))
+  exact = _gaussian_chain_std(sched, s, method)
+  assert abs(exact / s - 1) < tol
+  assert abs(_gaussian_chain_std(daclip.irsde_schedule(T=1000, lambda_=50.0 / 255.0, eps=0.005), s, method) / s
+             - 1) < 0.01
+  out = np.asarray(run(jax.random.key(0), 1.0))
+  np.testing.assert_allclose(out.std(), exact, rtol=0.02)              # the chain is the official math (SE 0.5%)
+  assert abs(out.mean() - 0.5) < 3 * s / np.sqrt(n) * 3
+  assert abs(out.std() / s - 1) < tol                                  # spread s
+  for scale in (0.8, 1.2):
+    wrong = np.asarray(run(jax.random.key(0), scale)).std()
+    np.testing.assert_allclose(wrong, _gaussian_chain_std(sched, s, method, scale), rtol=0.02)
+    assert abs(wrong / s - 1) > 2 * tol, (scale, wrong / s)            # a scale error fails the spread check
+
+
 def test_chunk_runner_host_loop_equals_scan():
   """The CPU host loop and the accelerator lax.scan run the same steps with the same keys (a conv step)."""
   import flax.linen as nn

@@ -13,7 +13,7 @@ from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, runs, smc, study_exactness
+from iclr24_jax.papers.fps import experiment, runs, smc, study_exactness, study_images
 
 SCHED = schedules.linear_beta_schedule()
 
@@ -532,6 +532,44 @@ def test_dps_guidance_reduces_the_residual(dps_fn):
   assert res(fn(jax.random.key(0), 0.3)) < 0.5 * res(fn(jax.random.key(0), 0.0))
 
 
+@pytest.mark.parametrize("clip", [None, 1.0])
+def test_dps_step_is_the_official_dps_update(clip):
+  """dps_step against a numpy re-implementation of the official DPS step (p_sample_loop + PosteriorSampling,
+  clip_denoised): x0 = clamp((x - sqrt(1 - a_t) eps) / sqrt(a_t)); mean = q_posterior_mean(x0, x);
+  x' = mean + sqrt(var) z - zeta grad_x ||y - A x0(x)||, for a linear eps(x, t) = W x + b + c t whose Jacobian is W,
+  so grad = -J^T A^T r / ||r|| with J = diag(|x0| < 1) (I - sqrt(1 - a_t) W) / sqrt(a_t). Variance beta-tilde (the
+  documented deviation from the learned-range variance)."""
+  rng = np.random.default_rng(5)
+  w = 0.3 * rng.standard_normal((3, 3))
+  bias, c = rng.standard_normal(3), 0.01
+  a_mat = rng.standard_normal((2, 3))
+  op = fps.Dense(a_mat)
+  x_t = rng.standard_normal((4, 3)) * 1.5
+  y = rng.standard_normal(2)
+  t, a_t, a_s, zeta = 40.0, 0.45, 0.62, 0.7
+  den = lambda x, tt: x @ jnp.asarray(w.T, jnp.float32) + jnp.asarray(bias, jnp.float32) + c * tt[:, None]  # noqa
+  key = jax.random.key(3)
+  out, norms = jax.jit(lambda x: fps.dps_step(den, op, jnp.asarray(y, jnp.float32), x, jnp.float32(t), a_t, a_s, key,
+                                              zeta, clip_x0=clip))(jnp.asarray(x_t, jnp.float32))
+  eps = x_t @ w.T + bias + c * t
+  x0_raw = (x_t - np.sqrt(1 - a_t) * eps) / np.sqrt(a_t)
+  x0 = x0_raw if clip is None else np.clip(x0_raw, -clip, clip)
+  alpha = a_t / a_s
+  mean = (np.sqrt(a_s) * (1 - alpha) * x0 + np.sqrt(alpha) * (1 - a_s) * x_t) / (1 - a_t)   # q_posterior_mean
+  var = (1 - a_s) / (1 - a_t) * (1 - alpha)
+  z = np.asarray(jax.random.normal(key, (4, 3)), np.float64)
+  r = y[None] - x0 @ a_mat.T
+  norm = np.linalg.norm(r, axis=1)
+  jac = (np.eye(3) - np.sqrt(1 - a_t) * w) / np.sqrt(a_t)                  # d x0_raw / d x
+  mask = np.ones_like(x0_raw) if clip is None else (np.abs(x0_raw) < clip).astype(float)
+  grad = -np.einsum("bi,ij->bj", mask * (r @ a_mat) / norm[:, None], jac)  # J^T A^T r / ||r||, J = diag(mask) jac
+  want = mean + np.sqrt(var) * z - zeta * grad
+  if clip is not None:
+    assert 0 < mask.sum() < mask.size                                     # the clamp is active on some entries
+  np.testing.assert_allclose(norms, norm, rtol=1e-5)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- errors
 
 
@@ -656,10 +694,45 @@ def test_run_tiny_smoke(tmp_path):
   assert nt and all(abs(r["obs_var_ratio"] - 1) < 1e-6 for r in nt)
 
 
+def test_split_images_keeps_validation_apart_from_the_test_images():
+  """Test images = the generator's first draw (the same whatever the validation count, so earlier rows' test set is
+  kept); validation images come from the rest of the pool: no image is in both."""
+  pool = np.arange(40, dtype=np.float32).reshape(40, 1, 1, 1)    # image i is the value i
+  test, val = study_images.split_images(pool, 12, 8, seed=0)
+  want = pool[np.random.default_rng(0).choice(40, 12, replace=False)]
+  np.testing.assert_array_equal(test, want)
+  np.testing.assert_array_equal(study_images.split_images(pool, 12, 0, seed=0)[0], want)
+  assert val.shape == (8, 1, 1, 1) and not set(val.ravel()) & set(test.ravel())
+  assert len(set(val.ravel())) == 8
+  with pytest.raises(ValueError, match="num_val_images"):
+    study_images.split_images(pool, 35, 8, seed=0)
+
+
+def test_dps_step_size_is_never_tuned_on_the_test_images(tmp_path):
+  """Several DPS step sizes and no validation images: refused before the prior is trained."""
+  cfg = fps_config.get_config("tiny_images")
+  cfg.images.methods = ("fps", "dps")
+  cfg.images.dps_zetas = (0.3, 1.0)
+  cfg.images.num_val_images = 0
+  with pytest.raises(ValueError, match="validation images"):
+    study_images.image_study(cfg, str(tmp_path), progress=False)
+  assert not (tmp_path / "prior").exists()
+  assert fps_config.get_config("images").images.num_val_images > 0
+
+
 @pytest.mark.slow
 def test_run_tiny_images_smoke(tmp_path):
+  """The image path end to end; DPS picks its step size on 2 validation images (the best mean PSNR there) and runs
+  the test images at that step size, with FPS's number of steps."""
   cfg = fps_config.get_config("tiny_images")
+  cfg.images.methods = ("fps", "pinv", "dps")
+  cfg.images.dps_zetas = (0.3, 3.0)
+  cfg.images.num_val_images = 2
   res = experiment.run(cfg, str(tmp_path), progress=False)
-  sc = res["images"]["tasks"]["inpainting"]["scores"]
-  assert set(sc) == {"fps", "pinv"} and all(np.isfinite(v["psnr"]) for v in sc.values())
+  task = res["images"]["tasks"]["inpainting"]
+  sc = task["scores"]
+  assert set(sc) == {"fps", "pinv", "dps"} and all(np.isfinite(v["psnr"]) for v in sc.values())
+  val = task["dps_val_psnr_by_zeta"]
+  assert set(val) == {0.3, 3.0} and task["dps_zeta"] == max(val, key=val.get)
+  assert res["images"]["num_val_images"] == 2 and res["images"]["num_steps"] == cfg.fps.num_steps
   assert os.path.exists(tmp_path / "images.png")

@@ -14,6 +14,7 @@ import pytest
 from iclr24_jax.diffusion.unet import MLPDenoiser
 from iclr24_jax.papers import ldcq
 from iclr24_jax.papers.ldcq import data as data_lib
+from iclr24_jax.rl.env_base import EnvSpec
 
 
 def _tiny_vae(d=3, a=2, z=4):
@@ -61,6 +62,36 @@ def test_vae_loss_terms_and_training_lowers_it():
     state, m = step(state, jax.random.fold_in(key, i))
   _, m = step(state, key)
   assert float(m["loss"]) < first - 1.0, (first, float(m["loss"]))
+
+
+def test_vae_loss_against_a_numpy_composition_of_the_heads():
+  """vae_loss recomposed in numpy from the module's own heads (official SkillModel.get_losses scaling):
+  -mean_{b,t} sum_a log N(a; pi) + beta mean_b sum_z KL(q || p(z|s_0)) / H - mean_b sum_d log N(s_H; .) / H,
+  with z = mean_q + std_q eps, eps the draw the loss makes from its key."""
+  vae = _tiny_vae()
+  batch = _segments(jax.random.key(10), b=6, h=5)
+  params = jax.jit(vae.init)(jax.random.key(11), batch["states"][:2], batch["actions"][:2])["params"]
+  key = jax.random.key(12)
+  loss, m = jax.jit(lambda p: ldcq.vae_loss(p, vae, batch, key, beta=0.05))(params)
+
+  def heads(p):
+    ap = lambda method, *a: vae.apply({"params": p}, *a, method=method)  # noqa: E731
+    mq, sq = ap(ldcq.SkillVAE.encode, batch["states"], batch["actions"])
+    z = mq + sq * jax.random.normal(key, mq.shape)
+    return (mq, sq, ap(ldcq.SkillVAE.policy, batch["states"], z[:, None], batch["actions"]),
+            ap(ldcq.SkillVAE.prior, batch["states"][:, 0]), ap(ldcq.SkillVAE.terminal, batch["states"][:, 0], z))
+
+  (mq, sq, (am, asd), (pm, ps), (tm, ts)) = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.jit(heads)(params))
+  acts, s_h = np.asarray(batch["actions"], np.float64), np.asarray(batch["next_state"], np.float64)
+  log_n = lambda x, mu, sd: -0.5 * ((x - mu) / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi)  # noqa: E731
+  h = 5
+  action_nll = -np.mean(np.sum(log_n(acts, am, asd), -1))               # mean over B and H, sum over A
+  kl = np.mean(np.sum(np.log(ps / sq) + (sq ** 2 + (mq - pm) ** 2) / (2 * ps ** 2) - 0.5, -1)) / h
+  terminal_nll = -np.mean(np.sum(log_n(s_h, tm, ts), -1)) / h
+  np.testing.assert_allclose(m["action_nll"], action_nll, rtol=1e-5)
+  np.testing.assert_allclose(m["kl"], kl, rtol=1e-5)
+  np.testing.assert_allclose(m["terminal_nll"], terminal_nll, rtol=1e-5)
+  np.testing.assert_allclose(loss, action_nll + 0.05 * kl + terminal_nll, rtol=1e-5)
 
 
 def test_autoregressive_policy_structure():
@@ -171,19 +202,57 @@ def _q_data(key, m=64, d=3, zd=2, k=6):
 
 
 def test_q_train_step_fits_targets_updates_priorities_and_polyak():
+  """Also the official PER rule (NaivePrioritizedBuffer, DDQN.learn): items enter at priority 100; P(i) =
+  p_i^0.6 / sum p^0.6; weights (N P(i))^-beta / max over the batch; the loss sum_j mean_b w (Q_j - y_j)^2
+  (reported / 2); new priorities (TD_0^2 + 5e-6 + TD_1^2 + 5e-6) / 2."""
+  from iclr24_jax.rl import replay
   q_net, _ = _q_setup(jax.random.key(0))
-  data = _q_data(jax.random.key(1))
+  m, alpha = 64, 0.6
+  data = _q_data(jax.random.key(1), m=m)
   # tau = 0: the target nets stay fixed, so the update is a regression that must lower its loss
   cfg = ldcq.QConfig(q_net, discount=0.9, batch_size=32, num_target_samples=4, tau=0.0, steps_per_epoch=2)
-  state = jax.jit(lambda k: ldcq.q_init(k, cfg, ldcq.make_buffer(data), 3, 2, learning_rate=3e-3))(
+  state = jax.jit(lambda k: ldcq.q_init(k, cfg, ldcq.make_buffer(data, alpha), 3, 2, learning_rate=3e-3))(
       jax.random.key(2))
   p0 = np.asarray(state.extra["buffer"].priorities())
-  np.testing.assert_allclose(p0, 1.0)                      # every item enters at priority 1 (p^alpha = 1)
+  np.testing.assert_allclose(p0, 100.0 ** 0.6, rtol=1e-6)  # official push: every item enters at priority 100
 
   @jax.jit
   @chex.assert_max_traces(n=1)
   def step(st, k):
     return ldcq.q_train_step(st, None, k, cfg=cfg)
+
+  state, _ = step(state, jax.random.key(3))    # after one step: a mix of untouched (100) and updated priorities
+  buf = state.extra["buffer"]
+  raw = np.asarray(buf.priorities(), np.float64) ** (1 / alpha)
+  assert np.sum(np.isclose(raw, 100.0)) > 20 and np.sum(raw < 10.0) > 20
+  beta = 0.3 + 0.01 * (1 // 2)                 # beta0 + 0.01 per epoch of steps_per_epoch = 2 steps
+  key = jax.random.key(3)
+  k_sample, k_perm = jax.random.split(jax.random.fold_in(key, state.step))   # q_train_step's own split
+
+  @jax.jit
+  def reference_pieces(st):
+    _, idx, w = replay.prioritized_sample(st.extra["buffer"], k_sample, 32, beta=beta)
+    batch = jax.tree.map(lambda x: x[idx], data)
+    perm = jax.random.permutation(k_perm, 6)[:4]
+    y = ldcq.q_target(q_net, st.extra["target"], batch["reward"], batch["next_state"],
+                      batch["next_latents"][:, perm], batch["done"], discount=0.9)["targets"]
+    return idx, w, ldcq.twin_q_apply(q_net, st.params, batch["s0"], batch["z"]), y
+
+  idx, w, q, y = jax.tree.map(np.asarray, reference_pieces(state))
+  prob = raw ** alpha / np.sum(raw ** alpha)
+  w_ref = (m * prob[idx]) ** -beta
+  w_ref = w_ref / w_ref.max()
+  np.testing.assert_allclose(w, w_ref, rtol=1e-5)
+  new, metrics = step(state, key)
+  td2 = (q.astype(np.float64) - y) ** 2                                  # [2, B]
+  np.testing.assert_allclose(metrics["loss"], np.sum(np.mean(td2 * w_ref[None], 1)) / 2, rtol=1e-5)
+  want = (td2[0] + 5e-6 + td2[1] + 5e-6) / 2
+  got = np.asarray(new.extra["buffer"].priorities(), np.float64) ** (1 / alpha)
+  last = {i: j for j, i in enumerate(idx)}      # a slot drawn twice keeps its last write (the official loop too)
+  np.testing.assert_allclose([got[i] for i in last], [want[j] for j in last.values()], rtol=1e-4)
+  untouched = np.setdiff1d(np.arange(m), idx)
+  np.testing.assert_allclose(got[untouched], raw[untouched], rtol=1e-5)
+  state = new
 
   losses = []
   for i in range(150):
@@ -191,7 +260,7 @@ def test_q_train_step_fits_targets_updates_priorities_and_polyak():
     losses.append(float(m["loss"]))
   assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10]), (losses[:3], losses[-3:])
   p1 = np.asarray(state.extra["buffer"].priorities())
-  assert not np.allclose(p1, 1.0) and np.all(p1 > 0)       # priorities now track the squared TD errors
+  assert not np.allclose(p1, 100.0 ** 0.6) and np.all(p1 > 0)   # priorities now track the squared TD errors
   # Polyak averaging: tau = 0.5 gives target = 0.5 online_new + 0.5 target_old after one step
   cfg2 = ldcq.QConfig(q_net, discount=0.9, batch_size=32, num_target_samples=4, tau=0.5)
   batch = jax.tree.map(lambda x: x[:16], data)
@@ -206,27 +275,73 @@ def test_q_train_step_fits_targets_updates_priorities_and_polyak():
   chex.assert_trees_all_close(new.extra["target"], jax.tree.map(lambda p: 0.5 * p, new.params), rtol=1e-6)
 
 
+class _Linear:
+  """A fixed x0-predicting 'denoiser' of (z_t, t, cond) for the reference chain."""
+
+  def apply(self, variables, z_t, t, cond):
+    return 0.8 * z_t + 0.3 * cond[:, :z_t.shape[1]] - 0.002 * t[:, None]
+
+
+def test_reverse_diffusion_chain_matches_the_official_step_on_the_runs_schedule():
+  """sample_latents on the runs' schedule (linear betas 1e-4..0.02, T = 100, x0-prediction, variance beta) against
+  a numpy loop of the official Model_Cond_Diffusion.sample_extra step (models/diffusion_models.py:593-624):
+    eps = (z_i - sqrt(abar_i) x0) / sqrt(1 - abar_i)
+    z_{i-1} = (z_i - eps (1 - alpha_i) / sqrt(1 - abar_i)) / sqrt(alpha_i) + sqrt(beta_i) noise  (no noise at the end)
+  with the same draws."""
+  from iclr24_jax.diffusion import samplers
+  spec = ldcq.LDCQSpec(vae=_tiny_vae(z=2), denoiser=_Linear(), q_net=ldcq.QNetwork(16, (16, 8)))
+  sched = spec.make_schedule()
+  s0 = jnp.array([[0.5, -1.0, 2.0], [1.5, 0.2, -0.3]])
+  key = jax.random.key(5)
+  out = jax.jit(lambda k: ldcq.sample_latents(k, ldcq.LDCQParams(vae=None, diffusion={}, spec=spec), s0, 3))(key)
+  times, _, _ = samplers.sampling_grid(sched)
+  np.testing.assert_array_equal(times, np.arange(99, -1, -1))            # every step, T - 1 .. 0
+  beta = np.linspace(1e-4, 0.02, 100)
+  abar = np.cumprod(1 - beta)
+  key_init, step_keys = samplers.split_sampler_keys(key, 100)
+  z = np.asarray(jax.random.normal(key_init, (6, 2)), np.float64)
+  cond = np.repeat(np.asarray(s0, np.float64), 3, axis=0)
+  for i, t in enumerate(range(99, -1, -1)):
+    x0 = 0.8 * z + 0.3 * cond[:, :2] - 0.002 * t
+    eps = (z - np.sqrt(abar[t]) * x0) / np.sqrt(1 - abar[t])
+    z = (z - eps * beta[t] / np.sqrt(1 - abar[t])) / np.sqrt(1 - beta[t])
+    if t > 0:
+      z = z + np.sqrt(beta[t]) * np.asarray(jax.random.normal(step_keys[i], (6, 2)), np.float64)
+  np.testing.assert_allclose(out, z.reshape(2, 3, 2), rtol=1e-4, atol=1e-5)
+
+
 def test_sample_latents_and_act_pick_the_best_sampled_latent():
   vae = _tiny_vae(z=2)
   seg = _segments(jax.random.key(0), b=2)
   vp = jax.jit(vae.init)(jax.random.key(1), seg["states"], seg["actions"])["params"]
   spec = _spec(vae, "gaussian")
   q_net, qp = _q_setup(jax.random.key(2))
-  params = ldcq.LDCQParams(vae=vp, q=qp, q_target=qp, spec=spec)
+  _, qt = _q_setup(jax.random.key(9))      # target nets that disagree with the online ones
+  params = ldcq.LDCQParams(vae=vp, q=qp, q_target=qt, spec=spec)
   s = jax.random.normal(jax.random.key(3), (5, 3))
   key = jax.random.key(4)
 
   @jax.jit
   def run(p, st):
     z = ldcq.sample_latents(key, p, st, 7)
-    return (z, ldcq.act(key, p, st, 7), ldcq.q_values(p, st, z), ldcq.act(key, p, st[0], 7),
-            ldcq.act(key, p.replace(q=None, q_target=None), st, 7))
+    return (z, ldcq.act(key, p, st, 7), ldcq.q_values(p, st, z, target=False), ldcq.act(key, p, st[0], 7),
+            ldcq.act(key, p.replace(q=None, q_target=None), st, 7), ldcq.sample_latents(key, p, st, 1),
+            ldcq.act_maze(key, p, st, 7))
 
-  z, chosen, q, single, no_q = run(params, s)
+  z, chosen, q, single, no_q, one, maze = run(params, s)
   chex.assert_shape(z, (5, 7, 2))
+  # acting scores with the online nets (the official evaluation sets target_net_j = q_net_j)
   np.testing.assert_allclose(chosen, np.asarray(z)[np.arange(5), np.argmax(np.asarray(q), 1)], rtol=1e-6)
   chex.assert_shape(single, (2,))
-  np.testing.assert_allclose(no_q, z[:, 0], rtol=1e-6)       # no Q: latent BC takes the first sample
+  np.testing.assert_allclose(no_q, one[:, 0], rtol=1e-6)       # no Q: one prior sample (latent BC)
+  # the maze2d planner (official q_policy, plan_skills_diffusion_maze2d.py:57-87): N latents z1 at s, their
+  # predicted end states, one latent z2 sampled at each, the best (s_H, z2) by min-Q; z2 is executed
+  k1, k2 = jax.random.split(key)
+  z1 = ldcq.sample_latents(k1, params, s, 7)
+  s_end = vae.apply({"params": vp}, jnp.repeat(s, 7, 0), z1.reshape(35, 2), method=ldcq.SkillVAE.terminal)[0]
+  z2 = np.asarray(ldcq.sample_latents(k2, params, s_end, 1)[:, 0]).reshape(5, 7, 2)
+  q2 = np.min(np.asarray(ldcq.twin_q_apply(q_net, qp, s_end, z2.reshape(35, 2))), 0).reshape(5, 7)
+  np.testing.assert_allclose(maze, z2[np.arange(5), np.argmax(q2, 1)], rtol=1e-5, atol=1e-6)
   # diffusion prior: DDPM samples of the requested shape through the diffusion core's sampler
   sd = _spec(vae, "diffusion", num_timesteps=10)
 
@@ -236,6 +351,124 @@ def test_sample_latents_and_act_pick_the_best_sampled_latent():
     return ldcq.sample_latents(k, ldcq.LDCQParams(vae=vp, diffusion=den_p, spec=sd), s, 3)
 
   chex.assert_shape(diff_samples(key), (5, 3, 2))
+
+
+class _Walk:
+  """A 1-D walk that ignores the action: position + 1 per step, reward 1 at positions goal .. goal + 2."""
+
+  def __init__(self, goal):
+    self.goal = goal
+    self.spec = EnvSpec("walk", (3,), False, 2, -1.0, 1.0, max_episode_steps=20)
+
+  def reset_core(self, key):
+    del key
+    return jnp.zeros(()), jnp.zeros(3)
+
+  def step_core(self, key, core, action):
+    del key, action
+    pos = core + 1.0
+    r = ((pos >= self.goal) & (pos <= self.goal + 2)).astype(jnp.float32)
+    return pos, jnp.stack([pos, 0.0, 0.0]), r, jnp.zeros((), bool)
+
+
+def test_maze_protocol_scores_time_to_goal_and_stops_there():
+  """The official maze2d score (plan_skills_diffusion_maze2d.py:349-360): the episode stops at its first rewarded
+  step t (0-based) and scores T - t, 0 if never rewarded; the 'return' score sums the reward of the whole episode.
+  Goal 7: the 7th step (t = 6) reaches it, T = 20 gives 20 - 6 = 14; rewarded at positions 7, 8, 9: return 3."""
+  vae = _tiny_vae()
+  seg = _segments(jax.random.key(0), b=2)
+  vp = jax.jit(vae.init)(jax.random.key(1), seg["states"], seg["actions"])["params"]
+  _, qp = _q_setup(jax.random.key(2), z=4)
+  agent = ldcq.LDCQParams(vae=vp, q=qp, q_target=qp, spec=_spec(vae, "gaussian"))
+  bc = ldcq.BCPolicy(2, 8)
+  bc_p = bc.init(jax.random.key(3), jnp.zeros((1, 3)))["params"]
+  skills = jax.jit(lambda k, goal, planner, score: ldcq.evaluate_skills(
+      k, agent, _Walk(goal), num_episodes=3, num_samples=4, exec_horizon=5, episode_steps=20, planner=planner,
+      score=score), static_argnums=(2, 3))
+  bc_run = jax.jit(lambda k, goal, score: ldcq.evaluate_bc(k, bc, bc_p, _Walk(goal), num_episodes=3,
+                                                           episode_steps=20, score=score), static_argnums=2)
+  rand_run = jax.jit(lambda k, goal, score: ldcq.evaluate_random(k, _Walk(goal), num_episodes=3, episode_steps=20,
+                                                                 score=score), static_argnums=2)
+  for goal, want_time, want_return in ((7.0, 14.0, 3.0), (50.0, 0.0, 0.0)):
+    k, g = jax.random.key(4), jnp.float32(goal)
+    np.testing.assert_allclose(skills(k, g, "maze", "time_to_goal"), [want_time] * 3)
+    np.testing.assert_allclose(skills(k, g, "argmax", "return"), [want_return] * 3)
+    np.testing.assert_allclose(bc_run(k, g, "time_to_goal"), [want_time] * 3)
+    np.testing.assert_allclose(bc_run(k, g, "return"), [want_return] * 3)
+    # the random floor is scored by the same protocol (the walk ignores actions, so the same numbers)
+    np.testing.assert_allclose(rand_run(k, g, "time_to_goal"), [want_time] * 3)
+    np.testing.assert_allclose(rand_run(k, g, "return"), [want_return] * 3)
+  env = _Walk(7.0)
+  with pytest.raises(ValueError, match="unknown LDCQ planner"):
+    ldcq.evaluate_skills(jax.random.key(0), agent, env, num_episodes=1, num_samples=1, exec_horizon=1,
+                         episode_steps=2, planner="beam")
+  with pytest.raises(ValueError, match="unknown LDCQ evaluation score"):
+    ldcq.evaluate_bc(jax.random.key(0), bc, bc_p, env, num_episodes=1, episode_steps=2, score="success")
+
+
+class _ActionMeter:
+  """Rewards the first action coordinate, plus 1000 for any coordinate outside [-2, 3] (a bounds alarm)."""
+
+  spec = EnvSpec("meter", (2,), False, 3, -2.0, 3.0, max_episode_steps=400)
+
+  def reset_core(self, key):
+    return jax.random.uniform(key, ()), jnp.zeros(2)
+
+  def step_core(self, key, core, action):
+    del key
+    out = jnp.any((action < -2.0) | (action > 3.0))
+    return core, jnp.zeros(2), action[0] + 1000.0 * out, jnp.zeros((), bool)
+
+
+def test_random_policy_draws_uniform_actions_in_the_spec_bounds():
+  """evaluate_random: actions ~ U[-2, 3]^3 from env.spec (mean 0.5, variance 5^2 / 12 = 2.083); 8 episodes x 400
+  steps = 3,200 draws of the first coordinate: the mean return per step is 0.5 +- sqrt(2.083 / 3200) = 0.0255 (a
+  bound of 4 se = 0.102), and no draw leaves the bounds (one would add 1000 to an episode's return)."""
+  env = _ActionMeter()
+  ret = jax.jit(lambda k: ldcq.evaluate_random(k, env, num_episodes=8, score="return"))(jax.random.key(0))
+  chex.assert_shape(ret, (8,))
+  assert float(jnp.max(ret)) < 1000.0
+  assert abs(float(jnp.sum(ret)) / 3200 - 0.5) < 4 * math.sqrt(25 / 12 / 3200)
+  # a policy_fn sees this step's own key: two runs with different keys draw different actions
+  other = jax.jit(lambda k: ldcq.evaluate_random(k, env, num_episodes=8, score="return"))(jax.random.key(1))
+  assert not np.allclose(ret, other)
+  discrete = _ActionMeter()
+  discrete.spec = EnvSpec("meter", (2,), True, 3)
+  with pytest.raises(ValueError, match="discrete action space"):
+    ldcq.evaluate_random(jax.random.key(0), discrete, num_episodes=1)
+
+
+def test_score_rows_judge_each_step_with_the_random_floor_beside():
+  """The maze rows: LDCQ vs BC, LDCQ vs VAE prior + Q (prior under Q), diffusion prior vs latent BC (prior alone),
+  LDCQ vs diffusion prior (what Q adds) as claims with a quoted basis, LDCQ vs random as a check; no row mixes the
+  prior's step with Q's (LDCQ vs latent BC), and every other row shows the random policy's mean +- se.
+  Per-seed scores (3 seeds): random [1, 2, 3] -> mean 2, se = std([1, 2, 3], ddof=1) / sqrt(3) = 1 / 1.732 = 0.577;
+  LDCQ - diffusion prior = [10, 10, 10] - [4, 5, 6] = [6, 5, 4]: mean 5, se 0.577, z = 8.7 -> 'yes'."""
+  from iclr24_jax.common import stats
+  from iclr24_jax.papers.ldcq import study
+  per = {"ldcq": np.array([10.0, 10.0, 10.0]), "vae_q": np.array([9.0, 11.0, 10.0]),
+         "latent_bc": np.array([3.0, 5.0, 4.0]), "diffusion_prior": np.array([4.0, 5.0, 6.0]),
+         "bc": np.array([0.0, 1.0, 2.0]), "random": np.array([1.0, 2.0, 3.0])}
+  rows = study.score_rows(per, "maze/x", "maze", "headline", "settings", "plot.png")
+  by_name = {r["experiment"]: r for r in rows}
+  assert list(by_name) == ["maze/x: LDCQ vs BC", "maze/x: LDCQ vs VAE prior + Q",
+                           "maze/x: diffusion prior, no Q vs latent BC", "maze/x: LDCQ vs diffusion prior, no Q",
+                           "maze/x: LDCQ vs random policy"]
+  for r in rows:
+    kind = stats.row_kind(r)
+    assert kind == ("check" if "random" in r["experiment"] else "claim")
+    assert r["basis"]
+    if kind == "claim":
+      assert r["ours"].endswith("; random policy 2+-0.58")
+  q_row = by_name["maze/x: LDCQ vs diffusion prior, no Q"]
+  np.testing.assert_allclose(q_row["judgement"]["diff"], 5.0, rtol=1e-6)
+  np.testing.assert_allclose(q_row["judgement"]["se_diff"], 1 / math.sqrt(3), rtol=1e-6)
+  assert q_row["holds"] == "yes" and q_row["basis"] == study.BASIS_Q
+  # VAE + Q - LDCQ = [-1, 1, 0]: mean 0, se 0.577 -> inconclusive
+  assert by_name["maze/x: LDCQ vs VAE prior + Q"]["holds"] == "inconclusive"
+  # without a random arm the floor is left out, and a missing arm drops its rows
+  rows = study.score_rows({k: per[k] for k in ("ldcq", "bc")}, "maze/x", "maze", "h", "s", "p")
+  assert [r["experiment"] for r in rows] == ["maze/x: LDCQ vs BC"] and "random" not in rows[0]["ours"]
 
 
 @pytest.mark.slow
@@ -317,11 +550,11 @@ def test_experiment_run_tiny(tmp_path):
   from iclr24_jax.configs import ldcq as cfg
   from iclr24_jax.papers.ldcq import experiment
   c = cfg.get_config("tiny")
-  c.methods = ("ldcq",)
+  c.methods = ("ldcq", "random")
   res = experiment.run(c, str(tmp_path))
   saved = json.loads((tmp_path / "results.json").read_text())
-  assert set(saved["methods"]) == {"ldcq"}
-  assert math.isfinite(saved["methods"]["ldcq"]["score_mean"])
+  assert set(saved["methods"]) == {"ldcq", "random"}
+  assert all(math.isfinite(saved["methods"][m]["score_mean"]) for m in ("ldcq", "random"))
   assert len(saved["sliced_w2_heldout"]["diffusion"]) == 1
   assert all(os.path.exists(p) for p in res["plots"])
   assert (tmp_path / "metrics.jsonl").exists()

@@ -11,6 +11,7 @@ import pytest
 from iclr24_jax.papers import llmbar
 from iclr24_jax.papers.llmbar import data as data_lib
 from iclr24_jax.papers.llmbar import evaluator, model, prompts
+from iclr24_jax.papers.llmbar import scoring as scoring_lib
 
 GOOD, BAD = "GOOD answer that follows the instruction", "bad answer"
 _gen_eval = functools.partial(llmbar.evaluate, judge_mode="generate")  # the paper's protocol: parsed text
@@ -460,23 +461,59 @@ def test_logprob_mode_recovers_a_known_preference_under_positional_bias(name):
 
 
 def test_logprob_mode_always_a_judge_is_a_tie_everywhere():
-  """The always-"(a)" judge: debiased log-odds exactly 0 on every pair, so every judgement is a tie, counted as
-  the official code counts an unparseable answer (None): accuracy 0 and agreement 100% only in the official
-  formula's degenerate sense (None == None; ours: 0). Its raw per-order picks are "(a)" in both orders: accuracy
-  exactly 50%, agreement 0%, first-position rate 100%."""
+  """The always-"(a)" judge: debiased log-odds exactly 0 on every pair, so every judgement is a tie. A tie falls
+  back to the raw per-order picks, "(a)" in both orders, which the official protocol scores as it scores the
+  generated answers of the always-"(a)" judge (test_always_a_judge_is_exactly_half_and_never_agrees): each pair
+  right in exactly one order, accuracy (N * 1) / (2N) = 0.5, agreement 0, first-position rate 100%.
+  debiased_ties='zero' keeps the former rule: a tie is a failure in both orders (accuracy 0)."""
   insts = [_inst(1 + (i % 2), i) for i in range(8)]
+  labels = np.array([inst.label for inst in insts])
   for judge in (llmbar.ConstantJudge("Output (a)"),
                 llmbar.FakeJudge(preference=lambda p, o: 3.0 * o.endswith("(a)"), noise=0.0)):
     res = llmbar.evaluate(judge, insts, "vanilla", judge_mode="logprob")
     np.testing.assert_array_equal(res["preference"], 0.0)
-    assert res["failure_rate"] == 1.0 and res["accuracy"] == 0.0 and res["agreement"] == 0.0
+    assert res["debiased_ties"] == 8 and res["failure_rate"] == 0.0
+    np.testing.assert_array_equal(res["winners_original"], 1)
+    np.testing.assert_array_equal(res["winners_swapped"], 2)
+    assert res["accuracy"] == 0.5 and res["agreement"] == 0.0
+    # the official per-pair credit: (correct original + correct swapped) / 2 = 1/2 for either label
+    np.testing.assert_array_equal(
+        scoring_lib.item_correctness(labels, res["winners_original"], res["winners_swapped"]), 0.5)
     assert res["raw_accuracy"] == 0.5 and res["raw_agreement"] == 0.0 and res["position_a_rate"] == 1.0
-    official = llmbar.evaluate(judge, insts, "vanilla", judge_mode="logprob", count_failures_as_agreement=True)
+    zero = llmbar.evaluate(judge, insts, "vanilla", judge_mode="logprob", debiased_ties="zero")
+    assert zero["failure_rate"] == 1.0 and zero["accuracy"] == 0.0 and zero["agreement"] == 0.0
+    official = llmbar.evaluate(judge, insts, "vanilla", judge_mode="logprob", debiased_ties="zero",
+                               count_failures_as_agreement=True)
     assert official["agreement"] == 1.0 and official["accuracy"] == 0.0
-  # a tie threshold: preferences below tau are ties, above it are picks
+  # a tie threshold: preferences below tau are ties (here with no positional bias, so the raw picks are ties
+  # too: failures), above it are picks
   near = OracleScorer(signal=1e-3, bias=0.0)
   assert llmbar.evaluate(near, insts, "vanilla", judge_mode="logprob", tie_tau=1e-2)["failure_rate"] == 1.0
   assert llmbar.evaluate(near, insts, "vanilla", judge_mode="logprob", tie_tau=1e-4)["accuracy"] == 1.0
+  with pytest.raises(ValueError, match="debiased_ties"):
+    llmbar.evaluate(near, insts, "vanilla", judge_mode="logprob", debiased_ties="coin")
+
+
+def test_logprob_mode_mixed_tie_takes_the_raw_picks():
+  # One tied pair among decided ones: margins m0 = +3 (original order picks (a) = output 1), m1 = +3 (swapped
+  # order picks (a) = output 2): preference (3 - 3) / 2 = 0, a tie -> the raw picks (1, 2). With label 1 that pair
+  # earns 0.5; the decided pairs (preference +-2 under a 5-nat bias) earn 1: accuracy (3 * 1 + 0.5) / 4 = 0.875.
+  insts = [_inst(1, 0), _inst(2, 1), _inst(1, 2), _inst(1, 3)]
+  scorer = OracleScorer()
+  orig = scorer.choice_logprobs
+
+  def choice_logprobs(prompts_, options, batch_size=None, answer_prefixes=None):
+    out = orig(prompts_, options, batch_size, answer_prefixes)
+    for j, p in enumerate(prompts_):
+      if "Do task number 3." in p:                            # the tied pair: 3 nats toward (a) in both orders
+        out[j] = np.array([3.0, 0.0]) - np.logaddexp(3.0, 0.0)
+    return out
+
+  scorer.choice_logprobs = choice_logprobs
+  res = llmbar.evaluate(scorer, insts, "vanilla", judge_mode="logprob")
+  assert res["debiased_ties"] == 1
+  assert (res["winners_original"][3], res["winners_swapped"][3]) == (1, 2)
+  assert res["accuracy"] == pytest.approx(0.875) and res["agreement"] == pytest.approx(0.75)
 
 
 def test_logprob_mode_errors_and_auto():

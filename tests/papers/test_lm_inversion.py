@@ -46,14 +46,35 @@ def test_unigram_ema_hand_computed():
   np.testing.assert_allclose(u, [0.95, 1.92], rtol=1e-6)
 
 
-def test_topk_access_keeps_only_the_top_entries():
-  lp = jnp.log(jnp.array([[0.5, 0.1, 0.3, 0.1], [0.25, 0.25, 0.4, 0.1]]))
-  out = li.topk_access(lp, 2)
-  np.testing.assert_allclose(out[0], [np.log(0.5), -30.0, np.log(0.3), -30.0], rtol=1e-6)
-  np.testing.assert_allclose(out[1, 2], np.log(0.4), rtol=1e-6)
-  assert int(jnp.sum(out[1] > -30)) == 2
-  with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
-    li.topk_access(lp, 5)
+def test_topk_access_is_vec2texts_rule_after_the_unigram():
+  """vec2text's zero_embedding_except_topk(embeddings - unigram, k, default_val=-30): every entry -30, the k largest
+  -30 + their value (scatter_add onto the fill), the padded tail -30; with a per-row traced k (0 = full)."""
+  lp = jnp.log(jnp.array([[0.5, 0.1, 0.3, 0.1, 0.0 + 1e-9], [0.25, 0.25, 0.4, 0.05, 0.05]]))
+  uni = jnp.array([-0.5, -3.0, -0.2, -2.0, -1.0])
+  x = np.asarray(lp - uni[None], np.float64)
+  out = np.asarray(li.topk_access(lp - uni[None], 2))
+  for row in range(2):
+    want = np.full(5, -30.0)
+    top = np.argsort(-x[row])[:2]                       # the top 2 AFTER subtracting the unigram
+    want[top] = -30.0 + x[row, top]
+    np.testing.assert_allclose(out[row], want, rtol=1e-6)
+  # row 0: lp - u = [log .5 + .5, log .1 + 3, log .3 + .2, log .1 + 2, ...] = [-0.193, 0.697, -1.004, -0.303, ...]:
+  # tokens 1 and 0 are kept, though token 2 has the second-largest raw log-probability; token 0's kept value
+  # -30.193 lies below the fill (the official shift by -30 does that to every negative kept value)
+  np.testing.assert_array_equal(np.nonzero(out[0] != -30)[0], [0, 1])
+  assert out[0, 0] < -30.0
+  # unroll applies it after the unigram and pads with the fill (width 4: 5 -> 8 entries)
+  un = np.asarray(li.unroll(lp, uni, 4, topk=2)).reshape(2, 8)
+  np.testing.assert_allclose(un[:, :5], out, rtol=1e-6)
+  np.testing.assert_array_equal(un[:, 5:], -30.0)
+  # a traced per-row k with a static bound: row 0 top-1, row 1 the full distribution (zero padding)
+  mixed = np.asarray(jax.jit(lambda k: li.unroll(lp, uni, 4, topk=k, topk_max=2))(jnp.array([1, 0]))).reshape(2, 8)
+  np.testing.assert_allclose(mixed[0, :5], np.where(np.arange(5) == 1, -30.0 + x[0, 1], -30.0), rtol=1e-6)
+  np.testing.assert_allclose(mixed[1], np.concatenate([x[1], np.zeros(3)]), rtol=1e-6)
+  with pytest.raises(ValueError, match="k must be"):
+    li.topk_access(lp, 6)
+  with pytest.raises(ValueError, match="static k_max"):
+    li.topk_access(lp, jnp.array(2))
 
 
 def test_bleu_hand_worked():
@@ -62,20 +83,58 @@ def test_bleu_hand_worked():
   np.testing.assert_allclose(li.sentence_bleu("the cat sat on the mat", "the cat sat on a mat"),
                              100 * (1 / 12) ** 0.25, rtol=1e-9)
   assert li.sentence_bleu("the same words here", "the same words here") == pytest.approx(100.0)
-  # "the cat" vs "the dog": p1 = 1/2; p2 has no match -> exp smoothing 1 / (2 * 1); effective order 2 -> 50
-  assert li.sentence_bleu("the cat", "the dog") == pytest.approx(50.0)
-  # brevity penalty: "the cat" vs "the cat sat on": p1 = p2 = 1 (order 2), BP = exp(1 - 4/2) = e^-1
-  assert li.sentence_bleu("the cat", "the cat sat on") == pytest.approx(100 * math.exp(-1.0))
+  # official (sacrebleu corpus BLEU, no effective order): under 4 tokens there are no 3- or 4-grams, precision 0,
+  # BLEU 0. The issue's example "Is it" vs "Is it raining": 0.00; with effective order p1 = p2 = 1 and
+  # BP = exp(1 - 3/2), so 100 e^-0.5 = 60.65.
+  assert li.sentence_bleu("Is it", "Is it raining") == 0.0
+  np.testing.assert_allclose(li.sentence_bleu("Is it", "Is it raining", effective_order=True),
+                             100 * math.exp(-0.5), rtol=1e-12)
+  # effective order, "the cat" vs "the dog": p1 = 1/2; p2 has no match -> exp smoothing 1 / (2 * 1) -> 50
+  assert li.sentence_bleu("the cat", "the dog", effective_order=True) == pytest.approx(50.0)
+  assert li.sentence_bleu("the cat", "the dog") == 0.0
+  # 13a splits the final '?': "Is it raining?" vs "Is it raining ?" are the same 4 tokens
+  assert li.sentence_bleu("Is it raining?", "Is it raining ?") == pytest.approx(100.0)
   assert li.sentence_bleu("dog", "the cat") == 0.0 and li.sentence_bleu("", "the cat") == 0.0
+  with pytest.raises(ValueError, match="unknown BLEU tokenizer"):
+    li.sentence_bleu("a", "a", tokenize="spacy")
+
+
+@needs_data
+def test_bleu_equals_sacrebleu_through_the_official_call():
+  """Against sacrebleu itself, called as the official `evaluate` sacrebleu metric does (corpus_bleu of one
+  sentence, defaults), on real prompts and damaged copies of them (dropped, swapped, case-changed words, cut
+  short); sentence_bleu (effective order) against sacrebleu.sentence_bleu."""
+  import sacrebleu
+  prompts = [r["input"] for r in li_data.textdata.load_llmbar()][:80]
+  prompts += [r["question"] for r in li_data.textdata.load_mario("quarel", "test")][:70]
+  rng = np.random.default_rng(0)
+  pairs = []
+  for p in prompts:
+    w = p.split()
+    q = [x.upper() if rng.random() < 0.1 else x for x in w if rng.random() > 0.3]
+    if len(q) > 3 and rng.random() < 0.5:
+      i = rng.integers(len(q) - 1)
+      q[i], q[i + 1] = q[i + 1], q[i]
+    pairs.append((" ".join(q[: rng.integers(1, len(q) + 2)]), p))
+  ours = [li.sentence_bleu(h, r) for h, r in pairs]
+  ref = [sacrebleu.corpus_bleu([h], [[r]]).score for h, r in pairs]
+  np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-9)
+  assert sum(0 < b < 100 for b in ref) > 50 and sum(b == 0 for b in ref) > 3   # both regimes exercised
+  eff = [li.sentence_bleu(h, r, effective_order=True) for h, r in pairs]
+  np.testing.assert_allclose(eff, [sacrebleu.sentence_bleu(h, [r]).score for h, r in pairs], rtol=1e-9, atol=1e-9)
 
 
 def test_token_f1_and_exact_match_hand_worked():
   # sets {a, b, c} vs {b, c, d, e}: P = 2/3, R = 1/2, F1 = 2 (1/3) / (7/6) = 4/7
   assert li.token_f1("a b c", "b c d e") == pytest.approx(4 / 7)
-  assert li.token_f1("A b b", "a B") == pytest.approx(1.0)  # lower-cased sets
+  # official: case-sensitive sets, {A, b} vs {a, B} share nothing; lower-cased (the variant) they are equal
+  assert li.token_f1("A b b", "a B") == 0.0
+  assert li.token_f1("A b b", "a B", lowercase=True) == pytest.approx(1.0)
   m = li.metrics(["a b c", "Is it?", "x"], ["b c d e", "Is it?", "y"])
   assert m["exact_match"] == pytest.approx(100 / 3)
   assert m["token_f1"] == pytest.approx(100 * (4 / 7 + 1 + 0) / 3)
+  # BLEU: "Is it?" is 3 tokens under 13a, so 0 officially; the two others share no word
+  assert m["bleu"] == 0.0
   with pytest.raises(ValueError, match="one per example"):
     li.metrics(["a"], ["a", "b"])
 
@@ -251,7 +310,8 @@ def test_study_fast_rows(tmp_path, monkeypatch):
   from iclr24_jax.papers.lm_inversion import study
   monkeypatch.setenv("ICLR24_LM_INVERSION_CACHE", str(tmp_path / "cache"))
   rows = study.reproduce(str(tmp_path / "study"), fast=True)
-  judged = [r for r in rows if r.get("judgement")]
-  assert len(judged) == 8 and all(r["holds"] in ("yes", "no", "inconclusive") for r in judged)
-  assert all(r["judgement"]["n"] == 3 for r in judged)
+  compared = [r for r in rows if r.get("judgement")]   # 8 seed comparisons: 4 claims, 4 measurements
+  assert len(compared) == 8 and all(r["judgement"]["n"] == 3 for r in compared)
+  assert all(r["holds"] in ("yes", "no", "inconclusive") for r in compared if r["kind"] == "claim")
+  assert all(r["holds"] is None for r in compared if r["kind"] == "measurement")
   assert sum(r["metric"].startswith("top-") for r in rows) == 2

@@ -1,6 +1,7 @@
 """MaRio (Ramnath et al., ICLR 2024): rewards on hand-worked strings, quantile bins, control codes after the
 decoder start / assistant header, the Quark loss (KL = 0 when policy = reference, the masked reference equals the
 code-free one), a train step that learns, sampling, and a smoke run of the tiny experiment."""
+import collections
 import json
 import math
 import os
@@ -106,13 +107,22 @@ def test_consistency_equals_score_continuations(params, tok):
 def test_plausibility_is_debiased_log_odds(params, tok):
   qs, rs = ["Can a cat swim?", "Is the sun a planet?"], ["Cats can swim.", "The sun is a star."]
   got = mario.plausibility_reward(params, CFG, tok, qs, rs, batch_size=4)
-  ab, ba = zip(*[mario.plausibility_prompts(q, r) for q, r in zip(qs, rs)])
+  ab, ba = zip(*[mario.plausibility_prompts(r) for r in rs])
   lp_ab = scoring.choice_logprobs(params, CFG, tok, list(ab), ["(a)", "(b)"])
   lp_ba = scoring.choice_logprobs(params, CFG, tok, list(ba), ["(a)", "(b)"])
   # "Yes" is (a) in order ab and (b) in order ba: log-odds for Yes = ((a - b)_ab + (b - a)_ba) / 2
   pref = 0.5 * ((lp_ab[:, 0] - lp_ab[:, 1]) + (lp_ba[:, 1] - lp_ba[:, 0]))
   np.testing.assert_allclose(got, 1 / (1 + np.exp(-pref)), atol=1e-5)
   assert "(a) Yes\n(b) No" in ab[0] and "(a) No\n(b) Yes" in ba[0]
+  # the judge sees the rationale alone (official VERA 'plausibility'); the question only on request
+  # ('plausibility-w-qn'), and then the score changes with it
+  assert all(q not in p for q in qs for p in ab + ba) and "Cats can swim." in ab[0]
+  with_q = mario.plausibility_prompts(rs[0], question=qs[0])
+  assert with_q[0].index(qs[0]) < with_q[0].index(rs[0])
+  got_q = mario.plausibility_reward(params, CFG, tok, qs, rs, batch_size=4, with_question=True)
+  assert np.abs(got_q - got).max() > 0                       # a random model: tiny, but the question is read
+  with pytest.raises(TypeError):
+    mario.plausibility_prompts(qs[0], rs[0])                  # the question is keyword-only: no silent swap
 
 
 # ------------------------------------------------------------------------------------------ bins and codes
@@ -124,15 +134,75 @@ def test_quantile_bins_hand_worked():
   # 12 distinct: bins of 12 // 5 = 2, the remainder (2) in the last bin (official data_pool_n.py)
   r = np.arange(12, 0, -1).astype(float)                 # already best-first
   np.testing.assert_array_equal(mario.quantile_bins(r), [0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 4, 4])
-  # ties share the bin of their best position: positions 0, 0, 0, 3, 4
-  np.testing.assert_array_equal(mario.quantile_bins([1.0, 1.0, 1.0, 0.5, 0.0]), [0, 0, 0, 3, 4])
-  # fewer samples than bins: floor(position * 5 / 2)
-  np.testing.assert_array_equal(mario.quantile_bins([0.2, 0.8]), [2, 0])
+  # official ties: a stable best-first sort keeps equal rewards in pool order, so they fill bins 0, 1, 2
+  np.testing.assert_array_equal(mario.quantile_bins([1.0, 1.0, 1.0, 0.5, 0.0]), [0, 1, 2, 3, 4])
+  np.testing.assert_array_equal(mario.quantile_bins([0.5, 1.0, 0.0, 1.0], num_bins=2), [1, 0, 1, 0])
+  # the alternative rule: a tie group shares the bin of its best position
+  np.testing.assert_array_equal(mario.quantile_bins([1.0, 1.0, 1.0, 0.5, 0.0], ties="shared"), [0, 0, 0, 3, 4])
+  # fewer samples than bins: official N // 5 = 0 puts everything in the last bin; 'shared' spreads them
+  np.testing.assert_array_equal(mario.quantile_bins([0.2, 0.8]), [4, 4])
+  np.testing.assert_array_equal(mario.quantile_bins([0.2, 0.8], ties="shared"), [2, 0])
   assert mario.quantile_bins([]).shape == (0,)
   with pytest.raises(ValueError, match="NaN"):
     mario.quantile_bins([0.1, np.nan])
   with pytest.raises(ValueError, match="1-D"):
     mario.quantile_bins(np.zeros((2, 2)))
+  with pytest.raises(ValueError, match="ties"):
+    mario.quantile_bins([0.1], ties="random")
+
+
+def _official_pool_add(pool, prompts, responses, scores, rewards, num_bins):
+  """Python reference of the official DataPool_N.add (mario/data_pool_n.py, 'quark' option, no filtering): per
+  reward a stable reverse sort of the whole pool, bins by position (N // num_bins each, the rest in the last bin),
+  accuracy coded by correctness (here 0 = correct), codes stored per (prompt, response), and the pool rebuilt in
+  the last reward's sorted order."""
+  pool["prompt"] += prompts
+  pool["response"] += responses
+  for k in rewards:
+    pool["score"].setdefault(k, []).extend(scores[k])
+  codes = collections.defaultdict(dict)
+  for k in rewards:
+    data = list(zip(pool["prompt"], pool["response"], pool["score"][k]))
+    sorted_data = sorted(data, key=lambda x: x[2], reverse=True)
+    if k == "accuracy":
+      cat = [0 if x[2] > 0.5 else 1 for x in sorted_data]
+    else:
+      cat = [i for i in range(num_bins) for _ in range(len(sorted_data) // num_bins)]
+      cat = cat + [num_bins - 1] * (len(sorted_data) - len(cat))
+    for j, x in enumerate(sorted_data):
+      codes[(x[0], x[1])][k] = cat[j]
+      codes[(x[0], x[1])][k + "_score"] = x[2]
+  pool["prompt"] = [x[0] for x in sorted_data]
+  pool["response"] = [x[1] for x in sorted_data]
+  pool["score"] = {k: [codes[(x[0], x[1])][k + "_score"] for x in sorted_data] for k in rewards}
+  return [(x[0], x[1], {k: codes[(x[0], x[1])][k] for k in rewards}) for x in sorted_data]
+
+
+def test_data_pool_ties_follow_the_official_rule(tok):
+  # 65.9% of StrategyQA's silver rationales have diversity exactly 1.0: the official rule still fills all 5 bins
+  r = np.where(np.arange(600) < 395, 1.0, np.linspace(0.9, 0.5, 600))
+  np.testing.assert_array_equal(np.bincount(mario.quantile_bins(r)), [120] * 5)
+  np.testing.assert_array_equal(np.bincount(mario.quantile_bins(r, ties="shared"), minlength=5), [395, 0, 0, 85, 120])
+  # Two rounds with ties, a duplicated (question, response), and 2 + 1 rewards: same order and codes as the
+  # official pool.
+  codes = mario.ControlCodes.from_tokenizer(tok, rewards=("plausibility", "diversity"), num_bins=3)
+  rng = np.random.default_rng(0)
+  pool, ref = mario.DataPool(codes), {"prompt": [], "response": [], "score": {}}
+  for rnd, n in enumerate((7, 9)):
+    qs = [f"q{rnd}_{i % 4}" for i in range(n)]
+    rs = [f"r{rnd}_{i % 5}" for i in range(n)]
+    qs[-1], rs[-1] = qs[0], rs[0]                           # a duplicate row, scored alike
+    sc = {"plausibility": rng.choice([0.2, 0.5, 0.5, 0.9], n), "diversity": rng.choice([1.0, 1.0, 0.7], n),
+          "accuracy": rng.choice([0.0, 1.0], n)}
+    for k in sc:
+      sc[k][-1] = sc[k][0]
+    pool.add(qs, rs, sc)
+    want = _official_pool_add(ref, qs, rs, {k: list(v) for k, v in sc.items()}, codes.names, 3)
+    assert list(zip(pool.questions, pool.responses)) == [(p, q) for p, q, _ in want]
+    bins = pool.bins()
+    for name in codes.names:
+      np.testing.assert_array_equal(bins[name], [b[name] for _, _, b in want], err_msg=f"round {rnd} {name}")
+    assert pool.prefixes()[0] == mario.control_prefix(want[0][2], codes)
 
 
 def test_quantile_bins_monotone_and_balanced():
@@ -163,9 +233,12 @@ def test_data_pool_rebins_everything(tok):
   pool = mario.DataPool(codes)
   pool.add(["q1", "q2"], ["r1", "r2"], {"diversity": [0.9, 0.1], "accuracy": [1.0, 0.0]})
   assert pool.prefixes() == [[codes.ids[0], codes.ids[2]], [codes.ids[1], codes.ids[3]]]
-  pool.add(["q3", "q4"], ["r3", "r4"], {"diversity": [1.0, 0.95], "accuracy": [1.0, 1.0]})
-  # whole pool re-binned: 1.0, 0.95 best half; 0.9, 0.1 worst half
-  np.testing.assert_array_equal(pool.bins()["diversity"], [1, 1, 0, 0])
+  pool.add(["q3", "q4"], ["r3", "r4"], {"diversity": [1.0, 0.95], "accuracy": [0.0, 1.0]})
+  # whole pool re-binned: 1.0, 0.95 best half; 0.9, 0.1 worst half; stored in the accuracy sort's order
+  # (correct first, stable): q1, q4 (correct), then q2, q3
+  assert pool.questions == ["q1", "q4", "q2", "q3"]
+  np.testing.assert_array_equal(pool.bins()["diversity"], [1, 0, 1, 0])
+  np.testing.assert_array_equal(pool.bins()["accuracy"], [0, 0, 1, 1])
   with pytest.raises(ValueError):
     pool.add(["q"], ["r", "s"], {"diversity": [0.1], "accuracy": [1.0]})
 
@@ -222,6 +295,34 @@ def test_kl_zero_when_policy_equals_reference(params, tok):
   _, _, _, coded = _coded_batch(tok, True)
   _, m2 = jax.jit(lambda p, b: mario.quark_loss(p, CFG, b, p))(params, coded)
   assert float(m2["kl"]) > 0
+
+
+def test_kl_hand_computed_on_tiny_distributions(params, tok):
+  # pi = [0.8, 0.1, 0.1], pi_ref = [0.4, 0.4, 0.2]:
+  # KL(pi || pi_ref) = 0.8 ln 2 + 0.1 ln(1/4) + 0.1 ln(1/2) = 0.554518 - 0.138629 - 0.069315 = 0.346574
+  # (the reverse KL(pi_ref || pi) = -0.277259 + 0.554518 + 0.138629 = 0.415888 would be the wrong direction)
+  logits = jnp.log(jnp.array([[0.8, 0.1, 0.1], [0.4, 0.4, 0.2]]))
+  ref = jnp.log(jnp.array([[0.4, 0.4, 0.2], [0.4, 0.4, 0.2]])) + 3.0      # logits: a constant shift changes nothing
+  np.testing.assert_allclose(lm_train.token_kl(logits, ref), [0.346574, 0.0], rtol=1e-5, atol=1e-6)
+  # quark_loss's 'kl' is that per-token KL averaged over the response tokens: recompute it in numpy from the
+  # policy's (with codes) and the reference's (codes masked) logits of the same rows
+  _, _, _, coded = _coded_batch(tok, True)
+  ref_params = jax.tree.map(lambda x: x * 0.9, params)
+  _, m = jax.jit(lambda p, r, b: mario.quark_loss(p, CFG, b, r))(params, ref_params, coded)
+  f = jax.jit(lambda p, b: lm_train.causal_target_logits(p, CFG, b))
+  lp, _, w = f(params, {k: coded[k] for k in ("ids", "mask", "loss_mask")})
+  lr, _, _ = f(ref_params, {"ids": coded["ids"], "mask": coded["mask"] & ~coded["code_mask"],
+                            "loss_mask": coded["loss_mask"]})
+
+  def log_softmax(x):
+    x = np.asarray(x, np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+  log_p, log_r = log_softmax(lp), log_softmax(lr)
+  kl_tok = np.sum(np.exp(log_p) * (log_p - log_r), -1)
+  w = np.asarray(w, np.float64)
+  np.testing.assert_allclose(float(m["kl"]), np.sum(kl_tok * w) / np.sum(w), rtol=1e-4)
 
 
 def test_t5_quark_loss_and_decoder_prefix():
@@ -286,15 +387,33 @@ def test_tiny_experiment_smoke(tmp_path):
   from iclr24_jax.configs import mario as cfg_mod
   from iclr24_jax.papers.mario import experiment
   cfg = cfg_mod.get_config("tiny")
+  cfg.sft_matched = "pool"                                  # the budget-matched SFT arm trains beside MaRio
   res = experiment.run(cfg, str(tmp_path))
-  for arm in ("sft", "mario", "mario_worst"):
+  for arm in ("sft", "mario", "mario_worst", "sft_matched"):
     for n in ("plausibility", "diversity", "consistency", "accuracy"):
       assert np.isfinite(res[arm][n])
   assert res["pool_size"] >= cfg.samples_per_round  # at least the silver rationales
   with open(os.path.join(tmp_path, "results.json")) as f:
     assert json.load(f)["num_eval"] == cfg.data.num_eval
   rows = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
-  assert {r["stage"] for r in rows} == {"sft", "quark0"}
+  assert {r["stage"] for r in rows} == {"sft", "quark0", "sft_matched0"}
+  # the matched arm takes as many steps as the Quark round: its logged steps mirror quark0's
+  assert [r["step"] for r in rows if r["stage"] == "sft_matched0"] == [r["step"] for r in rows
+                                                                      if r["stage"] == "quark0"]
+  cfg.sft_matched = "later"
+  with pytest.raises(ValueError, match="sft_matched"):
+    experiment.run(cfg, str(tmp_path / "bad"))
+
+
+def test_valid_accuracy_and_majority_baseline():
+  from iclr24_jax.papers.mario import study
+  # 5 responses, 4 valid; correct among the valid: 1, 0, 1, 1 -> 3 / 4 = 0.75 (the invalid one cannot be right)
+  acc, ok = [1.0, 0.0, 1.0, 0.0, 1.0], [True, True, True, False, True]
+  assert study._valid_accuracy(acc, ok) == (0.75, 4)
+  items = [{"answer": a} for a in ("no", "yes", "no", "No", "yes")]     # 'no' 3 of 5 (case-insensitive)
+  assert study._majority_baseline(items) == ("no", 0.6)
+  note = study._accuracy_note({"SFT": (acc, ok)}, items)
+  assert "SFT 0.750 on 4/5 valid" in note and "always 'no'): 0.600" in note
 
 
 @pytest.mark.slow
@@ -305,6 +424,8 @@ def test_study_rows_on_the_tiny_model(tmp_path):
   for r in rows[:8]:   # one seed: measurements, the bootstrap's word in the notes, never 'no' without a reference
     assert r["holds"] is None and "mario_seeds" in r["notes"] and "'no'" not in r["notes"]
   assert all(r["holds"] is None for r in rows[8:])
+  for r in rows[:8]:   # beside every accuracy row: accuracy on valid responses and the majority baseline
+    assert ("majority baseline" in r["notes"]) == r["metric"].startswith("accuracy")
 
 
 @pytest.mark.slow
@@ -312,11 +433,14 @@ def test_seeded_study_on_the_tiny_model(tmp_path):
   """reproduce_seeds: 3 training seeds on one test subset, every comparison judged on per-seed means."""
   from iclr24_jax.papers.mario import study
   rows = study.reproduce_seeds(str(tmp_path), fast=True)
-  assert len(rows) == 12 and os.path.exists(rows[0]["plots"][0])
-  for r in rows[:8]:
+  # (a) 4 + (b) 4 + budget-matched SFT (the seeds variant's sft_matched='pool') 4 + the reference row 4
+  assert len(rows) == 16 and os.path.exists(rows[0]["plots"][0])
+  for r in rows[:12]:
     assert r["holds"] in ("yes", "inconclusive") and len(r["judgement"]["a"]) == 3
     assert "3 seeds, paired" in r["ours"] and "pooled over seeds" in r["notes"]
-  assert all(r["holds"] is None for r in rows[8:])
+    assert ("majority baseline" in r["notes"]) == r["metric"].startswith("accuracy")
+  assert sum("budget-matched" in r["experiment"] for r in rows) == 4
+  assert all(r["holds"] is None for r in rows[12:])
   with open(os.path.join(tmp_path, "mario_seeds_details.json")) as f:
     details = json.load(f)
   assert [d["seed"] for d in details["seeds"]] == [0, 1, 2]

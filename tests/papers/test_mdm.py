@@ -147,6 +147,39 @@ def test_loss_matches_hand_computation(nested):
     mdm.loss_fn(params, {"x": x, "y": y}, jax.random.key(0), model=model, schedules=scheds, mixed_ratio=(1.0, 0.5))
 
 
+def test_loss_converts_nonzero_v_predictions_to_eps(nested):
+  """With perturbed (non-zero-output) params the loss must turn each level's v prediction into eps (the official
+  run: v-prediction, loss_target DDPM): x_t = sqrt(a) x0 + sqrt(1 - a) n, eps_hat = sqrt(1 - a) x_t + sqrt(a) v_hat,
+  L = sum_r mean (eps_hat_r - n_r)^2. v_hat comes from the model applied to the numpy x_t; the conversion and the
+  loss are recomputed in float64."""
+  model, scheds, params = nested
+  p = _perturb(params, jax.random.key(7), scale=0.05)
+  rng = np.random.default_rng(2)
+  x = rng.uniform(-1, 1, (4, 16, 16, 1)).astype(np.float32)
+  y = np.array([0, 5, 9, 3], np.int32)
+  t = np.array([2, 25, 70, 99], np.int32)
+  noise = [rng.standard_normal((4, 16, 16, 1)).astype(np.float32), rng.standard_normal((4, 8, 8, 1)).astype(np.float32)]
+  x0s = [x.astype(np.float64), x.reshape(4, 8, 2, 8, 2, 1).mean(axis=(2, 4)).astype(np.float64)]
+  abar = [np.asarray(sc.alpha_bars, np.float64)[t].reshape(-1, 1, 1, 1) for sc in scheds]
+  xts = [np.sqrt(a) * x0 + np.sqrt(1 - a) * n for x0, a, n in zip(x0s, abar, noise)]
+
+  def both(p):
+    loss = mdm.loss_fn(p, {"x": x, "y": y}, jax.random.key(0), model=model, schedules=scheds, t=t, noise=noise,
+                       train=False)
+    v = model.apply({"params": p}, [jnp.asarray(xt, jnp.float32) for xt in xts], t, class_labels=y)
+    return loss, v
+
+  (loss, aux), v = _fast_jit(both, p)(p)
+  v = [np.asarray(vr, np.float64) for vr in v]
+  assert min(float(np.abs(vr).mean()) for vr in v) > 1e-2             # the v branch is really exercised
+  eps_hat = [np.sqrt(1 - a) * xt + np.sqrt(a) * vr for a, xt, vr in zip(abar, xts, v)]
+  want = [np.mean((e - n) ** 2) for e, n in zip(eps_hat, noise)]
+  # the v-to-eps conversion matters: reading v_hat as eps_hat would give a different loss
+  assert abs(np.mean((v[0] - noise[0]) ** 2) - want[0]) > 1e-2
+  np.testing.assert_allclose(aux["mse"], want, rtol=1e-4)
+  np.testing.assert_allclose(loss, sum(want), rtol=1e-4)
+
+
 def test_train_step_lowers_the_loss_and_sampler_shapes(nested):
   model, scheds, params = nested
   rng = np.random.default_rng(2)

@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from iclr24_jax.common import checks, sharding
 from iclr24_jax.papers import motif
 from iclr24_jax.papers.motif import annotation, experiment, intrinsic, pipeline, reward_model, toy
+from iclr24_jax.rl import ppo
 from iclr24_jax.rl import rollout as rollout_lib
 
 
@@ -124,6 +125,57 @@ def test_reward_model_shapes_and_nul_padding():
     _SMALL.apply({"params": params}, jnp.zeros((256,), jnp.uint8))
 
 
+def _official_reward_forward(sd, messages):
+  """numpy forward of the official reward model (rlaif/reward_model.py RewardSharedWeights with the 'lt_cnn'
+  TorchBeastEncoder of rl_baseline/encoders_nle.py), in torch layout: Conv1d weights [out, in, k], Linear
+  weights [out, in], channel-major Flatten."""
+  def conv(x, name):                                          # nn.Conv1d, no padding: x [B, C, L]
+    w, b = sd[name + ".weight"], sd[name + ".bias"]
+    k = w.shape[-1]
+    windows = np.stack([x[:, :, t:t + k] for t in range(x.shape[-1] - k + 1)], axis=-1)   # [B, C, k, L']
+    return np.einsum("bckt,ock->bot", windows, w) + b[None, :, None]
+  relu = lambda x: np.maximum(x, 0.0)
+  def pool(x):                                                # nn.MaxPool1d(3, 3): floor mode
+    n = x.shape[-1] // 3
+    return x[:, :, :3 * n].reshape(x.shape[0], x.shape[1], n, 3).max(-1)
+  linear = lambda x, name: x @ sd[name + ".weight"].T + sd[name + ".bias"]
+  x = sd["encoder.char_lt.weight"][messages.astype(np.int64)].transpose(0, 2, 1)   # [B, E, 256]
+  x = pool(relu(conv(x, "encoder.conv1")))                    # conv1, then conv2_6_fc: ReLU, MaxPool first
+  x = pool(relu(conv(x, "encoder.conv2_6_fc.2")))
+  for name in ("encoder.conv2_6_fc.5", "encoder.conv2_6_fc.7", "encoder.conv2_6_fc.9", "encoder.conv2_6_fc.11"):
+    x = relu(conv(x, name))
+  x = pool(x).reshape(x.shape[0], -1)                         # Flatten of [B, C, 5]: index c * 5 + l
+  x = relu(linear(x, "encoder.conv2_6_fc.15"))
+  x = linear(relu(linear(x, "encoder.fc.0")), "encoder.fc.2")
+  return linear(relu(x), "reward_fn.1")[:, 0]
+
+
+def test_reward_model_matches_official_forward():
+  # Random weights in the official layout at the official sizes (E 32, H 64, encoder_hidden_dim 512); the
+  # padding row 0 of the embedding is zero, as torch's padding_idx keeps it.
+  rng = np.random.default_rng(0)
+  shapes = {"encoder.char_lt.weight": (256, 32), "encoder.conv1.weight": (64, 32, 7),
+            "encoder.conv2_6_fc.2.weight": (64, 64, 7), "encoder.conv2_6_fc.15.weight": (128, 320),
+            "encoder.fc.0.weight": (256, 128), "encoder.fc.2.weight": (512, 256), "reward_fn.1.weight": (1, 512),
+            "policy_head.weight": (3, 3)}                       # an unrelated key: ignored
+  for i in (5, 7, 9, 11):
+    shapes[f"encoder.conv2_6_fc.{i}.weight"] = (64, 64, 3)
+  sd = {k: (rng.normal(0, 1, v) / np.sqrt(np.prod(v[1:]) if k != "encoder.char_lt.weight" else 1.0)).astype(
+      np.float32) for k, v in shapes.items()}                   # unit-variance activations (fan-in scaling)
+  for k in list(sd):
+    if k.endswith(".weight") and k != "encoder.char_lt.weight" and k != "policy_head.weight":
+      sd[k[:-len("weight")] + "bias"] = rng.normal(0, 0.1, sd[k].shape[0]).astype(np.float32)
+  sd["encoder.char_lt.weight"][0] = 0.0
+  msgs = motif.caption_bytes(["You kill the newt!", "", "It's a wall.", "Welcome to the Dungeons of Doom " * 6])
+  params = motif.params_from_official(sd)
+  ours = jax.jit(motif.RewardModel().apply)({"params": params}, jnp.asarray(msgs))
+  ref = _official_reward_forward(sd, msgs)
+  assert np.std(ref) > 1e-2                                   # distinct messages get distinct rewards
+  np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="lacks"):
+    motif.params_from_official({"encoder.char_lt.weight": sd["encoder.char_lt.weight"]})
+
+
 def test_reward_step_lowers_loss_and_one_vs_eight_devices():
   msgs = motif.caption_bytes(toy.CAPTIONS)
   n = len(toy.CAPTIONS)
@@ -228,6 +280,59 @@ def test_motif_reward_hook_batches():
   assert sum(calls) == 3                                      # cached
   with pytest.raises(ValueError, match="source"):
     motif.MotifRewardHook(reward_fn, 0.0, 1.0, 0.0, 2, source="state")
+
+
+def _official_total_reward(r_env, r_phi, counts, mu, var, eps, reward_scale, reward_clip, extrinsic_reward,
+                           llm_reward, beta):
+  """numpy reference of the official Motif reward: sample-factory actor_worker.py:458-459 scales and clips the
+  game reward; learner.py:782-793 normalises r_phi, thresholds it, divides by count^beta and adds it unscaled."""
+  r_ext = np.clip(np.asarray(r_env) * reward_scale, -reward_clip, reward_clip)
+  llm = (np.asarray(r_phi) - mu) / var ** 0.5
+  llm = (llm > eps) * llm
+  return extrinsic_reward * r_ext + llm_reward * llm * (1.0 / np.asarray(counts, np.float64) ** beta)
+
+
+class _FakeVecEnv:
+  num_envs = 2
+
+
+@pytest.mark.parametrize("variant, extrinsic_reward, llm_reward", [("nethack", 0.1, 0.1),
+                                                                    ("nethack,staircase_weights", 10.0, 0.1)])
+def test_host_ppo_reward_is_the_official_formula(variant, extrinsic_reward, llm_reward):
+  from iclr24_jax.configs import motif as cfg_mod
+  from iclr24_jax.papers.motif import nethack_motif
+  from iclr24_jax.rl import ppo_host
+  c = cfg_mod.get_config(variant)
+  agent_cfg = nethack_motif.agent_config(c)
+  assert (agent_cfg.ppo.reward_scale, agent_cfg.ppo.reward_clip) == (0.1, 10.0)   # official run's values
+  alpha_ext, alpha_int = ((c.intrinsic.alpha_ext, c.intrinsic.alpha_int) if "staircase" in variant
+                          else (c.nethack.alpha_ext, c.nethack.alpha_int))
+  assert (alpha_ext, alpha_int) == (extrinsic_reward, llm_reward)
+
+  def buf(ch):
+    b = np.zeros(256, np.uint8)
+    b[0] = ord(ch)
+    return b
+
+  msgs = np.stack([[buf("C"), buf("B")], [buf("C"), buf("A")]])            # r_phi: C 2, B 1, A 0
+  r_env = np.array([[150.0, -3.0], [20.0, 0.0]], np.float32)               # 150 * 0.1 = 15 is clipped to 10
+  batch = {"next_obs": {"message": msgs}, "obs": {"message": msgs}, "reward": r_env,
+           "terminated": np.array([[False, True], [False, False]]), "truncated": np.zeros((2, 2), bool)}
+  hook = motif.MotifRewardHook(lambda m: m[:, 0].astype(np.float64) - 65.0, mu=0.5, sigma=1.5, eps=0.1,
+                               num_envs=2, beta=3.0, alpha_ext=alpha_ext, alpha_int=alpha_int)
+  agent = ppo_host.HostPPO(agent_cfg, _FakeVecEnv(), model=None, reward_hook=hook)
+  got = agent.rewards(batch)
+  # counts: env 0 sees C twice (1, 2); env 1 sees B, its episode ends, then A (1, 1)
+  ref = _official_total_reward(r_env, [[2.0, 1.0], [2.0, 0.0]], [[1, 1], [2, 1]], mu=0.5, var=1.5 ** 2, eps=0.1,
+                               reward_scale=0.1, reward_clip=10.0, extrinsic_reward=extrinsic_reward,
+                               llm_reward=llm_reward, beta=3.0)
+  np.testing.assert_allclose(got, ref, rtol=1e-6)
+  # by hand (NetHackScore weights): 0.1 * clip(15) + 0.1 * 1 = 1.1; 0.1 * -0.3 + 0.1 * (1 / 3) = 0.003333;
+  # 0.1 * 2 + 0.1 * 1 / 8 = 0.2125; A: r_hat -1/3 <= eps -> 0
+  if variant == "nethack":
+    np.testing.assert_allclose(got, [[1.1, 0.0033333], [0.2125, 0.0]], rtol=1e-4, atol=1e-7)
+  no_hook = ppo_host.HostPPO(agent_cfg, _FakeVecEnv(), model=None)
+  np.testing.assert_allclose(no_hook.rewards(batch), [[10.0, -0.3], [2.0, 0.0]], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------ annotation
@@ -350,6 +455,13 @@ def test_toy_reward_fn_closed_form():
                               episode_length=jnp.zeros((1, 1)), extras={})
   # r_hat = (goal_cap - 1) / 2, count 2 -> / 8; plus 10 * r_ext
   np.testing.assert_allclose(jax.jit(fn)(tr), [[10.0 + (goal_cap - 1) / 2 / 8]], rtol=1e-6)
+  # Through the PPO's reward processing with reward_scale 0.1 (the staircase_weights variant): the official
+  # formula scales only the goal reward, 10 * 0.1 * 1 + 1 * r_int.
+  got = jax.jit(lambda t: ppo.process_reward(t, 0.1, 0.0, fn))(tr)
+  ref = _official_total_reward([[1.0]], [[goal_cap]], [[2]], mu=1.0, var=4.0, eps=0.0, reward_scale=0.1,
+                               reward_clip=np.inf, extrinsic_reward=10.0, llm_reward=1.0, beta=3.0)
+  np.testing.assert_allclose(got, ref, rtol=1e-6)
+  np.testing.assert_allclose(got, [[1.0 + (goal_cap - 1) / 2 / 8]], rtol=1e-6)
 
 
 def test_scripted_agent_solves_toy():
@@ -375,6 +487,28 @@ def test_pipeline_arrays_and_split():
   assert len(train["labels"]) + len(held["labels"]) == 3
   with pytest.raises(ValueError, match="no annotated pair"):
     motif.to_arrays([dict(caption_1="a", caption_2="b", label=None)])
+
+
+def test_oracle_values_arm_without_a_reward_model():
+  from iclr24_jax.configs import motif as cfg_mod
+  c = cfg_mod.get_config("tiny")
+  c.data.holdout = 0.0                                        # every pair trains: mu, sigma over all four messages
+  recs = [dict(caption_1="You found the treasure!", caption_2="", label=0),
+          dict(caption_1="You pick up a brass key.", caption_2="You bump into a wall.", label=None),
+          dict(caption_1="You pick up a brass key.", caption_2="You bump into a wall.", label=0)]
+  arm = motif.oracle_values_fit(c, recs)
+  np.testing.assert_array_equal(arm["caption_rewards"], toy.caption_values())     # the oracle's own values
+  # r = [goal 3, empty 0, key 1, bump -1], one occurrence each (the unlabelled record is dropped):
+  # mu = 3 / 4 = 0.75; var = (2.25^2 + 0.75^2 + 0.25^2 + 1.75^2) / 4 = 8.75 / 4 = 2.1875, sigma = 1.479020;
+  # eps = median of r_hat over the 4 unique messages = (0.5 - 0.75) / 1.479020 = -0.169031
+  f = arm["fit"]
+  np.testing.assert_allclose([f["mu"], f["sigma"], f["eps"]], [0.75, 1.479020, -0.169031], rtol=1e-5)
+  fits = {"values": arm}
+  st = pipeline.toy_settings(c, fits, [("values", "intrinsic"), ("values", "both")])
+  np.testing.assert_array_equal(st["caption_rewards"][0], toy.caption_values())
+  np.testing.assert_allclose(st["alpha_ext"], [0.0, c.intrinsic.alpha_ext])
+  with pytest.raises(ValueError, match="not a toy caption"):
+    motif.oracle_values_fit(c, [dict(caption_1="You kill the newt!", caption_2="", label=0)])
 
 
 # ------------------------------------------------------------------------------------------- smoke runs

@@ -356,7 +356,7 @@ def test_clear_errors(tiny_graph):
     pmp.partition_messages(g, h.at[0, 0].set(jnp.nan), jnp.zeros(3, jnp.int32), p)
   with pytest.raises(ValueError, match="unknown or conflicting variant"):
     cfg_mod.get_config("imagenet")
-  with pytest.raises(ValueError, match="data_dir"):
+  with pytest.raises(FileNotFoundError, match="data_dir"):   # common.data.DataNotFoundError
     experiment.load_graph(cfg_mod.get_config("yelpchi").data)
   with pytest.raises(ValueError, match="fraud_ratio"):
     pmp.make_fraud_graph(fraud_ratio=0.7)

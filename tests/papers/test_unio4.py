@@ -15,6 +15,7 @@ import pytest
 
 from iclr24_jax.papers import unio4
 from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.rl import normalization
 
 C = 0.5 * math.log(2 * math.pi)
@@ -124,6 +125,8 @@ def test_normalize_advantage_and_weights_hand_values():
                              rtol=1e-6, atol=1e-7)
   np.testing.assert_allclose(np.asarray(unio4.advantage_weights(jnp.asarray([2.0, 0.0, -1.0]), 0.7)),
                              [0.7, 0.3, 0.3], rtol=1e-6)
+  # omega 0.5: the official weighted_advantage returns A itself (weight 1, not 0.5)
+  np.testing.assert_array_equal(np.asarray(unio4.advantage_weights(jnp.asarray([2.0, 0.0, -1.0]), 0.5)), 1.0)
 
 
 def test_asymmetric_clipped_objective_hand_values():
@@ -335,6 +338,37 @@ def test_offline_ppo_step_lowers_its_loss(ppo_setup):
   chex.assert_shape(m["loss"], (3,))
   new2, _ = step(new, obs, key)  # no retrace
   assert int(new2.step) == 2
+
+
+def _official_bppo_loss(log_prob, old_log_prob, adv, clip_eps, omega):
+  """numpy transcription of the official offline PPO loss (abppo.py): weighted_advantage (A itself at omega
+  0.5, else omega / 1 - omega by the sign of A), then -mean(min(r A, clamp(r, 1 - eps, 1 + eps) A)), entropy
+  weight 0."""
+  adv = np.asarray(adv, np.float64)
+  if omega != 0.5:
+    adv = np.where(adv > 0, omega, 1.0 - omega) * adv
+  r = np.exp(np.asarray(log_prob, np.float64) - np.asarray(old_log_prob, np.float64))
+  return -np.mean(np.minimum(r * adv, np.clip(r, 1 - clip_eps, 1 + clip_eps) * adv))
+
+
+@pytest.mark.parametrize("omega", [0.5, 0.7])
+def test_ppo_loss_equals_the_official_loss_on_one_minibatch(ppo_setup, omega):
+  # One member, one minibatch: the behaviour policy is member 0 and the trained policy member 1, so r != 1.
+  policy, params, critics, obs = ppo_setup
+  stats = normalization.init((3,))
+  cur, beh = (jax.tree.map(lambda x: x[i], params) for i in (1, 0))
+  key = jax.random.key(11)
+  loss, _ = jax.jit(lambda p: unio4.policy_improvement_loss(p, beh, obs, key, policy=policy, critics=critics,
+                                                             obs_stats=stats, clip_eps=0.25, omega=omega))(cur)
+  # the same sampled actions, log-probs and normalised advantages, recomputed outside the loss
+  x = data_lib.normalize_obs(stats, obs, 10.0)
+  old = policy.apply({"params": beh}, x)
+  action = old.sample(key)
+  adv = unio4.normalize_advantage(critics.advantage(obs, action))
+  ref = _official_bppo_loss(policy.apply({"params": cur}, x).log_prob(action), old.log_prob(action), adv, 0.25,
+                            omega)
+  assert abs(ref) > 1e-3
+  np.testing.assert_allclose(float(loss), ref, rtol=1e-5, atol=1e-7)
 
 
 class _KnownCritic:

@@ -60,14 +60,17 @@ def test_sharded_8_devices_matches_unsharded(tiny_run):
 
 @pytest.fixture(scope="module")
 def hooked_update(tiny_run):
-  """One jitted update of an agent fine-tuned from seed 0's params, with a reward hook returning 2 everywhere."""
+  """One jitted update of an agent fine-tuned from seed 0's params, with reward_scale 0.5, reward_clip 0.3 and a
+  reward hook that adds 2 to the reward it sees."""
   c, _, _, out = tiny_run
+  c = c.copy_and_resolve_references()
+  c.ppo.update(dict(reward_scale=0.5, reward_clip=0.3))
   given = _row(out["runner_state"].train_state.params, 0)
   calls = []
 
   def reward_fn(tr):
     calls.append(tr.reward.shape)
-    return jnp.full_like(tr.reward, 2.0)
+    return tr.reward + 2.0
 
   agent = ppo.PPO(c, init_params=given, reward_fn=reward_fn)
   runner = agent.init(jax.random.key(5))
@@ -79,7 +82,9 @@ def test_finetune_from_params_and_reward_hook(hooked_update):
   c, given, agent, runner, m, _, calls = hooked_update
   chex.assert_trees_all_equal(runner.train_state.params, given)
   assert calls == [(c.ppo.rollout_steps, c.ppo.num_envs)]
-  np.testing.assert_allclose(m["reward"], 2.0 * c.ppo.reward_scale)
+  # CartPole pays 1 per step: the hook sees clip(0.5 * 1, -0.3, 0.3) = 0.3 and its output 2.3 enters GAE
+  # unscaled (scaling the hook's output, the old rule, would give 0.5 * (1 + 2) = 1.5)
+  np.testing.assert_allclose(m["reward"], 2.3, rtol=1e-6)
   # only the value half given: the policy keeps its fresh initialisation
   half = ppo.PPO(c, init_params={"policy": None, "value": given["value"]})
   p = half.init_params_fn(jax.random.key(0))
@@ -112,6 +117,21 @@ def test_ppo_step_lowers_loss_on_fixed_batch(hooked_update):
     state, loss = step(state, tr)
     losses_.append(float(loss))
   assert losses_[-1] < losses_[0], losses_[::6]
+
+
+def test_scale_env_reward_and_process_reward_hand_computed():
+  r = jnp.array([[150.0, -3.0], [-250.0, 0.5]])
+  # 0.1 * r = [15, -0.3, -25, 0.05] -> clipped to +-10: [10, -0.3, -10, 0.05]
+  np.testing.assert_allclose(ppo.scale_env_reward(r, 0.1, 10.0), [[10.0, -0.3], [-10.0, 0.05]], rtol=1e-6)
+  np.testing.assert_allclose(ppo.scale_env_reward(r, 0.1, 0.0), 0.1 * np.asarray(r), rtol=1e-6)   # no clip
+  tr = rollout.Transition(obs=jnp.zeros((2, 2, 1)), action=jnp.zeros((2, 2), jnp.int32),
+                          env_action=jnp.zeros((2, 2), jnp.int32), reward=r, terminated=jnp.zeros((2, 2), bool),
+                          truncated=jnp.zeros((2, 2), bool), next_obs=jnp.zeros((2, 2, 1)),
+                          episode_return=jnp.zeros((2, 2)), episode_length=jnp.zeros((2, 2)), extras={})
+  bonus = lambda t: 0.5 * t.reward + 1.0                    # a hook with its own extrinsic and intrinsic weights
+  np.testing.assert_allclose(ppo.process_reward(tr, 0.1, 10.0, bonus), [[6.0, 0.85], [-4.0, 1.025]], rtol=1e-6)
+  with pytest.raises(ValueError, match="reward_fn returned shape"):
+    ppo.process_reward(tr, 1.0, 0.0, lambda t: t.reward[0])
 
 
 def test_ppo_config_errors():

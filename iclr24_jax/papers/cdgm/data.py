@@ -176,3 +176,92 @@ def load_table(name: str, data_dir: str | os.PathLike | None = None) -> Table:
   if name == "faults":
     return load_faults(data_dir)
   raise ValueError(f"unknown table '{name}'; choose 'generated', 'heloc' or 'faults'.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper's seven tables in the official layout (ConstrainedDGM data/<name>/).
+
+DATASETS = {
+    "url": "url/{train,val,test}_data.csv (+ url_constraints.txt); label: the last column (is_phishing)",
+    "wids": "wids/{train,val,test}_data.csv (+ wids_constraints.txt); label: the last column (hospital_death)",
+    "lcld": "lcld/{train,val,test}_data.csv (+ lcld_constraints.txt); label: the last column (charged_off)",
+    "news": "news/{train,val,test}_data.csv (+ news_constraints.txt); label: the last column",
+    "botnet": "botnet/{train,val,test}_data.csv (+ botnet_constraints.txt); label: the last column (is_botnet)",
+    "heloc": "heloc/{train,val,test}_data.csv (+ heloc_constraints.txt): 23 features + is_at_risk",
+    "faults": "faults/{train,val,test}_data.csv or test_data.csv alone (27 features + 7 one-hot fault columns, "
+              "merged into one 7-class label) + faults_constraints.txt",
+}
+CDGM_SOURCE = ("the ConstrainedDGM repository (github.com/mihaela-stoian/ConstrainedDGM, data/<name>/: the "
+               "*_constraints.txt files and the prepared train/val/test CSVs its README links)")
+
+
+def load_official_table(name: str, root: str | os.PathLike) -> Table:
+  """One of the paper's tables from `<root>/<name>/{train,val,test}_data.csv` and `<name>_constraints.txt`.
+
+  The label is the last CSV column (the official evaluation's target); faults' 7 one-hot columns become one
+  7-class label (as `load_faults`). Columns stored as integers keep that mark (`integer_columns`).
+
+  Args:
+    name: a key of DATASETS.
+    root: the folder holding `<name>/`.
+
+  Returns:
+    Table with float64 rows [N, D].
+
+  Raises:
+    common.data.DataNotFoundError: a file is missing. common.data.DataFormatError: the three CSVs disagree on
+      their columns, or the label is not integer-valued.
+  """
+  from iclr24_jax.common import data as common_data
+  d = pathlib.Path(root) / name
+  layout = DATASETS[name]
+  files = {s: d / f"{s}_data.csv" for s in ("train", "val", "test")}
+  if name == "faults" and not files["train"].exists() and files["test"].exists():
+    return load_faults(root)   # the shared copy: test_data.csv only, split 70/15/15 here
+  missing = [str(p) for p in list(files.values()) + [d / f"{name}_constraints.txt"] if not p.exists()]
+  if missing:
+    raise common_data.DataNotFoundError(f"cdgm '{name}': missing {missing}. Expected layout: {layout}. "
+                                        f"Get it: {CDGM_SOURCE}.")
+  parts = {s: _read_csv(p) for s, p in files.items()}
+  cols, ints = parts["train"][0], parts["train"][2]
+  for s in ("val", "test"):
+    if parts[s][0] != cols:
+      raise common_data.DataFormatError(f"cdgm '{name}': {files[s]} has columns {parts[s][0][:5]}...; "
+                                        f"expected those of {files['train']} ({cols[:5]}...).")
+  rows = {s: parts[s][1] for s in parts}
+  if name == "faults":
+    rows = {s: np.concatenate([r[:, :27], r[:, 27:].argmax(1)[:, None].astype(np.float64)], axis=1)
+            for s, r in rows.items()}
+    cols = cols[:27] + ["faults"]
+    ints = tuple(i for i in ints if i < 27) + (27,)
+  label = len(cols) - 1
+  y = np.concatenate([r[:, label] for r in rows.values()])
+  if not np.all(y == np.round(y)):
+    raise common_data.DataFormatError(f"cdgm '{name}': the last column '{cols[label]}' is the label and must hold "
+                                      "integer classes.")
+  return Table(name, tuple(cols), rows["train"], rows["val"], rows["test"], discrete=(label,), label=label,
+               num_classes=int(y.max()) + 1, constraints=load_constraints(d / f"{name}_constraints.txt"),
+               integer_columns=tuple(sorted(set(ints) | {label})))
+
+
+def load(data_config) -> Table:
+  """The table `config.data.name` names, from `config.data.data_dir` (or `<shared data>/cdgm`).
+
+  Args:
+    data_config: config.data with `name` ('generated' or a key of DATASETS) and `data_dir`.
+
+  Returns:
+    Table.
+
+  Raises:
+    ValueError: unknown name. common.data.DataNotFoundError: files missing (the message names them and the source).
+  """
+  from iclr24_jax.common import data as common_data
+  name = common_data.config_value(data_config, "name")
+  if name == "generated":
+    return load_generated()
+  if name not in DATASETS:
+    raise ValueError(f"unknown cdgm table '{name}'; choose 'generated' or one of {sorted(DATASETS)}.")
+  root = common_data.locate_data(data_config, "cdgm", what=f"cdgm '{name}'", layout=DATASETS[name],
+                                 source=CDGM_SOURCE)
+  return load_official_table(name, root)

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from iclr24_jax.common import checkpoint as ckpt_lib
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.cdgm import data as data_lib
 from iclr24_jax.papers.cdgm import evaluation
@@ -90,7 +90,7 @@ def sample_rows(model: Any, state: Any, data: dict, key: jax.Array, num: int, ap
 
 def prepare_table(config: Any) -> tuple[data_lib.Table, tfm.TableTransform, np.ndarray]:
   """Loads the table, fits the transform and encodes the training rows."""
-  table = data_lib.load_table(config.data.name, config.data.get("data_dir") or None)
+  table = data_lib.load(config.data)   # generated, or the paper's tables (DataNotFoundError when absent)
   tf = tfm.fit_transform(table.train, table.discrete, max_clusters=int(config.data.max_clusters),
                          seed=int(config.seed), max_fit_rows=config.data.get("gmm_fit_rows") or None,
                          max_iter=int(config.data.get("gmm_max_iter", 100)))
@@ -204,7 +204,9 @@ def run(config: Any, workdir: str) -> dict:
   if config.constraints.ordering == "corr" and version != "unconstrained":
     pre = build_model(config, tf, None, "unconstrained")
     pre_data = model_data(pre, tf, enc)
-    res = train_lib.fit(pre, pre_data, int(config.num_steps), key_pre, int(config.log_every))
+    res = train_lib.fit(pre, pre_data, int(config.num_steps), key_pre, int(config.log_every),
+                        workdir=os.path.join(workdir, "pretrain"), name="pretrain", config=config,
+                        **loop_lib.checkpoint_options(config))
     synth = sample_rows(pre, res.state, pre_data, key_sample, len(table.train), apply_layer=False)
     constraints = ordered(constraints, "corr", seed, table.train, synth)
   else:
@@ -213,12 +215,8 @@ def run(config: Any, workdir: str) -> dict:
                           schedule=config.constraints.schedule)
   model = build_model(config, tf, layer, version)
   data = model_data(model, tf, enc)
-  writer = metrics_lib.MetricWriter(workdir)
-  res = train_lib.fit(model, data, int(config.num_steps), key_train, int(config.log_every), writer=writer,
-                      progress=True, name="train")
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config=config)
-  ckpt.save(int(config.num_steps), res.state)
-  ckpt.close()
+  res = train_lib.fit(model, data, int(config.num_steps), key_train, int(config.log_every), workdir=workdir,
+                      progress=True, name="train", config=config, **loop_lib.checkpoint_options(config))
   n = int(config.num_samples)
   raw = sample_rows(model, res.state, data, key_sample, n, apply_layer=False)
   # model.sample(apply_layer=True) == layer(model.sample(apply_layer=False)) for the same key.

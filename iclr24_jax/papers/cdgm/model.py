@@ -194,7 +194,7 @@ class TVAE:
     return TrainState.create(params, self.tx)
 
   def make_batch(self, data: dict, key: jax.Array) -> dict:
-    """Uniform rows of the encoded training matrix data['x'] [N, data_dim] -> {'x': [B, data_dim]}."""
+    """Uniform rows of the encoded training matrix `data['x']` `[N, data_dim]` -> `{'x': [B, data_dim]}`."""
     idx = jax.random.randint(key, (self.batch_size,), 0, data["x"].shape[0])
     return {"x": data["x"][idx]}
 
@@ -382,7 +382,7 @@ class CTGAN:
 
     Returns:
       {'cond': [B, Cd*Nc], 'mask': [B, Cd], 'real': [B, data_dim], 'real_cond': [B, Cd*Nc],
-       'g_cond': [B, Cd*Nc], 'g_mask': [B, Cd]} (the g_ pair is the fresh conditional vector of the generator step).
+        'g_cond': [B, Cd*Nc], 'g_mask': [B, Cd]} (the g_ pair is the fresh conditional vector of the generator step).
     """
     b = self.batch_size
     k_c, k_p, k_r, k_g = jax.random.split(key, 4)

@@ -411,3 +411,66 @@ def zero_shot_prompts(class_names: Sequence[str] = CLASS_NAMES,
                       templates: Sequence[str] = ZERO_SHOT_TEMPLATES) -> list[str]:
   """All prompts, class-major: [C * T] strings, row c * T + t = templates[t].format(class_names[c])."""
   return [t.format(c) for c in class_names for t in templates]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper's evaluation sets: ImageNet-Val and its distribution shifts as prepared TFDS folders.
+
+TFDS_BENCHMARKS = {  # our name -> (TFDS builder, split)
+    "imagenet_val": ("imagenet2012", "validation"),
+    "imagenet_v2": ("imagenet_v2", "test"),
+    "imagenet_sketch": ("imagenet_sketch", "test"),
+    "imagenet_r": ("imagenet_r", "test"),
+    "imagenet_a": ("imagenet_a", "test"),
+}
+DATASETS = {
+    "imagenet": "the evaluation suite: every set of TFDS_BENCHMARKS prepared in the TFDS folder (config.data."
+                "benchmarks picks a subset)",
+    "imagenet_val": "TFDS imagenet2012 'validation' (50,000 images; manual download of ILSVRC2012_img_val.tar)",
+    "imagenet_v2": "TFDS imagenet_v2 'test' (10,000, matched-frequency)",
+    "imagenet_sketch": "TFDS imagenet_sketch 'test' (50,889)",
+    "imagenet_r": "TFDS imagenet_r 'test' (30,000, 200 classes)",
+    "imagenet_a": "TFDS imagenet_a 'test' (7,500, 200 classes)",
+}
+
+
+def clip_record(record: dict) -> dict:
+  """A TFDS image record -> {'image': float32 [224, 224, 3] (CLIP's eval transform), 'label': int32 []}."""
+  from iclr24_jax.common import data as common_data
+  return {"image": common_data.clip_preprocess(np.asarray(record["image"])), "label": np.int32(record["label"])}
+
+
+def load(data_config) -> dict:
+  """This host's records of the evaluation sets, with CLIP's preprocessing.
+
+  Args:
+    data_config: config.data with `name` (a key of DATASETS), `data_dir` (the TFDS folder; '' =
+      `$ICLR24_DATA/tfds`) and, for 'imagenet', optionally `benchmarks` (names of TFDS_BENCHMARKS; default all).
+
+  Returns:
+    {benchmark: grain.MapDataset of `clip_record`s (this JAX process's even share of the split)}.
+
+  Raises:
+    ValueError: unknown name. common.data.DataNotFoundError: a set is not prepared there.
+  """
+  import grain
+  from iclr24_jax.common import data as common_data
+  name = common_data.config_value(data_config, "name")
+  if name not in DATASETS:
+    raise ValueError(f"unknown clip_ood data set '{name}'; choose one of {sorted(DATASETS)} (or the embedded "
+                     "'digits_pool', 'npz').")
+  names = (tuple(common_data.config_value(data_config, "benchmarks", ()) or TFDS_BENCHMARKS) if name == "imagenet"
+           else (name,))
+  unknown = [n for n in names if n not in TFDS_BENCHMARKS]
+  if unknown:
+    raise ValueError(f"unknown benchmarks {unknown}; choose from {list(TFDS_BENCHMARKS)}.")
+  root = common_data.locate_data(data_config, "tfds", what="the ImageNet evaluation sets (TFDS)",
+                                 layout="<data_dir>/<builder>/<version>/ for builders "
+                                        + ", ".join(sorted({b for b, _ in TFDS_BENCHMARKS.values()})),
+                                 source="`tfds build <builder> --data_dir=<dir>` (imagenet2012 needs "
+                                        "ILSVRC2012_img_val.tar in <dir>/downloads/manual)")
+  out = {}
+  for n in names:
+    builder, split = TFDS_BENCHMARKS[n]
+    out[n] = grain.MapDataset.source(common_data.tfds_source(builder, root, split)).map(clip_record)
+  return out

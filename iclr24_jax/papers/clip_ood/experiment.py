@@ -141,7 +141,7 @@ def train_split(config: Any, name: str, model: clip.CLIP, init_fn, images: np.nd
       init_fn=init_fn, train_step=step, batches=stream, num_steps=int(config.num_steps),
       key=jax.random.key(int(config.seed)), workdir=os.path.join(workdir, name) if workdir else None, mesh=mesh,
       log_every=int(config.log_every), eval_every=eval_every, eval_fn=eval_fn if eval_every else None,
-      checkpoint_every=int(config.get("checkpoint_every", 0)), config=config, progress=progress, name=name)
+      config=config, progress=progress, name=name, **loop_lib.checkpoint_options(config))
 
 
 @functools.lru_cache(maxsize=8)
@@ -252,6 +252,9 @@ def _plot_similarity(curves: dict, path: str) -> str:
 
 def run(config: Any, workdir: str) -> dict:
   """The whole pipeline (module docstring); returns the results written to results.json."""
+  if config.data.name in data_mod.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_mod.load(config.data)                  # naming the layout and source when absent)
+    raise data_lib.paper_data_not_wired("clip_ood", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   timings = {}
   t_all = time.perf_counter()

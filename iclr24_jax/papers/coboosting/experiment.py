@@ -22,6 +22,7 @@ from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.papers.coboosting import clients as clients_lib
+from iclr24_jax.papers.coboosting import data as cb_data
 from iclr24_jax.papers.coboosting import coboost
 from iclr24_jax.papers.coboosting import model as model_lib
 from iclr24_jax.papers.coboosting import partition as partition_lib
@@ -149,7 +150,10 @@ def run(config: Any, workdir: str | None = None) -> dict:
   unknown = set(config.methods) - {"coboosting", "dense", "fedavg", "ensemble"}
   if unknown:
     raise ValueError(f"unknown methods {sorted(unknown)}; choose from coboosting, dense, fedavg, ensemble.")
-  ds = data_lib.load_dataset(config.data.name, config.data.get("data_dir") or None)
+  if config.data.name in cb_data.DATASETS:   # the paper's own TFDS sets (DataNotFoundError when absent)
+    ds = cb_data.load(config.data)
+  else:
+    ds = data_lib.load_dataset(config.data.name, config.data.get("data_dir") or None)
   key = jax.random.key(int(config.seed))
   key_clients, key_server = jax.random.split(key)
   parts, clients, cparams, client_s = setup_clients(config, ds, key_clients, workdir)

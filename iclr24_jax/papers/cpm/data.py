@@ -7,11 +7,14 @@ is done here with a seeded generator.
 """
 from __future__ import annotations
 
+import pathlib
 import re
 from typing import Sequence
 
 import numpy as np
 
+from iclr24_jax.common import data as common_data
+from iclr24_jax.common import textdata
 from iclr24_jax.papers.cpm import features as feat
 
 _TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):", re.S)
@@ -103,8 +106,8 @@ def make_synthetic(seed: int, num_pairs: int, weights: Sequence[float] | np.ndar
 
   Returns:
     {'fa', 'fb': [N, F], 'labels': [N], 'reward_a', 'reward_b': [N] true rewards, 'weights': [F],
-     'ea', 'eb': [N, D] (if embed_dim)}. Draw train and test pairs in one call and split them, so both share
-     the embedding's projection.
+      'ea', 'eb': [N, D] (if embed_dim)}. Draw train and test pairs in one call and split them, so both share
+      the embedding's projection.
   """
   w = np.asarray(weights, np.float64)
   f = w.shape[0]
@@ -127,3 +130,86 @@ def make_synthetic(seed: int, num_pairs: int, weights: Sequence[float] | np.ndar
     out["ea"] = ga @ proj + embed_noise * rng.normal(size=(num_pairs, embed_dim))
     out["eb"] = gb @ proj + embed_noise * rng.normal(size=(num_pairs, embed_dim))
   return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper's preference sets in their published layouts.
+
+DATASETS = {
+    "hh_rlhf": "Anthropic HH-RLHF: <subset>/{train,test}.jsonl.gz (subsets harmless-base, helpful-base, "
+               "helpful-online, helpful-rejection-sampled), one {chosen, rejected} dialogue pair per line",
+    "shp": "Stanford Human Preferences (SHP): <domain>/{train,validation,test}.json, JSON lines with history, "
+           "human_ref_A, human_ref_B, labels (1: A preferred)",
+}
+HH_SOURCE = "github.com/anthropics/hh-rlhf (git clone; data_dir = the clone, holding harmless-base/ etc.)"
+SHP_SOURCE = "the stanfordnlp/SHP data set (git clone of its hub repository; data_dir = the clone, holding <domain>/)"
+
+
+def _hh_records(root, split: str, subsets) -> list[dict]:
+  root = pathlib.Path(root)
+  names = list(subsets) or sorted(p.name for p in root.iterdir() if p.is_dir())
+  out = []
+  for sub in names:
+    common_data.need_path(root, [f"{sub}/{split}.jsonl.gz", f"{sub}/{split}.jsonl"], what=f"HH-RLHF {sub}/{split}",
+                       layout=DATASETS["hh_rlhf"], source=HH_SOURCE)
+    for r in textdata.load_hh_rlhf(split=split, subset=sub, data_dir=root):
+      h1, c = feat.split_dialogue(r["chosen"])
+      h2, j = feat.split_dialogue(r["rejected"])
+      if h1 != h2 or not c or not j or c == j:   # not a pair of replies to one history
+        continue
+      out.append({"history": h1, "chosen": c, "rejected": j, "source": f"{sub}/{r['index']}"})
+  return out
+
+
+def _shp_records(root, split: str, subsets) -> list[dict]:
+  root = pathlib.Path(root)
+  names = list(subsets) or sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+  out = []
+  for sub in names:
+    path = common_data.need_path(root, [f"{sub}/{split}.json", f"{sub}/{split}.jsonl"], what=f"SHP {sub}/{split}",
+                              layout=DATASETS["shp"], source=SHP_SOURCE)
+    for i, r in enumerate(common_data.read_records(path)):
+      missing = [k for k in ("history", "human_ref_A", "human_ref_B", "labels") if k not in r]
+      if missing:
+        raise common_data.DataFormatError(f"{path} record {i} lacks {missing}; SHP records have history, "
+                                       "human_ref_A, human_ref_B, labels.")
+      a_wins = int(r["labels"]) == 1
+      out.append({"history": r["history"], "chosen": r["human_ref_A"] if a_wins else r["human_ref_B"],
+                  "rejected": r["human_ref_B"] if a_wins else r["human_ref_A"], "source": f"{sub}/{i}"})
+  return out
+
+
+def load(data_config) -> dict[str, list[dict]]:
+  """The train and test preference pairs of HH-RLHF or SHP, from `config.data.data_dir` (or the shared data).
+
+  Args:
+    data_config: config.data with `name` ('hh_rlhf' or 'shp'), `data_dir` (the set's folder, or a folder holding
+      it; '' = `<shared data>/hh_rlhf`), optionally `subsets` (HH subsets / SHP domains; default every folder
+      with JSON files) and `splits` (default ('train', 'test'), or ('test',) when no subset has a train file,
+      as the shared copy, which holds only harmless-base test).
+
+  Returns:
+    {split: [{'history', 'chosen', 'rejected', 'source'}]}: HH transcripts are split at their last
+    '\\n\\nAssistant:' turn (`features.split_dialogue`: the history before it, stripped, and the reply), pairs
+    whose histories differ or whose replies are empty or equal are dropped (as `load_pairs`).
+
+  Raises:
+    ValueError: unknown name. common.data.DataNotFoundError: a split file is missing.
+    common.data.DataFormatError: an SHP record lacks its fields.
+  """
+  name = common_data.config_value(data_config, "name")
+  if name not in DATASETS:
+    raise ValueError(f"unknown CPM data set '{name}'; choose one of {sorted(DATASETS)}.")
+  subsets = tuple(common_data.config_value(data_config, "subsets", ()) or ())
+  source = HH_SOURCE if name == "hh_rlhf" else SHP_SOURCE
+  root = common_data.locate_data(data_config, name, what=name, layout=DATASETS[name], source=source)
+  if (root / name).is_dir():   # data_dir may be the shared data folder itself (as `load_pairs` accepts)
+    root = root / name
+  if not subsets:   # every folder holding JSON / JSON-lines files
+    subsets = tuple(d.name for d in sorted(root.iterdir()) if d.is_dir() and any(d.glob("*.json*")))
+  # The shared copy beside the project holds only HH-RLHF harmless-base test; a user's clone has both splits.
+  has_train = any(next((root / sub).glob("train.json*"), None) is not None for sub in subsets)
+  default_splits = ("train", "test") if has_train else ("test",)
+  splits = tuple(common_data.config_value(data_config, "splits", default_splits) or default_splits)
+  read = _hh_records if name == "hh_rlhf" else _shp_records
+  return {s: read(root, s, subsets) for s in splits}

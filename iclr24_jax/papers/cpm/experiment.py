@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import stats
 from iclr24_jax.papers.cpm import data as data_lib
@@ -360,6 +361,10 @@ def run(config: Any, workdir: str, log=print) -> dict:
   Returns:
     {'synthetic': ..., 'preference': ..., 'bon': ..., 'timing': ...} (numbers as lists / floats).
   """
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError when absent)
+    data_lib.load(config.data)
+    if config.data.name != "hh_rlhf":
+      raise common_data.paper_data_not_wired("cpm", config.data)   # run() trains on HH-RLHF pairs only
   os.makedirs(workdir, exist_ok=True)
   t_start, c_start = time.perf_counter(), time.process_time()
   seeds = list(range(config.num_seeds))

@@ -516,7 +516,7 @@ def best_of_n_curve(rewards_pick: jax.Array, rewards_eval: jax.Array,
 
   Returns:
     {'n': [K], 'score_a': [K] mean over prompts of A's reward of A's pick, 'score_b': [K] B's reward of A's
-     pick, 'agreement': [K] fraction of prompts where A and B pick the same sample}.
+      pick, 'agreement': [K] fraction of prompts where A and B pick the same sample}.
   """
   rp, re = jnp.asarray(rewards_pick), jnp.asarray(rewards_eval)
   if max(ns) > rp.shape[1]:

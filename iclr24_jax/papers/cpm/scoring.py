@@ -55,8 +55,8 @@ def suffix_digit_logprobs(params, config, prefix_ids: jax.Array, prefix_mask: ja
 
   Returns:
     (option_logprobs [B, S, 10] for the answers "1".."10", unnormalised over the options;
-     hidden_last [B, D] the final normed hidden state at the last prefix token;
-     hidden_mean [B, D] its mean over the real prefix tokens).
+      hidden_last [B, D] the final normed hidden state at the last prefix token;
+      hidden_mean [B, D] its mean over the real prefix tokens).
   """
   from iclr24_jax.lm import llama
   b, tp = prefix_ids.shape
@@ -264,7 +264,7 @@ class SmolLMScorer:
     return {"option_logprobs": out_lp, "hidden_last": out_last, "hidden_mean": out_mean}
 
   def generate_answers(self, histories: Sequence[str], replies: Sequence[str], max_new_tokens: int = 4) -> list:
-    """Greedy answers to every feature prompt (the 'parse' mode): [M][13] strings.
+    """Greedy answers to every feature prompt (the 'parse' mode): `[M][13]` strings.
 
     Args:
       histories: M conversation histories.
@@ -342,7 +342,7 @@ class FakeScorer:
     return {"option_logprobs": lp, "hidden_last": emb, "hidden_mean": emb}
 
   def generate_answers(self, histories, replies, max_new_tokens: int = 4) -> list:
-    """Same contract as `SmolLMScorer.generate_answers`: [M][13] strings, the argmax option ('1'..'10') or 'n/a'
+    """Same contract as `SmolLMScorer.generate_answers`: `[M][13]` strings, the argmax option ('1'..'10') or 'n/a'
     for about 5% of the (feature, reply) pairs (hash-chosen).
     """
     lp = self.score(histories, replies)["option_logprobs"]
@@ -375,7 +375,7 @@ def score_features(scorer, histories: Sequence[str], replies: Sequence[str], cac
 
   Returns:
     {'scores': [M, 13] float64 (NaN = missing), 'embedding': [M, 2 D] (last-token and mean hidden states,
-     'expected' mode only, else None), 'option_logprobs': [M, 13, 10] or None}.
+      'expected' mode only, else None), 'option_logprobs': [M, 13, 10] or None}.
   """
   if mode not in MODES:
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")

@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
+from iclr24_jax.papers.d2pruning import data as d2_data
 from iclr24_jax.papers.d2pruning import model as model_lib
 from iclr24_jax.papers.d2pruning import scores as scores_lib
 from iclr24_jax.papers.d2pruning import selection
@@ -37,6 +38,11 @@ def load_data(config: Any, workdir: str | None = None) -> data_lib.Dataset:
     from iclr24_jax.papers.d2pruning import text
     return text.load_text_dataset(config.data.get("data_dir") or None, int(config.data.get("max_train", 0)),
                                   config.data.get("cache_dir") or workdir)
+  if name in d2_data.DATASETS:   # the paper's own TFDS sets (DataNotFoundError when absent)
+    ds = d2_data.load(config.data)
+    if not isinstance(ds, data_lib.Dataset):   # ImageNet streams per host; this pipeline holds train in memory
+      raise data_lib.paper_data_not_wired("d2pruning", config.data, "ImageNet per-host grain shards")
+    return ds
   return data_lib.load_dataset(name, config.data.get("data_dir") or None)
 
 

@@ -18,11 +18,13 @@ import jax
 import ml_collections
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.daclip import degradations as deg
 from iclr24_jax.papers.daclip.restoration import condition_tables, restore_all, score, train_restorers
 from iclr24_jax.papers.daclip.train import (degradation_accuracy, embed, load_data, text_tables, train_clip,
                                             train_controller)
+from iclr24_jax.papers.daclip import data as daclip_data
 
 PAPER = "daclip"
 CONDITIONS = ("none", "daclip", "shuffled", "oracle")
@@ -93,6 +95,9 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
     workdir: output folder (created).
     progress: print progress lines.
   """
+  if config.data.name in daclip_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    daclip_data.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("daclip", config.data)   # run() does not train on it yet
   t0 = time.time()
   os.makedirs(workdir, exist_ok=True)
   writer = metrics_lib.MetricWriter(workdir)

@@ -373,7 +373,7 @@ def matching_loss(noise_pred: jax.Array, x_t: jax.Array, x0: jax.Array, mu: jax.
 
 
 def reverse_sample(key: jax.Array, params: Any, lq_image: jax.Array, *, noise_fn: Callable, schedule: IRSDESchedule,
-            method: str = "sde", **cond: Any) -> jax.Array:
+            method: str = "posterior", **cond: Any) -> jax.Array:
   """Restores degraded images by running the reverse IR-SDE from x_T = mu + lambda z (mu = the degraded image).
 
   The loop over t = T..1 is one `lax.scan` (compile once; jit or vmap the call).
@@ -384,8 +384,9 @@ def reverse_sample(key: jax.Array, params: Any, lq_image: jax.Array, *, noise_fn
     lq_image: degraded images mu [B, H, W, C] in [0, 1].
     noise_fn: noise_fn(params, x_t, mu, t [B], **cond) -> predicted noise [B, H, W, C].
     schedule: IRSDESchedule.
-    method: 'sde' (the official test: reverse-SDE Euler-Maruyama) or 'posterior' (ancestral steps from
-      p(x_{t-1} | x_t, x0_hat)).
+    method: 'posterior' (the official test and validation, options/test.yml `sampling_mode: posterior`: ancestral
+      steps from p(x_{t-1} | x_t, x0_hat), official `reverse_posterior`) or 'sde' (reverse-SDE Euler-Maruyama,
+      official `reverse_sde`, the `sampling_mode: sde` alternative).
     **cond: extra arguments for noise_fn (e.g. e_c, e_d embeddings [B, D]).
 
   Returns:

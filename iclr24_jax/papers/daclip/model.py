@@ -286,7 +286,7 @@ def noise_fn_for(model: nn.Module) -> Callable:
 
 
 def restore(key: jax.Array, params: Any, lq_image: jax.Array, *, model: nn.Module, schedule: irsde.IRSDESchedule,
-            e_c: jax.Array | None = None, e_d: jax.Array | None = None, method: str = "sde") -> jax.Array:
+            e_c: jax.Array | None = None, e_d: jax.Array | None = None, method: str = "posterior") -> jax.Array:
   """Restores degraded images with the trained restorer: the reverse IR-SDE from x_T = mu + lambda z.
 
   Args:
@@ -297,7 +297,7 @@ def restore(key: jax.Array, params: Any, lq_image: jax.Array, *, model: nn.Modul
     schedule: `irsde.irsde_schedule(...)`.
     e_c: content embeddings [B, D] from DaClip (or None for a restorer trained without them).
     e_d: degradation embeddings [B, D] from DaClip (or None).
-    method: 'sde' (official test) or 'posterior'.
+    method: 'posterior' (official test / validation sampler) or 'sde' (reverse-SDE Euler-Maruyama).
 
   Returns:
     restored images [B, H, W, C] (unclipped; clip to [0, 1] before scoring).

@@ -147,7 +147,7 @@ def restore_all(cfg: Any, net, sde, params, test: dict, cond_tab, ctx_tab, key: 
   reverse-SDE chain, called per model and batch.
 
   Args:
-    cfg: the daclip ConfigDict (num_seeds S, restore_method 'sde' | 'posterior').
+    cfg: the daclip ConfigDict (num_seeds S, restore_method 'posterior' (official) | 'sde').
     net: the restorer UNet.
     sde: IRSDESchedule.
     params: stacked restorer params (leading axis C * S).
@@ -161,7 +161,7 @@ def restore_all(cfg: Any, net, sde, params, test: dict, cond_tab, ctx_tab, key: 
     numpy [C * S, N, H, W, C] restorations (not clipped).
   """
   n_cond, s = cond_tab.shape[0], int(cfg.num_seeds)
-  method = cfg.get("restore_method", "sde")
+  method = cfg.get("restore_method", "posterior")
 
   @jax.jit
   def run(p, lq, cond, ctx, s_idx, start):

@@ -10,8 +10,10 @@ from typing import Any
 import jax
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.finetune_dissect import finetune
+from iclr24_jax.papers.finetune_dissect import data as fd_data
 
 COMPONENTS = ("topic", "style", "factual")
 
@@ -101,6 +103,9 @@ def run(config: Any, workdir: str) -> dict:
   Returns:
     The `summarise` dict (also in workdir/results.json), plus 'plots' (PNG paths) on process 0.
   """
+  if config.data.name in fd_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    fd_data.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("finetune_dissect", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   study = finetune.synthetic_study(config, progress=print)
   results = summarise(study)

@@ -147,7 +147,7 @@ def general_params(spec: GrammarSpec, tables: dict, confidence: float = 1.0) -> 
 
   Args:
     spec: the grammar.
-    tables: `fact_tables` output (tables['general'] [num_general_subjects] values).
+    tables: `fact_tables` output (`tables['general']`: `[num_general_subjects]` values).
     confidence: probability mass on a general subject's value (1.0: certain; log 0 = -inf elsewhere).
 
   Returns:

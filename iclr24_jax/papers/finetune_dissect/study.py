@@ -28,6 +28,53 @@ from iclr24_jax.papers.finetune_dissect import finetune
 from iclr24_jax.papers.finetune_dissect import grammar
 
 PAPER = "finetune_dissect"
+# Why the synthetic rows are checks: the grammar gives topic and style one shared prior each and the facts 512 items,
+# and once a model reads the context only the first topic / style word is left to the prior, so speed, capacity and
+# position follow from its design (they verify the pipeline, they are not evidence for the paper).
+SPEED = ("a check, not evidence for 'topic and style priors ... are learned rapidly' (abstract): one shared prior each "
+         "against 512 fact items, so the priors come first by the grammar's design")
+CAPACITY = ("a check, not evidence for 'require little model capacity' / 'factual knowledge ... requires significant "
+            "model capacity' (abstract): one shared prior each against 512 fact items, by the grammar's design")
+POSITION = ("a check, not evidence for 'primarily at the beginning of a text' (abstract): in the grammar only the "
+            "first topic / style word is left to the prior once a model reads the context, by its design")
+REAL = ("'finetuning results in significant shifts in the language model's topic and style priors, while actual "
+        "knowledge learning only contributes to a small fraction of the total probability change' (abstract)")
+
+# Headline claims of the abstract that no row tests yet (experiments/reproduce.py tables them as 'not run').
+NOT_RUN = [
+    stats.not_run_row(
+        paper=PAPER, experiment="real text: factual share of the total change", metric="factual / total (per seed)",
+        basis=REAL, reason=("no row judges the factual share of the total change: the real-text rows report the "
+                            "components without a verdict, and the synthetic grammar's full finetune is dominated by "
+                            "its 512 facts by design"),
+        variant="configs/finetune_dissect.py (real text) with a claim row on factual / total over seeds"),
+    stats.not_run_row(
+        paper=PAPER, experiment="real text: topic and style learning speed and capacity",
+        metric="steps to half the final value; LoRA rank 1 / full",
+        basis=("'the adaptation of topic and style priors behave akin to learning simple features: they are learned "
+               "rapidly and require little model capacity' (abstract)"),
+        reason="tested only on the synthetic grammar, where it holds by construction (check rows)",
+        variant="configs/finetune_dissect.py real-text arm with LoRA ranks 1 / 8 and full, evaluated along finetuning"),
+    stats.not_run_row(
+        paper=PAPER, experiment="real text: factual learning speed and capacity",
+        metric="steps to half the final value; LoRA rank 1 / full",
+        basis=("'factual knowledge is learned stably but slowly and requires significant model capacity to learn' "
+               "(abstract)"),
+        reason="tested only on the synthetic grammar, where it holds by construction (check rows)",
+        variant="configs/finetune_dissect.py real-text arm with LoRA ranks 1 / 8 and full, evaluated along finetuning"),
+    stats.not_run_row(
+        paper=PAPER, experiment="topic and style learned independently", metric="components under single shifts",
+        basis="'They are also learned independently' (abstract)",
+        reason="no arm shifts topic alone or style alone to compare with shifting both",
+        variant="a topic-only and a style-only domain mix of the grammar (and of the real-text rewrites) vs both"),
+    stats.not_run_row(
+        paper=PAPER, experiment="real text: where in a document topic and style change",
+        metric="share of |contrast| in the first 25% of positions",
+        basis="'They are also learned independently and primarily at the beginning of a text sequence' (abstract)",
+        reason="the real-text study does not break its components down by position",
+        variant=("configs/finetune_dissect.py real-text arm with dissect.decompose(...)['by_position'] judged over "
+                 "seeds")),
+]
 
 
 def analytic_recovery_error(seed: int = 0, num_documents: int = 64) -> float:
@@ -87,18 +134,21 @@ def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
           paper=PAPER, experiment=f"{exp}: {method}", metric=f"steps to half the final value: factual vs {k}",
           a=cl[method]["half_factual"], b=cl[method][f"half_{k}"], name_a="factual", name_b=k,
           paper_value=f"{k} priors are learned fast, factual knowledge slowly", direction="greater", plots=plots,
+          kind="check", basis=SPEED,
           notes=f"half-time = first (interpolated) step where the component reaches 50% of its value at step "
                 f"{int(study['steps'][-1])}; evaluations every {int(study['steps'][0])} steps"))
   if "lora1" in cl and "lora8" in cl:
     rows.append(stats.compare_row(
         paper=PAPER, experiment=exp, metric="final factual component (nats/token): LoRA rank 8 vs rank 1",
         a=cl["lora8"]["final_factual"], b=cl["lora1"]["final_factual"], name_a="rank 8", name_b="rank 1",
-        paper_value="factual knowledge needs capacity (grows with rank)", direction="greater", plots=plots))
+        paper_value="factual knowledge needs capacity (grows with rank)", direction="greater", plots=plots,
+        kind="check", basis=CAPACITY))
   if "full" in cl and "lora8" in cl:
     rows.append(stats.compare_row(
         paper=PAPER, experiment=exp, metric="final factual component (nats/token): full vs LoRA rank 8",
         a=cl["full"]["final_factual"], b=cl["lora8"]["final_factual"], name_a="full", name_b="rank 8",
-        paper_value="factual knowledge needs capacity (full > low rank)", direction="greater", plots=plots))
+        paper_value="factual knowledge needs capacity (full > low rank)", direction="greater", plots=plots,
+        kind="check", basis=CAPACITY))
   if "full" in cl and "lora1" in cl:
     full, r1 = cl["full"], cl["lora1"]
     for k in ("topic", "style"):
@@ -106,13 +156,14 @@ def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
           paper=PAPER, experiment=exp, metric=f"rank-1 LoRA / full final value: {k} vs factual",
           a=r1[f"final_{k}"] / full[f"final_{k}"], b=r1["final_factual"] / full["final_factual"], name_a=k,
           name_b="factual", paper_value=f"{k} needs little capacity, factual knowledge much", direction="greater",
-          plots=plots))
+          plots=plots, kind="check", basis=CAPACITY))
   for method in [m for m in ("full", "lora8") if m in cl]:
     for k in ("topic", "style"):
       rows.append(stats.compare_row(
           paper=PAPER, experiment=f"{exp}: {method}", metric=f"share of |contrast| in the first 25% of positions: "
           f"{k} vs factual", a=cl[method][f"early_{k}"], b=cl[method]["early_factual"], name_a=k, name_b="factual",
           paper_value=f"{k} is learned mostly at the beginning of a text", direction="greater", plots=plots,
+          kind="check", basis=POSITION,
           notes="after the last finetuning step; a uniform spread would give 0.25 "
                 "(the grammar's facts sit at every 5th token)"))
   return rows
@@ -136,6 +187,7 @@ def reproduce(workdir: str, fast: bool = False, real_text: bool = True) -> list[
   rows.append(dict(paper=PAPER, experiment="analytic grammar: known prior and fact-table changes",
                    metric="max |decompose - truth| (nats/document), topic, style, factual", ours=f"{err:.2e}",
                    paper_value="(check) the estimator recovers known changes", holds="yes" if err < 1e-5 else "no",
+                   kind="check", basis="verifies the estimator against the grammar's closed form",
                    notes="reference: the closed form of the grammar (the changes' log-odds); tolerance 1e-5"))
   cfg = cfg_mod.get_config("")
   if fast:
@@ -184,3 +236,35 @@ def benchmark(quick: bool = True) -> list[dict]:
           batch=batch_size)
     rows += bench.across_devices(make_case, carry=True, repeats=5 if quick else 20)
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: Llama-2-7B full finetuning at the official run's sizes.
+
+  64 sequences of 1,024 tokens per step, float32 master weights and AdamW moments sharded over the mesh, the
+  forward / backward on a bfloat16 copy with every layer rematerialised (`configs/finetune_dissect.py:paper`).
+
+  Args:
+    config: `get_config('paper')` (its `scale` block and optimizer).
+    mesh: the ('data', 'model') mesh the program is sharded over.
+
+  Returns:
+    common.scale.Program of `lm.train.make_train_step` (state, batch, key) -> (state, metrics).
+  """
+  import jax.numpy as jnp
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.lm import scale as lm_scale
+  s = scale_lib.paper_scale(config, PAPER)
+  if s.method != "full":
+    raise ValueError(f"scale.method={s.method!r}: the compiled paper step is full finetuning ('full'); LoRA "
+                     "adapters need the list form of the layers.")
+  model = lm_scale.named_model(config.model.name, remat=s.remat)
+  opt = config.optimizer
+  tx = finetune.make_optimizer(opt.learning_rate, config.num_steps, opt.warmup_frac, opt.grad_clip, opt.weight_decay)
+  b, t = s.batch_size, s.seq_len
+  return lm_scale.train_program(
+      "Llama-2-7B full finetuning step (AdamW, bf16 compute, remat)", model, tx, mesh, lm_scale.causal_batch(b, t),
+      param_dtype=jnp.dtype(s.param_dtype), compute_dtype=jnp.dtype(s.compute_dtype),
+      hand_flops=lm_scale.llama_flops(model, b, t), items_per_step=b * t,
+      notes="FSDP shards weights, gradients and moments (the official ZeRO-2 shards moments only).",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

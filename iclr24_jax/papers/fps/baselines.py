@@ -3,9 +3,13 @@
 DPS (Algorithm 1 of "Diffusion Posterior Sampling for General Noisy Inverse Problems"): each DDPM ancestral
 step is followed by a gradient step on the measurement residual of the Tweedie estimate x0_hat(x_t),
   x_s = x_s' - zeta * grad_{x_t} || y - A x0_hat(x_t) ||,
-where x_s' is the unconditional DDPM step. As in the official DPS code (`PosteriorSampling.conditioning`), the
-gradient is of the residual NORM (not its square), which equals the paper's step size zeta_i = zeta' / ||y - A x0||
-on the squared norm up to a factor 2. The gradient runs through the denoiser (a vector-Jacobian product).
+where x_s' is the unconditional DDPM step. As in the official DPS code (`PosteriorSampling.conditioning`,
+`p_sample_loop`: x_{t-1} = sample(x_t) - scale * grad_{x_t} ||y - A x0_hat(x_t)||), the gradient is of the residual
+NORM (not its square), which equals the paper's step size zeta_i = zeta' / ||y - A x0|| on the squared norm up
+to a factor 2, and x0_hat is the estimate the DDPM step uses, clipped when `clip_x0` is set (official
+`clip_denoised=True`: the gradient flows through the clamp, zero where it saturates). The gradient runs through the
+denoiser (a vector-Jacobian product). Each sample's own residual norm is used (the official batch is one image).
+Deviation: the DDPM step's variance is beta-tilde (official DPS: ADM's learned-range variance).
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from iclr24_jax.diffusion import process, samplers
+from iclr24_jax.diffusion import samplers
 from iclr24_jax.papers.fps.operators import LinearOperator
 
 Denoiser = Callable[[jax.Array, jax.Array], jax.Array]
@@ -31,7 +35,7 @@ def dps_step(denoiser: Denoiser, operator: LinearOperator, y: jax.Array, x_t: ja
     y: [*y_shape] the measurement (shared by the batch).
     x_t: [B, *x_shape]; t: scalar time; alpha_bar_t, alpha_bar_s: scalars.
     key: noise of the ancestral step.
-    zeta: the step size (official DPS: 1.0 for inpainting / super-resolution, 0.3-1.0 for deblurring).
+    zeta: the step size (official DPS configs: 0.5 for inpainting, 0.3 for super-resolution and the blurs).
     prediction, clip_x0: the denoiser's output type; clipping of x0_hat in the ancestral step.
 
   Returns:
@@ -41,13 +45,12 @@ def dps_step(denoiser: Denoiser, operator: LinearOperator, y: jax.Array, x_t: ja
 
   def residual_norm(x):
     out = denoiser(x, t_b)
-    x0 = process.predict_x0(x, out, alpha_bar_t, prediction)
-    res = (y - operator.forward(x0)).reshape(x.shape[0], -1)
+    tr = samplers.ddpm_transition(x, out, alpha_bar_t, alpha_bar_s, prediction=prediction, clip_x0=clip_x0)
+    res = (y - operator.forward(tr.x0)).reshape(x.shape[0], -1)   # official: the step's (clipped) pred_xstart
     norms = jnp.sqrt(jnp.sum(res ** 2, -1) + 1e-12)
-    return jnp.sum(norms), (out, norms)
+    return jnp.sum(norms), (tr, norms)
 
-  (_, (out, norms)), grad = jax.value_and_grad(residual_norm, has_aux=True)(x_t)
-  tr = samplers.ddpm_transition(x_t, out, alpha_bar_t, alpha_bar_s, prediction=prediction, clip_x0=clip_x0)
+  (_, (tr, norms)), grad = jax.value_and_grad(residual_norm, has_aux=True)(x_t)
   return tr.sample(key) - zeta * grad, norms
 
 

@@ -297,7 +297,7 @@ def telescoping_reference(mean0, cov0, a, sigma: float, y, alpha_bar_t, alpha_ba
 
 
 def moments_over_sequences(means, cov) -> tuple[np.ndarray, np.ndarray]:
-  """Mean and covariance of the equal-weight mixture of N(means[k] [S, D], cov [D, D] or [S, D, D]).
+  """Mean and covariance of the equal-weight mixture of N(means[k], cov) (`means` `[S, D]`, `cov` `[D, D]` or `[S, D, D]`).
 
   Args:
     means: [S, D] component means (one per measurement sequence).

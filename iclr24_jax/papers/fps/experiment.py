@@ -16,9 +16,11 @@ import os
 import time
 from typing import Any
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.fps.study_exactness import exactness_study, gaussian_limit_study
 from iclr24_jax.papers.fps.study_images import image_study
+from iclr24_jax.papers.fps import data as fps_data
 
 PAPER = "fps"
 
@@ -37,6 +39,9 @@ def run(config: Any, workdir: str, progress: bool = True) -> dict:
   Raises:
     ValueError: unknown config.task.
   """
+  if config.data.name in fps_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    fps_data.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("fps", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   if config.task not in ("exactness", "images", "both"):
     raise ValueError(f"config.task must be 'exactness', 'images' or 'both', got '{config.task}'.")

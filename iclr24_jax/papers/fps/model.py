@@ -98,7 +98,8 @@ def get_prior(cfg: Any, workdir: str | None = None, use_cache: bool = True, prog
   res = loop_lib.train_loop(
       init_fn=lambda k: training.init(k, model, x_shape, tx, ema=ema), train_step=step, batches=stream,
       num_steps=int(cfg.train_steps), key=jax.random.key(int(cfg.seed)), workdir=workdir, mesh=mesh,
-      log_every=int(cfg.log_every), checkpoint_every=0, config=cfg, progress=progress, name="fps-prior")
+      log_every=int(cfg.log_every), config=cfg, progress=progress, name="fps-prior",
+      **loop_lib.checkpoint_options(cfg))
   params = res.state.extra["ema_params"] if ema else res.state.params
   params = jax.device_put(params, jax.devices()[0])
   losses = [r["train/loss"] for r in res.history if "train/loss" in r]

@@ -377,7 +377,11 @@ def particle_filter(key: jax.Array, denoiser: Denoiser, operator: LinearOperator
   x_shape = tuple(operator.x_shape)
   sigma2 = jnp.asarray(sigma, jnp.float32) ** 2
   key_init, key_steps, key_final = jax.random.split(key, 3)
-  # x_T ~ N(0, I) conditioned on y_T (official: `get_mean` / `get_noise` with variance_diff[T]).
+  # x_T ~ N(0, I) conditioned on y_T = A x_T + N(0, t I), t = abar_T sigma^2 (official: `get_mean` / `get_noise` with
+  # variance_diff[T]). Deviation (a fix): for super-resolution and the blurs the official start-up mean is
+  # get_mean(A^T y_T, t) = (I + A^T A / t)^{-1} A^T y_T, which drops the 1/t of the posterior mean
+  # (I + A^T A / t)^{-1} A^T y_T / t (gaussian_diffusion.py:274-277, svd_replacement.py:232-246), so its x_T is
+  # almost unconditioned (t ~ 1e-7); its inpainting branch and this code use the exact conditional.
   z0 = jax.random.normal(key_init, (m,) + x_shape)
   _, x, log_z0 = gaussian_condition(operator, jnp.zeros((m,) + x_shape), 1.0, y_start,
                                     alpha_bar_t[0] * sigma2, z0)

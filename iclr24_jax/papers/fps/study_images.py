@@ -54,6 +54,36 @@ def make_operator(task: str, icfg: Any, shape: tuple[int, ...]) -> operators.Lin
   raise ValueError(f"unknown image task '{task}'; choose inpainting, super_resolution, gaussian_blur, motion_blur.")
 
 
+def split_images(x_pool: np.ndarray, num_test: int, num_val: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+  """Disjoint test and validation images drawn from one pool (the digits test split, which the prior never saw).
+
+  The test images are `default_rng(seed).choice(len(pool), num_test, replace=False)` (the same images whatever
+  num_val is); the validation images are then drawn by the same generator from the images left over, so a
+  baseline's hyperparameter is tuned on images the comparison never scores.
+
+  Args:
+    x_pool: [N, S, S, 1] candidate images.
+    num_test: images the methods are scored on.
+    num_val: images for tuning (0: none).
+    seed: the generator's seed.
+
+  Returns:
+    (test [num_test, S, S, 1], validation [num_val, S, S, 1]).
+
+  Raises:
+    ValueError: the pool holds fewer than num_test + num_val images.
+  """
+  n = x_pool.shape[0]
+  if num_test < 1 or num_val < 0 or num_test + num_val > n:
+    raise ValueError(f"need 1 <= num_test and 0 <= num_val with num_test + num_val <= {n} images in the pool; got "
+                     f"num_test={num_test}, num_val={num_val}: lower images.num_images or images.num_val_images.")
+  rng = np.random.default_rng(seed)
+  test_idx = rng.choice(n, num_test, replace=False)
+  rest = np.setdiff1d(np.arange(n), test_idx)
+  val_idx = rng.choice(rest, num_val, replace=False) if num_val else rest[:0]
+  return x_pool[test_idx], x_pool[val_idx]
+
+
 def sample_scores(samples, x_true, op, y) -> dict[str, float]:
   """PSNR / SSIM of samples [n, k, S, S, 1] (k samples per image) against x_true [n, S, S, 1].
 
@@ -94,8 +124,10 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
 
   Every sampling method draws `samples_per_image` independent samples per test image (FPS: the first particle of
   independent filters, as the official code returns); scores average over them (see `sample_scores`). Per task,
-  the FPS variants with the same particle count share one compiled program (the kernel rates are data) and the
-  DPS step sizes another.
+  the FPS variants with the same particle count share one compiled program (the kernel rates are data). DPS's step
+  size is picked from images.dps_zetas by mean PSNR on `num_val_images` validation images (disjoint from the test
+  images, `split_images`), then DPS runs on the test images at that step size only. FPS and DPS run the same
+  number of sampler steps (fps.num_steps).
 
   Args:
     cfg: the fps ConfigDict (data, schedule, fps, images, seed, use_cache).
@@ -103,32 +135,38 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
     progress: print progress lines.
 
   Returns:
-    {'prior': training info, 'tasks': {task: {scores: {method: `sample_scores`}, dps_psnr_by_zeta,
-    dps_best_zeta, mean_ess_fraction, seconds}}, 'num_images', 'num_steps', 'samples_per_image', 'sigma',
+    {'prior': training info, 'tasks': {task: {scores: {method: `sample_scores`}, dps_val_psnr_by_zeta (mean PSNR
+    of each zeta on the validation images), dps_zeta (the one chosen there), mean_ess_fraction, seconds,
+    seconds_by_stage}}, 'num_images', 'num_val_images', 'num_steps', 'samples_per_image', 'sigma',
     'plots': [png path]}.
 
   Raises:
-    ValueError: an unknown method in images.methods.
+    ValueError: an unknown method in images.methods, DPS with several step sizes and no validation images, or
+      more test + validation images than the pool holds.
   """
   ic, fc = cfg.images, cfg.fps
+  methods = list(ic.methods)
+  unknown = set(methods) - set(IMAGE_METHODS)
+  if unknown:
+    raise ValueError(f"unknown image methods {sorted(unknown)}; choose from {IMAGE_METHODS}.")
+  n = int(ic.num_images)
+  n_val = int(ic.get("num_val_images", 0))
+  if "dps" in methods and len(ic.dps_zetas) > 1 and n_val == 0:
+    raise ValueError("DPS's step size is chosen from images.dps_zetas on validation images, never on the test "
+                     "images: set images.num_val_images > 0 (or give a single zeta).")
   t0 = time.perf_counter()
   model, params, sched, info = model_lib.get_prior(cfg, os.path.join(workdir, "prior"), use_cache=bool(cfg.use_cache),
                                                    progress=progress)
   t_prior = time.perf_counter() - t0
   den = model_lib.make_denoiser(model, params)
   _, x_test = model_lib.load_images(cfg.data)
-  n = int(ic.num_images)
   k_runs = int(ic.get("samples_per_image", 1))
-  x_true = x_test[np.random.default_rng(cfg.seed).choice(len(x_test), n, replace=False)]
+  x_true, x_val = split_images(x_test, n, n_val, int(cfg.seed))
   shape = x_true.shape[1:]
   steps, clip = int(fc.num_steps), (float(fc.clip_x0) if fc.get("clip_x0") else None)
   _, a_t, a_s = samplers.sampling_grid(sched, steps)
-  out: dict[str, Any] = {"prior": {**info, "seconds": t_prior}, "tasks": {}, "num_images": n, "num_steps": steps,
-                         "samples_per_image": k_runs, "sigma": float(ic.sigma)}
-  methods = list(ic.methods)
-  unknown = set(methods) - set(IMAGE_METHODS)
-  if unknown:
-    raise ValueError(f"unknown image methods {sorted(unknown)}; choose from {IMAGE_METHODS}.")
+  out: dict[str, Any] = {"prior": {**info, "seconds": t_prior}, "tasks": {}, "num_images": n, "num_val_images": n_val,
+                         "num_steps": steps, "samples_per_image": k_runs, "sigma": float(ic.sigma)}
   # FPS variants: name -> (particles, sampler). 'fps' is the configured sampler with M = fps.num_particles;
   # 'fps_ddpm' / 'fps_ddim' force a kernel (skipped when it is the configured one: identical to 'fps');
   # 'fps_m1' is the particle-free FPS (M = 1) with the configured sampler.
@@ -151,7 +189,7 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
     op = make_operator(task, ic, shape)
     key = jax.random.key(cfg.seed * 1000 + ti)
     y = jax.vmap(op.measure, (0, 0, None))(jax.random.split(key, n), jnp.asarray(x_true), float(ic.sigma))
-    samples, ess_info = {}, {}
+    samples, ess_info, stage_secs = {}, {}, {}
     variants = {nm: v for nm, v in all_variants.items() if nm != "fps_tele" or task in tele_tasks}
     if "pinv" in methods:
       # truncated-SVD pseudo-inverse: singular values below sigma (relative to the largest) are dropped
@@ -159,6 +197,7 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
     if ddim_x is not None:
       samples["ddim"] = ddim_x
     for m in sorted({v[0] for v in variants.values()}):
+      t_stage = time.perf_counter()
       names = [name for name, v in variants.items() if v[0] == m]
       c_total = n * len(names)                                   # configurations: (variant, image)
       fn = fps_runs_fn(den, sched, op, m, steps, clip_x0=clip, resampling=fc.resampling)
@@ -173,20 +212,34 @@ def image_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
       for j, nm in enumerate(names):
         samples[nm] = np.asarray(x[j * n:(j + 1) * n, :, 0])   # the first particle of each run: [n, k, ...]
         ess_info[nm] = float(np.mean(ess[j * n:(j + 1) * n]))
-    dps_scores = {}
+      stage_secs[f"fps M={m}"] = time.perf_counter() - t_stage
+    dps_val, zeta = {}, None
     if "dps" in methods:
+      # The step size is chosen on the validation images (their own measurements), then DPS runs on the test
+      # images at that zeta only: the comparison never sees a test-tuned baseline. One compiled program per shape.
       zetas = [float(z) for z in ic.dps_zetas]
       dfn = dps_runs_fn(den, sched, op, k_runs, steps, clip_x0=clip)
-      dargs = (jax.random.split(jax.random.fold_in(key, 99), n * len(zetas)),
-               jnp.tile(y, (len(zetas),) + (1,) * (y.ndim - 1)), jnp.repeat(jnp.asarray(zetas, jnp.float32), n))
-      xd = np.asarray(compile_call(dfn, *dargs)(*dargs))          # [zetas * n, k, ...]
-      by_zeta = {z: xd[j * n:(j + 1) * n] for j, z in enumerate(zetas)}
-      dps_scores = {z: float(np.mean(metrics_lib.psnr(v[:, 0], x_true))) for z, v in by_zeta.items()}
-      samples["dps"] = by_zeta[max(dps_scores, key=dps_scores.get)]
+      t_stage = time.perf_counter()
+      if len(zetas) > 1:
+        key_val = jax.random.fold_in(key, 5)
+        y_val = jax.vmap(op.measure, (0, 0, None))(jax.random.split(key_val, n_val), jnp.asarray(x_val),
+                                                   float(ic.sigma))
+        vargs = (jax.random.split(jax.random.fold_in(key_val, 99), n_val * len(zetas)),
+                 jnp.tile(y_val, (len(zetas),) + (1,) * (y_val.ndim - 1)),
+                 jnp.repeat(jnp.asarray(zetas, jnp.float32), n_val))
+        xv = np.asarray(compile_call(dfn, *vargs)(*vargs)).reshape((len(zetas), n_val, k_runs) + shape)
+        dps_val = {z: float(np.mean(metrics_lib.psnr(xv[j].reshape((-1,) + shape), np.repeat(x_val, k_runs, 0))))
+                   for j, z in enumerate(zetas)}        # mean PSNR over the validation images and their samples
+      zeta = max(dps_val, key=dps_val.get) if dps_val else zetas[0]
+      stage_secs["dps tuning"] = time.perf_counter() - t_stage
+      t_stage = time.perf_counter()
+      dargs = (jax.random.split(jax.random.fold_in(key, 99), n), y, jnp.full((n,), zeta, jnp.float32))
+      samples["dps"] = np.asarray(compile_call(dfn, *dargs)(*dargs))      # [n, k, ...]
+      stage_secs["dps"] = time.perf_counter() - t_stage
     scores = {name: sample_scores(xs_, x_true, op, y) for name, xs_ in samples.items()}
-    out["tasks"][task] = {"scores": scores, "dps_psnr_by_zeta": dps_scores,
-                          "dps_best_zeta": max(dps_scores, key=dps_scores.get) if dps_scores else None,
-                          "mean_ess_fraction": ess_info, "seconds": time.perf_counter() - t1}
+    out["tasks"][task] = {"scores": scores, "dps_val_psnr_by_zeta": dps_val, "dps_zeta": zeta,
+                          "mean_ess_fraction": ess_info, "seconds": time.perf_counter() - t1,
+                          "seconds_by_stage": stage_secs}
     recon_all[task] = (np.asarray(y), {name: xs_[:, 0] for name, xs_ in samples.items()}, op)
     if progress:
       print(f"[fps] images {task}: " + ", ".join(

@@ -339,34 +339,55 @@ class MimicVisits:
   drug_routes: dict[str, str]
 
 
+MIMIC_SOURCE = ("MIMIC-III v1.4 from PhysioNet (physionet.org/content/mimiciii/1.4/, credentialed access; the 100-patient "
+                "demo: physionet.org/content/mimiciii-demo/1.4/): the CSV tables, .csv or .csv.gz")
+
+
+def mimic_table(folder: pathlib.Path, filename: str) -> pathlib.Path:
+  """`folder/filename`, or its gzipped copy `filename.gz` (PhysioNet ships the full MIMIC-III as .csv.gz)."""
+  p = folder / filename
+  return p if p.exists() or not (folder / (filename + ".gz")).exists() else folder / (filename + ".gz")
+
+
 def mimic3_demo_dir(data_dir: str | os.PathLike | None = None) -> pathlib.Path:
-  """The MIMIC-III demo folder (data_dir, or shared_data_dir()/mimic3_demo); clear error when missing."""
-  from iclr24_jax.common.data import shared_data_dir
+  """The MIMIC-III (demo) folder (data_dir, or shared_data_dir()/mimic3_demo); clear error when missing.
+
+  Raises:
+    common.data.DataNotFoundError (a FileNotFoundError) naming the missing tables and where to get them.
+  """
+  from iclr24_jax.common.data import DataNotFoundError, shared_data_dir
   if data_dir:
     p = pathlib.Path(data_dir)
   else:
     root = shared_data_dir()
     if root is None:
-      raise FileNotFoundError("MIMIC-III demo not found: set config.data.data_dir to the folder with ADMISSIONS.csv "
-                              "etc., or ICLR24_DATA to the shared data folder (holding mimic3_demo/).")
+      raise DataNotFoundError("MIMIC-III demo not found: set config.data.data_dir to the folder with ADMISSIONS.csv "
+                              f"etc., or ICLR24_DATA to the shared data folder (holding mimic3_demo/). Get it: "
+                              f"{MIMIC_SOURCE}.")
     p = root / "mimic3_demo"
-  missing = [f for f in MIMIC_FILES if not (p / f).exists()]
+  missing = [f for f in MIMIC_FILES if not mimic_table(p, f).exists()]
   if missing:
-    raise FileNotFoundError(f"MIMIC-III demo folder '{p}' lacks {missing}; point config.data.data_dir at the "
-                            "MIMIC-III (demo) CSV folder.")
+    raise DataNotFoundError(f"MIMIC-III folder '{p}' lacks {missing} (.csv or .csv.gz); point config.data.data_dir "
+                            f"at the MIMIC-III (demo) CSV folder. Get it: {MIMIC_SOURCE}.")
   return p
+
+
+def _parse_time(s: str) -> dt.datetime | None:
+  """An ISO 'YYYY-MM-DD HH:MM:SS' time (the PhysioNet files), or None for the demo's re-saved 'M/D/YY H:M'."""
+  m = re.match(r"\s*(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2})", s)
+  return dt.datetime(*(int(x) for x in m.groups())) if m else None
 
 
 def read_mimic3_demo(data_dir: str | os.PathLike | None = None) -> MimicVisits:
   """Reads admissions with their codes, restoring four-digit years from ICUSTAYS.INTIME."""
   p = mimic3_demo_dir(data_dir)
-  adm = _read_csv(p / "ADMISSIONS.csv")
-  icu = _read_csv(p / "ICUSTAYS.csv")
-  dx = _read_csv(p / "DIAGNOSES_ICD.csv")
-  px = _read_csv(p / "PROCEDURES_ICD.csv")
-  rx = _read_csv(p / "PRESCRIPTIONS.csv")
-  ddx = _read_csv(p / "D_ICD_DIAGNOSES.csv")
-  dpx = _read_csv(p / "D_ICD_PROCEDURES.csv")
+  adm = _read_csv(mimic_table(p, "ADMISSIONS.csv"))
+  icu = _read_csv(mimic_table(p, "ICUSTAYS.csv"))
+  dx = _read_csv(mimic_table(p, "DIAGNOSES_ICD.csv"))
+  px = _read_csv(mimic_table(p, "PROCEDURES_ICD.csv"))
+  rx = _read_csv(mimic_table(p, "PRESCRIPTIONS.csv"))
+  ddx = _read_csv(mimic_table(p, "D_ICD_DIAGNOSES.csv"))
+  dpx = _read_csv(mimic_table(p, "D_ICD_PROCEDURES.csv"))
   icu_year = {}
   for h, t in zip(icu["HADM_ID"], icu["INTIME"]):
     y = int(t[:4])
@@ -379,6 +400,10 @@ def read_mimic3_demo(data_dir: str | os.PathLike | None = None) -> MimicVisits:
   routes = {n: g["ROUTE"].value_counts().index[0] for n, g in rx.groupby("NAME") if len(g["ROUTE"])}
   rows = []
   for _, a in adm.iterrows():
+    admit, disch = _parse_time(a["ADMITTIME"]), _parse_time(a["DISCHTIME"])
+    if admit is not None and disch is not None:   # the PhysioNet files: four-digit (shifted) years as they are
+      rows.append((a["SUBJECT_ID"], admit, a["HADM_ID"], disch, int(a["HOSPITAL_EXPIRE_FLAG"] or 0)))
+      continue
     mo, d, yy, h, mi = _parse_two_digit(a["ADMITTIME"])
     ref = icu_year.get(a["HADM_ID"])
     year = _restore_year(yy, ref) if ref is not None else 2100 + yy
@@ -562,3 +587,54 @@ def mimic3_demo_task(task: str, data_dir: str | os.PathLike | None = None, min_d
                   patient_ids=np.asarray([int(p) for p in pids]), num_outputs=num_out, label_names=label_names,
                   concept_names=list(raw.concept_names))
   return ds, raw
+
+
+# ----------------------------------------------------------------------------------------------------------
+# One entry point for the paper's EHR data.
+
+DATASETS = {
+    "mimic3": "MIMIC-III v1.4 CSV tables (PhysioNet): ADMISSIONS, ICUSTAYS, DIAGNOSES_ICD, PROCEDURES_ICD, "
+              "PRESCRIPTIONS, D_ICD_DIAGNOSES, D_ICD_PROCEDURES (.csv or .csv.gz, the PhysioNet header)",
+    "mimic3_demo": "the MIMIC-III Clinical Database Demo v1.4 (100 patients): the same tables as .csv",
+}
+
+
+def load(data_config) -> tuple[EHRDataset, RawKG]:
+  """One GraphCare task (`config.data.task`) on the MIMIC-III tables of `config.data.data_dir`.
+
+  Args:
+    data_config: config.data with `name` ('mimic3' or 'mimic3_demo'), `data_dir` ('' = `<shared
+      data>/mimic3_demo`), `task` ('mortality', 'readmission', 'los', 'drugrec'; default 'mortality') and
+      optionally `min_drug_visits` (default 5).
+
+  Returns:
+    (EHRDataset, RawKG) as `mimic3_demo_task` builds them (PyHealth's task functions on the admissions).
+
+  Raises:
+    ValueError: unknown name or task. common.data.DataNotFoundError: a table is missing (the message names it
+      and PhysioNet's page).
+  """
+  from iclr24_jax.common import data as data_lib
+  name = data_lib.config_value(data_config, "name")
+  if name not in DATASETS:
+    raise ValueError(f"unknown GraphCare data set '{name}'; choose one of {sorted(DATASETS)}.")
+  task = str(data_lib.config_value(data_config, "task", "mortality") or "mortality")
+  if task not in TASKS:
+    raise ValueError(f"unknown GraphCare task '{task}'; choose one of {sorted(TASKS)}.")
+  root = mimic_folder(data_config)
+  return mimic3_demo_task(task, root, int(data_lib.config_value(data_config, "min_drug_visits", 5)))
+
+
+def mimic_folder(data_config) -> pathlib.Path:
+  """The MIMIC-III folder `config.data` names, checked for every table (a cheap fail-fast before reading).
+
+  'mimic3' needs `data_dir` (or `$ICLR24_DATA/mimic3`); 'mimic3_demo' falls back to `<shared data>/mimic3_demo`.
+
+  Raises:
+    common.data.DataNotFoundError: the folder or a table is missing.
+  """
+  from iclr24_jax.common import data as data_lib
+  name = data_lib.config_value(data_config, "name")
+  root = data_lib.locate_data(data_config, name, what=f"MIMIC-III ({name})",
+                              layout=", ".join(MIMIC_FILES) + " (or .csv.gz) in one folder", source=MIMIC_SOURCE)
+  return mimic3_demo_dir(root)

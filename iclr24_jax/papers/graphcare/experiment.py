@@ -73,18 +73,18 @@ def build_world(config: Any) -> World:
     ds = syn.dataset
     split = data_lib.split_by_patient(ds.patient_ids, tuple(dc.split), seed=int(dc.split_seed))
     info = {"raw_entities": len(syn.raw_kg.entity_names), "raw_relations": len(syn.raw_kg.relation_names)}
-  elif dc.name == "mimic3_demo":
+  elif dc.name in data_lib.DATASETS:   # 'mimic3_demo' or the full 'mimic3' (same tables; .csv or .csv.gz)
     if str(dc.task) not in data_lib.TASKS:
       raise ValueError(f"unknown config.data.task '{dc.task}'; choose one of {sorted(data_lib.TASKS)}.")
-    mv, raw, index, ckg = _mimic_kg(str(dc.data_dir or ""), int(dc.name_embedding_dim), float(dc.cluster_threshold),
+    folder = str(data_lib.mimic_folder(dc))   # DataNotFoundError (tables, PhysioNet) before anything is read
+    mv, raw, index, ckg = _mimic_kg(folder, int(dc.name_embedding_dim), float(dc.cluster_threshold),
                                     str(dc.get("name_embedder", "tfidf")), str(dc.task) in ("mortality", "readmission"))
-    ds, _ = data_lib.mimic3_demo_task(str(dc.task), dc.data_dir or None, int(dc.min_drug_visits), mv=mv,
-                                      kg=(raw, index))
+    ds, _ = data_lib.mimic3_demo_task(str(dc.task), folder, int(dc.min_drug_visits), mv=mv, kg=(raw, index))
     split = data_lib.split_by_patient(ds.patient_ids, (0.8, 0.1, 0.1), seed=int(dc.split_seed))
     info = {"raw_entities": len(raw.entity_names), "raw_relations": len(raw.relation_names)}
   else:
-    raise ValueError(f"unknown config.data.name '{dc.name}'; choose 'synthetic' or 'mimic3_demo'.")
-  cap = int(dc.max_visits) if dc.name == "mimic3_demo" and int(dc.get("max_visits", 0)) > 0 else None
+    raise ValueError(f"unknown config.data.name '{dc.name}'; choose 'synthetic' or one of {sorted(data_lib.DATASETS)}.")
+  cap = int(dc.max_visits) if dc.name in data_lib.DATASETS and int(dc.get("max_visits", 0)) > 0 else None
   construction = str(dc.get("graph_construction", "paper"))
   gkg = graphs_lib.global_triples(ckg) if construction == "official" else None
   pgs = [graphs_lib.patient_graph(v, ckg, max_visits=cap, construction=construction, global_kg=gkg)
@@ -134,8 +134,8 @@ def run(config: Any, workdir: str) -> dict:
                             batches=batcher.train_batches(train_idx, int(config.seed)), num_steps=int(config.num_steps),
                             key=jax.random.key(int(config.seed)), workdir=workdir, mesh=mesh,
                             log_every=int(config.log_every), eval_every=int(config.eval_every), eval_fn=eval_fn,
-                            checkpoint_every=int(config.checkpoint_every), config=config, name=PAPER,
-                            steps_per_call=int(config.get("steps_per_call", 1)))
+                            config=config, name=PAPER, steps_per_call=int(config.get("steps_per_call", 1)),
+                            **loop_lib.checkpoint_options(config))
   y, p, loss = train_lib.collect_predictions(model, res.state.params, batcher.eval_batches(test_idx), task, mesh)
   test = metrics_lib.task_metrics(task, y, p)
   ci = metrics_lib.bootstrap_ci(task, y, p, num_resamples=200, seed=int(config.seed)) if len(y) > 1 else {}

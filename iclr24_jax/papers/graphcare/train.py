@@ -305,8 +305,9 @@ def fit_seeds(model: nn.Module, task: str, tx: optax.GradientTransformation, sam
   """Trains one model for several seeds at once (vmapped) with `common.loop.train_loop`; keeps, per seed, the
   parameters of the best validation score (the official loop keeps the best validation-AUROC epoch).
 
-  `train_loop`'s keep_best keeps one parameter set by one scalar; here every seed keeps its own, so the eval
-  function tracks the per-seed best itself (the loop still runs the steps, chunks, logging and eval schedule).
+  The eval reports the score of every seed ([S], `val_<primary>_seeds`) and the loop's keep-best keeps each
+  seed's best row of the stacked parameters, in its checkpoints when a workdir is given (a resumed run selects
+  the same steps as an uninterrupted one).
 
   Args:
     model, task, tx: what to train.
@@ -320,10 +321,11 @@ def fit_seeds(model: nn.Module, task: str, tx: optax.GradientTransformation, sam
     eval_every: validate every N steps (and at the end).
     log_every: log the mean loss every N steps.
     steps_per_call: steps per compiled call (a lax.scan chunk); log_every and eval_every must be multiples.
-    workdir: metrics.jsonl goes here (None: nothing written).
+    workdir: metrics.jsonl and checkpoints go here (None: nothing written).
 
   Returns:
-    dict(params [S, ...] (best per seed, or last), best_step [S], best_score [S], history, steps_per_s).
+    dict(params [S, ...] (best per seed, or last), best_step [S] (0 where a seed never validated finite),
+    best_score [S], history, steps_per_s).
   """
   seeds = tuple(int(s) for s in seeds)
   mesh = sharding.make_mesh() if mesh is None else mesh
@@ -338,30 +340,21 @@ def fit_seeds(model: nn.Module, task: str, tx: optax.GradientTransformation, sam
   def batches(step):
     return jax.tree.map(lambda *xs: np.stack(xs, 1), *[train_batches(s, step) for s in seeds])
 
-  best = {"score": np.full(len(seeds), -np.inf), "step": np.zeros(len(seeds), int), "params": [None] * len(seeds)}
-
   def seeds_eval(state):
     y, p = collect_seed_predictions(model, state.params, val_batches, task, mesh)
     scores = np.array([metrics_lib.task_metrics(task, y, ps)[primary] for ps in p], np.float64)
-    params = None
-    for i, sc in enumerate(scores):
-      if np.isfinite(sc) and sc > best["score"][i]:
-        params = jax.device_get(state.params) if params is None else params
-        best["score"][i], best["step"][i] = sc, int(jax.device_get(state.step))
-        best["params"][i] = jax.tree.map(lambda x, i=i: np.array(x[i]), params)
-    return {f"val_{primary}": float(np.nanmean(scores))}
+    return {f"val_{primary}": float(np.nanmean(scores)), f"val_{primary}_seeds": scores}
 
-  eval_fn = seeds_eval if val_batches is not None else None
-
+  with_val = val_batches is not None
   res = loop_lib.train_loop(init_fn=init_fn, train_step=make_seeds_train_step(model, task, seeds), batches=batches,
                             num_steps=int(num_steps), key=jax.random.key(seeds[0]), workdir=workdir, mesh=mesh,
-                            log_every=log_every, eval_every=eval_every, eval_fn=eval_fn, progress=False,
-                            name="graphcare", steps_per_call=steps_per_call)
-  last = jax.device_get(res.state.params)
-  params = [best["params"][i] if best["params"][i] is not None else jax.tree.map(lambda x, i=i: np.array(x[i]), last)
-            for i in range(len(seeds))]
-  stacked = jax.tree.map(lambda *xs: np.stack(xs), *params)
-  return {"params": stacked, "best_step": best["step"].tolist(), "best_score": best["score"].tolist(),
+                            log_every=log_every, eval_every=eval_every, eval_fn=seeds_eval if with_val else None,
+                            progress=False, name="graphcare", steps_per_call=steps_per_call,
+                            keep_best=f"eval/val_{primary}_seeds" if with_val else None)
+  stacked = jax.device_get(res.best_params if res.best_params is not None else res.state.params)
+  best_step = np.maximum(np.asarray(res.best_step if res.best_step is not None else [0] * len(seeds)), 0)
+  best_score = res.best_metric if res.best_metric is not None else [-np.inf] * len(seeds)
+  return {"params": stacked, "best_step": best_step.tolist(), "best_score": list(best_score),
           "history": res.history, "steps_per_s": res.steps_per_s}
 
 
@@ -371,10 +364,11 @@ def fit(model: nn.Module, task: str, tx: optax.GradientTransformation, sample_ba
         val_batches: Sequence[dict] | None = None, eval_every: int = 0, steps_per_call: int = 1) -> dict:
   """One seed of `fit_seeds` (kept for callers with one batch stream): returns params without the seed axis.
 
+  The arguments not listed are those of `fit_seeds`.
+
   Args:
     train_batches: step -> batch.
     seed: the run seed.
-    (the rest as in `fit_seeds`)
 
   Returns:
     dict(params, best_step, best_score, history, steps_per_s).

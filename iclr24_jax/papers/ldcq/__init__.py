@@ -11,11 +11,13 @@ Official code: https://github.com/ldcq/ldcq
     y = ldcq.q_target(q_net, target_params, r, sH, zH, done, discount=gamma ** H)['targets']
     q_state, m = ldcq.q_train_step(q_state, None, key, cfg=ldcq.QConfig(q_net, discount=gamma ** H))
     z = ldcq.act(key, params, state, num_samples)            # argmax_z Q over prior samples
+    z = ldcq.act_maze(key, params, state, num_samples)       # the official maze2d two-stage planner
 """
-from iclr24_jax.papers.ldcq.algorithm import (PRIORS, LDCQParams, LDCQSpec, QConfig, act, encode, evaluate_bc,
-                                              evaluate_skills, low_level_action, make_buffer, q_dataset, q_init,
-                                              q_train_step, q_values, sample_latents, train_bc, train_diffusion,
-                                              train_q, train_vae)
+from iclr24_jax.papers.ldcq.algorithm import (INITIAL_PRIORITY, PLANNERS, PRIORS, SCORES, LDCQParams, LDCQSpec,
+                                              QConfig, act, act_maze, encode, evaluate_bc, evaluate_policy,
+                                              evaluate_random, evaluate_skills, low_level_action, make_buffer,
+                                              q_dataset, q_init, q_train_step, q_values, sample_latents, train_bc,
+                                              train_diffusion, train_q, train_vae)
 from iclr24_jax.papers.ldcq.data import make_segments, relabel_maze_rewards, segment_starts
 from iclr24_jax.papers.ldcq.losses import (bc_loss, gaussian_kl, gaussian_log_prob, latent_diffusion_loss, q_target,
                                            vae_loss)
@@ -36,9 +38,11 @@ BIBTEX = """@inproceedings{venkatraman2024ldcq,
 __all__ = [
     # binding API
     "SkillVAE", "vae_loss", "latent_diffusion_loss", "sample_latents", "q_target", "q_train_step", "act",
+    "act_maze", "PLANNERS", "SCORES", "INITIAL_PRIORITY",
     # pieces
     "QNetwork", "BCPolicy", "twin_q_init", "twin_q_apply", "LDCQSpec", "LDCQParams", "QConfig", "PRIORS", "q_init",
     "q_values", "low_level_action", "encode", "train_vae", "train_diffusion", "train_bc", "train_q", "q_dataset",
-    "make_buffer", "evaluate_skills", "evaluate_bc", "bc_loss", "gaussian_log_prob", "gaussian_kl",
+    "make_buffer", "evaluate_skills", "evaluate_bc", "evaluate_policy", "evaluate_random", "bc_loss",
+    "gaussian_log_prob", "gaussian_kl",
     "make_segments", "segment_starts", "relabel_maze_rewards", "TITLE", "URL", "CODE", "BIBTEX",
 ]

@@ -3,7 +3,8 @@
   spec = LDCQSpec(vae=SkillVAE(...), denoiser=MLPDenoiser(...), q_net=QNetwork(...), horizon=H)
   params = LDCQParams(vae=..., diffusion=..., q=..., q_target=..., spec=spec)
   z = sample_latents(key, params, states, n)          # [B, n, Z] from the diffusion (or Gaussian VAE) prior
-  z = act(key, params, state, num_samples)            # [B, Z]: argmax_z min(Q'_0, Q'_1)(s, z) over n prior samples
+  z = act(key, params, state, num_samples)            # [B, Z]: argmax_z min(Q_0, Q_1)(s, z) over n prior samples
+  z = act_maze(key, params, state, num_samples)       # [B, Z]: the official maze2d two-stage planner
   q_state, metrics = q_train_step(q_state, None, key, cfg=QConfig(...))   # prioritised replay inside the state
 
 Every function is pure and un-jitted; the stage trainers (`train_vae`, `train_diffusion`, `train_bc`, `train_q`)
@@ -70,7 +71,9 @@ class LDCQSpec:
   def make_schedule(self) -> schedules.DiscreteSchedule:
     """The DDPM schedule. Deviation (documented): the official linear schedule (1e-4..0.02, T = 100) ends at
     abar_T ~ 0.37, not at noise, while sampling starts from N(0, I); it is kept as the default (the official
-    run), and 'cosine' is the schedule that reaches noise."""
+    run), and 'cosine' is the schedule that reaches noise. Deviation: the official ddpm_schedules
+    (models/diffusion_models.py:399-428) also multiplies abar by an unused beta_0 = beta_start, so its abar_t is
+    (1 - 1e-4) times this one's abar_{t-1}; the reverse step is otherwise the official one (tested)."""
     if self.schedule == "linear":
       return schedules.linear_beta_schedule(self.num_timesteps, self.beta_start, self.beta_end)
     return schedules.cosine_beta_schedule(self.num_timesteps)
@@ -84,7 +87,8 @@ class LDCQParams:
     vae: SkillVAE params.
     diffusion: denoiser params (None with the Gaussian prior).
     q: twin online Q params stacked [2, ...] (None: no Q, the latent-BC policy).
-    q_target: twin target Q params [2, ...] (acting uses these, as the official evaluation).
+    q_target: twin target Q params [2, ...] (acting uses the online twin `q` when given, as the official
+      evaluation does; these only when `q` is None).
     spec: the LDCQSpec (static).
   """
 
@@ -157,10 +161,18 @@ def q_values(params: LDCQParams, states: jax.Array, latents: jax.Array, target: 
   return jnp.min(q, axis=0).reshape(b, n)
 
 
+def _acting_q(params: LDCQParams) -> Any:
+  """The twin Q params acting scores with: the online nets (official evaluation: plan_skills_diffusion*.py sets
+  `target_net_j = q_net_j` before acting), the target nets only when no online nets are given."""
+  return params.q if params.q is not None else params.q_target
+
+
 def act(key: jax.Array, params: LDCQParams, state: jax.Array, num_samples: int) -> jax.Array:
-  """LDCQ's high-level policy: sample `num_samples` latents from the prior at the state and take the one with the
-  highest min(Q'_0, Q'_1) (official q_policy / get_max_skills(is_eval=True)). Without Q params the first sample is
-  returned (latent BC).
+  """LDCQ's high-level policy (the generic planner): sample `num_samples` latents from the prior at the state and
+  take the one with the highest min(Q_0, Q_1) (official q_policy of eval/plan_skills_diffusion.py,
+  get_max_skills(is_eval=True), scored by the online nets as the official evaluation does). Without Q params the
+  first sample is returned: with the Gaussian prior that is latent BC, with the diffusion prior the official
+  `diffusion_prior_policy` (one prior sample, no Q).
 
   Args:
     key: randomness.
@@ -173,13 +185,51 @@ def act(key: jax.Array, params: LDCQParams, state: jax.Array, num_samples: int) 
   """
   s, single = _as_batch(state, "ldcq.act")
   num_samples = checks.static_int("ldcq.act", "num_samples", num_samples, low=1)
-  z = sample_latents(key, params, s, num_samples)               # [B, N, Z]
-  if params.q_target is None:
+  qp = _acting_q(params)
+  z = sample_latents(key, params, s, 1 if qp is None else num_samples)      # [B, N, Z]
+  if qp is None:
     best = z[:, 0]
   else:
-    idx = jnp.argmax(q_values(params, s, z), axis=-1)
+    idx = jnp.argmax(q_values(params, s, z, target=params.q is None), axis=-1)
     best = jnp.take_along_axis(z, idx[:, None, None], axis=1)[:, 0]
   return best[0] if single else best
+
+
+def act_maze(key: jax.Array, params: LDCQParams, state: jax.Array, num_samples: int) -> jax.Array:
+  """The maze2d planner (official q_policy of eval/plan_skills_diffusion_maze2d.py:39-87): sample N latents z1 at
+  the state, predict each skill's end state s_H = mean of the terminal decoder p(s_H | s, z1), sample one latent z2
+  from the prior at each predicted s_H, score (s_H, z2) with min(Q_0, Q_1) and return the best z2 (the second-stage
+  skill is the one executed from the current state, as the official script does). Without Q params: one prior
+  sample at the state (the official `diffusion_prior_policy` / latent BC).
+
+  Args:
+    key: randomness.
+    params: LDCQParams (spec.vae supplies the terminal decoder).
+    state: [B, D] or [D].
+    num_samples: N first-stage latents per state.
+
+  Returns:
+    the chosen latent [B, Z] (or [Z]).
+  """
+  s, single = _as_batch(state)
+  qp = _acting_q(params)
+  if qp is None:
+    best = sample_latents(key, params, s, 1)[:, 0]
+    return best[0] if single else best
+  b, d = s.shape
+  k_first, k_second = jax.random.split(key)
+  z1 = sample_latents(k_first, params, s, num_samples)                       # [B, N, Z]
+  s_rep = jnp.repeat(s, num_samples, axis=0)                                 # official repeat_interleave
+  s_end, _ = params.spec.vae.apply({"params": params.vae}, s_rep, z1.reshape(b * num_samples, -1),
+                                   method=SkillVAE.terminal)                 # [B N, D] predicted s_H (mean)
+  z2 = sample_latents(k_second, params, s_end, 1)[:, 0]                      # [B N, Z]: one latent per s_H
+  q = jnp.min(twin_q_apply(params.spec.q_net, qp, s_end, z2), axis=0).reshape(b, num_samples)
+  idx = jnp.argmax(q, axis=-1)
+  best = z2.reshape(b, num_samples, -1)[jnp.arange(b), idx]
+  return best[0] if single else best
+
+
+PLANNERS = {"argmax": act, "maze": act_maze}
 
 
 def low_level_action(key: jax.Array, params: LDCQParams, state: jax.Array, z: jax.Array,
@@ -212,7 +262,8 @@ class QConfig:
     tau: Polyak step 1 - 0.995 [target <- 0.995 target + 0.005 online, every step].
     max_grad_norm: per-network gradient clipping [1].
     per_beta0, per_beta_step, steps_per_epoch: PER importance exponent beta = min(1, 0.3 + 0.01 * epoch).
-    priority_eps: added to the squared TD errors [5e-6].
+    priority_eps: added to the squared TD errors [5e-6]; a drawn item's new priority is the mean over the two
+      nets of (TD^2 + eps) (official: (prios_0 + prios_1) / 2). Items enter the buffer at 100 (`make_buffer`).
   """
 
   q_net: QNetwork
@@ -289,6 +340,9 @@ def q_train_step(state: TrainState, batch: dict[str, jax.Array] | None, key: jax
       raise ValueError("q_train_step needs a batch or a prioritised buffer in state.extra['buffer'].")
     epoch = state.step // cfg.steps_per_epoch
     beta = jnp.minimum(1.0, cfg.per_beta0 + cfg.per_beta_step * epoch)
+    # Official NaivePrioritizedBuffer.sample: P(i) = p_i^alpha / sum p^alpha, weights (N P(i))^-beta / max over the
+    # batch. Deviation: rl.replay draws the batch with stratified uniforms on its sum-tree (one per equal slice of
+    # the mass; each item's expected count is still B P(i)) where the official draws i.i.d. (np.random.choice).
     batch, idx, weights = replay.prioritized_sample(buf, k_sample, cfg.batch_size, beta=beta)
   else:
     idx, weights = None, jnp.ones_like(batch["reward"])
@@ -476,12 +530,21 @@ def q_dataset(key: jax.Array, params: LDCQParams, s0: jax.Array, z: jax.Array, r
   return {"s0": s0, "z": z, "reward": reward, "next_state": next_state, "done": done, "next_latents": lat}
 
 
-def make_buffer(data: dict[str, jax.Array], alpha: float = 0.6) -> replay.PrioritizedBuffer:
-  """A prioritised buffer holding the whole Q data set (every item at priority 1, official NaivePrioritizedBuffer).
+# Official NaivePrioritizedBuffer.push (training/per_utils.py:18): the first item enters at priority 100 and every
+# later one at the running maximum, so the whole data set starts at 100 while updated items drop to their squared
+# TD error: untouched items stay ~ (100 / TD^2)^alpha times likelier to be drawn.
+INITIAL_PRIORITY = 100.0
+
+
+def make_buffer(data: dict[str, jax.Array], alpha: float = 0.6,
+                initial_priority: float = INITIAL_PRIORITY) -> replay.PrioritizedBuffer:
+  """A prioritised buffer holding the whole Q data set, every item at priority 100 (official
+  NaivePrioritizedBuffer.push).
 
   Args:
     data: the `q_dataset` dict (leaves [M, ...]).
     alpha: priority exponent.
+    initial_priority: the raw priority of every item (official 100).
 
   Returns:
     PrioritizedBuffer of capacity M, full.
@@ -489,7 +552,7 @@ def make_buffer(data: dict[str, jax.Array], alpha: float = 0.6) -> replay.Priori
   example = jax.tree.map(lambda x: x[0], data)
   m = data["s0"].shape[0]
   buf = replay.prioritized_init(example, m, alpha=alpha)
-  return replay.prioritized_add(buf, data)
+  return replay.prioritized_add(buf, data, priorities=jnp.full((m,), initial_priority, jnp.float32))
 
 
 def train_q(key: jax.Array, cfg: QConfig, data: dict[str, jax.Array], *, num_steps: int, learning_rate: float = 1e-3,
@@ -514,60 +577,144 @@ def train_q(key: jax.Array, cfg: QConfig, data: dict[str, jax.Array], *, num_ste
 
 
 # --- evaluation in a JAX env (PointMaze) --------------------------------------------------------------------------
-def evaluate_skills(key: jax.Array, params: LDCQParams, env: Any, *, num_episodes: int, num_samples: int,
-                    exec_horizon: int, episode_steps: int | None = None, deterministic_policy: bool = False
-                    ) -> jax.Array:
-  """Episode returns [E] of the skill agent: replan every exec_horizon steps with `act`, run the low-level policy.
+SCORES = ("return", "time_to_goal")
 
-  All episodes run in parallel; the planning is one batched `act` over the episodes (one lax.scan over replans,
-  an inner scan over the executed steps). `env` offers reset_core / step_core (an rl.envs.Env, e.g. PointMaze).
+
+def _episode_scores(ret: jax.Array, t_hit: jax.Array, steps: int, score: str) -> jax.Array:
+  """[E] scores of finished episodes: the summed reward, or the official maze2d score steps - t at the first
+  rewarded step t (0-based, eval/plan_skills_diffusion_maze2d.py:355-358), 0 for an episode that never got there."""
+  if score == "return":
+    return ret
+  return jnp.where(t_hit >= 0, steps - t_hit, 0).astype(jnp.float32)
+
+
+def _check_score(score: str) -> None:
+  if score not in SCORES:
+    raise ValueError(f"unknown LDCQ evaluation score '{score}'; choose one of {SCORES}.")
+
+
+def evaluate_skills(key: jax.Array, params: LDCQParams, env: Any, *, num_episodes: int, num_samples: int,
+                    exec_horizon: int, episode_steps: int | None = None, deterministic_policy: bool = False,
+                    planner: str = "argmax", score: str = "return") -> jax.Array:
+  """Episode scores [E] of the skill agent: replan every exec_horizon steps, run the low-level policy.
+
+  All episodes run in parallel; the planning is one batched call over the episodes (a `lax.while_loop` over
+  replans that stops once every episode is over, an inner scan over the executed steps). `env` offers
+  reset_core / step_core (an rl.envs.Env, e.g. PointMaze).
+
+  Two protocols (the `experiment` config's eval.protocol picks a pair):
+    planner='maze', score='time_to_goal': the official maze2d evaluation (eval/plan_skills_diffusion_maze2d.py):
+      the two-stage `act_maze` planner, an episode stops at its first rewarded step t and scores
+      episode_steps - t (official: 800 - t), 0 if it never gets there.
+    planner='argmax', score='return': the generic `act` (argmax of min-Q over prior samples at the state) and the
+      summed reward over the whole episode (no stop at the goal).
 
   Args:
     key: PRNG key.
-    params: LDCQParams (Q params None: latent BC, the first prior sample).
+    params: LDCQParams (Q params None: one prior sample per replan: latent BC / the diffusion prior alone).
     env: the environment (reset_core, step_core, spec.max_episode_steps).
     num_episodes: E.
     num_samples: latents drawn per replan.
     exec_horizon: low-level steps per latent.
-    episode_steps: episode length (None: env.spec.max_episode_steps); episodes do not stop at a terminal.
+    episode_steps: episode length T (None: env.spec.max_episode_steps).
     deterministic_policy: low-level mean actions.
+    planner: 'argmax' (`act`) or 'maze' (`act_maze`).
+    score: 'return' or 'time_to_goal'.
 
   Returns:
-    float32 [E] episode returns.
+    float32 [E] episode scores.
+
+  Raises:
+    ValueError: unknown planner or score.
   """
+  if planner not in PLANNERS:
+    raise ValueError(f"unknown LDCQ planner '{planner}'; choose one of {sorted(PLANNERS)}.")
+  _check_score(score)
+  plan_fn = PLANNERS[planner]
+  stop_at_goal = score == "time_to_goal"
   steps = int(episode_steps or env.spec.max_episode_steps)
   n_plans = math.ceil(steps / exec_horizon)
   k_reset, k_run = jax.random.split(key)
   core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
+  ret = jnp.zeros((num_episodes,), jnp.float32)
+  t_hit = jnp.full((num_episodes,), -1, jnp.int32)
 
-  def plan(carry, xs):
-    core, obs, ret = carry
-    p, k = xs
-    k_act, k_steps = jax.random.split(k)
-    z = act(k_act, params, obs, num_samples)
+  def plan(carry):
+    p, core, obs, ret, t_hit = carry
+    k_act, k_steps = jax.random.split(jax.random.fold_in(k_run, p))
+    z = plan_fn(k_act, params, obs, num_samples)
 
     def inner(c, ys):
-      core, obs, ret = c
+      core, obs, ret, t_hit = c
       j, kk = ys
+      t = p * exec_horizon + j
       k_pi, k_env = jax.random.split(kk)
       a = low_level_action(k_pi, params, obs, z, deterministic_policy)
       core2, obs2, r, _ = jax.vmap(env.step_core)(jax.random.split(k_env, num_episodes), core, a)
-      live = (p * exec_horizon + j) < steps
-      core2 = jax.tree.map(lambda new, old: jnp.where(live, new, old), core2, core)
-      return (core2, jnp.where(live, obs2, obs), ret + jnp.where(live, r, 0.0)), None
+      live = (t < steps) & ((t_hit < 0) | (not stop_at_goal))     # official: a done episode takes no more steps
+      core2 = jax.tree.map(lambda new, old: jnp.where(live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+                           core2, core)
+      t_hit = jnp.where(live & (t_hit < 0) & (r > 0), t, t_hit)
+      return (core2, jnp.where(live[:, None], obs2, obs), ret + jnp.where(live, r, 0.0), t_hit), None
 
-    (core, obs, ret), _ = jax.lax.scan(inner, (core, obs, ret),
-                                       (jnp.arange(exec_horizon), jax.random.split(k_steps, exec_horizon)))
-    return (core, obs, ret), None
+    (core, obs, ret, t_hit), _ = jax.lax.scan(inner, (core, obs, ret, t_hit),
+                                              (jnp.arange(exec_horizon), jax.random.split(k_steps, exec_horizon)))
+    return p + 1, core, obs, ret, t_hit
 
-  (_, _, ret), _ = jax.lax.scan(plan, (core, obs, jnp.zeros((num_episodes,), jnp.float32)),
-                                (jnp.arange(n_plans), jax.random.split(k_run, n_plans)))
-  return ret
+  def more(carry):
+    p, t_hit = carry[0], carry[4]
+    return (p < n_plans) & ~(stop_at_goal & jnp.all(t_hit >= 0))
+
+  _, _, _, ret, t_hit = jax.lax.while_loop(more, plan, (jnp.zeros((), jnp.int32), core, obs, ret, t_hit))
+  return _episode_scores(ret, t_hit, steps, score)
+
+
+def evaluate_policy(key: jax.Array, policy_fn: Any, env: Any, *, num_episodes: int,
+                    episode_steps: int | None = None, score: str = "return") -> jax.Array:
+  """Episode scores [E] of a flat (state -> action) policy, scored as `evaluate_skills`.
+
+  The episode starts come from the same key split as `evaluate_skills` (reset with `split(split(key)[0], E)`), so
+  every method evaluated with one key starts its episodes from the same states (paired comparisons).
+
+  Args:
+    key: PRNG key.
+    policy_fn: (key, obs [E, D]) -> actions [E, A]; the key is this step's own (unused by a deterministic policy).
+    env: the environment (reset_core, step_core, spec.max_episode_steps).
+    num_episodes: E.
+    episode_steps: episode length T (None: env.spec.max_episode_steps).
+    score: 'return' (summed reward) or 'time_to_goal' (T - t at the first rewarded step, the episode stops there).
+
+  Returns:
+    float32 [E] episode scores.
+
+  Raises:
+    ValueError: unknown score.
+  """
+  _check_score(score)
+  stop_at_goal = score == "time_to_goal"
+  steps = int(episode_steps or env.spec.max_episode_steps)
+  k_reset, k_run = jax.random.split(key)
+  core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
+
+  def body(c, xs):
+    core, obs, ret, t_hit = c
+    t, k = xs
+    a = policy_fn(jax.random.fold_in(k, 1), obs)      # the environment keeps split(k, E): its noise is shared
+    core2, obs2, r, _ = jax.vmap(env.step_core)(jax.random.split(k, num_episodes), core, a)
+    live = (t_hit < 0) | (not stop_at_goal)
+    core2 = jax.tree.map(lambda new, old: jnp.where(live.reshape((-1,) + (1,) * (new.ndim - 1)), new, old),
+                         core2, core)
+    t_hit = jnp.where(live & (t_hit < 0) & (r > 0), t, t_hit)
+    return (core2, jnp.where(live[:, None], obs2, obs), ret + jnp.where(live, r, 0.0), t_hit), None
+
+  init = (core, obs, jnp.zeros((num_episodes,), jnp.float32), jnp.full((num_episodes,), -1, jnp.int32))
+  (_, _, ret, t_hit), _ = jax.lax.scan(body, init, (jnp.arange(steps), jax.random.split(k_run, steps)))
+  return _episode_scores(ret, t_hit, steps, score)
 
 
 def evaluate_bc(key: jax.Array, policy: BCPolicy, params: Any, env: Any, *, num_episodes: int,
-                episode_steps: int | None = None) -> jax.Array:
-  """Episode returns [E] of the BC policy (its mean action).
+                episode_steps: int | None = None, score: str = "return") -> jax.Array:
+  """Episode scores [E] of the BC policy (its mean action), scored as `evaluate_skills`.
 
   Args:
     key: PRNG key.
@@ -575,24 +722,43 @@ def evaluate_bc(key: jax.Array, policy: BCPolicy, params: Any, env: Any, *, num_
     params: its params.
     env: the environment (reset_core, step_core, spec.max_episode_steps).
     num_episodes: E.
-    episode_steps: episode length (None: env.spec.max_episode_steps).
+    episode_steps: episode length T (None: env.spec.max_episode_steps).
+    score: 'return' (summed reward) or 'time_to_goal' (T - t at the first rewarded step, the episode stops there).
 
   Returns:
-    float32 [E] episode returns.
+    float32 [E] episode scores.
   """
-  steps = int(episode_steps or env.spec.max_episode_steps)
-  k_reset, k_run = jax.random.split(key)
-  core, obs = jax.vmap(env.reset_core)(jax.random.split(k_reset, num_episodes))
+  return evaluate_policy(key, lambda k, obs: policy.apply({"params": params}, obs)[0], env,
+                         num_episodes=num_episodes, episode_steps=episode_steps, score=score)
 
-  def body(c, k):
-    core, obs, ret = c
-    a, _ = policy.apply({"params": params}, obs)
-    core, obs, r, _ = jax.vmap(env.step_core)(jax.random.split(k, num_episodes), core, a)
-    return (core, obs, ret + r), None
 
-  (_, _, ret), _ = jax.lax.scan(body, (core, obs, jnp.zeros((num_episodes,), jnp.float32)),
-                                jax.random.split(k_run, steps))
-  return ret
+def evaluate_random(key: jax.Array, env: Any, *, num_episodes: int, episode_steps: int | None = None,
+                    score: str = "return") -> jax.Array:
+  """Episode scores [E] of the uniform random policy (actions ~ U[action_low, action_high]^A of env.spec, the
+  policy D4RL's normalisation calls 0 and `rl.offline`'s 'random' data kind), scored as `evaluate_skills` from
+  the same episode starts: the floor every arm is read against.
+
+  Args:
+    key: PRNG key.
+    env: the environment (reset_core, step_core, spec with action_dim, action_low, action_high,
+      max_episode_steps).
+    num_episodes: E.
+    episode_steps: episode length T (None: env.spec.max_episode_steps).
+    score: 'return' or 'time_to_goal'.
+
+  Returns:
+    float32 [E] episode scores.
+
+  Raises:
+    ValueError: a discrete action space (this floor is for continuous control), or an unknown score.
+  """
+  spec = env.spec
+  if spec.discrete:
+    raise ValueError(f"evaluate_random draws continuous actions; {spec.name} has a discrete action space.")
+  shape = (num_episodes, int(spec.action_dim))
+  policy_fn = lambda k, obs: jax.random.uniform(k, shape, minval=spec.action_low,  # noqa: E731
+                                                maxval=spec.action_high)
+  return evaluate_policy(key, policy_fn, env, num_episodes=num_episodes, episode_steps=episode_steps, score=score)
 
 
 def to_numpy(tree: Any) -> Any:

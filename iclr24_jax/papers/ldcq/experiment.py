@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics, stats
 from iclr24_jax.diffusion import metrics as diff_metrics
 from iclr24_jax.diffusion.unet import MLPDenoiser
@@ -22,7 +23,11 @@ from iclr24_jax.papers.ldcq.model import BCPolicy, QNetwork, SkillVAE
 from iclr24_jax.rl import offline as offline_lib
 
 METHODS = {"ldcq": "LDCQ (diffusion prior + Q)", "vae_q": "VAE prior + Q", "latent_bc": "latent BC (VAE prior)",
-           "bc": "BC"}
+           "diffusion_prior": "diffusion prior, no Q", "bc": "BC", "random": "random policy (uniform actions)"}
+# eval.protocol -> (planner, score) of `alg.evaluate_skills`: 'maze' is the official maze2d evaluation
+# (eval/plan_skills_diffusion_maze2d.py: two-stage planner, stop at the goal, score T - t), 'return' the generic
+# argmax planner scored by the summed reward of the whole episode.
+PROTOCOLS = {"maze": ("maze", "time_to_goal"), "return": ("argmax", "return")}
 
 
 # --- building blocks ------------------------------------------------------------------------------------------------
@@ -140,12 +145,14 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
     log: printer of progress lines.
 
   Returns:
-    dict with returns {method: [S, E]}, scores {method: [S, E]} (normalised), sw {'diffusion', 'gaussian'} [S]
+    dict with returns {method: [S, E]} (episode scores of config.eval.protocol: T - t at the goal for 'maze', the
+    summed reward for 'return'), scores {method: [S, E]} (those normalised with the rl.offline references, as the
+    official script normalises 800 - t with D4RL's), sw {'diffusion', 'gaussian'} [S]
     (held-out sliced W2 to the posterior means), histories, params (the LDCQ agent of every seed, leading axis S),
     seconds per stage, and the held-out latents of seed 0 (for the plot).
 
   Raises:
-    ValueError: an unknown method.
+    ValueError: an unknown method or eval.protocol.
   """
   prep = prep or prepare(config)
   methods = tuple(methods or config.methods)
@@ -182,7 +189,7 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
   vae_params, hist["vae"] = timed("vae", vae_fn, k_vae, train)
 
   # 2. latent diffusion prior on (s_0, posterior mean) pairs; posterior means of the Q and held-out segments
-  need_diff = "ldcq" in methods
+  need_diff = "ldcq" in methods or "diffusion_prior" in methods
   hold = prep["hold"]
   hold_j = _sub(hold, np.arange(min(1024, hold["states"].shape[0]))) if hold is not None else None
 
@@ -246,18 +253,29 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
     agents["vae_q"] = alg.LDCQParams(vae=vae_params, q=qp, q_target=qt, spec=spec_g)
   if "latent_bc" in methods:
     agents["latent_bc"] = alg.LDCQParams(vae=vae_params, spec=spec_g)
+  if "diffusion_prior" in methods:   # official diffusion_prior_policy: one diffusion-prior sample, no Q
+    agents["diffusion_prior"] = alg.LDCQParams(vae=vae_params, diffusion=pri["diffusion"], spec=spec_d)
   e = c.eval
+  protocol = str(e.get("protocol", "return"))
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"unknown LDCQ eval.protocol '{protocol}'; choose one of {sorted(PROTOCOLS)}.")
+  planner, score = PROTOCOLS[protocol]
+  ep_steps = int(e.episode_steps) or None
   if env is not None and int(e.num_episodes) > 0:
     for name, params in agents.items():
-      n = 1 if name == "latent_bc" else int(e.num_samples)
+      n = 1 if params.q is None else int(e.num_samples)
       fn = jit(jax.vmap(lambda k, p, n=n: alg.evaluate_skills(
           k, p, env, num_episodes=int(e.num_episodes), num_samples=n, exec_horizon=int(e.exec_horizon),
-          episode_steps=int(e.episode_steps) or None)), short=(name != "ldcq"))
+          episode_steps=ep_steps, planner=planner, score=score)), short=(name != "ldcq"))
       returns[name] = np.asarray(timed(f"eval_{name}", fn, k_eval, params))
     if "bc" in methods:
       fn = jit(jax.vmap(lambda k, p: alg.evaluate_bc(k, policy, p, env, num_episodes=int(e.num_episodes),
-                                                         episode_steps=int(e.episode_steps) or None)), short=(name != "ldcq"))
+                                                     episode_steps=ep_steps, score=score)), short=True)
       returns["bc"] = np.asarray(timed("eval_bc", fn, k_eval, bc_params))
+    if "random" in methods:   # the floor: uniform actions, the same protocol and episode starts as every arm
+      fn = jit(jax.vmap(lambda k: alg.evaluate_random(k, env, num_episodes=int(e.num_episodes),
+                                                      episode_steps=ep_steps, score=score)), short=True)
+      returns["random"] = np.asarray(timed("eval_random", fn, k_eval))
     out["scores"] = {k: np.asarray(offline_lib.normalized_score(c.data.name, v.astype(np.float64)))
                      for k, v in returns.items()}
   out["returns"] = returns
@@ -302,24 +320,24 @@ def plot_scores(path: str, scores: dict, title: str) -> str:
 
   Args:
     path: PNG output path.
-    scores: {method: [S, E] normalised returns}.
+    scores: {method: [S, E] normalised episode scores}.
     title: the axes title.
 
   Returns:
     path.
   """
-  fig, axes = metrics.new_figure(size=(5.2, 3.2))
+  fig, axes = metrics.new_figure(size=(6.4, 3.4))
   ax = axes[0, 0]
   names = list(scores)
   per_seed = [scores[n].mean(axis=1) for n in names]
   means = [float(np.mean(p)) for p in per_seed]
   ses = [stats.mean_se(p)[1] for p in per_seed]
-  ax.bar(range(len(names)), means, yerr=ses, capsize=4, color=["C0", "C1", "C2", "C7"][:len(names)])
+  ax.bar(range(len(names)), means, yerr=ses, capsize=4, color=["C0", "C1", "C2", "C3", "C4", "C7"][:len(names)])
   for i, p in enumerate(per_seed):
     ax.scatter(np.full(len(p), i), p, color="k", s=8, zorder=3)
   ax.set_xticks(range(len(names)))
-  ax.set_xticklabels([METHODS[n].split(" (")[0] for n in names], fontsize=8)
-  ax.set_ylabel("normalised return (mean over episodes)")
+  ax.set_xticklabels([METHODS[n].split(" (")[0] for n in names], fontsize=8, rotation=20, ha="right")
+  ax.set_ylabel("normalised score (mean over episodes)")
   ax.set_title(title, fontsize=9)
   return metrics.save_figure(fig, path)
 
@@ -371,6 +389,9 @@ def run(config: Any, workdir: str) -> dict:
     results dict: env, data_kind, num_seeds, methods (per-method score summary), seconds, sliced_w2_heldout,
     checkpoint, plots, wall_seconds.
   """
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_lib.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("ldcq", config.data)   # run() does not train on it yet
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   writer = metrics.MetricWriter(workdir)

@@ -10,7 +10,7 @@ import dataclasses
 import json
 import os
 import pathlib
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -68,28 +68,48 @@ def _check_record(rec: dict, where: str) -> None:
     raise ValueError(f"{where}: label must be 1 or 2, got {rec['label']!r}.")
 
 
-def load(data_dir: str | os.PathLike | None = None,
-         subsets: Sequence[str] | None = None) -> dict[str, list[Instance]]:
+DATASETS = {
+    "llmbar": "LLMBar (princeton-nlp/LLMBar, Dataset/LLMBar/): Natural/dataset.json and "
+              "Adversarial/{Neighbor,GPTInst,GPTOut,Manual}/dataset.json, JSON lists of {input, output_1, "
+              "output_2, label in {1, 2}}; 419 pairs",
+}
+LLMBAR_SOURCE = "github.com/princeton-nlp/LLMBar, folder Dataset/LLMBar/ (git clone, then point data_dir there)"
+LLMBAR_LAYOUT = "Natural/dataset.json and Adversarial/<Neighbor|GPTInst|GPTOut|Manual>/dataset.json"
+
+
+def load(data_dir: Any = None, subsets: Sequence[str] | None = None) -> dict[str, list[Instance]]:
   """Loads LLMBar.
 
   Args:
-    data_dir: the folder holding Natural/ and Adversarial/ (None: `<shared data>/llmbar`).
-    subsets: names to load (default: all five, in SUBSETS order).
+    data_dir: config.data (with `name` 'llmbar', `data_dir` and optionally `subsets`), or the folder holding
+      Natural/ and Adversarial/ (None or '': `<shared data>/llmbar`).
+    subsets: names to load (default: config.data.subsets when given, else all five, in SUBSETS order).
 
   Returns:
     {subset name: [Instance, ...]} (Natural 100, Neighbor 134, GPTInst 92, GPTOut 47, Manual 46).
+
+  Raises:
+    common.data.DataNotFoundError: the folder or a subset file is missing (the message gives the layout and the
+      source). ValueError: an unknown subset, or a record without the four fields / with a label not 1 or 2.
   """
-  root = default_data_dir() if data_dir in (None, "") else data_lib.resolve_data_dir(data_dir, "data_dir")
+  config = None
+  if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+    config = data_dir
+    name = data_lib.config_value(config, "name", "llmbar")
+    if name not in DATASETS:
+      raise ValueError(f"unknown LLMBar data set '{name}'; choose one of {sorted(DATASETS)}.")
+    if subsets is None:
+      subsets = list(data_lib.config_value(config, "subsets", ()) or ()) or None
+  root = data_lib.locate_data(config if config is not None else {"data_dir": data_dir or ""}, "llmbar",
+                              what="LLMBar", layout=LLMBAR_LAYOUT, source=LLMBAR_SOURCE)
   names = list(SUBSETS) if subsets is None else list(subsets)
   unknown = [n for n in names if n not in SUBSETS]
   if unknown:
     raise ValueError(f"unknown LLMBar subsets {unknown}; choose from {list(SUBSETS)}.")
   out = {}
   for name in names:
-    path = pathlib.Path(root) / SUBSETS[name] / "dataset.json"
-    if not path.is_file():
-      raise FileNotFoundError(f"LLMBar file {path} not found; data_dir must hold Natural/dataset.json and "
-                              f"Adversarial/<subset>/dataset.json (princeton-nlp/LLMBar Dataset/LLMBar).")
+    path = data_lib.need_path(pathlib.Path(root), [f"{SUBSETS[name]}/dataset.json"], what=f"LLMBar {name}",
+                              layout=LLMBAR_LAYOUT, source=LLMBAR_SOURCE)
     with open(path) as f:
       records = json.load(f)
     items = []

@@ -371,7 +371,7 @@ def _picks(pref: np.ndarray, tau: float, first: int = 1) -> np.ndarray:
 
 
 def _judge_by_logprob(judge, instances, s, prompts, call, cache, model_id, chunk_size, progress, counter, records,
-                      tau) -> dict:
+                      tau, debiased_ties: str = "raw") -> dict:
   from iclr24_jax import lm  # the annotator kit's debiasing (a pure function of the two orders' log-probs)
   n = len(instances)
   labels = np.array([inst.label for inst in instances], np.int64)
@@ -387,7 +387,7 @@ def _judge_by_logprob(judge, instances, s, prompts, call, cache, model_id, chunk
                         preference=float(pref[i]))
     return {"strategy": s.name, "judge_mode": "logprob", "labels": labels, "winners_original": w,
             "winners_swapped": w.copy(), "raw_original": w.copy(), "raw_swapped": w.copy(), "preference": pref,
-            "margins": np.stack([e1, e2], 1), "mean_position_bias": 0.0}
+            "debiased_ties": int(np.sum(w == 0)), "margins": np.stack([e1, e2], 1), "mean_position_bias": 0.0}
   lp, completions = _margins(judge, prompts, s.answer, call, cache, model_id, chunk_size, progress, counter)
   lp_orig, lp_swap = lp[:n].copy(), lp[n:].copy()
   if s.kind == "swap":
@@ -412,14 +412,21 @@ def _judge_by_logprob(judge, instances, s, prompts, call, cache, model_id, chunk
   pref = np.asarray(lm.debiased_preference(lp_orig, lp_swap), np.float64)  # (m0 - m1) / 2
   w = _picks(pref, tau)
   r0, r1 = _picks(m0, tau, 1), _picks(m1, tau, 2)  # raw picks; swapped order mapped back
+  w_orig, w_swap = w.copy(), w.copy()
+  if debiased_ties == "raw":
+    # A debiased tie carries no preference of its own: fall back to the per-order picks, which the official
+    # protocol would have scored (a positional judgement is right in exactly one order: 0.5, no agreement).
+    tie = w == 0
+    w_orig[tie], w_swap[tie] = r0[tie], r1[tie]
   for i in range(n):
-    records[i].update(margins=[float(m0[i]), float(m1[i])], preference=float(pref[i]), winners=[int(w[i])] * 2,
-                      raw_winners=[int(r0[i]), int(r1[i])])
+    records[i].update(margins=[float(m0[i]), float(m1[i])], preference=float(pref[i]),
+                      winners=[int(w_orig[i]), int(w_swap[i])], raw_winners=[int(r0[i]), int(r1[i])])
     if completions is not None:
       records[i]["completions"] = [completions[i], completions[n + i]]
-  return {"strategy": s.name, "judge_mode": "logprob", "labels": labels, "winners_original": w,
-          "winners_swapped": w.copy(), "raw_original": r0, "raw_swapped": r1, "preference": pref,
-          "margins": np.stack([m0, m1], 1), "mean_position_bias": float(np.mean((m0 + m1) / 2))}
+  return {"strategy": s.name, "judge_mode": "logprob", "labels": labels, "winners_original": w_orig,
+          "winners_swapped": w_swap, "raw_original": r0, "raw_swapped": r1, "preference": pref,
+          "debiased_ties": int(np.sum(w == 0)), "margins": np.stack([m0, m1], 1),
+          "mean_position_bias": float(np.mean((m0 + m1) / 2))}
 
 
 def _winners_from_ratings(s1: int | None, s2: int | None, ties: str) -> tuple[int, int]:
@@ -437,7 +444,7 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
              max_new_tokens: Mapping[str, int] | None = None, cache: cache_lib.GenerationCache | None = None,
              model_id: str | None = None, rating_ties: str = "zero", rating_strict: bool = True,
              count_failures_as_agreement: bool = False, chunk_size: int = 64, verbose: bool = False,
-             judge_mode: str = "auto", tie_tau: float = DEFAULT_TIE_TAU) -> dict:
+             judge_mode: str = "auto", tie_tau: float = DEFAULT_TIE_TAU, debiased_ties: str = "raw") -> dict:
   """Runs an evaluator (judge + strategy) on instances in both orders and scores it.
 
   Two judge modes. 'generate' (the paper's protocol): the judge writes its answer and the official regexes
@@ -446,10 +453,10 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
   m_o = log p("Output (a)") - log p("Output (b)") after the prompt (`lm.choice_logprobs`, one prefill per
   prompt; CoT: the explanation then "Therefore, Output (x) is better."; rating: the expected score over the
   digits 0-9). The judgement of a pair is the order-averaged log-odds for output_1, `lm.debiased_preference`
-  = (m_original - m_swapped) / 2, so a purely positional judge gets 0. Its sign is the pick in both orders; a
-  tie (|preference| < tie_tau) counts as the official code counts an unparseable answer (None: wrong, and
-  None == None in the official agreement). The raw per-order picks (sign of m_o) give 'raw_accuracy',
-  'raw_agreement' and 'position_a_rate'.
+  = (m_original - m_swapped) / 2, so a purely positional judge gets 0. Its sign is the pick in both orders; on a
+  tie (|preference| < tie_tau) the pair falls back to its raw per-order picks (sign of m_o), as the official
+  protocol would score those answers: a positional judgement is right in one order (credit 0.5) and disagrees.
+  The raw per-order picks also give 'raw_accuracy', 'raw_agreement' and 'position_a_rate'.
 
   Args:
     judge: `judge(prompts: list[str], max_new_tokens) -> list[str]`; see `model.py`. For 'logprob' it also
@@ -468,13 +475,16 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
     verbose: print progress to stderr.
     judge_mode: 'generate', 'logprob', or 'auto' (= 'logprob' when the judge has `choice_logprobs`).
     tie_tau: logprob mode: |preference| below this (nats; expected-score points for rating) is a tie.
+    debiased_ties: logprob mode, pairwise strategies: 'raw' (a tie falls back to the raw per-order picks, the
+      official scoring of those answers) or 'zero' (a tie is a failure, 0, in both orders: wrong, disagreeing).
 
   Returns:
     {'strategy', 'judge_mode', 'labels' [N], 'winners_original' [N], 'winners_swapped' [N] (mapped back;
     0 = failure/tie), 'raw_original' / 'raw_swapped' [N] (logprob mode: the per-order picks before
     debiasing; generate mode: the winners), 'accuracy', 'agreement', ... (see `scoring.score`), 'raw_accuracy',
     'raw_agreement', 'position_a_rate' (share of the raw judgements picking the output shown as (a)),
-    logprob mode: 'preference' [N], 'margins' [N, 2] (m_original, m_swapped), 'mean_position_bias' (nats);
+    logprob mode: 'preference' [N], 'margins' [N, 2] (m_original, m_swapped), 'mean_position_bias' (nats),
+    'debiased_ties' (pairs whose debiased preference is a tie);
     'records': per-instance dicts (uid, subset, label, aux texts, completions, winners, margins),
     'num_generations' (judge calls' prompts, generated or scored), 'seconds'}.
   """
@@ -482,6 +492,8 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
   judge_mode = resolve_judge_mode(judge, judge_mode)
   if rating_ties not in ("zero", "official"):
     raise ValueError(f"rating_ties must be 'zero' or 'official', got {rating_ties!r}.")
+  if debiased_ties not in ("raw", "zero"):
+    raise ValueError(f"debiased_ties must be 'raw' or 'zero', got {debiased_ties!r}.")
   instances = list(instances)
   if not instances:
     raise ValueError("evaluate needs at least one instance.")
@@ -510,7 +522,7 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
   prompts = [build_prompt(s, inst, o, aux_texts[i]) for o in (0, 1) for i, inst in enumerate(instances)]
   if judge_mode == "logprob":
     result = _judge_by_logprob(judge, instances, s, prompts, call, cache, model_id, chunk_size, progress, counter,
-                               records, tie_tau)
+                               records, tie_tau, debiased_ties)
     progress.update(counter[0], force=True)
     result.update(scoring.score(result["labels"], result["winners_original"], result["winners_swapped"],
                                 count_failures_as_agreement))

@@ -101,11 +101,11 @@ def run(config: Any, workdir: str) -> dict:
   Returns:
     {'strategy', 'judge', 'judge_mode', 'subsets': {subset: {'accuracy', 'agreement', 'n', 'ci' [lo, hi],
     'raw_accuracy', 'raw_agreement', 'position_a_rate'} in %}, 'accuracy', 'agreement', 'failure_rate',
-    'position_a_rate', 'mean_position_bias' (logprob mode), 'num_generations', 'cache_hits', 'seconds',
-    'credit': {subset: per-pair credit list} (for paired comparisons), ...}.
+    'position_a_rate', 'mean_position_bias' and 'debiased_ties' (logprob mode), 'num_generations', 'cache_hits',
+    'seconds', 'credit': {subset: per-pair credit list} (for paired comparisons), ...}.
   """
   os.makedirs(workdir, exist_ok=True)
-  data = data_lib.load(config.data.data_dir or None, list(config.data.subsets) or None)
+  data = data_lib.load(config.data)   # DataNotFoundError (layout, source) when absent
   data = data_lib.stratified_subset(data, config.data.per_subset, config.seed)
   take = int(config.data.get("take_first", 0) or 0)
   if take > 0:  # the first pairs (file order) of each subset's sample: a sub-sample of a larger run's pairs
@@ -121,6 +121,7 @@ def run(config: Any, workdir: str) -> dict:
                                    chunk_size=config.log_every, verbose=config.verbose,
                                    judge_mode=config.get("judge_mode", "auto"),
                                    tie_tau=config.get("tie_tau", evaluator.DEFAULT_TIE_TAU),
+                                   debiased_ties=config.get("debiased_ties", "raw"),
                                    n_boot=int(boot["n_boot"]), boot_seed=int(boot["seed"]))
   seconds = time.perf_counter() - t0
   full = res["all"]
@@ -136,6 +137,7 @@ def run(config: Any, workdir: str) -> dict:
              "failure_rate": full["failure_rate"], "position_a_rate": full["position_a_rate"],
              "raw_accuracy": full["raw_accuracy"], "raw_agreement": full["raw_agreement"],
              "mean_position_bias": full.get("mean_position_bias"), "tie_tau": config.get("tie_tau", None),
+             "debiased_ties": full.get("debiased_ties"),
              "n": full["n"], "num_generations": full["num_generations"], "seconds": seconds,
              "cache_hits": cache.hits if cache else 0, "cache_path": cache_path if cache else None,
              "max_new_tokens": dict(config.max_new_tokens), "per_subset": config.data.per_subset, "credit": credit}

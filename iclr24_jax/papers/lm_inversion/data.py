@@ -298,3 +298,60 @@ def encode_samples(tok: Any, texts: list[str], length: int) -> tuple[np.ndarray,
     ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=tok.pad_id)
     mask = np.pad(mask, ((0, 0), (0, pad)))
   return ids.astype(np.int32), mask.astype(bool)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper's prompt sets in the HF hub's on-disk layouts (parquet shards or `save_to_disk` folders).
+
+DATASETS = {
+    "one_million_instructions": "wentingzhao/one-million-instructions (the inverter's training prompts, vec2text "
+                                "dataset_name 'one_million_instructions'): data/train-*.parquet with columns system, "
+                                "user; prompt = system.strip() + '\\n\\n' + user.strip(); 1% held out",
+    "anthropic_hh_first_prompt": "wentingzhao/anthropic-hh-first-prompt (the paper's out-of-distribution "
+                                 "'Anthropic HH' prompts): data/train-*.parquet with column user",
+    "python_code_alpaca": "iamtarun/python_code_instructions_18k_alpaca (the 'Alpaca code' prompts): "
+                          "data/train-*.parquet with column instruction",
+}
+DATASET_ALIASES = {"instructions_2m": "one_million_instructions", "anthropic_toxic_prompts": "anthropic_hh_first_prompt"}
+DATASETS.update({alias: f"alias of '{name}'" for alias, name in DATASET_ALIASES.items()})
+_COLUMNS = {"one_million_instructions": ("system", "user"), "anthropic_hh_first_prompt": ("user",),
+            "python_code_alpaca": ("instruction",)}
+HF_SOURCE = ("`git clone` of the data set's hub repository (datasets/<owner>/<name>), or "
+             "`datasets.load_dataset(<owner>/<name>).save_to_disk(<dir>)` where the hub is reachable")
+
+
+def load(data_config) -> dict[str, list[str]]:
+  """The prompts of `config.data.name`, as the official vec2text code builds them.
+
+  Args:
+    data_config: config.data with `name` (a key of DATASETS or DATASET_ALIASES), `data_dir` (the data set's
+      folder) and optionally `test_fraction` (default 0.01, vec2text's train_test_split) and `seed`.
+
+  Returns:
+    {'train': [prompt, ...], 'test': [...]}: one_million_instructions is split by a seeded permutation into
+    (1 - test_fraction) / test_fraction; the evaluation sets are all 'test'.
+
+  Raises:
+    ValueError: unknown name. common.data.DataNotFoundError: no train split in data_dir.
+    common.data.DataFormatError: the parquet lacks the columns.
+  """
+  from iclr24_jax.common import data as data_lib
+  name = data_lib.config_value(data_config, "name")
+  name = DATASET_ALIASES.get(name, name)
+  if name not in DATASETS:
+    raise ValueError(f"unknown LM-inversion data set '{name}'; choose one of {sorted(DATASETS)} "
+                     f"(aliases {sorted(DATASET_ALIASES)}).")
+  root = data_lib.locate_data(data_config, name, what=name, layout=DATASETS[name], source=HF_SOURCE)
+  rows = data_lib.read_hf_split(root, "train", what=name, required_columns=_COLUMNS[name], source=HF_SOURCE)
+  if name == "one_million_instructions":   # vec2text create_ompi_ex
+    texts = [r["system"].strip() + "\n\n" + r["user"].strip() for r in rows]
+  else:
+    texts = [str(r[_COLUMNS[name][0]]) for r in rows]
+  if name != "one_million_instructions":
+    return {"train": [], "test": texts}
+  # Deviation: vec2text holds out 1% with datasets' train_test_split (its own RNG); a seeded numpy permutation
+  # holds out the same share here.
+  frac = float(data_lib.config_value(data_config, "test_fraction", 0.01))
+  perm = np.random.default_rng(int(data_lib.config_value(data_config, "seed", 0))).permutation(len(texts))
+  n_test = max(1, int(round(frac * len(texts))))
+  return {"train": [texts[i] for i in perm[n_test:]], "test": [texts[i] for i in perm[:n_test]]}

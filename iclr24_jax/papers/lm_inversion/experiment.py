@@ -70,7 +70,8 @@ def prepare(config: Any, cache_dir: str | None = None) -> dict:
   Returns:
     dict(train_prompts [N], test_prompts [M], train_lp [N, V] float16 memmap, test_lp [M, V], target_tok, dec_tok,
          t5_config, inverter, train_labels / train_label_mask [N, T], vocab_size V, seconds_distributions,
-         train_samples [N] / test_samples [M] strings and seconds_samples (when config.samples.new_tokens > 0)).
+         train_samples [N] / test_samples [M] strings and seconds_samples (when config.samples.new_tokens > 0),
+         labels_cut {'train', 'test'}: prompts longer than label_len - 1 decoder tokens, cut in the labels).
   """
   params, lm_config, target_tok = load_target(config)
   prompts = data_lib.load_prompts(target_tok, config.data.max_tokens, config.data.get("data_dir") or None,
@@ -110,10 +111,15 @@ def prepare(config: Any, cache_dir: str | None = None) -> dict:
   inverter = model_lib.Inverter(t5_config, int(config.model.width),
                                 model_lib.num_chunks(v, int(config.model.width), bool(config.model.official_padding)),
                                 int(config.model.bottleneck), float(config.model.dropout_rate))
-  labels, label_mask = data_lib.encode_labels(dec_tok, train_p, int(config.data.label_len))
+  label_len = int(config.data.label_len)
+  labels, label_mask = data_lib.encode_labels(dec_tok, train_p, label_len)
+  # Prompts longer than label_len - 1 decoder tokens are cut in training, and a prediction is at most label_len
+  # tokens, so the metrics compare a cut prediction with the whole test prompt: count them (results 'labels_cut').
+  cut = {name: int(sum(len(dec_tok.encode(t, add_bos=False)) > label_len - 1 for t in ps))
+         for name, ps in (("train", train_p), ("test", test_p))}
   return dict(train_prompts=train_p, test_prompts=test_p, train_lp=train_lp, test_lp=test_lp, target_tok=target_tok,
               dec_tok=dec_tok, t5_config=t5_config, inverter=inverter, train_labels=labels,
-              train_label_mask=label_mask, vocab_size=v, seconds_distributions=seconds, **out)
+              train_label_mask=label_mask, vocab_size=v, seconds_distributions=seconds, labels_cut=cut, **out)
 
 
 def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = True) -> loop_lib.LoopResult:
@@ -146,8 +152,8 @@ def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = 
       train_step=model_lib.make_train_step(inverter, bool(config.model.official_padding)),
       batches=batches, num_steps=int(config.num_steps), key=jax.random.key(rng_seed), workdir=workdir,
       mesh=sharding.make_mesh(config.get("mesh")), log_every=int(config.log_every),
-      checkpoint_every=int(config.checkpoint_every), config=config, progress=progress,
-      steps_per_call=int(config.get("steps_per_call", 1)), name="lm_inversion")
+      config=config, progress=progress, steps_per_call=int(config.get("steps_per_call", 1)), name="lm_inversion",
+      **loop_lib.checkpoint_options(config))
 
 
 def predict(params: Any, logprobs: np.ndarray, unigram: jax.Array, prep: dict, config: Any,
@@ -187,8 +193,8 @@ def train_inverters(config: Any, prep: dict, arms: list[dict], progress: bool = 
   """Trains M distribution inverters at once (one compiled `vmap`-ed step, `model.make_multi_train_step`).
 
   Model m is initialised from key fold_in(key(config.seed), seed_m), reads its own batch order (seeded by
-  seed_m, as `train`), and sees the full distribution (k_m = 0) or its top-k access (`topk_access`, k = k_m) in
-  training, so an access level gets its own inverter. Arms with the same seed share init and batches: they
+  seed_m, as `train`), and sees the full distribution (k_m = 0) or its top-k access (vec2text's rule, `topk_access`
+  after the unigram is subtracted, k = k_m) in training, so an access level gets its own inverter. Arms with the same seed share init and batches: they
   differ only in access.
 
   Args:
@@ -207,17 +213,19 @@ def train_inverters(config: Any, prep: dict, arms: list[dict], progress: bool = 
   seeds = [int(a["seed"]) for a in arms]
   ks = [int(a.get("k", 0)) for a in arms]
   tx = make_optimizer(config.optimizer, int(config.num_steps))
-  topk_fns = {k: jax.jit(lambda x, k=k: model_lib.topk_access(x, k)) for k in set(ks) if k}
+  k_max = max(ks)
 
   def batches(step: int) -> dict:
     lps, labels, masks = [], [], []
-    for seed, k in zip(seeds, ks):
+    for seed in seeds:
       idx = _order(seed, step, n, bs)
-      lp = np.asarray(prep["train_lp"][idx], np.float32)
-      lps.append(np.asarray(topk_fns[k](lp)) if k else lp)
+      lps.append(np.asarray(prep["train_lp"][idx], np.float32))
       labels.append(prep["train_labels"][idx])
       masks.append(prep["train_label_mask"][idx])
-    return {"logprobs": np.stack(lps, 1), "labels": np.stack(labels, 1), "label_mask": np.stack(masks, 1)}
+    out = {"logprobs": np.stack(lps, 1), "labels": np.stack(labels, 1), "label_mask": np.stack(masks, 1)}
+    if k_max:   # each model's access level, one per row (leaves [B, M]: the batch axis first)
+      out["topk"] = np.broadcast_to(np.asarray(ks, np.int32)[None], (bs, m)).copy()
+    return out
 
   seed_arr = jnp.asarray(seeds)
 
@@ -227,7 +235,7 @@ def train_inverters(config: Any, prep: dict, arms: list[dict], progress: bool = 
 
   res = loop_lib.train_loop(
       init_fn=init_fn, train_step=model_lib.make_multi_train_step(
-          model_lib.make_train_step(inverter, bool(config.model.official_padding)), m),
+          model_lib.make_train_step(inverter, bool(config.model.official_padding), topk_max=k_max), m),
       batches=batches, num_steps=int(config.num_steps), key=jax.random.key(int(config.seed)), workdir=None,
       mesh=sharding.make_mesh(config.get("mesh")), log_every=int(config.log_every), progress=progress,
       name=f"lm_inversion x{m}")
@@ -251,18 +259,19 @@ def predict_models(params: Any, unigrams: jax.Array, logprobs: np.ndarray, ks: l
     M lists of N predicted prompts.
   """
   inverter, m = prep["inverter"], len(ks)
-  one = lambda p, lp, u: model_lib.invert(p, lp, u, inverter=inverter, max_len=int(config.data.label_len),
-                                          official_padding=bool(config.model.official_padding))
-  fn = jax.jit(jax.vmap(one))
-  topk_fns = {k: jax.jit(lambda x, k=k: model_lib.topk_access(x, k)) for k in set(ks) if k}
+  k_max = max(ks)
+  one = lambda p, lp, u, k: model_lib.invert(  # noqa: E731
+      p, lp, u, inverter=inverter, max_len=int(config.data.label_len),
+      official_padding=bool(config.model.official_padding), topk=k if k_max else None, topk_max=k_max or None)
+  fn = jax.jit(jax.vmap(one, in_axes=(0, None, 0, 0)))
+  k_rows = jnp.broadcast_to(jnp.asarray(ks, jnp.int32)[:, None], (m, batch_size))
   texts: list[list[str]] = [[] for _ in range(m)]
   for s in range(0, len(logprobs), batch_size):
     chunk = np.asarray(logprobs[s:s + batch_size], np.float32)
     real = len(chunk)
     if real < batch_size:
       chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch_size - real, 0)])
-    x = jnp.stack([topk_fns[k](chunk) if k else jnp.asarray(chunk) for k in ks])
-    out = fn(params, x, unigrams)
+    out = fn(params, jnp.asarray(chunk), unigrams, k_rows)
     toks, masks = np.asarray(out.tokens), np.asarray(out.mask)
     for i in range(m):
       texts[i] += [t.strip() for t in prep["dec_tok"].decode_batch(toks[i, :real], masks[i, :real])]
@@ -356,6 +365,9 @@ def run(config: Any, workdir: str) -> dict:
     dict(test {bleu, token_f1, exact_match}, num_train, num_test, num_chunks, steps_per_s, final_train_loss,
          seconds_distributions).
   """
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_lib.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("lm_inversion", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   prep = prepare(config)
   res = train(config, prep, workdir)
@@ -365,7 +377,7 @@ def run(config: Any, workdir: str) -> dict:
   results = {"test": scores, "num_train": len(prep["train_prompts"]), "num_test": len(prep["test_prompts"]),
              "num_chunks": prep["inverter"].num_chunks, "steps_per_s": res.steps_per_s,
              "final_train_loss": next((r["train/loss"] for r in reversed(res.history) if "train/loss" in r), None),
-             "seconds_distributions": prep["seconds_distributions"]}
+             "seconds_distributions": prep["seconds_distributions"], "labels_cut": prep["labels_cut"]}
   metrics_lib.write_results(workdir, results)
   with open(os.path.join(workdir, "examples.jsonl"), "w") as f:
     for p, r in list(zip(preds, prep["test_prompts"]))[:50]:

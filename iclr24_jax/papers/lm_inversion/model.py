@@ -31,7 +31,7 @@ import optax
 from iclr24_jax.common import checks
 from iclr24_jax.lm import t5
 
-# The official top-k access fills every log-probability outside the top k with this value.
+# The official top-k rule's fill value (`default_val=-30.0` in vec2text's embed_and_project).
 TOPK_FILL = -30.0
 UNIGRAM_DECAY = 0.99
 # -inf log-probabilities (a masked / top-k / top-p distribution) are read as hidden entries and get this value.
@@ -73,12 +73,13 @@ def _log_distributions(where: str, logprobs: Any, name: str = "logprobs") -> tup
   return jnp.where(x == -jnp.inf, NEG_INF_FILL, x), ok
 
 
-def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding: bool = False) -> jax.Array:
-  """Subtracts the unigram estimate, zero-pads and unrolls a distribution into pseudo-embeddings.
+def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding: bool = False,
+           topk: Any = None, topk_max: int | None = None) -> jax.Array:
+  """Subtracts the unigram estimate, (optionally) applies the top-k rule, pads and unrolls into pseudo-embeddings.
 
   Per row, so any leading batch dims work (and `jax.vmap` over rows composes):
 
-    unroll_fn = jax.jit(lm_inversion.unroll, static_argnames=("width", "official_padding"))
+    unroll_fn = jax.jit(lm_inversion.unroll, static_argnames=("width", "official_padding", "topk_max"))
     x = unroll_fn(logprobs, unigram, width=256)
 
   Args:
@@ -90,24 +91,35 @@ def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding
     unigram: [V] the unigram estimate (`update_unigram`); zeros disables the subtraction.
     width: d, the pseudo-embedding size; static (a Python int).
     official_padding: pad as vec2text does (a whole extra zero chunk when d divides V); static.
+    topk: None (the full distribution), or the top-k access level: an int k >= 1, or an int array [...] per row
+      (0 = that row keeps the full distribution) with `topk_max` set. The rule is vec2text's (`topk_access`,
+      applied after the unigram is subtracted); the padded tail then holds the fill value, as in vec2text.
+    topk_max: static upper bound of a traced `topk` (None: topk must be a Python int).
 
   Returns:
-    [..., S, d] with S = num_chunks(V, d, official_padding); the padded tail is exactly 0.
+    [..., S, d] with S = num_chunks(V, d, official_padding); the padded tail is 0 (or the fill value under top-k).
   """
   where = "lm_inversion.unroll"
   width = checks.static_int(where, "width", width, low=1)
   x, ok = _log_distributions(where, logprobs)
   checks.shapes(where, known={"V": x.shape[-1]}, unigram=(unigram, "V"))
   checks.finite(where, "unigram", unigram)
-  return checks.poison(_unroll(x, unigram, width, official_padding), ok)
+  return checks.poison(_unroll(x, unigram, width, official_padding, topk, topk_max), ok)
 
 
-def _unroll(x: jax.Array, unigram: jax.Array, width: int, official_padding: bool) -> jax.Array:
+def _unroll(x: jax.Array, unigram: jax.Array, width: int, official_padding: bool, topk: Any = None,
+            topk_max: int | None = None) -> jax.Array:
   lead, v = x.shape[:-1], x.shape[-1]
   s = num_chunks(v, width, official_padding)
   x = x - jnp.asarray(unigram, jnp.float32)
-  x = jnp.pad(x, [(0, 0)] * len(lead) + [(0, s * width - v)])
-  return x.reshape(lead + (s, width))
+  pad = [(0, 0)] * len(lead) + [(0, s * width - v)]
+  if topk is None:
+    return jnp.pad(x, pad).reshape(lead + (s, width))
+  kept = jnp.pad(topk_access(x, topk, k_max=topk_max), pad, constant_values=TOPK_FILL)
+  if isinstance(topk, int):
+    return kept.reshape(lead + (s, width))
+  full = jnp.pad(x, pad)
+  return jnp.where(jnp.asarray(topk)[..., None] > 0, kept, full).reshape(lead + (s, width))
 
 
 def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGRAM_DECAY) -> jax.Array:
@@ -130,29 +142,47 @@ def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGR
   return checks.poison(decay * unigram + (1.0 - decay) * mean, ok)
 
 
-def topk_access(logprobs: jax.Array, k: int, fill: float = TOPK_FILL) -> jax.Array:
-  """The top-k access scenario: keep the k largest log-probabilities, set every other entry to `fill`.
-
-  (vec2text's `zero_embedding_except_topk` with its default value -30.) The inverter then sees only what an API
-  returning the top-k log-probabilities reveals.
+def topk_access(inputs: jax.Array, k: Any, fill: float = TOPK_FILL, k_max: int | None = None) -> jax.Array:
+  """vec2text's top-k rule (`zero_embedding_except_topk`, models/inversion_from_logits.py:16-22, applied in
+  `embed_and_project` to the distribution AFTER the unigram is subtracted, with default_val -30): every entry
+  becomes `fill`, and the k largest entries become fill + their value (the official scatter_add onto the fill).
+  The inverter then sees only which tokens rank highest above the unigram and by how much.
 
   Args:
-    logprobs: [..., V].
-    k: number of entries kept (1 <= k <= V); static.
-    fill: the value of the hidden entries.
+    inputs: [..., V] unigram-subtracted log-distributions (`unroll` subtracts, then calls this).
+    k: entries kept, an int in [1, V] (static), or an int array broadcastable to inputs.shape[:-1] (traced; needs
+      k_max; rows with k = 0 keep nothing, `unroll` gives them the full distribution).
+    fill: the value of every other entry (official -30).
+    k_max: static upper bound of a traced k (None: k must be a Python int).
 
   Returns:
-    [..., V] (NaN entries stay NaN: a NaN input is not a distribution).
+    [..., V] (NaN under jit where a traced k lies outside [0, k_max]; eager calls raise).
+
+  Raises:
+    HyperparameterError: k (or k_max) outside [1, V]; StaticArgumentError: a traced k without k_max.
   """
   where = "lm_inversion.topk_access"
-  checks.shapes(where, logprobs=(logprobs, "... V"))
-  v = np.shape(logprobs)[-1]
-  k = checks.static_int(where, "k", k, low=1, high=v)
-  logprobs = jnp.asarray(logprobs)
-  vals, idx = jax.lax.top_k(logprobs, k)
-  keep = jnp.zeros(logprobs.shape, bool)
-  keep = jnp.put_along_axis(keep, idx, True, axis=-1, inplace=False)
-  return jnp.where(keep, logprobs, jnp.asarray(fill, logprobs.dtype))
+  checks.shapes(where, inputs=(inputs, "... V"))
+  v = inputs.shape[-1]
+  ok = True
+  if k_max is None:
+    if checks.is_traced(k) or not isinstance(k, (int, np.integer)):
+      raise checks.StaticArgumentError(f"{where}: a traced k needs a static k_max (the largest k it can take).")
+    k = k_max = checks.static_int(where, "k", k, low=1, high=v)
+  else:
+    k_max = checks.static_int(where, "k_max", k_max, low=1, high=v)
+    if isinstance(k, (int, np.integer)):
+      k = checks.static_int(where, "k", k, low=1, high=k_max)
+    else:
+      checks.dtype(where, "k", k, "integer")
+      ok = checks.require(where, (checks.xp(k).asarray(k) >= 0) & (checks.xp(k).asarray(k) <= k_max),
+                          checks.HyperparameterError, f"k must be in [0, k_max={k_max}] (0 = keep nothing).")
+  flat = inputs.reshape(-1, v)
+  vals, idx = jax.lax.top_k(flat, k_max)                                    # sorted, largest first
+  keep = jnp.arange(k_max) < jnp.broadcast_to(jnp.asarray(k), inputs.shape[:-1]).reshape(-1, 1)
+  out = jnp.full_like(flat, fill)
+  out = jax.vmap(lambda o, i, a: o.at[i].add(a))(out, idx, jnp.where(keep, vals, 0.0))
+  return checks.poison(out.reshape(inputs.shape), ok)
 
 
 class Projection(nn.Module):
@@ -288,18 +318,22 @@ def init_state(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
   return TrainState.create(init(key, inverter), tx, extra={"unigram": jnp.zeros((vocab_size,), jnp.float32)})
 
 
-def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_decay: float = UNIGRAM_DECAY):
+def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_decay: float = UNIGRAM_DECAY,
+                    topk_max: int = 0):
   """`train_step(state, batch, key) -> (state, metrics)` for `common.loop`.
 
-  The batch holds raw distributions: logprobs [B, V], labels [B, T], label_mask [B, T]. Each step first moves
-  the unigram estimate (state.extra['unigram']) towards the batch mean, then subtracts it and unrolls, as the
-  official model updates its buffer in the training forward pass before using it. -inf log-probabilities are
-  hidden entries (NEG_INF_FILL, see `unroll`); a batch that is not log-distributions gives a NaN loss.
+  The batch holds raw distributions: logprobs [B, V], labels [B, T], label_mask [B, T], and with topk_max > 0 also
+  topk [B] (each row's top-k access level, 0 = full). Each step first moves the unigram estimate
+  (state.extra['unigram']) towards the batch mean of the FULL distributions, then subtracts it, applies the top-k
+  rule and unrolls, as the official model updates its buffer in the training forward pass before using it.
+  -inf log-probabilities are hidden entries (NEG_INF_FILL, see `unroll`); a batch that is not log-distributions
+  gives a NaN loss.
 
   Args:
     inverter: the static description.
     official_padding: unroll with the official padding.
     unigram_decay: the EMA decay (0.99).
+    topk_max: 0 (full distributions) or the largest top-k level the batch's 'topk' can hold.
 
   Returns:
     The pure step; metrics {'loss', 'accuracy', 'tokens', 'grad_norm'} (scalars).
@@ -308,7 +342,8 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
     key = jax.random.fold_in(key, state.step)
     logprobs, ok = _log_distributions("lm_inversion.train_step", batch["logprobs"])   # -inf: hidden entries
     unigram = update_unigram(state.extra["unigram"], logprobs, unigram_decay)
-    inputs = checks.poison(_unroll(logprobs, unigram, inverter.width, official_padding), ok)
+    topk = batch["topk"] if topk_max else None
+    inputs = checks.poison(_unroll(logprobs, unigram, inverter.width, official_padding, topk, topk_max or None), ok)
     sub = {"inputs": inputs, "labels": batch["labels"], "label_mask": batch["label_mask"]}
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, sub, key, inverter=inverter)
     metrics = dict(metrics, grad_norm=optax.global_norm(grads))
@@ -318,16 +353,18 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
 
 
 def invert(params: Mapping[str, Any], logprobs: jax.Array, unigram: jax.Array, *, inverter: Inverter,
-           max_len: int, official_padding: bool = False) -> t5.GenerationOutput:
+           max_len: int, official_padding: bool = False, topk: Any = None,
+           topk_max: int | None = None) -> t5.GenerationOutput:
   """Greedy prompt reconstruction from next-token distributions.
 
   Args:
     params: the trained inverter.
-    logprobs: [B, V] target-LM log-distributions (full, or `topk_access` of them).
+    logprobs: [B, V] target-LM log-distributions.
     unigram: [V] the unigram estimate stored at the end of training.
     inverter: the static description.
     max_len: tokens to decode at most (static).
     official_padding: must match training.
+    topk, topk_max: the top-k access level (`unroll`): None = the full distribution.
 
   Returns:
     t5.GenerationOutput (tokens [B, max_len] in the decoder's vocabulary, mask, lengths ...). Bad distributions
@@ -338,7 +375,7 @@ def invert(params: Mapping[str, Any], logprobs: jax.Array, unigram: jax.Array, *
   checks.shapes(where, logprobs=(logprobs, "B V"), unigram=(unigram, "V"))
   max_len = checks.static_int(where, "max_len", max_len, low=1)
   x, ok = _log_distributions(where, logprobs)
-  embeds = embed(params, _unroll(x, unigram, inverter.width, official_padding), inverter)
+  embeds = embed(params, _unroll(x, unigram, inverter.width, official_padding, topk, topk_max), inverter)
   out = t5.generate(params["t5"], inverter.t5_config, None, None, jax.random.key(0), max_len, enc_embeds=embeds)
   return checks.poison(out, ok, int_fill=-1, bool_fill=False)
 

@@ -1,12 +1,14 @@
 """Quark-style control codes: per-reward quantile bins, the code tokens, and the data pool.
 
 Official: mario/data_pool_n.py. After every sampling round the whole pool (all rounds so far, plus the silver
-rationales) is sorted by each reward, cut into `num_bins` equal bins (best = bin 0, the remainder goes to the last
-bin), and each sample gets one code token per reward; task correctness gets its own two-valued code. Training
-places the codes at the start of the response; inference conditions on the best bin of every reward.
+rationales) is sorted by each reward (Python's stable `sorted(..., reverse=True)`: equal rewards keep their pool
+order), cut into `num_bins` equal bins by position (best = bin 0, the remainder goes to the last bin), and each
+sample gets one code token per reward; task correctness gets its own two-valued code. The pool is then stored in
+the order of the last reward's sort, which orders the ties of the next round. Training places the codes at the
+start of the response; inference conditions on the best bin of every reward.
 
   codes = mario.ControlCodes.from_tokenizer(tok)                 # 3 rewards x 5 bins + 2 accuracy codes
-  bins = mario.quantile_bins(np.array([0.9, 0.1, 0.5, 0.5, 0.7]), num_bins=5)   # [0, 4, 2, 2, 1]
+  bins = mario.quantile_bins(np.array([0.9, 0.1, 0.5, 0.5, 0.7]), num_bins=5)   # [0, 4, 2, 3, 1]
   mario.control_prefix({'plausibility': 0, 'diversity': 4, 'consistency': 1, 'accuracy': 0}, codes)  # 4 ids
 """
 from __future__ import annotations
@@ -21,34 +23,51 @@ QUANTILE_REWARDS = ("plausibility", "diversity", "consistency")
 CONTROL_CHARS = tuple(range(1, 9)) + tuple(range(14, 32))
 
 
-def quantile_bins(rewards: Sequence[float] | np.ndarray, num_bins: int = 5) -> np.ndarray:
+TIE_RULES = ("official", "shared")
+
+
+def quantile_bins(rewards: Sequence[float] | np.ndarray, num_bins: int = 5, ties: str = "official") -> np.ndarray:
   """Quantile bin of every reward: 0 = the best (highest) fifth, num_bins - 1 = the worst.
 
-  As the official pool: sorted best-first, position i goes to bin min(i // (N // num_bins), num_bins - 1) (equal
-  bins, the remainder in the last one); with N < num_bins, bin floor(i num_bins / N).
-  # Deviation: ties share a bin (the bin of their best position); the official sort splits equal rewards over
-  # bins arbitrarily, which gives the same text different codes.
+  Official (data_pool_n.py): the rewards are sorted best-first with a stable sort (equal rewards keep their input
+  order), and sorted position i goes to bin i // (N // num_bins), the remainder (N mod num_bins) to the last bin;
+  with N < num_bins every sample lands in the last bin (N // num_bins = 0). Equal rewards are therefore split
+  over neighbouring bins by their order in the pool. ties='shared' is the alternative rule: a tie group takes the
+  bin of its best position, and N < num_bins spreads the samples as floor(i num_bins / N).
 
   Args:
-    rewards: [N] finite floats (higher is better).
+    rewards: [N] finite floats (higher is better), in pool order (the order breaks ties).
     num_bins: number of bins (>= 1).
+    ties: 'official' (the default) or 'shared'.
 
   Returns:
     [N] int64 in [0, num_bins).
+
+  Raises:
+    ValueError: rewards not 1-D or not finite, num_bins < 1, an unknown tie rule.
   """
   r = np.asarray(rewards, np.float64)
   if r.ndim != 1:
     raise ValueError(f"rewards must be a 1-D array [N], got shape {r.shape}.")
   if num_bins < 1:
     raise ValueError(f"num_bins must be >= 1, got {num_bins}.")
+  if ties not in TIE_RULES:
+    raise ValueError(f"ties must be one of {TIE_RULES}, got {ties!r}.")
   if not np.all(np.isfinite(r)):
     raise ValueError("rewards contain NaN or inf: score every sample (or drop it) before binning.")
   n = r.size
   if n == 0:
     return np.zeros((0,), np.int64)
+  size = n // num_bins
+  if ties == "official":
+    order = np.argsort(-r, kind="stable")               # best first; ties keep their pool order
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    if size == 0:
+      return np.full(n, num_bins - 1, np.int64)
+    return np.minimum(pos // size, num_bins - 1).astype(np.int64)
   desc = np.sort(-r)                                    # best first
   first = np.searchsorted(desc, -r, side="left")        # best position of each value's tie group
-  size = n // num_bins
   if size > 0:
     return np.minimum(first // size, num_bins - 1).astype(np.int64)
   return (first * num_bins // n).astype(np.int64)
@@ -145,12 +164,14 @@ def control_prefix(bins: Mapping[str, int], codes: ControlCodes) -> list[int]:
   return [codes.token(n, int(bins[n])) for n in codes.names]
 
 
-def assign_bins(scores: Mapping[str, Sequence[float]], codes: ControlCodes) -> dict[str, np.ndarray]:
+def assign_bins(scores: Mapping[str, Sequence[float]], codes: ControlCodes, ties: str = "official"
+                ) -> dict[str, np.ndarray]:
   """Bins of every pooled sample: quantile bins per reward, accuracy 0 (correct) / 1 (incorrect).
 
   Args:
-    scores: {name: [N]} for every name in codes.names (accuracy as 0/1).
+    scores: {name: [N]} for every name in codes.names (accuracy as 0/1), in pool order.
     codes: the code book.
+    ties: the tie rule of `quantile_bins`.
 
   Returns:
     {name: [N] int}.
@@ -161,7 +182,7 @@ def assign_bins(scores: Mapping[str, Sequence[float]], codes: ControlCodes) -> d
       raise ValueError(f"no scores for {name!r}; pooled samples need every reward of {codes.names}.")
     vals = np.asarray(scores[name], np.float64)
     out[name] = (np.where(vals > 0.5, 0, 1).astype(np.int64) if name == "accuracy"
-                 else quantile_bins(vals, codes.num_bins))
+                 else quantile_bins(vals, codes.num_bins, ties))
   return out
 
 
@@ -169,16 +190,26 @@ def assign_bins(scores: Mapping[str, Sequence[float]], codes: ControlCodes) -> d
 class DataPool:
   """The growing pool of (question, response, scores) that Quark trains on (host-side, like the official one).
 
-  Only valid responses (with "So the answer is") enter it (official `inds`). `prefixes()` re-bins the whole pool.
+  Only valid responses (with "So the answer is") enter it (official `inds`). Every `add` re-bins the whole pool as
+  the official `DataPool_N.add` does: per reward (in `codes.names` order) a stable best-first sort of the current
+  pool cuts equal bins by position; copies of one (question, response) all take the bin of the copy sorted last
+  (the official pool keys its codes by (prompt, response)); then the pool is stored in the order of the last
+  reward's sort, which breaks the ties of the next round.
+
+  Attributes:
+    codes: the code book.
+    ties: the tie rule of `quantile_bins` ('official'; 'shared' also keeps the pool in insertion order).
   """
 
   codes: ControlCodes
+  ties: str = "official"
   questions: list = dataclasses.field(default_factory=list)
   responses: list = dataclasses.field(default_factory=list)
   scores: dict = dataclasses.field(default_factory=dict)
+  _bins: dict = dataclasses.field(default_factory=dict, init=False, repr=False)
 
   def add(self, questions: Sequence[str], responses: Sequence[str], scores: Mapping[str, Sequence[float]]) -> None:
-    """Appends N samples with their rewards {name: [N]}."""
+    """Appends N samples with their rewards {name: [N]} and re-bins the whole pool (see the class docstring)."""
     n = len(questions)
     if len(responses) != n or any(len(np.ravel(scores[k])) != n for k in self.codes.names):
       raise ValueError("DataPool.add needs N questions, N responses and N scores for every reward.")
@@ -186,15 +217,33 @@ class DataPool:
     self.responses += list(responses)
     for k in self.codes.names:
       self.scores[k] = np.concatenate([self.scores.get(k, np.zeros((0,))), np.asarray(scores[k], np.float64)])
+    self._rebin()
+
+  def _rebin(self) -> None:
+    bins = assign_bins(self.scores, self.codes, self.ties)
+    if self.ties != "official" or not len(self):
+      self._bins = bins
+      return
+    keys = list(zip(self.questions, self.responses))
+    order = np.arange(len(self))
+    for name in self.codes.names:
+      order = np.argsort(-self.scores[name], kind="stable")          # this reward's best-first sort
+      last = {keys[i]: bins[name][i] for i in order}                 # copies: the last one sorted wins
+      bins[name] = np.asarray([last[k] for k in keys], np.int64)
+    # The pool is kept in the last reward's sorted order (the official pool lists rebuilt from it).
+    self.questions = [self.questions[i] for i in order]
+    self.responses = [self.responses[i] for i in order]
+    self.scores = {k: v[order] for k, v in self.scores.items()}
+    self._bins = {k: v[order] for k, v in bins.items()}
 
   def __len__(self) -> int:
     return len(self.questions)
 
   def bins(self) -> dict[str, np.ndarray]:
-    """{name: [N] bins} over the whole pool."""
-    return assign_bins(self.scores, self.codes)
+    """{name: [N] bins} over the whole pool, in pool order."""
+    return {k: v.copy() for k, v in self._bins.items()}
 
   def prefixes(self) -> list[list[int]]:
-    """The control prefix of every pooled sample (re-binned over the whole pool)."""
-    b = self.bins()
+    """The control prefix of every pooled sample, in pool order (re-binned over the whole pool at each `add`)."""
+    b = self._bins
     return [control_prefix({k: int(b[k][i]) for k in self.codes.names}, self.codes) for i in range(len(self))]

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 
 from iclr24_jax.common import metrics as metrics_lib
+from iclr24_jax.papers.mario import data as mario_data
 from iclr24_jax.papers.mario import pipeline
 
 
@@ -26,9 +27,11 @@ def run(config: Any, workdir: str) -> dict:
     workdir: output folder (created).
 
   Returns:
-    {'sft': {reward: mean}, 'mario': {reward: mean}, 'mario_worst': {...}, 'timing': {...}, ...}.
+    {'sft': {reward: mean}, 'mario': {reward: mean}, 'mario_worst': {...}, 'sft_matched' (with
+    config.sft_matched), 'timing': {...}, ...}.
   """
   os.makedirs(workdir, exist_ok=True)
+  mario_data.load(config.data)   # fail fast with the layout and source before any model is loaded
   data_dir = config.data.get("data_dir") or None
   train_items = pipeline.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
                                     silver_only=True, seed=int(config.seed))
@@ -42,6 +45,8 @@ def run(config: Any, workdir: str) -> dict:
   evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
            "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
            "mario_worst": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
+  if out.get("sft_matched") is not None:   # config.sft_matched: SFT given the Quark steps too
+    evals["sft_matched"] = pipeline.evaluate(models, config, out["sft_matched"], test_items, None)
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
     for row in out["history"]:
       f.write(json.dumps(metrics_lib.to_python(row)) + "\n")

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -323,8 +324,9 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   """SFT, then config.quark_rounds rounds of (sample -> score -> pool -> re-bin -> Quark steps).
 
   Official (main_n_new.py): the first round samples from the reference policy (the SFT model, no codes), later
-  rounds from the policy conditioned on the best codes; top-p 0.9 at temperature 1; only responses containing
-  "So the answer is" enter the pool; the silver rationales join the pool as expert rollouts.
+  rounds from the policy conditioned on the best codes; top-p config.top_p (the official run: 0.7) at
+  config.temperature (1); only responses containing "So the answer is" enter the pool; the silver rationales
+  join the pool as expert rollouts.
 
   Args:
     config: a configs/mario.py ConfigDict.
@@ -332,10 +334,19 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
     train_items: MaRio items (question, rationale, answer) for SFT and the Quark prompts.
     log: called with one progress line per stage.
 
+  With config.sft_matched = 'pool' (or 'silver') a budget-matched SFT baseline trains beside MaRio: the SFT state
+  continues with the SFT loss for the same steps as the Quark rounds, on the very pool rows each round trains on
+  without their codes ('pool'), or on the silver rationales of the training questions ('silver'); its minibatch
+  stream is its own, so MaRio's run is the same with and without it.
+
   Returns:
     {'sft': SFT state (adapters on the pretrained base), 'mario': Quark state (adapters on the merged SFT
-    model), 'history': [metrics rows], 'pool': DataPool, 'timing': {stage: seconds}}.
+    model), 'sft_matched': the budget-matched SFT state (None when off), 'history': [metrics rows],
+    'pool': DataPool, 'timing': {stage: seconds}}.
   """
+  matched = str(config.get("sft_matched", "") or "")
+  if matched not in ("", "pool", "silver"):
+    raise ValueError(f"config.sft_matched must be '', 'pool' or 'silver', got {matched!r}.")
   rng = np.random.default_rng(int(config.seed))
   key = jax.random.key(int(config.seed))
   key_init, key_sample = jax.random.split(key)
@@ -361,6 +372,9 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   del sft_base
 
   pool = control.DataPool(models.codes)
+  # A copy: the compiled step donates its state, and the SFT arm is still evaluated afterwards.
+  matched_state = jax.tree.map(lambda x: jnp.array(x, copy=True), sft_state) if matched else None
+  matched_rng = np.random.default_rng([int(config.seed), 1])   # its own stream: MaRio's draws are unchanged
   n_samples = int(config.samples_per_round)
   # The expert rollouts: the silver rationales of the sampled questions (scored once).
   for r in range(int(config.quark_rounds)):
@@ -387,14 +401,23 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
     timing[f"round{r}_sample_s"] = t_gen
     timing[f"round{r}_score_s"] = t_score
     timing[f"round{r}_train_s"] = time.perf_counter() - t0 - t_gen - t_score
+    if matched:
+      t1 = time.perf_counter()
+      rows_q, rows_r = ((pool.questions, pool.responses) if matched == "pool" else (questions, silver))
+      matched_state = train_steps(models, config, matched_state, "sft", rows_q, rows_r, None,
+                                  int(config.quark_steps_per_round), matched_rng, history, f"sft_matched{r}")
+      jax.block_until_ready(matched_state.params)
+      timing[f"round{r}_sft_matched_s"] = time.perf_counter() - t1
     log(f"[mario] round {r}: {len(keep)}/{len(qs)} valid samples, pool {len(pool)}; sample {t_gen:.0f}s, "
         f"score {t_score:.0f}s, train {timing[f'round{r}_train_s']:.0f}s")
-  return {"sft": sft_state, "mario": state, "history": history, "pool": pool, "timing": timing}
+  return {"sft": sft_state, "mario": state, "sft_matched": matched_state, "history": history, "pool": pool,
+          "timing": timing}
 
 
 def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Mapping[str, int] | None,
              key: jax.Array | None = None) -> dict[str, Any]:
-  """Responses to `items` (top-p sampling as in training, config.eval_temperature / top_p) and per-item rewards.
+  """Responses to `items` and per-item rewards: greedy decoding when config.eval_temperature is 0 (the official
+  live evaluation, main_n_new.py `eval_test`), else top-p sampling at that temperature.
 
   Args:
     models: the loaded models.
@@ -402,7 +425,7 @@ def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Ma
     state: TrainState of the policy (`train_mario` output 'sft' or 'mario').
     items: N MaRio items (question, answer).
     bins: {reward: bin} codes for every row (e.g. models.codes.best()), or None (no codes: SFT).
-    key: PRNG key; None = key(config.seed + 1000).
+    key: PRNG key of the sampler (unused when greedy); None = key(config.seed + 1000).
 
   Returns:
     {'responses': [N] str, 'valid': [N] bool, name: [N] float for every reward and 'accuracy'}.
@@ -417,7 +440,11 @@ def evaluate(models: Models, config: Any, state, items: Sequence[dict], bins: Ma
 
 
 def score_silver(models: Models, config: Any, items: Sequence[dict]) -> dict[str, np.ndarray]:
-  """The silver (GPT-3) rationales' rewards: the reference row.
+  """The rewards of the items' own rationales (the data set's 'rationale' field): the reference row.
+
+  StrategyQA's train split holds GPT-3's silver rationales (the SFT targets), but its test split holds the
+  human-written facts of StrategyQA (the official raw/test.jsonl; GPT-3's test rationales are a separate file,
+  gpt3/test_gpt3_responses.jsonl, not in the shared data): on test items this scores the human facts.
 
   Args:
     models: the loaded models.

@@ -197,37 +197,44 @@ def consistency_reward(params, config, tokenizer, questions: Sequence[str], rati
 PLAUSIBILITY_OPTIONS = ("(a)", "(b)")
 
 
-def plausibility_prompts(question: str, rationale: str) -> tuple[str, str]:
+def plausibility_prompts(rationale: str, *, question: str | None = None) -> tuple[str, str]:
   """The yes/no plausibility question in both presentation orders: ("(a) Yes (b) No", "(a) No (b) Yes").
 
+  The judge sees the rationale alone, as the official VERA scorer does for the 'plausibility' reward
+  (reward.py: `res.split('So the answer is')[0].strip()` is all VERA reads); with `question` the question
+  comes first, as the official 'plausibility-w-qn' variant (question + ' ' + response).
+
   # Deviation: the paper scores plausibility with VERA (a finetuned T5 commonsense verifier); here a frozen
-  # chat LM is asked whether the explanation is plausible, read by option log-probabilities in both orders.
+  # chat LM is asked whether the statement is plausible, read by option log-probabilities in both orders.
 
   Args:
-    question: the question.
     rationale: the rationale to judge.
+    question: optional question shown before it, keyword-only (None: the rationale alone, the official
+      'plausibility').
 
   Returns:
     (prompt with "(a) Yes (b) No", prompt with "(a) No (b) Yes"), ChatML user turns ending in the assistant header.
   """
-  body = (f"Question: {question.strip()}\nExplanation: {rationale.strip()}\n"
-          "Is this explanation plausible and true?\n")
+  body = (f"Question: {question.strip()}\n" if question is not None else "") + (
+      f"Statement: {rationale.strip()}\nIs this statement plausible and true?\n")
   ab = f"<|im_start|>user\n{body}(a) Yes\n(b) No\nReply with (a) or (b).<|im_end|>\n<|im_start|>assistant\n"
   ba = f"<|im_start|>user\n{body}(a) No\n(b) Yes\nReply with (a) or (b).<|im_end|>\n<|im_start|>assistant\n"
   return ab, ba
 
 
 def plausibility_reward(params, config, tokenizer, questions: Sequence[str], rationales: Sequence[str],
-                        batch_size: int = 16) -> np.ndarray:
+                        batch_size: int = 16, with_question: bool = False) -> np.ndarray:
   """Plausibility in (0, 1): sigmoid of the order-debiased log-odds that a judge LM calls the rationale plausible.
 
   Both orders of the options are scored ("(a) Yes (b) No" and "(a) No (b) Yes"); `lm.debiased_preference`
-  averages the two log-odds for "Yes", so a purely positional judge gets exactly 0.5.
+  averages the two log-odds for "Yes", so a purely positional judge gets exactly 0.5. The judge reads the
+  rationale alone (official VERA 'plausibility'); `with_question` adds the question ('plausibility-w-qn').
 
   Args:
     params, config, tokenizer: the judge (a `lm` Llama chat model; SmolLM2-135M-Instruct in the reproduction).
-    questions, rationales: N strings each.
+    questions, rationales: N strings each (the questions are read only with `with_question`).
     batch_size: prompts per compiled call.
+    with_question: show the question before the rationale.
 
   Returns:
     [N] float64.
@@ -236,7 +243,7 @@ def plausibility_reward(params, config, tokenizer, questions: Sequence[str], rat
     raise ValueError(f"{len(questions)} questions but {len(rationales)} rationales.")
   if not questions:
     return np.zeros((0,), np.float64)
-  pairs = [plausibility_prompts(q, r) for q, r in zip(questions, rationales)]
+  pairs = [plausibility_prompts(r, question=q if with_question else None) for q, r in zip(questions, rationales)]
   lp = _logprobs(params, config, tokenizer, [p for pair in pairs for p in pair], list(PLAUSIBILITY_OPTIONS),
                  batch_size)
   lp_ab, lp_ba = lp[0::2], lp[1::2]

@@ -36,6 +36,7 @@ from iclr24_jax.papers.mdm import model as model_lib
 from iclr24_jax.papers.mdm import training
 from iclr24_jax.papers.mdm.judge import train_judge
 from iclr24_jax.papers.mdm.pipeline import build, fast_compile, heldout_mse, inner_kwargs, load_images, loss_kwargs
+from iclr24_jax.papers.mdm import data as mdm_data
 
 PAPER = "mdm"
 ARMS = ("progressive", "nested", "single")
@@ -66,7 +67,7 @@ def _train(config, workdir, model, scheds, image_shape, arrays, num_steps, loss_
   mesh = sharding.make_mesh(config.get("mesh"), devices=jax.devices()[:n_dev] if n_dev else None)
   return loop_lib.train_loop(init_fn=init_fn, train_step=step, batches=stream, num_steps=num_steps,
                              key=jax.random.key(config.seed), workdir=workdir, mesh=mesh, log_every=config.log_every,
-                             checkpoint_every=config.checkpoint_every, config=config, name=name)
+                             config=config, name=name, **loop_lib.checkpoint_options(config))
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -86,6 +87,9 @@ def run(config: Any, workdir: str) -> dict:
     ValueError: config.arm not in ARMS.
     FloatingPointError: the samples contain NaN / inf.
   """
+  if config.data.name in mdm_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    mdm_data.load(config.data)                  # naming the layout and source when absent)
+    raise data_lib.paper_data_not_wired("mdm", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   if config.arm not in ARMS:
     raise ValueError(f"config.arm must be one of {ARMS}, got {config.arm!r}.")

@@ -17,11 +17,11 @@ from iclr24_jax.papers.motif.annotation import (ANSWER_PREFIX, GOALS, RETRY_PROM
                                                 label_from_margin, parse_preference)
 from iclr24_jax.papers.motif.intrinsic import (QUANTILE_LEVELS, EpisodeMessageCounter, MotifRewardHook,
                                                combine_rewards, fit_normalisation, intrinsic_reward, threshold)
-from iclr24_jax.papers.motif.pipeline import (fit_reward, make_toy_train, sample_pairs, split_by_pair, to_arrays,
-                                              toy_reward_fn)
+from iclr24_jax.papers.motif.pipeline import (fit_reward, make_toy_train, oracle_values_fit, sample_pairs,
+                                              split_by_pair, to_arrays, toy_reward_fn)
 from iclr24_jax.papers.motif.reward_model import (MessageCNN, RewardModel, fit_reward_model, init_params,
                                                   label_targets, message_rewards, pair_accuracy, pair_rewards,
-                                                  preference_loss)
+                                                  params_from_official, preference_loss)
 from iclr24_jax.papers.motif.toy import CaptionedGridWorld, caption_and_count, caption_bytes, oracle_preference
 
 TITLE = "Motif: Intrinsic Motivation from Artificial Intelligence Feedback"
@@ -45,11 +45,12 @@ __all__ = [
     "GOALS", "RETRY_PROMPT", "ANSWER_PREFIX",
     # reward model
     "MessageCNN", "init_params", "pair_rewards", "label_targets", "fit_reward_model", "message_rewards",
-    "pair_accuracy",
+    "pair_accuracy", "params_from_official",
     # intrinsic reward and hooks
     "threshold", "QUANTILE_LEVELS", "EpisodeMessageCounter", "MotifRewardHook", "toy_reward_fn",
     # pipeline and toy world
-    "sample_pairs", "to_arrays", "split_by_pair", "fit_reward", "make_toy_train", "CaptionedGridWorld",
+    "sample_pairs", "to_arrays", "split_by_pair", "fit_reward", "oracle_values_fit", "make_toy_train",
+    "CaptionedGridWorld",
     "caption_and_count", "caption_bytes", "oracle_preference",
     "TITLE", "URL", "CODE", "BIBTEX",
 ]

@@ -15,8 +15,10 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.motif import annotators, nethack_motif, pipeline, toy
+from iclr24_jax.papers.motif import data as motif_data
 
 
 def plot_toy(agents: dict, names: Sequence[str], path: str, title: str) -> str:
@@ -63,6 +65,9 @@ def run(config: Any, workdir: str) -> dict:
   Raises:
     ValueError: unknown env.name, or the oracle annotator on NetHack.
   """
+  if config.data.name in motif_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    motif_data.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("motif", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   key = jax.random.key(int(config.seed))
   k_data, k_reward, k_agents = jax.random.split(key, 3)

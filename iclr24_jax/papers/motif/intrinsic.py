@@ -3,14 +3,20 @@
   r_hat = (r_phi(m) - mu) / sigma                                   # mu, sigma over the training messages
   r_int = 1[r_hat > eps] * r_hat / N_episode(m)^beta                # [int]: eps a quantile of r_hat, beta = 3
   r     = alpha_ext * r_ext + alpha_int * r_int                      # [sum]
+  r_ext = clip(reward_scale * r_env, -reward_clip, reward_clip)     # the PPO's reward processing
 
 ([int] and [sum] name the paper's intrinsic and total reward in the code comments below; the threshold is
-written with > as in the official learner.)
+written with > as in the official learner.) The reward scale multiplies the game reward only: the PPO scales
+(and clips) r_env before the hook sees it (`rl.ppo.process_reward`), as sample-factory's actor worker does
+(`actor_worker.py:458-459`), and the official learner adds the intrinsic term unscaled
+(`learner.py:792-793`: extrinsic_reward * rewards + llm_reward * r_int).
 
-Official run (README, NetHackScore): alpha_ext = alpha_int = 0.1, beta = 3, eps = the 0.5 quantile of r_hat
-over the unique training messages; mu and sigma are the running mean / variance of r_phi over all messages of
-the training pairs (scripts/train_reward.py, rlaif/reward_model.py), and the count N_episode(m) includes the
-current occurrence and restarts with every episode (obs_wrappers.MessageWrapper).
+Official run (README, NetHackScore): alpha_ext = alpha_int = 0.1 (`--extrinsic_reward`, `--llm_reward`),
+`--reward_scale 0.1` and sample-factory's default `--reward_clip 10`, so one score point weighs 0.01 and one unit
+of r_int 0.1 (1:10); beta = 3, eps = the 0.5 quantile of r_hat over the unique training messages; mu and sigma are
+the running mean / variance of r_phi over all messages of the training pairs (scripts/train_reward.py,
+rlaif/reward_model.py), and the count N_episode(m) includes the current occurrence and restarts with every episode
+(obs_wrappers.MessageWrapper).
 
 Deviation: the official learner looks eps up in its saved table of 19 quantiles (0.05 ... 0.95) and crashes for
 any other value; here any quantile in [0, 1] is computed from the normalised rewards (`threshold`), and
@@ -122,7 +128,7 @@ def combine_rewards(r_ext: jax.Array, r_int: jax.Array, alpha_ext: Any = 0.1, al
   """alpha_ext r_ext + alpha_int r_int ([sum]; official defaults 0.1 and 0.1 on NetHackScore).
 
   Args:
-    r_ext: [...] extrinsic rewards.
+    r_ext: [...] extrinsic rewards, already multiplied by the PPO's reward_scale (the hooks receive them so).
     r_int: [...] intrinsic rewards, same shape.
     alpha_ext: weight of the extrinsic reward.
     alpha_int: weight of the intrinsic reward.
@@ -157,7 +163,7 @@ class EpisodeMessageCounter:
     """Counts messages step by step.
 
     Args:
-      messages: [T][N] hashable messages (bytes or str): the message of step t in env i.
+      messages: `[T][N]` hashable messages (bytes or str): the message of step t in env i.
       done: [T, N] bool: the episode of env i ended at step t (its counts restart after this step).
 
     Returns:
@@ -185,7 +191,8 @@ class MotifRewardHook:
   """Stateful host reward hook for `rl.ppo_host.HostPPO(reward_hook=...)` (NetHack).
 
   For each collected batch: decode the messages, r_phi per unique message (cached), N_episode counts per
-  environment (reset on termination / truncation), then [int] and [sum].
+  environment (reset on termination / truncation), then [int] and [sum]. HostPPO hands the hook the batch with
+  'reward' already scaled (and clipped) by its ppo.reward_scale / reward_clip and uses its output unscaled.
 
   Args:
     reward_fn: messages [K, 256] uint8 -> r_phi [K] (e.g. functools.partial(message_rewards, params)).

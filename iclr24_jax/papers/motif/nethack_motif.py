@@ -159,6 +159,26 @@ def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int
   return results
 
 
+def agent_config(config: Any) -> Any:
+  """The HostPPO config of the NetHack agents: ppo.default_config() with the nethack block's budget.
+
+  Args:
+    config: the motif ConfigDict (nethack: updates, rollout_steps).
+
+  Returns:
+    a PPO ConfigDict (ppo.default_config() layout).
+  """
+  from iclr24_jax.rl import ppo
+  nh = config.nethack
+  c = ppo.default_config()
+  c.num_steps = int(nh.updates)
+  # Official --reward_scale 0.1 on the game reward only (the hook's intrinsic term is not scaled) and
+  # sample-factory's default --reward_clip 10, which the official run keeps.
+  c.ppo.update(dict(rollout_steps=int(nh.rollout_steps), num_minibatches=4, update_epochs=2, reward_scale=0.1,
+                    reward_clip=10.0))
+  return c
+
+
 def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
                      settings: Sequence[str] = ("extrinsic", "intrinsic", "both")) -> dict[str, Any]:
   """NetHack: messages of a random and a scripted agent -> pairs -> annotations -> reward model -> HostPPO
@@ -175,7 +195,6 @@ def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
     dict: collect_steps_per_s, num_messages, unique_messages, annotated_pairs, decided_pairs, annotate_seconds,
     reward (accuracies), mu, sigma, eps, runs (per setting), ranked_messages [(reward, text)].
   """
-  from iclr24_jax.rl import ppo
   nh = config.nethack
   max_steps = int(nh.max_episode_steps) or None
   data = []
@@ -192,10 +211,7 @@ def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
   annotate_s = time.perf_counter() - t0
   fitted = pipeline.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False)
   fit = fitted["fit"]
-  agent_cfg = ppo.default_config()
-  agent_cfg.num_steps = int(nh.updates)
-  agent_cfg.ppo.update(dict(rollout_steps=int(nh.rollout_steps), num_minibatches=4, update_epochs=2,
-                            reward_scale=0.1))  # official --reward_scale 0.1
+  agent_cfg = agent_config(config)
   hooks = {kind: dict(reward_fn=message_reward_fn(fit["params"], fitted["model"]), mu=fit["mu"],
                       sigma=fit["sigma"], eps=fit["eps"], beta=float(config.intrinsic.beta),
                       alpha_ext=0.0 if kind == "intrinsic" else float(nh.alpha_ext),

@@ -264,6 +264,42 @@ def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracl
   return out
 
 
+def oracle_values_fit(config: Any, records: Sequence[dict]) -> dict[str, Any]:
+  """The study's no-model arm: the toy oracle's progress values used directly as r_phi (no reward model).
+
+  The values (goal 3, unlock 2, key 1, bump -1, else 0) replace the learned r_phi; normalisation and threshold
+  are fitted as for a learned model (`fit_reward`: mu, sigma over the message occurrences of the training
+  pairs, eps the `intrinsic.eps_quantile` of r_hat over the unique training messages), so the arm differs from
+  the learned arms only in where r_phi comes from.
+
+  Args:
+    config: the motif ConfigDict (data.holdout, seed, intrinsic.eps_quantile).
+    records: annotation records (their captions and train split fix mu, sigma and eps; labels are unused).
+
+  Returns:
+    dict shaped like `fit_from_records` output for `toy_settings` / `study.rank_note`: fit (mu, sigma,
+    quantiles, eps, rewards [M] of the data's messages), train, caption_rewards [NUM_CAPTIONS].
+
+  Raises:
+    ValueError: a record caption that is not a toy caption, or no training message.
+  """
+  data = to_arrays(records)
+  train, _ = split_by_pair(data, float(config.data.holdout), seed=int(config.seed))
+  values = toy.caption_values()
+  for t in data["texts"]:
+    if t not in toy.CAPTIONS:
+      raise ValueError(f"oracle_values_fit: caption {t!r} is not a toy caption; the oracle values exist only "
+                       "for the toy world.")
+  r = np.array([values[toy.CAPTIONS.index(t)] for t in data["texts"]], np.float32)
+  seen = train["occurrences"] > 0
+  if not seen.any():
+    raise ValueError("oracle_values_fit: the training split has no message.")
+  mu, sigma, q = intrinsic.fit_normalisation(r[seen], r[seen], weights=train["occurrences"][seen])
+  eps = intrinsic.threshold((r[seen] - mu) / sigma, config.intrinsic.eps_quantile)
+  return {"fit": dict(rewards=r, mu=mu, sigma=sigma, quantiles=q, eps=eps), "train": train,
+          "caption_rewards": values}
+
+
 def toy_settings(config: Any, fits: dict[str, dict], settings: Sequence[tuple[str, str]]) -> dict[str, jax.Array]:
   """Stacked reward settings for `pipeline.make_toy_train`: one row per (label source, kind), kind in
   'intrinsic' (alpha_ext 0), 'extrinsic' (alpha_int 0) or 'both'.

@@ -135,6 +135,53 @@ def _check_messages(where: str, name: str, x: Any, spec: str = "B L") -> None:
                "values would be truncated to byte 0 and read as empty messages.")
 
 
+# Official state-dict names (rlaif/reward_model.py RewardSharedWeights: encoder = TorchBeastEncoder with
+# msg_model 'lt_cnn', reward_fn = Sequential(ReLU, Linear)); conv2..conv6 and fc are positions in the
+# encoder's conv2_6_fc Sequential (ReLU, MaxPool, Conv, ReLU, MaxPool, Conv, ReLU, Conv, ReLU, Conv, ReLU,
+# Conv, ReLU, MaxPool, Flatten, Linear, ReLU).
+OFFICIAL_CONVS = {"conv1": "encoder.conv1", "conv2": "encoder.conv2_6_fc.2", "conv3": "encoder.conv2_6_fc.5",
+                  "conv4": "encoder.conv2_6_fc.7", "conv5": "encoder.conv2_6_fc.9", "conv6": "encoder.conv2_6_fc.11"}
+
+
+def params_from_official(state_dict: dict) -> Any:
+  """Official reward-model weights (a torch state dict as numpy arrays) -> RewardModel params.
+
+  Layout changes: Conv1d weights [out, in, k] -> Flax [k, in, out]; Linear weights [out, in] -> [in, out]; the
+  first fc layer reads torch's channel-major flattening of the [B, C, 5] features (index c * 5 + l), Flax
+  flattens [B, 5, C] (index l * C + c), so its input rows are permuted. Keys other than the reward model's
+  (the policy heads of the shared actor-critic) are ignored.
+
+  Args:
+    state_dict: name -> array with 'encoder.char_lt.weight' [256, E], the convolutions of `OFFICIAL_CONVS`
+      ('.weight' [H, in, k], '.bias' [H]), 'encoder.conv2_6_fc.15.*' [2H, 5H], 'encoder.fc.0.*' [T/2, 2H],
+      'encoder.fc.2.*' [T, T/2], 'reward_fn.1.*' [1, T].
+
+  Returns:
+    params for RewardModel(embed_dim=E, hidden=H, trunk=T).
+
+  Raises:
+    ValueError: a missing key.
+  """
+  need = (["encoder.char_lt.weight"] + [f"{v}.{w}" for v in OFFICIAL_CONVS.values() for w in ("weight", "bias")]
+          + [f"{k}.{w}" for k in ("encoder.conv2_6_fc.15", "encoder.fc.0", "encoder.fc.2", "reward_fn.1")
+             for w in ("weight", "bias")])
+  missing = [k for k in need if k not in state_dict]
+  if missing:
+    raise ValueError(f"params_from_official: the state dict lacks {missing}; expected the official 'lt_cnn' "
+                     "reward model (rlaif/reward_model.py).")
+  sd = {k: np.asarray(state_dict[k], np.float32) for k in need}
+  dense = lambda k: {"kernel": sd[k + ".weight"].T, "bias": sd[k + ".bias"]}
+  cnn = {"char_embed": {"embedding": sd["encoder.char_lt.weight"]}}
+  for name, k in OFFICIAL_CONVS.items():
+    cnn[name] = {"kernel": sd[k + ".weight"].transpose(2, 1, 0), "bias": sd[k + ".bias"]}
+  w = sd["encoder.conv2_6_fc.15.weight"]                                    # [2H, H * 5], index c * 5 + l
+  h = cnn["conv6"]["kernel"].shape[-1]
+  cnn["fc"] = {"kernel": w.reshape(w.shape[0], h, -1).transpose(2, 1, 0).reshape(-1, w.shape[0]),
+               "bias": sd["encoder.conv2_6_fc.15.bias"]}
+  return {"message_cnn": cnn, "trunk_1": dense("encoder.fc.0"), "trunk_2": dense("encoder.fc.2"),
+          "reward": dense("reward_fn.1")}
+
+
 def label_targets(labels: jax.Array) -> jax.Array:
   """Official labels (0 first, 1 second, 2 no preference) -> probability that the second is preferred [...].
 

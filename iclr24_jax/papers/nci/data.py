@@ -141,3 +141,82 @@ def stack_padded(domains: list[Domain]) -> tuple[np.ndarray, np.ndarray, np.ndar
     x[i, :len(d.y)] = d.x
     y[i, :len(d.y)] = d.y
   return x, y, np.asarray([len(d.y) for d in domains], np.int32)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper's domain-generalisation benchmarks in DomainBed's on-disk layout.
+
+DOMAINBED_SETS = {
+    "pacs": ("PACS", ("art_painting", "cartoon", "photo", "sketch")),
+    "office_home": ("office_home", ("Art", "Clipart", "Product", "Real World")),
+    "domainnet": ("domain_net", ("clipart", "infograph", "painting", "quickdraw", "real", "sketch")),
+}
+DATASETS = {
+    "pacs": "PACS as DomainBed writes it: <data_dir>/PACS/{art_painting,cartoon,photo,sketch}/<class>/*.jpg "
+            "(7 classes)",
+    "office_home": "Office-Home: <data_dir>/office_home/{Art,Clipart,Product,Real World}/<class>/*.jpg (65 classes)",
+    "officehome": "alias of office_home",
+    "domainnet": "DomainNet: <data_dir>/domain_net/{clipart,infograph,painting,quickdraw,real,sketch}/<class>/*.jpg "
+                 "(345 classes)",
+}
+DOMAINBED_SOURCE = ("DomainBed's downloader (github.com/facebookresearch/DomainBed: "
+                    "`python -m domainbed.scripts.download --data_dir=<dir>`), which the official NCI code (a "
+                    "DomainBed fork) reads")
+
+
+def domainbed_transform(image: np.ndarray, image_size: int = 224) -> np.ndarray:
+  """DomainBed's eval transform: Resize((224, 224)) (bilinear, aspect not kept), ToTensor, ImageNet Normalize.
+
+  Args:
+    image: uint8 [H, W, 3].
+    image_size: output side (224 in DomainBed).
+
+  Returns:
+    float32 [image_size, image_size, 3].
+  """
+  from PIL import Image
+  from iclr24_jax.common import data as common_data
+  im = Image.fromarray(image).resize((image_size, image_size), resample=Image.BILINEAR)
+  return common_data.normalize_image(np.asarray(im), common_data.IMAGENET_MEAN, common_data.IMAGENET_STD)
+
+
+def load(data_config) -> dict:
+  """The domains of a DomainBed benchmark as per-host record sources.
+
+  Args:
+    data_config: config.data with `name` (a key of DATASETS), `data_dir` (DomainBed's data folder; '' =
+      `$ICLR24_DATA/domainbed`) and optionally `image_size` (default 224).
+
+  Returns:
+    {'domains': {domain: grain.MapDataset of {'image': float32 [S, S, 3], 'label': int32, 'path'}} (this JAX
+    process's share), 'classes': class names (shared by every domain), 'num_classes': int}.
+
+  Raises:
+    ValueError: unknown name. common.data.DataNotFoundError: the benchmark or a domain folder is missing.
+    common.data.DataFormatError: the domains disagree on the class folders.
+  """
+  import functools
+  from iclr24_jax.common import data as common_data
+  name = common_data.config_value(data_config, "name")
+  name = "office_home" if name == "officehome" else name
+  if name not in DOMAINBED_SETS:
+    raise ValueError(f"unknown NCI data set '{name}'; choose one of {sorted(DATASETS)} (or the embedded "
+                     "'digit_domains').")
+  folder, domains = DOMAINBED_SETS[name]
+  root = common_data.locate_data(data_config, "domainbed", what=f"DomainBed {folder}", layout=DATASETS[name],
+                                 source=DOMAINBED_SOURCE)
+  size = int(common_data.config_value(data_config, "image_size", 224) or 224)
+  # The miniature's config keeps image_size 16 for its digit styles; DomainBed's networks read 224.
+  transform = functools.partial(domainbed_transform, image_size=size)
+  out, classes = {}, None
+  for dom in domains:
+    d = common_data.need_path(root, [f"{folder}/{dom}"], what=f"{folder}/{dom}", layout=DATASETS[name],
+                              source=DOMAINBED_SOURCE)
+    files, labels, cls = common_data.class_folders(d)
+    if classes is None:
+      classes = cls
+    elif cls != classes:
+      raise common_data.DataFormatError(f"{d}: class folders {cls[:5]}... differ from the first domain's "
+                                        f"{classes[:5]}...; DomainBed needs the same classes in every domain.")
+    out[dom] = common_data.process_shard(common_data.ImageFolderSource(files, transform, labels=labels))
+  return {"domains": out, "classes": classes, "num_classes": len(classes)}

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
@@ -24,6 +25,9 @@ METHODS = train_lib.METHODS
 
 def run(config: Any, workdir: str) -> dict:
   """One method on one target domain through the shared loop (metrics, checkpoints, resume, plots)."""
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_lib.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("nci", config.data)   # run() does not train on it yet
   method, target = config.method, config.data.target
   if method not in METHODS:
     raise ValueError(f"unknown method '{method}'; choose one of {METHODS}.")
@@ -52,7 +56,7 @@ def run(config: Any, workdir: str) -> dict:
       init_fn=lambda key: model_lib.init(key, nets, input_shape, tx_m, tx_d), train_step=loop_step, batches=batches,
       num_steps=config.num_steps, key=jax.random.key(config.seed), workdir=workdir,
       mesh=sharding.make_mesh(config.get("mesh")), log_every=config.log_every, eval_every=config.eval_every,
-      eval_fn=eval_fn, checkpoint_every=config.checkpoint_every, config=config, name=f"nci/{method}")
+      eval_fn=eval_fn, config=config, name=f"nci/{method}", **loop_lib.checkpoint_options(config))
   src_acc = float(np.mean([train_lib.evaluate(nets, res.state.params, d.x, d.y) for d in sources]))
   results = {"method": method, "target": target, "target_acc": res.final_eval["eval/target_acc"],
              "source_acc": src_acc, "resumed_from_step": res.start_step, "steps_per_s": res.steps_per_s}

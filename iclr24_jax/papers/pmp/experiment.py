@@ -35,15 +35,8 @@ def load_graph(data_config: Any, seed: int = 0) -> data_lib.GraphData:
         class_shift=data_config.class_shift, feature_noise=data_config.feature_noise,
         fraud_degree_factor=data_config.fraud_degree_factor, train_size=data_config.train_size,
         val_size=data_config.val_size, seed=seed)
-  if name in data_lib.FRAUD_FILES:
-    if not data_config.get("data_dir"):
-      raise ValueError(f"data set '{name}' is read from the user's files: set config.data.data_dir to the folder "
-                       f"holding {data_lib.FRAUD_FILES[name][0]} (it cannot be downloaded here).\n"
-                       + data_lib.FRAUD_SOURCES)
-    homo = int(data_config.get("homo", -1))
-    return data_lib.load_fraud_mat(name, data_config.data_dir, homo=None if homo < 0 else bool(homo),
-                                   train_size=data_config.train_size, val_size=data_config.val_size,
-                                   seed=data_config.get("split_seed", 717))
+  if name in data_lib.FRAUD_FILES:   # the paper's .mat files (DataNotFoundError naming the source when absent)
+    return data_lib.load(data_config)
   if name in data_lib.GEOM_GCN:
     root = data_config.get("data_dir") or None
     return data_lib.load_geom_gcn(name, root=root, train_size=data_config.train_size,

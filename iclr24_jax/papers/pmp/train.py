@@ -214,7 +214,6 @@ def fit(config: Any, data: data_lib.GraphData, workdir: str | None = None, mesh=
   monitor = config.get("monitor", "auc")
   predict = make_predict(model)
   labels = data.labels
-  best = {"value": -np.inf, "params": None, "step": 0}
 
   def eval_fn(state):
     probs = class_scores(jax.device_get(predict(state.params, batch))[:data.num_nodes], score_fn)
@@ -222,25 +221,27 @@ def fit(config: Any, data: data_lib.GraphData, workdir: str | None = None, mesh=
     if not np.isfinite(val[monitor]):
       raise ValueError(f"validation {monitor} is not finite ({val[monitor]}); the validation split needs every "
                        "class (and the model may have diverged: lower optimizer.learning_rate).")
-    step = int(jax.device_get(state.step))
-    if val[monitor] > best["value"]:
-      best.update(value=val[monitor], params=jax.device_get(state.params), step=step)
     return {f"val_{k}": v for k, v in val.items()}
 
   init_fn = _cached_init_fn(model, len(data.relations), int(data.x.shape[1]), tx)
+  # keep_best: the loop keeps the best-validation parameters in its checkpoints, so a resumed or rerun workdir
+  # selects the same step as an uninterrupted run.
   result = loop_lib.train_loop(
       init_fn=init_fn, train_step=make_train_step(model, bool(config.get("weighted_loss", False))),
       batches=lambda step: batch, num_steps=num_steps, key=jax.random.key(int(config.seed)), workdir=workdir,
       mesh=mesh, log_every=int(config.get("log_every", 10)), eval_every=int(config.get("eval_every", 10)),
-      eval_fn=eval_fn, checkpoint_every=int(config.get("checkpoint_every", 0)), config=config if workdir else None,
-      progress=progress, stop_at=stop_at, name=f"pmp/{model_cfg['name']}")
-  params = best["params"] if best["params"] is not None else jax.device_get(result.state.params)
+      eval_fn=eval_fn, config=config if workdir else None, progress=progress, stop_at=stop_at,
+      name=f"pmp/{model_cfg['name']}", keep_best=f"eval/val_{monitor}", best_mode="max",
+      **loop_lib.checkpoint_options(config))
+  params = jax.device_get(result.best_params if result.best_params is not None else result.state.params)
   probs = class_scores(jax.device_get(predict(params, batch))[:data.num_nodes], score_fn)
   threshold = 0.5
   if data.num_classes == 2:
     threshold = metrics_lib.best_f1_threshold(probs[data.val_idx, 1], labels[data.val_idx])
   val = split_metrics(probs, labels, data.val_idx, data.num_classes, threshold)
   test = split_metrics(probs, labels, data.test_idx, data.num_classes, threshold)
-  return {"model": model_cfg["name"], "test": test, "val": val, "threshold": threshold, "best_step": best["step"],
-          "best_val": float(best["value"]), "steps_per_s": result.steps_per_s, "history": result.history,
+  return {"model": model_cfg["name"], "test": test, "val": val, "threshold": threshold,
+          "best_step": result.best_step if result.best_step is not None else 0,
+          "best_val": float(result.best_metric if result.best_metric is not None else -np.inf),
+          "steps_per_s": result.steps_per_s, "history": result.history,
           "params": params, "probs": probs}

@@ -15,7 +15,9 @@ concepts computed from the 8x8 scikit-learn digit images themselves (ink = pixel
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import os
+import pathlib
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -221,3 +223,144 @@ def load_concept_dataset(data_config) -> ConceptDataset:
   if name == "digits":
     return make_digits_concepts(seed=int(data_config.get("seed", 0)), target=data_config.get("target", "even"))
   raise ValueError(f"unknown data.name '{name}' for safeguards; choose 'synthetic' or 'digits'.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CUB-200-2011 with the concept-bottleneck preprocessing (the official code reads the CBM's processed CUB).
+
+DATASETS = {
+    "cub": "CUB-200-2011 as Caltech ships it (CUB_200_2011/): images.txt, image_class_labels.txt, "
+           "train_test_split.txt, attributes/image_attribute_labels.txt, images/<class>/<file>.jpg",
+}
+CUB_SOURCE = ("CUB_200_2011.tgz from the Caltech-UCSD Birds page (data.caltech.edu/records/65de6-vp158), "
+              "unpacked; data_dir = the folder holding CUB_200_2011/ (or CUB_200_2011 itself)")
+
+
+@dataclasses.dataclass(frozen=True)
+class CubSplit:
+  """One CUB split: image paths, concept labels and classes.
+
+  Attributes:
+    paths: N image paths.
+    c: [N, K] float32 binary concepts (class-level after majority voting, as the CBM preprocessing).
+    y: [N] int32 targets (class 0..199, or 0 / 1 with target 'binary').
+    image_ids: [N] int32 CUB image ids.
+  """
+  paths: tuple[str, ...]
+  c: np.ndarray
+  y: np.ndarray
+  image_ids: np.ndarray
+
+  def __len__(self) -> int:
+    return len(self.paths)
+
+  def source(self, transform=None):
+    """The split's images as a random-access source of {'image', 'path', 'label'} (common.data.ImageFolderSource)."""
+    from iclr24_jax.common import data as common_data
+    return common_data.ImageFolderSource([pathlib.Path(p) for p in self.paths], transform, labels=self.y)
+
+
+def _int_table(path: pathlib.Path, cols: int) -> np.ndarray:
+  rows = []
+  with open(path) as f:
+    for line in f:
+      parts = line.split()
+      if parts:
+        rows.append([int(v) for v in parts[:cols]])   # a few attribute lines carry an extra field: keep the first
+  return np.asarray(rows, np.int64).reshape(-1, cols)
+
+
+def load_cub(root: str | os.PathLike, min_classes: int = 10, val_fraction: float = 0.2, seed: int = 1,
+             target: str = "class") -> dict:
+  """CUB-200-2011 concepts with the concept-bottleneck (Koh et al. 2020) preprocessing.
+
+  Concepts: the 312 binary attributes, denoised by class-level majority voting (an attribute is 1 for every
+  image of a class when at least half that class's images have it), keeping the attributes that are 1 in at
+  least `min_classes` classes (112 with the default 10, the CBM's set). Split: the official
+  train_test_split.txt gives train / test; `val_fraction` of train becomes val (CBM: 20%, seeded).
+
+  Args:
+    root: the CUB_200_2011 folder (or its parent).
+    min_classes: the class-count filter.
+    val_fraction: share of the official train split held out as val.
+    seed: the val draw.
+    target: 'class' (200 classes, 0..199) or 'binary' (class id >= 100; the official `reduce_to_binary`).
+
+  Returns:
+    {'train', 'val', 'test': CubSplit, 'concept_names': K names, 'num_classes': 200 or 2}.
+
+  Raises:
+    common.data.DataNotFoundError: a CUB file is missing. common.data.DataFormatError: the tables disagree.
+  """
+  from iclr24_jax.common import data as common_data
+  root = pathlib.Path(root)
+  if (root / "CUB_200_2011").is_dir():
+    root = root / "CUB_200_2011"
+  need = lambda rel: common_data.need_path(root, [rel], what=f"CUB {rel}", layout=DATASETS["cub"], source=CUB_SOURCE)
+  if target not in ("class", "binary"):
+    raise ValueError(f"target must be 'class' or 'binary', got {target!r}.")
+  with open(need("images.txt")) as f:
+    paths = {int(a): b for a, b in (line.split(maxsplit=1) for line in f if line.strip())}
+  labels = dict(map(tuple, _int_table(need("image_class_labels.txt"), 2)))
+  is_train = dict(map(tuple, _int_table(need("train_test_split.txt"), 2)))
+  att = _int_table(need("attributes/image_attribute_labels.txt"), 3)   # image_id, attribute_id, is_present
+  ids = np.asarray(sorted(paths), np.int64)
+  if set(labels) != set(paths) or set(is_train) != set(paths):
+    raise common_data.DataFormatError(f"CUB tables under {root} list different image ids.")
+  num_att = int(att[:, 1].max())
+  pos = {int(i): k for k, i in enumerate(ids)}
+  present = np.zeros((len(ids), num_att), np.float32)
+  present[[pos[int(i)] for i in att[:, 0]], att[:, 1] - 1] = att[:, 2]
+  y = np.asarray([labels[int(i)] - 1 for i in ids], np.int32)
+  if y.min() < 0 or y.max() >= 200:
+    raise common_data.DataFormatError("CUB image_class_labels.txt must hold classes 1..200.")
+  class_level = np.stack([present[y == k].mean(0) >= 0.5 if np.any(y == k) else np.zeros(num_att, bool)
+                          for k in range(200)])                      # [200, 312] majority vote
+  keep = np.flatnonzero(class_level.sum(0) >= min_classes)
+  concepts = class_level[y][:, keep].astype(np.float32)
+  names = [f"attribute_{a + 1}" for a in keep]
+  for cand in (root / "attributes" / "attributes.txt", root.parent / "attributes.txt", root / "attributes.txt"):
+    if cand.is_file():
+      table = dict(line.split(maxsplit=1) for line in cand.read_text().splitlines() if line.strip())
+      names = [table.get(str(a + 1), names[j]).strip() for j, a in enumerate(keep)]
+      break
+  tgt = (y >= 100).astype(np.int32) if target == "binary" else y
+  train = np.flatnonzero([is_train[int(i)] == 1 for i in ids])
+  test = np.flatnonzero([is_train[int(i)] == 0 for i in ids])
+  rng = np.random.default_rng(seed)
+  perm = rng.permutation(train)
+  n_val = int(round(val_fraction * len(train)))
+  parts = {"train": np.sort(perm[n_val:]), "val": np.sort(perm[:n_val]), "test": test}
+
+  def make(idx):
+    return CubSplit(tuple(str(root / "images" / paths[int(ids[i])].strip()) for i in idx), concepts[idx], tgt[idx],
+                    ids[idx].astype(np.int32))
+
+  return {**{k: make(v) for k, v in parts.items()}, "concept_names": tuple(names),
+          "num_classes": 2 if target == "binary" else 200}
+
+
+def load(data_config) -> Any:
+  """The data set `config.data.name` names: 'cub' from `config.data.data_dir` (or `$ICLR24_DATA/cub`), or the
+  embedded 'synthetic' / 'digits' (`load_concept_dataset`).
+
+  Args:
+    data_config: config.data; for 'cub' optionally `min_classes` (10), `val_fraction` (0.2), `split_seed` (1) and
+      `cub_target` ('class' or 'binary').
+
+  Returns:
+    'cub': the dict of `load_cub`; otherwise a ConceptDataset.
+
+  Raises:
+    ValueError: unknown name. common.data.DataNotFoundError: CUB files missing.
+  """
+  from iclr24_jax.common import data as common_data
+  name = common_data.config_value(data_config, "name", "synthetic")
+  if name in ("synthetic", "digits"):
+    return load_concept_dataset(data_config)
+  if name not in DATASETS:
+    raise ValueError(f"unknown safeguards data set '{name}'; choose one of {sorted(DATASETS)}, 'synthetic', 'digits'.")
+  root = common_data.locate_data(data_config, "cub", what="CUB-200-2011", layout=DATASETS["cub"], source=CUB_SOURCE)
+  get = lambda k, d: common_data.config_value(data_config, k, d)
+  return load_cub(root, min_classes=int(get("min_classes", 10)), val_fraction=float(get("val_fraction", 0.2)),
+                  seed=int(get("split_seed", 1)), target=str(get("cub_target", "class")))

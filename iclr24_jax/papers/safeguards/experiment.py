@@ -19,6 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.safeguards import data as sg_data
 from iclr24_jax.papers.safeguards.evaluation import evaluate_target
@@ -82,6 +83,9 @@ def run(config: Any, workdir: str, progress: bool = True) -> dict:
     results (also in workdir/results.json): the first target accuracy's numbers at the top level (tau, curve,
     val_at_tau, test_at_tau, no_propagation, true_concepts_at_tau, selective_x) and every target under 'targets'.
   """
+  if config.data.name in sg_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    sg_data.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("safeguards", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
   ds = sg_data.load_concept_dataset(config.data)
   sc = config.safeguard

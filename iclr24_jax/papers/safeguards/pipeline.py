@@ -68,9 +68,9 @@ def train_detectors(config: Any, ds: sg_data.ConceptDataset, workdir: str | None
   res = loop_lib.train_loop(init_fn=init_fn, train_step=sg_model.make_detector_train_step(model), batches=stream,
                             num_steps=config.num_steps, key=jax.random.key(config.seed),
                             workdir=workdir if save else None, mesh=mesh, log_every=config.log_every,
-                            eval_every=config.eval_every, eval_fn=eval_fn, checkpoint_every=config.checkpoint_every,
-                            config=config, progress=progress, name="safeguards/detectors",
-                            steps_per_call=int(config.get("steps_per_call", 1)))
+                            eval_every=config.eval_every, eval_fn=eval_fn, config=config, progress=progress,
+                            name="safeguards/detectors", steps_per_call=int(config.get("steps_per_call", 1)),
+                            **loop_lib.checkpoint_options(config))
   if workdir is not None and not save:   # no checkpoints: still leave the training curve in metrics.jsonl
     writer = metrics_lib.MetricWriter(workdir)
     for row in res.history:

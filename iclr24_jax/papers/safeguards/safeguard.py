@@ -87,8 +87,8 @@ def coverage_accuracy(y_bar: jax.Array, y: jax.Array, tau: jax.Array | float,
 
   Returns:
     {'coverage': fraction of (valid) instances covered, 'accuracy': accuracy on the covered ones (NaN when
-     nothing is covered), 'num_covered': count}; all NaN under jit / vmap when y_bar is not a probability, y is
-     not in {0, 1} or a traced tau is outside [0.5, 1] (eager calls raise).
+      nothing is covered), 'num_covered': count}; all NaN under jit / vmap when y_bar is not a probability, y is
+      not in {0, 1} or a traced tau is outside [0.5, 1] (eager calls raise).
   """
   where = "safeguards.coverage_accuracy"
   checks.shapes(where, y_bar=(y_bar, "B"), y=(y, "B"), weights=(weights, "B"))

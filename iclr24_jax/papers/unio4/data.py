@@ -16,6 +16,7 @@ import numpy as np
 
 from iclr24_jax.common import checks
 from iclr24_jax.rl import normalization
+from iclr24_jax.rl import offline as _offline
 
 REQUIRED = ("observations", "actions", "rewards", "next_observations", "terminals", "timeouts")
 # Statistics frozen by a huge count: normalization.update (called by the online PPO each rollout) then moves
@@ -171,3 +172,42 @@ def sample(key: jax.Array, data: OfflineData, batch_size: int) -> dict[str, jax.
 def normalize_obs(stats: normalization.RunningStats, obs: jax.Array, obs_clip: float = 10.0) -> jax.Array:
   """The input transform of every Uni-O4 network (identity for empty statistics)."""
   return normalization.normalize(stats, obs, obs_clip)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The paper's D4RL data sets (HDF5 files as D4RL downloads them).
+
+DATASETS = {
+    **{n: "D4RL Gym-MuJoCo v2 HDF5 (observations, actions, rewards, terminals, timeouts)" for n in
+       _offline.D4RL_LOCOMOTION},
+    **{n: "D4RL AntMaze v2 HDF5 (+ infos/goal)" for n in _offline.D4RL_ANTMAZE},
+    **{n: "D4RL Adroit v1 HDF5" for n in _offline.D4RL_ADROIT},
+    **{n: "D4RL Kitchen v0 HDF5" for n in _offline.D4RL_KITCHEN},
+}
+
+
+def load(data_config) -> dict[str, np.ndarray]:
+  """The D4RL data set `config.data.name` from `config.data.data_dir` (e.g. ~/.d4rl/datasets).
+
+  Args:
+    data_config: config.data with `name` (a D4RL id in DATASETS, e.g. 'hopper-medium-v2') and `data_dir` (the
+      folder holding the HDF5 file, searched recursively, or the file; '' = `$ICLR24_DATA/d4rl`).
+
+  Returns:
+    the D4RL-format dict of `rl.offline.load_d4rl` (observations [N, D] float32, actions [N, A], rewards [N],
+    next_observations, terminals / timeouts [N] bool), ready for `prepare`.
+
+  Raises:
+    ValueError: unknown name. common.data.DataNotFoundError: the file is not there (the message gives D4RL's
+      file names and how to download them). common.data.DataFormatError: keys, ranks or dtypes differ from D4RL's.
+  """
+  from iclr24_jax.common import data as common_data
+  name = common_data.config_value(data_config, "name")
+  if name not in DATASETS:
+    raise ValueError(f"unknown Uni-O4 D4RL data set '{name}'; choose one of {sorted(DATASETS)} (or the generated "
+                     "'brax/<env>' sets).")
+  root = common_data.locate_data(data_config, "d4rl", what=f"D4RL '{name}'",
+                                 layout=f"one of {_offline.d4rl_filenames(name)}", source=_offline.D4RL_SOURCE)
+  ds = _offline.load_d4rl(name, root)
+  validate(ds)
+  return ds

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics
 from iclr24_jax.papers.unio4 import algorithm, bc as bc_lib
 from iclr24_jax.papers.unio4 import improvement
@@ -76,6 +77,9 @@ def run(config: Any, workdir: str) -> dict:
   from scratch beside it when online.compare_scratch. Writes metrics.jsonl, results.json, plots, a checkpoint.
   `eval_episodes = 0` skips the real-environment evaluation of the offline members (the OPE alone picks the one
   handed to fine-tuning; no offline plot)."""
+  if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
+    data_lib.load(config.data)                  # naming the layout and source when absent)
+    raise common_data.paper_data_not_wired("unio4", config.data)   # run() does not train on it yet
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
   writer = metrics.MetricWriter(workdir)

@@ -2,7 +2,8 @@
 
 Each ensemble member i keeps a behaviour policy pi_old_i (initially its BC policy). One step, per member:
   s ~ D (a minibatch), a ~ pi_old_i(.|s) (the behaviour policy samples the actions, `dist.rsample()` under no_grad),
-  A = Q(s, a) - V(s), normalised over the minibatch, weighted by omega where A > 0 and 1 - omega elsewhere,
+  A = Q(s, a) - V(s), normalised over the minibatch, weighted by omega where A > 0 and 1 - omega elsewhere
+  (unweighted at omega = 0.5, as the official `weighted_advantage`),
   loss_i = -mean[ min(r A, clip(r, 1 - eps, 1 + eps) A) ],  r = pi_i(a|s) / pi_old_i(a|s)   (PPO, eps = 0.25),
   Adam with the learning rate decayed linearly to 0, gradient norm clipped at 0.5 per policy.
 Every `eval_every` steps the OPE scores every current policy; where the score beats that member's best so far,
@@ -35,23 +36,28 @@ def normalize_advantage(adv: jax.Array, eps: float = CONST_EPS) -> jax.Array:
 
 
 def advantage_weights(adv: jax.Array, omega: float) -> jax.Array:
-  """omega where A > 0, 1 - omega elsewhere (the official `weighted_advantage` multiplies A by these).
+  """omega where A > 0, 1 - omega elsewhere; all 1 at omega = 0.5 (official `weighted_advantage`, abppo.py).
+
+  The official code returns A unweighted when omega == 0.5 (not 0.5 A), so omega = 0.5 is plain PPO with the full
+  loss and gradient (the 0.5 gradient-norm clip then acts at the official norm); any other omega multiplies A by
+  these weights.
 
   Args:
-    adv: [...] advantages.
-    omega: the weight of positive advantages, in [0, 1] (0.5 = plain PPO).
+    adv: [...] (normalised) advantages.
+    omega: weight of positive advantages in [0, 1] (a Python float or a scalar array).
 
   Returns:
-    [...] weights (NaN under jit for a traced omega outside [0, 1]; a Python omega raises at once).
+    [...] float32 weights (NaN under jit for a traced omega outside [0, 1]; a Python omega raises at once).
   """
   ok = checks.in_range("unio4.advantage_weights", "omega", omega, 0.0, 1.0, hint="0.5 is plain PPO.")
-  return checks.poison(jnp.where(adv > 0, omega, 1.0 - omega), ok)
+  w = jnp.where(adv > 0, omega, 1.0 - omega).astype(jnp.float32)
+  return checks.poison(jnp.where(jnp.asarray(omega) == 0.5, jnp.ones_like(w), w), ok)
 
 
 def asymmetric_clipped_objective(log_prob: jax.Array, old_log_prob: jax.Array, adv: jax.Array, clip_eps: float,
                                  omega: float) -> tuple[jax.Array, Any]:
-  """-mean[ w(A) min(r A, clip(r, 1 - eps, 1 + eps) A) ] with w(A) = omega (A > 0) or 1 - omega; equal to the
-  official min(r wA, clip(r) wA) because w > 0.
+  """-mean[ w(A) min(r A, clip(r, 1 - eps, 1 + eps) A) ] with w(A) = omega (A > 0) or 1 - omega (1 at omega 0.5,
+  `advantage_weights`); equal to the official min(r wA, clip(r) wA) because w > 0.
 
   Args:
     log_prob, old_log_prob, adv: [B]; clip_eps: eps; omega: weight of positive advantages.

@@ -1,0 +1,256 @@
+"""common.scale: ahead-of-time figures equal a concrete compile and run, FLOPs match a hand count, sharding is
+real (per-device parameter bytes fall as 1/devices), and every paper's `paper` config compiles at its own size."""
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from iclr24_jax import registry
+from iclr24_jax.common import scale
+from iclr24_jax.lm import llama
+from iclr24_jax.lm import scale as lm_scale
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# A small Llama whose matmuls dominate: D 128, F 256, 2 layers, 4 heads of 32, vocabulary 512, untied head.
+SMALL = llama.LlamaConfig(vocab_size=512, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=4,
+                          intermediate_size=256, rope_base=10000.0, tie_embeddings=False, max_seq_len=64)
+B, T = 16, 64
+# Hand count of one training step (all 8 devices):
+#   matmul weights per layer: q, k, v, o 4 x 128 x 128 = 65,536; gate, up, down 3 x 128 x 256 = 98,304
+#   -> 163,840 x 2 layers = 327,680; head 128 x 512 = 65,536; N = 393,216 (the embedding lookup is no matmul)
+#   6 x N x tokens = 6 x 393,216 x 1,024 = 2,415,919,104
+#   attention: 3 x 4 x T x (H x hd) per token and layer = 3 x 4 x 64 x 128 = 98,304; x 2 layers x 1,024 tokens
+#   = 201,326,592                                                     total 2,617,245,696 (327,155,712 per device)
+HAND_FLOPS = 2_617_245_696
+
+
+def _small_program(mesh, config=SMALL):
+  return lm_scale.train_program("small", config, optax.sgd(0.1), mesh, lm_scale.causal_batch(B, T),
+                                hand_flops=lm_scale.llama_flops(config, B, T), items_per_step=B * T)
+
+
+@pytest.fixture(scope="module")
+def mesh8():
+  return scale.mesh_for(8, B)
+
+
+@pytest.fixture(scope="module")
+def small(mesh8):
+  program = _small_program(mesh8)
+  return program, scale.analyse(program, mesh8)
+
+
+def _device0_bytes(tree):
+  return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+
+
+def test_hand_count_matches_the_arithmetic(small):
+  program, row = small
+  assert program.hand_flops == HAND_FLOPS
+  assert row["hand_flops"] == HAND_FLOPS / 8
+
+
+def test_aot_figures_equal_a_concrete_compile_and_run(small, mesh8):
+  program, row = small
+  args = scale.random_args(program)
+  arg_bytes = _device0_bytes(args)  # what device 0 holds of the real inputs
+  jitted = jax.jit(program.fn, out_shardings=program.out_shardings, donate_argnums=program.donate_argnums)
+  with jax.set_mesh(mesh8):
+    compiled = jitted.lower(*args).compile(scale.compiler_options())
+  ma = compiled.memory_analysis()
+  for key, value in (("argument_bytes", ma.argument_size_in_bytes), ("output_bytes", ma.output_size_in_bytes),
+                     ("temp_bytes", ma.temp_size_in_bytes)):
+    assert abs(row[key] - value) <= 0.1 * value, (key, row[key], value)
+  assert abs(row["flops_xla"] - compiled.cost_analysis()["flops"]) <= 0.1 * row["flops_xla"]
+  state, metrics = compiled(*args)
+  assert np.isfinite(float(metrics["loss"]))
+  out_bytes = _device0_bytes((state, metrics))
+  assert abs(row["argument_bytes"] - arg_bytes) <= 0.1 * arg_bytes, (row["argument_bytes"], arg_bytes)
+  assert abs(row["output_bytes"] - out_bytes) <= 0.1 * out_bytes, (row["output_bytes"], out_bytes)
+  # FLOPs: XLA's count (matmuls plus the elementwise work) within 10% of the hand count.
+  assert abs(row["flops"] - HAND_FLOPS / 8) <= 0.1 * HAND_FLOPS / 8, row["flops"]
+
+
+def test_scanned_layers_are_counted_every_iteration(small, mesh8):
+  _, unrolled = small
+  config = SMALL.replace(scan_layers=True)
+  row = scale.analyse(_small_program(mesh8, config), mesh8)
+  assert row["scan_loops"] == row["hlo_while_loops"] == 2  # the forward scan and its transpose
+  # XLA costs one layer of the two; the jaxpr adds the other layer's matmuls. What stays uncounted is that layer's
+  # elementwise work (softmax, norms, rotary: 2.3% of this small model's FLOPs, far less at paper widths).
+  assert row["flops_xla"] < 0.8 * unrolled["flops_xla"]
+  assert 0.95 * unrolled["flops"] <= row["flops"] <= unrolled["flops"]
+
+
+def test_loop_costs_of_a_scan_by_hand():
+  n, b, d = 5, 8, 16
+
+  def f(ws, x):
+    return jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), x, ws)[0]
+
+  jaxpr = jax.make_jaxpr(f)(jnp.zeros((n, d, d)), jnp.zeros((b, d))).jaxpr
+  costs = scale.loop_costs(jaxpr)
+  # each iteration: 2 x 8 x 16 x 16 = 4,096 FLOPs; reads x [8, 16] and w [16, 16], writes [8, 16] in float32:
+  # (128 + 256 + 128) x 4 = 2,048 bytes
+  assert costs["flops"] == 5 * 4096 and costs["flops_once"] == 4096
+  assert costs["bytes"] == 5 * 2048 and costs["bytes_once"] == 2048
+  assert costs["scans"] == 1 and costs["while_loops"] == 0
+
+
+def _sharded_fraction(params, shardings_8, mesh1):
+  one = scale.per_device_bytes(scale.abstract(params, lm_scale.param_shardings(params, mesh1)))
+  return scale.per_device_bytes(scale.abstract(params, shardings_8)) / one
+
+
+def test_parameter_bytes_per_device_fall_as_one_over_devices():
+  config = llama.LlamaConfig(vocab_size=4096, hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=8,
+                             intermediate_size=1024, tie_embeddings=False, scan_layers=True)
+  params = lm_scale.abstract_params(config)
+  mesh1 = scale.mesh_for(1, 8)
+  for shape in ((8, 1), (2, 4)):  # FSDP only; FSDP x tensor parallel
+    mesh = jax.make_mesh(shape, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    sh = lm_scale.param_shardings(params, mesh)
+    # only the norm scales ([L, 512] and [512] float32, 10 KB of 29 MB) stay whole
+    assert 1 / 8 <= _sharded_fraction(params, sh, mesh1) <= 1.01 / 8
+    assert scale.replicated_bytes(scale.abstract(params, sh), min_bytes=1 << 16) == 0
+  # A parameter replicated by accident (the 8 MB output head) breaks both checks.
+  mesh = scale.mesh_for(8, 8)
+  sh = lm_scale.param_shardings(params, mesh)
+  sh["lm_head"]["kernel"] = NamedSharding(mesh, P())
+  assert _sharded_fraction(params, sh, mesh1) > 1.2 / 8
+  assert scale.replicated_bytes(scale.abstract(params, sh), min_bytes=1 << 16) == 512 * 4096 * 4
+
+
+def test_compiled_argument_bytes_fall_with_devices():
+  config = llama.LlamaConfig(vocab_size=4096, hidden_size=512, num_layers=2, num_heads=8, num_kv_heads=8,
+                             intermediate_size=1024, tie_embeddings=False, scan_layers=True)
+  rows = []
+  for n in (1, 8):
+    mesh = scale.mesh_for(n, 8, model=min(n, 8))  # tensor parallel over all n devices
+    rows.append(scale.analyse(lm_scale.llama_choice_program("judge", config, mesh, 8, 32, 2), mesh))
+  # bfloat16 weights 14.7 MB dominate the arguments (ids and masks of 8 x 32 tokens are 1.3 KB)
+  assert rows[0]["argument_bytes"] / 8 <= rows[1]["argument_bytes"] <= 1.05 * rows[0]["argument_bytes"] / 8
+
+
+def test_mesh_for_fits_the_batch():
+  assert dict(scale.mesh_for(8, 64).shape) == {"data": 8, "model": 1}
+  assert dict(scale.mesh_for(8, 8, model=8).shape) == {"data": 1, "model": 8}
+  assert dict(scale.mesh_for(8, 2).shape) == {"data": 2, "model": 4}  # the batch of 2 decides
+  with pytest.raises(ValueError, match="divisor"):
+    scale.mesh_for(8, 8, model=3)
+  assert dict(scale.mesh_for(8, 3).shape) == {"data": 1, "model": 8}
+  with pytest.raises(ValueError, match="batch of 5"):
+    scale.mesh_for(6, 5)  # data 6, 3 and (model 4 does not divide 6) nothing else
+
+
+def test_logical_shardings_fall_back_where_the_axis_does_not_divide():
+  mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  shapes = {"a": jax.ShapeDtypeStruct((12, 10), jnp.float32), "b": jax.ShapeDtypeStruct((6, 7), jnp.float32),
+            "c": jax.ShapeDtypeStruct((8, 8), jnp.float32)}
+  names = {"a": ("heads", "embed"), "b": ("heads", "embed"), "c": ("embed", "embed")}
+  sh = scale.logical_shardings(shapes, names, mesh)
+  assert sh["a"].spec == P("model", "data")
+  assert sh["b"].spec == P(None, None)          # 6 heads on 4 devices, width 7 on 2: whole
+  assert sh["c"].spec == P("data", None)        # one mesh axis per array
+  with pytest.raises(ValueError, match="do not match"):
+    scale.logical_shardings({"a": shapes["a"]}, {"a": ("embed",)}, mesh)
+  fsdp = scale.fsdp_shardings({"w": jax.ShapeDtypeStruct((3, 1024, 512), jnp.float32),
+                               "s": jax.ShapeDtypeStruct((16,), jnp.float32)}, mesh)
+  assert fsdp["w"].spec == P(None, "data", None) and fsdp["s"].spec == P()
+
+
+def test_optimizer_state_follows_its_parameters():
+  mesh = scale.mesh_for(8, 8)
+  params = {"w": jax.ShapeDtypeStruct((64, 16), jnp.float32), "b": jax.ShapeDtypeStruct((16,), jnp.float32)}
+  p_sh = {"w": NamedSharding(mesh, P("data")), "b": NamedSharding(mesh, P())}
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+  from iclr24_jax.common.train_state import TrainState
+  state = jax.eval_shape(lambda: TrainState.create(jax.tree.map(lambda x: jnp.zeros(x.shape), params), tx))
+  sh = scale.train_state_shardings(state, p_sh, mesh)
+  adam = sh.opt_state[1][0]
+  assert adam.mu["w"].spec == P("data") and adam.nu["w"].spec == P("data") and adam.count.spec == P()
+  assert sh.step.spec == P()
+
+
+def test_program_and_config_errors_are_named():
+  with pytest.raises(ValueError, match="kind"):
+    scale.Program("x", lambda: 0, (), kind="sampling")
+  with pytest.raises(TypeError, match="tuple"):
+    scale.Program("x", lambda: 0, [])
+  from iclr24_jax.configs import mario
+  with pytest.raises(ValueError, match=r"configs/mario\.py"):
+    scale.paper_scale(mario.get_config(""), "mario")
+
+
+LM_PAPERS = ("llmbar", "finetune_dissect", "motif", "cpm", "lm_inversion", "mario")
+
+
+@pytest.mark.parametrize("slug", [pytest.param(s, marks=() if s == "cpm" else pytest.mark.slow) for s in LM_PAPERS])
+def test_paper_variant_compiles_at_its_own_size(slug):
+  config = importlib.import_module(f"iclr24_jax.configs.{slug}").get_config("paper")
+  assert config.data.data_dir == "" and config.scale.source
+  mesh = scale.mesh_for(8, int(config.scale.batch_size), int(config.mesh.model))
+  program = registry.study_module(slug).scale_program(config, mesh)
+  row = scale.analyse(program, mesh)
+  assert row["peak_bytes"] > 0 and row["compile_s"] > 0
+  # Every parameter is sharded: per device 1/8 of the bytes, up to the norms and small tables.
+  total = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(program.abstract_params))
+  assert total / 8 <= row["param_bytes"] <= 1.05 * total / 8
+  assert row["replicated_param_bytes"] == 0
+  # XLA's FLOPs against the hand count: equal up to the elementwise work, plus the recomputed forward where
+  # the layers are rematerialised (1 + 1/3 of the layers' share at most).
+  remat = str(config.scale.get("remat", "none")) != "none"
+  assert 0.95 <= row["flops"] / row["hand_flops"] <= (1.4 if remat else 1.1)
+
+
+@pytest.mark.slow
+def test_sixty_four_devices_in_a_subprocess_hold_less_per_device(tmp_path):
+  rows_path = tmp_path / "rows.json"
+  subprocess.run([sys.executable, "-m", "experiments.scale", "--devices", "64", "--only", "cpm", "--rows-out",
+                  str(rows_path)], check=True, cwd=ROOT, timeout=900)
+  (row64,) = json.loads(rows_path.read_text())
+  config = importlib.import_module("iclr24_jax.configs.cpm").get_config("paper")
+  mesh = scale.mesh_for(8, int(config.scale.batch_size))
+  row8 = scale.analyse(registry.study_module("cpm").scale_program(config, mesh), mesh)
+  assert row64["devices"] == 64 and row64["mesh"] == "data=64,model=1"
+  np.testing.assert_allclose(row64["param_bytes"], row8["param_bytes"] / 8, rtol=0.01)
+  assert row64["peak_bytes"] < row8["peak_bytes"] / 4
+
+
+def test_measure_runs_and_carries_the_state():
+  config = llama.tiny_config(vocab_size=64)
+  mesh = scale.mesh_for(8, 8)
+  program = lm_scale.train_program("tiny", config, optax.sgd(0.1), mesh, lm_scale.causal_batch(8, 16))
+  out = scale.measure(program, mesh, steps=2)
+  assert out["measured_steps_per_s"] > 0 and out["measured_steps"] == 2 and out["measured_backend"] == "cpu"
+  with pytest.raises(ValueError, match="steps >= 1"):
+    scale.measure(program, mesh, steps=0)
+
+
+@pytest.mark.gpu
+def test_measure_runs_steps_on_the_accelerator():
+  if jax.default_backend() == "cpu":
+    pytest.skip("needs an accelerator (GPU / TPU)")
+  mesh = scale.mesh_for(len(jax.devices()), B, device_list=jax.devices())
+  program = _small_program(mesh)
+  row = scale.analyse(program, mesh)
+  measured = scale.measure(program, mesh, steps=10)
+  assert measured["measured_steps_per_s"] > 0 and measured["measured_backend"] != "cpu"
+  assert row["flops"] > 0
+
+
+def test_merge_rows_replaces_the_same_program_devices_and_mesh(tmp_path):
+  from experiments import scale as scale_cli
+  path = tmp_path / "x.json"
+  path.write_text(json.dumps([{"program": "p", "devices": 8, "mesh": "data=8,model=1", "flops": 1.0},
+                              {"program": "p", "devices": 64, "mesh": "data=64,model=1", "flops": 2.0}]))
+  rows = scale_cli.merge_rows(str(path), [{"program": "p", "devices": 8, "mesh": "data=8,model=1", "flops": 3.0}])
+  assert [(r["devices"], r["flops"]) for r in rows] == [(8, 3.0), (64, 2.0)]
