@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.diffusion import process
 from iclr24_jax.diffusion.schedules import Schedule
 
@@ -263,8 +264,15 @@ def make_gmm(key: jax.Array, dim: int, num_components: int, scale: float = 3.0, 
     num_components: K.
     scale: spread of the means.
     std: typical per-axis standard deviation of a component (eigenvalues in [0.5, 1.5] * std^2).
-    weights: [K] (default: proportional to 1..K, so they are unequal).
+    weights: [K] non-negative with a positive sum (default: proportional to 1..K, so they are unequal).
+
+  Returns:
+    GaussianMixture (weights normalised; NaN under jit for negative traced weights, eager calls raise).
   """
+  where = "diffusion.make_gmm"
+  dim = checks.static_int(where, "dim", dim, low=1)
+  num_components = checks.static_int(where, "num_components", num_components, low=1)
+  checks.in_range(where, "std", std, 0.0, None, low_open=True)
   key_m, key_r, key_e = jax.random.split(key, 3)
   means = scale * jax.random.normal(key_m, (num_components, dim)) * np.sqrt(2.0 / dim)
   q, _ = jnp.linalg.qr(jax.random.normal(key_r, (num_components, dim, dim)))
@@ -273,8 +281,13 @@ def make_gmm(key: jax.Array, dim: int, num_components: int, scale: float = 3.0, 
   covs = 0.5 * (covs + jnp.swapaxes(covs, 1, 2))
   if weights is None:
     weights = np.arange(1, num_components + 1, dtype=np.float32)
+  checks.shapes(where, weights=(weights, f"{num_components}"))
+  xp = checks.xp(weights)
+  w = xp.asarray(weights)
+  ok = checks.require(where, xp.all(w >= 0) & (xp.sum(w) > 0), checks.ProbabilityError,
+                      "weights must be >= 0 with a positive sum.")
   weights = jnp.asarray(weights, jnp.float32)
-  return GaussianMixture(weights / jnp.sum(weights), means, covs)
+  return checks.poison(GaussianMixture(weights / jnp.sum(weights), means, covs), ok)
 
 
 def ring_gmm(num_components: int = 6, radius: float = 3.0, std: float = 0.35, weights=None) -> GaussianMixture:

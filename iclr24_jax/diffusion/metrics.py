@@ -4,6 +4,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from iclr24_jax.common import checks
 from iclr24_jax.diffusion.gmm import GaussianMixture
 
 
@@ -40,8 +41,10 @@ def sliced_wasserstein(x: jax.Array, y: jax.Array, key: jax.Array, num_projectio
   Returns:
     scalar SW_p.
   """
-  if x.ndim != 2 or x.shape != y.shape:
-    raise ValueError(f"sliced_wasserstein needs two [N, D] arrays of the same shape, got {x.shape} and {y.shape}.")
+  where = "diffusion.sliced_wasserstein"
+  checks.shapes(where, x=(x, "N D"), y=(y, "N D"))
+  num_projections = checks.static_int(where, "num_projections", num_projections, low=1)
+  checks.in_range(where, "p", p, 1.0, None, hint="the order of the Wasserstein distance.")
   theta = random_directions(key, num_projections, x.shape[1])
   px = jnp.sort(x @ theta.T, axis=0)
   py = jnp.sort(y @ theta.T, axis=0)

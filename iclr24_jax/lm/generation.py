@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.lm import llama
 from iclr24_jax.lm import quant
 from iclr24_jax.lm import tokenizer as tok_lib
@@ -179,6 +180,10 @@ def sample_token(key: jax.Array, logits: jax.Array, temperature: float = 0.0, to
   Returns:
     (tokens [B] int32, log-probability of each token under the sampling distribution [B]).
   """
+  where = "lm.sample_token"
+  checks.in_range(where, "temperature", temperature, 0.0, None, hint="0 is greedy.")
+  checks.in_range(where, "top_p", top_p, 0.0, 1.0, low_open=True, hint="1.0 is off.")
+  checks.static_int(where, "top_k", top_k, low=0)
   if temperature == 0.0:
     tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)

@@ -13,8 +13,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.lm import llama
 from iclr24_jax.lm import tokenizer as tok_lib
+
+
+def _check_ids(where: str, config: llama.LlamaConfig, ids: jax.Array, mask: jax.Array | None = None,
+               ids_name: str = "ids", mask_name: str = "mask", nonempty_rows: bool = False) -> object:
+  """[B, T] integer ids in [0, vocab) and a matching bool mask; values raise eagerly, else the poison condition."""
+  checks.shapes(where, **{ids_name: (ids, "B T"), mask_name: (mask, "B T")})
+  checks.dtype(where, ids_name, ids, "integer", "token ids.")
+  checks.dtype(where, mask_name, mask, "int_or_bool")
+  oks = [checks.indices(where, ids_name, ids, config.vocab_size, f"token ids of the model's vocabulary "
+                        f"(vocab_size={config.vocab_size}).")]
+  if nonempty_rows and mask is not None:
+    xp = checks.xp(mask)
+    oks.append(checks.require(where, xp.any(xp.asarray(mask).astype(bool), axis=-1), checks.EmptyInputError,
+                              f"every row of {mask_name} needs at least one real token."))
+  return checks.all_ok(*oks)
 
 
 def logprobs_from_logits(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -57,9 +73,11 @@ def token_logprobs(params: llama.Params, config: llama.LlamaConfig, ids: jax.Arr
     mask: [B, T] bool, real tokens (default all).
 
   Returns:
-    [B, T] float32; 0 at padding and at each row's first real token (it has no context).
+    [B, T] float32; 0 at padding and at each row's first real token (it has no context). Ids outside the
+    vocabulary raise `checks.IndexRangeError` eagerly and give NaN under jit.
   """
-  return _token_logprobs(params, config, ids, mask)[0]
+  ok = _check_ids("lm.token_logprobs", config, ids, mask)
+  return checks.poison(_token_logprobs(params, config, ids, mask)[0], ok)
 
 
 def sequence_logprob(params: llama.Params, config: llama.LlamaConfig, ids: jax.Array, mask: jax.Array | None = None,
@@ -74,12 +92,17 @@ def sequence_logprob(params: llama.Params, config: llama.LlamaConfig, ids: jax.A
       (the first real token of a row is never scored: it has no context).
 
   Returns:
-    (sum_logprob [B], num_scored_tokens [B] int32); mean log-likelihood = sum / num.
+    (sum_logprob [B], num_scored_tokens [B] int32); mean log-likelihood = sum / num. Ids outside the
+    vocabulary raise eagerly; under jit the sums are NaN and the counts -1.
   """
+  where = "lm.sequence_logprob"
+  ok = _check_ids(where, config, ids, mask)
+  checks.shapes(where, ids=(ids, "B T"), target_mask=(target_mask, "B T"))
   lp, valid = _token_logprobs(params, config, ids, mask)
   if target_mask is not None:
     valid = valid & target_mask.astype(bool)
-  return jnp.sum(jnp.where(valid, lp, 0.0), axis=1), jnp.sum(valid, axis=1, dtype=jnp.int32)
+  return checks.poison((jnp.sum(jnp.where(valid, lp, 0.0), axis=1), jnp.sum(valid, axis=1, dtype=jnp.int32)), ok,
+                       int_fill=-1)
 
 
 def next_token_logprobs(params: llama.Params, config: llama.LlamaConfig, ids: jax.Array,
@@ -92,10 +115,12 @@ def next_token_logprobs(params: llama.Params, config: llama.LlamaConfig, ids: ja
     mask: [B, T] real tokens.
 
   Returns:
-    [B, V] float32 log-probabilities.
+    [B, V] float32 log-probabilities (NaN under jit for ids outside the vocabulary or a row without a real
+    token; eager calls raise).
   """
+  ok = _check_ids("lm.next_token_logprobs", config, ids, mask, nonempty_rows=True)
   logits = llama.forward(params, config, ids, mask, last_only=True)
-  return jax.nn.log_softmax(logits, axis=-1)
+  return checks.poison(jax.nn.log_softmax(logits, axis=-1), ok)
 
 
 def encode_pairs(tokenizer: tok_lib.Tokenizer, prompts: Sequence[str], continuations: Sequence[str],
@@ -207,7 +232,21 @@ def choice_logprobs_ids(params: llama.Params, config: llama.LlamaConfig, prompt_
 
   Returns:
     [P, O] float32: sum_j log p(option_o[j] | prefix, prompt_p, option_o[:j]) over the real option tokens.
+    Ids outside the vocabulary or a prompt / option row without a real token raise named errors eagerly and
+    give NaN under jit.
   """
+  where = "lm.choice_logprobs_ids"
+  ok = checks.all_ok(
+      _check_ids(where, config, prompt_ids, prompt_mask, "prompt_ids", "prompt_mask", nonempty_rows=True),
+      _check_ids(where, config, option_ids, option_mask, "option_ids", "option_mask", nonempty_rows=True))
+  if prefix_ids is not None:
+    checks.shapes(where, prefix_ids=(prefix_ids, "K"))
+    ok = checks.all_ok(ok, checks.indices(where, "prefix_ids", prefix_ids, config.vocab_size))
+  return checks.poison(_choice_logprobs_ids(params, config, prompt_ids, prompt_mask, option_ids, option_mask,
+                                            prefix_ids), ok)
+
+
+def _choice_logprobs_ids(params, config, prompt_ids, prompt_mask, option_ids, option_mask, prefix_ids):
   p, tp = prompt_ids.shape
   o, to = option_ids.shape
   kv = config.num_kv_heads

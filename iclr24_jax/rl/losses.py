@@ -9,6 +9,9 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.common import checks
 
 
 def gae(rewards: jax.Array, values: jax.Array, next_values: jax.Array, terminations: jax.Array,
@@ -31,11 +34,15 @@ def gae(rewards: jax.Array, values: jax.Array, next_values: jax.Array, terminati
     gae_lambda: GAE lambda.
 
   Returns:
-    (advantages [T, ...], returns = advantages + values [T, ...]).
+    (advantages [T, ...], returns = advantages + values [T, ...]); NaN under jit for a traced gamma or
+    gae_lambda outside [0, 1] (Python numbers raise at once).
   """
   if not (rewards.shape == values.shape == next_values.shape == terminations.shape == dones.shape):
-    raise ValueError(f"gae: shapes differ: rewards {rewards.shape}, values {values.shape}, next_values "
-                     f"{next_values.shape}, terminations {terminations.shape}, dones {dones.shape}.")
+    raise checks.ShapeError(f"rl.gae: shapes differ: rewards {rewards.shape}, values {values.shape}, next_values "
+                            f"{next_values.shape}, terminations {terminations.shape}, dones {dones.shape}.")
+  checks.nonempty("rl.gae", "rewards", rewards.shape[0] if rewards.ndim else 0, "time steps")
+  ok = checks.all_ok(checks.in_range("rl.gae", "gamma", gamma, 0.0, 1.0, hint="the discount."),
+                     checks.in_range("rl.gae", "gae_lambda", gae_lambda, 0.0, 1.0))
   not_term = 1.0 - terminations.astype(values.dtype)
   not_done = 1.0 - dones.astype(values.dtype)
   deltas = rewards + gamma * not_term * next_values - values
@@ -46,7 +53,7 @@ def gae(rewards: jax.Array, values: jax.Array, next_values: jax.Array, terminati
     return acc, acc
 
   _, adv = jax.lax.scan(body, jnp.zeros_like(values[0]), (deltas, not_done), reverse=True)
-  return adv, adv + values
+  return checks.poison((adv, adv + values), ok)
 
 
 def gae_from_dones(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array, gamma: float,
@@ -59,6 +66,9 @@ def gae_from_dones(rewards: jax.Array, values: jax.Array, dones: jax.Array, last
   Returns:
     (advantages, returns) [T, ...].
   """
+  if np.shape(last_value) != np.shape(values)[1:]:
+    raise checks.ShapeError(f"rl.gae_from_dones: last_value must be values[0]'s shape {np.shape(values)[1:]}; got "
+                            f"{np.shape(last_value)}.")
   next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
   return gae(rewards, values, next_values, dones, dones, gamma, gae_lambda)
 
@@ -94,8 +104,12 @@ def ppo_clip_objective(log_prob: jax.Array, old_log_prob: jax.Array, advantages:
   Returns:
     (loss scalar, PPOStats(approx_kl = mean((rho - 1) - log rho), clip_fraction, ratio_mean)).
   """
-  if clip_eps <= 0:
-    raise ValueError(f"clip_eps must be > 0, got {clip_eps}.")
+  where = "rl.ppo_clip_objective"
+  checks.in_range(where, "clip_eps", clip_eps, 0.0, None, low_open=True)
+  checks.in_range(where, "clip_eps_high", clip_eps_high, 0.0, None, low_open=True)
+  if np.shape(log_prob) != np.shape(old_log_prob) or np.shape(advantages) != np.shape(log_prob):
+    raise checks.ShapeError(f"{where}: log_prob {np.shape(log_prob)}, old_log_prob {np.shape(old_log_prob)} and "
+                            f"advantages {np.shape(advantages)} must have one shape.")
   high = clip_eps if clip_eps_high is None else clip_eps_high
   log_ratio = log_prob - jax.lax.stop_gradient(old_log_prob)
   ratio = jnp.exp(log_ratio)
@@ -123,6 +137,9 @@ def value_loss(values: jax.Array, returns: jax.Array, old_values: jax.Array | No
   Returns:
     scalar loss.
   """
+  if np.shape(values) != np.shape(returns):
+    raise checks.ShapeError(f"rl.value_loss: values {np.shape(values)} and returns {np.shape(returns)} must have one "
+                            "shape (a [B, 1] head against [B] returns would broadcast to [B, B]).")
   returns = jax.lax.stop_gradient(returns)
   err = jnp.square(values - returns)
   if clip_eps:

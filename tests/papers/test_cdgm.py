@@ -176,6 +176,10 @@ def test_layer_input_errors():
   layer = cdgm.ConstraintLayer(cdgm.parse_constraints(CHAIN), 3)
   with pytest.raises(ValueError, match="num_features=3"):
     layer(jnp.zeros((2, 4)))
+  # any leading batch dims (vmap over batches composes), and the layer is a pytree argument of jitted code
+  x = jnp.arange(12.0).reshape(2, 2, 3) - 6.0
+  np.testing.assert_array_equal(layer(x), layer(x.reshape(4, 3)).reshape(2, 2, 3))
+  np.testing.assert_array_equal(jax.jit(lambda l, v: l(v))(layer, x[0]), layer(x[0]))
   with pytest.raises(ValueError, match="does not exist"):
     cdgm.ConstraintLayer(cdgm.parse_constraints(CHAIN), 2)
   with pytest.raises(ValueError, match="unknown schedule"):

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from iclr24_jax.common import checks
 from iclr24_jax.papers import cpm
 from iclr24_jax.papers.cpm import model as model_lib
 from iclr24_jax.papers.cpm import scoring
@@ -99,13 +100,13 @@ def test_reward_and_preference_prob_by_hand():
   p = cpm.preference_prob(model, f, f[::-1])
   np.testing.assert_allclose(p, [1 / (1 + np.exp(-4.0)), 1 / (1 + np.exp(4.0))], rtol=1e-6)
   np.testing.assert_allclose(cpm.accuracy(model, f, f[::-1], jnp.array([1, 0])), 1.0)
-  with pytest.raises(ValueError, match="columns"):
+  with pytest.raises(checks.ShapeError, match=r"features must be \[\.\.\., F\] with F = 2"):
     cpm.reward(model, jnp.ones((3, 5)))
 
 
 def test_bad_inputs_raise_clear_errors():
   fa = np.ones((4, 3))
-  with pytest.raises(ValueError, match="same shape"):
+  with pytest.raises(checks.ShapeError, match=r"features_b must be \[N, F\] with F = 3"):
     cpm.fit(fa, np.ones((4, 2)), np.zeros(4), penalty="l2")
   with pytest.raises(ValueError, match=r"labels must be \[N\]"):
     cpm.fit(fa, fa, np.zeros(3), penalty="l2")

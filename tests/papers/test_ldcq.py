@@ -527,7 +527,7 @@ def test_bad_inputs_raise_clear_errors():
   vae = _tiny_vae()
   seg = _segments(jax.random.key(0), b=2)
   vp = vae.init(jax.random.key(1), seg["states"], seg["actions"])["params"]
-  with pytest.raises(ValueError, match="segments need states"):
+  with pytest.raises(ValueError, match=r"states must be \[B, H, D\]"):
     ldcq.vae_loss(vp, vae, {"states": seg["states"][:, 0], "actions": seg["actions"]}, jax.random.key(0))
   with pytest.raises(ValueError, match="unknown LDCQ prior"):
     _spec(vae, "flow")
@@ -536,7 +536,7 @@ def test_bad_inputs_raise_clear_errors():
     ldcq.sample_latents(jax.random.key(0), params, jnp.zeros((2, 3)), 4)
   with pytest.raises(ValueError, match=r"\[D\] or \[B, D\]"):
     ldcq.sample_latents(jax.random.key(0), params, jnp.zeros((2, 2, 3)), 4)
-  with pytest.raises(ValueError, match="next_latents must be"):
+  with pytest.raises(ValueError, match=r"next_latents must be \[B, K, Z\]"):
     q_net, tp = _q_setup(jax.random.key(0))
     ldcq.q_target(q_net, tp, jnp.zeros(2), jnp.zeros((2, 3)), jnp.zeros((2, 2)), jnp.zeros(2), discount=0.9)
   with pytest.raises(FileNotFoundError, match="config.data.path"):

@@ -19,28 +19,31 @@ needs_data = pytest.mark.skipif(data_lib.shared_data_dir() is None,
 
 
 def test_unroll_shapes_padding_and_unigram():
-  lp = jnp.arange(20, dtype=jnp.float32).reshape(2, 10)  # V = 10
+  # V = 10 log-probabilities -1, -2, ... (sub-normalised rows, as top-k access gives, are valid inputs)
+  lp = -1.0 - jnp.arange(20, dtype=jnp.float32).reshape(2, 10)
   uni = jnp.full((10,), 1.0)
   x = li.unroll(lp, uni, width=4)                           # ceil(10/4) = 3 chunks, 2 zeros of padding
   chex.assert_shape(x, (2, 3, 4))
-  np.testing.assert_array_equal(x[0].ravel()[:10], np.arange(10) - 1.0)
+  np.testing.assert_array_equal(x[0].ravel()[:10], -2.0 - np.arange(10))   # lp - unigram = -1 - i - 1
   np.testing.assert_array_equal(x[:, 2, 2:], 0.0)
   # V = 8, d = 4: ours 2 chunks; the official padding adds a whole zero chunk (d - ((V + d) % d) = 4 zeros)
   assert li.num_chunks(8, 4) == 2 and li.num_chunks(8, 4, official_padding=True) == 3
-  xo = li.unroll(jnp.ones((1, 8)), jnp.zeros(8), 4, official_padding=True)
+  xo = li.unroll(jnp.full((1, 8), -3.0), jnp.zeros(8), 4, official_padding=True)
   chex.assert_shape(xo, (1, 3, 4))
   np.testing.assert_array_equal(xo[0, 2], 0.0)
   assert li.num_chunks(10, 4, official_padding=True) == 3  # when d does not divide V both agree
-  with pytest.raises(ValueError, match=r"\[B, V\]"):
-    li.unroll(jnp.ones(10), uni, 4)
+  with pytest.raises(ValueError, match=r"\[\.\.\., V\]"):
+    li.unroll(jnp.float32(-1.0), uni, 4)
+  # per-row: a single [V] row unrolls to [S, d], the same as its row of the batch (so vmap over rows composes)
+  np.testing.assert_array_equal(li.unroll(lp[1], uni, 4), x[1])
   with pytest.raises(ValueError, match="unigram"):
     li.unroll(lp, jnp.ones(9), 4)
 
 
 def test_unigram_ema_hand_computed():
-  # u = 0.99 * [1, 2] + 0.01 * mean([[3, 5], [5, 7]]) = [0.99 + 0.04, 1.98 + 0.06] = [1.03, 2.04]
-  u = li.update_unigram(jnp.array([1.0, 2.0]), jnp.array([[3.0, 5.0], [5.0, 7.0]]))
-  np.testing.assert_allclose(u, [1.03, 2.04], rtol=1e-6)
+  # u = 0.99 * [1, 2] + 0.01 * mean([[-3, -5], [-5, -7]]) = [0.99 - 0.04, 1.98 - 0.06] = [0.95, 1.92]
+  u = li.update_unigram(jnp.array([1.0, 2.0]), jnp.array([[-3.0, -5.0], [-5.0, -7.0]]))
+  np.testing.assert_allclose(u, [0.95, 1.92], rtol=1e-6)
 
 
 def test_topk_access_is_vec2texts_rule_after_the_unigram():
@@ -266,8 +269,12 @@ def test_distribution_check_names_the_problem():
   with pytest.raises(ValueError, match="log_softmax"):
     check_distributions(np.zeros((2, 5), np.float32))
   with pytest.raises(ValueError, match="non-finite"):
-    check_distributions(np.full((2, 5), -np.inf, np.float32))
+    check_distributions(np.full((2, 5), -np.inf, np.float32))        # no mass at all: not a distribution
+  with pytest.raises(ValueError, match=r"NaN or \+inf"):
+    check_distributions(np.array([[0.0, np.nan]], np.float32))
   check_distributions(np.log(np.full((2, 5), 0.2, np.float32)))
+  # a masked / top-k row (-inf entries, less than all the mass) is a valid input
+  check_distributions(np.array([[np.log(0.5), np.log(0.3), -np.inf, -np.inf, -np.inf]], np.float32))
 
 
 @needs_data

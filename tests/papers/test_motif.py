@@ -14,7 +14,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from iclr24_jax.common import sharding
+from iclr24_jax.common import checks, sharding
 from iclr24_jax.papers import motif
 from iclr24_jax.papers.motif import annotation, experiment, intrinsic, pipeline, reward_model, toy
 from iclr24_jax.rl import ppo
@@ -94,7 +94,12 @@ def test_preference_loss_hand_computed():
 
 
 def test_label_targets_official_convention():
-  np.testing.assert_array_equal(motif.label_targets(jnp.array([0, 1, 2, 3])), [0.0, 1.0, 0.5, 0.5])
+  np.testing.assert_array_equal(motif.label_targets(jnp.array([0, 1, 2])), [0.0, 1.0, 0.5])
+  # UNKOWN = 3 pairs are masked out of the official PairsDataset, so they are not a tie: a named error eagerly,
+  # NaN targets under jit.
+  with pytest.raises(checks.LabelError, match=r"\{0, 1, 2\}"):
+    motif.label_targets(jnp.array([0, 3]))
+  assert np.isnan(np.asarray(jax.jit(motif.label_targets)(jnp.array([0, 3])))).all()
 
 
 # ----------------------------------------------------------------------------------------- reward model

@@ -276,8 +276,10 @@ def test_clear_errors():
     sg.propagate(np.full((4, 3), np.nan, np.float32), params)
   with pytest.raises(ValueError, match="agree"):
     sg.propagate(np.full((4, 2), 0.5, np.float32), params)
-  with pytest.raises(ValueError, match=r"\[B, K\]"):
-    sg.propagate(np.full((3,), 0.5, np.float32), params)
+  with pytest.raises(ValueError, match=r"\[\.\.\., K\]"):
+    sg.propagate(np.float32(0.5), params)
+  # per-row math: a single [K] row is one instance (leading batch dims are free, so vmap composes)
+  np.testing.assert_allclose(sg.propagate(p[0], params), sg.propagate(p, params)[0], rtol=1e-6)
   with pytest.raises(ValueError, match="PRNG key"):
     sg.propagate(p, params, method="mc")
   with pytest.raises(ValueError, match="unknown propagation method"):

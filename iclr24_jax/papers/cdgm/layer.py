@@ -27,6 +27,8 @@ import numpy as np
 
 from fractions import Fraction
 
+from iclr24_jax.common import checks
+
 from iclr24_jax.papers.cdgm.constraints import (Constraints, InfeasibleConstraintsError, Reduction, Row, build_constraints,
                                                 reduce_constraints)
 
@@ -123,6 +125,14 @@ class ConstraintLayer:
     prune: prune redundant reduced constraints (does not change outputs; see `constraints.py`).
     dtype: the bound tensors' dtype (inputs are cast to it).
 
+  The layer is a pytree without array leaves (its bound tensors are compile-time constants of the host-side
+  reduction), so it can be passed to a jitted function as an argument (one compilation per layer object) or
+  closed over:
+
+    layer = cdgm.ConstraintLayer(constraints, num_features)
+    correct = jax.jit(lambda layer, x: layer(x))
+    y = correct(layer, x)
+
   Raises:
     InfeasibleConstraintsError: if the constraints have no solution (the message names the conflicting ones).
     ValueError: if a constrained variable index is >= num_features or the schedule is unknown.
@@ -130,14 +140,15 @@ class ConstraintLayer:
 
   def __init__(self, constraints: Constraints, num_features: int, *, epsilon: float = 1e-6,
                schedule: Schedule = "levels", prune: bool = True, dtype=jnp.float32):
-    if schedule not in ("levels", "sequential", "scan"):
-      raise ValueError(f"unknown schedule '{schedule}'; choose 'levels', 'sequential' or 'scan'.")
+    where = "cdgm.ConstraintLayer"
+    checks.choice(where, "schedule", schedule, ("levels", "sequential", "scan"))
+    num_features = checks.static_int(where, "num_features", num_features, low=1)
     used = constraints.constrained_variables
     if used and max(used) >= num_features:
-      raise ValueError(f"constraint variable y_{max(used)} does not exist in inputs with num_features="
-                       f"{num_features}; pass the full feature width (or fix the constraints file).")
-    if epsilon < 0:
-      raise ValueError("epsilon must be >= 0.")
+      raise checks.ShapeError(f"{where}: constraint variable y_{max(used)} does not exist in inputs with "
+                              f"num_features={num_features}; pass the full feature width (or fix the constraints "
+                              "file).")
+    checks.in_range(where, "epsilon", epsilon, 0.0, None, hint="the margin of strict inequalities.")
     self.constraints = constraints
     self.num_features = int(num_features)
     self.epsilon = float(epsilon)
@@ -187,21 +198,19 @@ class ConstraintLayer:
     """Corrects a batch.
 
     Args:
-      x: [B, D] (or [D]) values in the original (inverse-transformed) feature space.
+      x: [..., D] values in the original (inverse-transformed) feature space (any leading batch dims).
 
     Returns:
-      [B, D] (or [D]) values satisfying every constraint; unconstrained columns are unchanged, and rows that
-      already satisfy the constraints are returned unchanged (up to the strict-inequality epsilon).
+      [..., D] values satisfying every constraint; unconstrained columns are unchanged, and rows that already
+      satisfy the constraints are returned unchanged (up to the strict-inequality epsilon). NaN inputs give NaN
+      in the corrected columns (max / min propagate NaN).
     """
+    if np.ndim(x) < 1 or np.shape(x)[-1] != self.num_features:
+      raise checks.ShapeError(f"cdgm.ConstraintLayer: the layer was built for num_features={self.num_features}; "
+                              f"x must be [..., {self.num_features}], got shape {np.shape(x)}.")
     x = jnp.asarray(x)
-    if x.ndim not in (1, 2):
-      raise ValueError(f"ConstraintLayer expects [B, D] or [D] inputs, got shape {x.shape}.")
-    if x.shape[-1] != self.num_features:
-      raise ValueError(f"ConstraintLayer was built for num_features={self.num_features}, got inputs of width "
-                       f"{x.shape[-1]} (shape {x.shape}).")
-    squeeze = x.ndim == 1
-    x = x[None] if squeeze else x
-    x = x.astype(self.dtype)
+    lead = x.shape[:-1]
+    x = x.reshape((-1, x.shape[-1])).astype(self.dtype)
     if self.schedule == "scan" and self._positions:
       x = self._call_scan(x)
     else:
@@ -211,7 +220,7 @@ class ConstraintLayer:
         new = [_clipped(x, g) for g in buckets]
         cols = np.concatenate([g.vars for g in buckets])
         x = x.at[:, cols].set(jnp.concatenate(new, axis=1) if len(new) > 1 else new[0])
-    return x[0] if squeeze else x
+    return x.reshape(lead + (self.num_features,))
 
   def _call_scan(self, x):
     g = self._scan
@@ -228,6 +237,11 @@ class ConstraintLayer:
 
     x, _ = jax.lax.scan(step, x, (g.vars, g.idx, g.coef, g.const, g.lower, g.upper))
     return x
+
+
+# A pytree without array leaves: the layer itself is the (identity-hashed) static aux data, so it can be an
+# argument of a jitted function.
+jax.tree_util.register_pytree_node(ConstraintLayer, lambda layer: ((), layer), lambda layer, _: layer)
 
 
 def _clipped(x: jax.Array, g: _Group) -> jax.Array:
@@ -252,7 +266,8 @@ def _coefficients_for(constraints: Constraints, width: int) -> np.ndarray:
   a = constraints.coefficients
   if a.shape[1] > width:
     if np.any(a[:, width:] != 0):
-      raise ValueError(f"inputs of width {width} lack constrained variables up to y_{a.shape[1] - 1}.")
+      raise checks.ShapeError(f"cdgm: inputs of width {width} lack constrained variables up to "
+                              f"y_{a.shape[1] - 1}.")
     a = a[:, :width]
   elif a.shape[1] < width:
     a = np.pad(a, ((0, 0), (0, width - a.shape[1])))
@@ -267,11 +282,10 @@ def constraint_slack(x: jax.Array, constraints: Constraints) -> tuple[jax.Array,
     constraints: the constraints.
 
   Returns:
-    (slack [B, C], scale [B, C]).
+    (slack [..., C], scale [..., C]).
   """
+  checks.shapes("cdgm.constraint_slack", x=(x, "... D"))
   x = jnp.asarray(x)
-  if x.ndim != 2:
-    raise ValueError(f"expected [B, D] inputs, got shape {x.shape}.")
   a = _coefficients_for(constraints, x.shape[-1])
   dtype = jnp.promote_types(x.dtype, jnp.float32)
   x = x.astype(dtype)
@@ -283,7 +297,8 @@ def constraint_slack(x: jax.Array, constraints: Constraints) -> tuple[jax.Array,
 
 
 def satisfied_per_constraint(x: jax.Array, constraints: Constraints, tol: float = 1e-6) -> jax.Array:
-  """[B, C] bool: constraint c holds for row b (relative tolerance, see `satisfied`)."""
+  """[..., C] bool: constraint c holds for row b (relative tolerance, see `satisfied`)."""
+  checks.in_range("cdgm.satisfied", "tol", tol, 0.0, None, hint="a relative tolerance (0 = exact).")
   slack, scale = constraint_slack(x, constraints)
   thr = -tol * scale
   strict = jnp.asarray(constraints.strict)[None]
@@ -298,12 +313,12 @@ def satisfied(x: jax.Array, constraints: Constraints, tol: float = 1e-6) -> jax.
   place of `>=`. With tol=0 the check is exact. NaN rows count as violating.
 
   Args:
-    x: [B, D] values in the original feature space.
+    x: [..., D] values in the original feature space.
     constraints: the constraints.
-    tol: relative tolerance.
+    tol: relative tolerance (>= 0).
 
   Returns:
-    [B] bool.
+    [...] bool.
   """
   return jnp.all(satisfied_per_constraint(x, constraints, tol), axis=-1)
 

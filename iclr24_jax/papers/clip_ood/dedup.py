@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from iclr24_jax.common import checks
 from iclr24_jax.papers.clip_ood.similarity import check_embeddings
 
 DEDUP_THRESHOLD = 0.124          # cosine distance below which two images are near duplicates (paper)
@@ -53,13 +54,18 @@ def kmeans(x: jax.Array, num_clusters: int, key: jax.Array, num_iters: int = 50,
     chunk: rows per assignment block (memory chunk x K).
 
   Returns:
-    centers [K, D] and assignments [N] int32 in [0, K).
+    centers [K, D] and assignments [N] int32 in [0, K) (NaN centres and -1 assignments under jit for NaN / inf
+    points; eager calls raise).
   """
-  check_embeddings("x", x)
+  where = "clip_ood.kmeans"
+  ok = check_embeddings("x", x, where=where)
   n = x.shape[0]
-  if not 1 <= int(num_clusters) <= n:
-    raise ValueError(f"num_clusters={num_clusters} must be between 1 and the number of points ({n}).")
-  k = int(num_clusters)
+  k = checks.static_int(where, "num_clusters", num_clusters, low=1, high=n)
+  return checks.poison(_kmeans(x, k, key, num_iters, tol, chunk), ok, int_fill=-1)
+
+
+def _kmeans(x, k, key, num_iters, tol, chunk):
+  n = x.shape[0]
   chunk = int(min(chunk, n))
   x = jnp.asarray(x, jnp.float32)
   pad = (-n) % chunk
@@ -106,12 +112,22 @@ def within_cluster_duplicates(embeddings: jax.Array, assignments: jax.Array, thr
     chunk: rows per block.
 
   Returns:
-    [N] bool, True = near duplicate of an earlier point of its cluster (to remove).
+    [N] bool, True = near duplicate of an earlier point of its cluster (to remove); all True under jit for
+    NaN / inf embeddings or negative cluster ids (eager calls raise).
   """
-  check_embeddings("embeddings", embeddings)
+  where = "clip_ood.within_cluster_duplicates"
+  ok = check_embeddings("embeddings", embeddings, where=where)
   n = embeddings.shape[0]
-  if assignments.shape != (n,):
-    raise ValueError(f"assignments must have shape ({n},), got {assignments.shape}.")
+  checks.shapes(where, known={"N": n}, assignments=(assignments, "N"))
+  checks.dtype(where, "assignments", assignments, "integer")
+  ok = checks.all_ok(ok, checks.require(where, checks.xp(assignments).asarray(assignments) >= 0,
+                                        checks.IndexRangeError, "assignments must be cluster ids >= 0 (kmeans)."))
+  return checks.poison(_within_cluster_duplicates(embeddings, assignments, threshold, window, chunk), ok,
+                       bool_fill=True)
+
+
+def _within_cluster_duplicates(embeddings, assignments, threshold, window, chunk):
+  n = embeddings.shape[0]
   window = max(int(n - 1 if window is None else window), 1)
   chunk = int(min(chunk, n))
   sim_threshold = 1.0 - float(threshold)
@@ -162,9 +178,10 @@ def deduplicate(embeddings: jax.Array, num_clusters: int, threshold: float = DED
   Returns:
     keep [N] bool: False for the later members of each near-duplicate group.
   """
-  check_embeddings("embeddings", embeddings)
-  if not 0.0 <= float(threshold) <= 2.0:
-    raise ValueError(f"threshold={threshold} is a cosine distance and must lie in [0, 2].")
+  where = "clip_ood.deduplicate"
+  check_embeddings("embeddings", embeddings, where=where)
+  checks.in_range(where, "threshold", threshold, 0.0, 2.0, hint="a cosine distance (0.124 in the paper).")
+  checks.static_int(where, "num_clusters", num_clusters, low=1, high=np.shape(embeddings)[0])
   key = jax.random.key(0) if key is None else key
   x = _normalize(jnp.asarray(embeddings, jnp.float32))
   _, assign = _kmeans_jit(x, int(num_clusters), key, int(num_iters))

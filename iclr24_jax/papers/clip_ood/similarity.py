@@ -26,19 +26,23 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, PartitionSpec as P
 
+from iclr24_jax.common import checks
+
 _HIGHEST = lax.Precision.HIGHEST
 
 
-def check_embeddings(name: str, x, dim: int | None = None) -> None:
-  """Raises a ValueError naming `name` unless `x` is an [N, D] matrix (with D == dim when given)."""
-  if x.ndim != 2:
-    raise ValueError(f"{name} must be a [N, D] matrix of embeddings, got shape {x.shape}.")
-  if dim is not None and x.shape[1] != dim:
-    raise ValueError(f"{name} has dimension {x.shape[1]} but the other embeddings have {dim}; use one "
-                     "embedding model for every set.")
-  if isinstance(x, np.ndarray) or (isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)):
-    if not np.isfinite(np.asarray(x)).all():
-      raise ValueError(f"{name} contains NaN or inf; check the embedding model's outputs.")
+def check_embeddings(name: str, x, dim: int | None = None, where: str = "clip_ood") -> object:
+  """Checks an [N, D] matrix of embeddings (with D == dim when given).
+
+  Shapes raise `checks.ShapeError` at trace time; NaN / inf raise `checks.NonFiniteError` when readable, else
+  the condition is returned for `checks.poison` (no host fetch of traced or multi-host arrays).
+  """
+  if np.ndim(x) != 2:
+    raise checks.ShapeError(f"{where}: {name} must be a [N, D] matrix of embeddings, got shape {np.shape(x)}.")
+  if dim is not None and np.shape(x)[1] != dim:
+    raise checks.ShapeError(f"{where}: {name} has dimension {np.shape(x)[1]} but the other embeddings have {dim}; "
+                            "use one embedding model for every set.")
+  return checks.finite(where, name, x, "check the embedding model's outputs.")
 
 
 def _mesh_axes(mesh: Mesh) -> tuple[str, ...]:
@@ -99,20 +103,20 @@ def topk_similarity(queries: jax.Array, keys: jax.Array, k: int, chunk: int = 10
     `keys` (-1 where the value is -inf). Ties go to the lower key index, as a stable sort would.
 
   Raises:
-    ValueError: on shape mismatches, k out of range, chunk < 1, or NaN/inf in concrete inputs.
+    ContractError: on shape mismatches, k out of range, chunk < 1, or NaN/inf in readable inputs (under jit
+    NaN/inf inputs give NaN values and -1 indices).
   """
-  check_embeddings("queries", queries)
-  check_embeddings("keys", keys, queries.shape[1])
+  where = "clip_ood.topk_similarity"
+  ok = checks.all_ok(check_embeddings("queries", queries, where=where),
+                     check_embeddings("keys", keys, np.shape(queries)[1], where=where))
   n = keys.shape[0]
-  if not 1 <= int(k) <= n:
-    raise ValueError(f"k={k} must be between 1 and the number of keys ({n}).")
-  if int(chunk) < 1:
-    raise ValueError(f"chunk={chunk} must be >= 1.")
-  k, chunk = int(k), int(min(int(chunk), n))
+  k = checks.static_int(where, "k", k, low=1, high=n)
+  chunk = checks.static_int(where, "chunk", chunk, low=1)
+  chunk = min(chunk, n)
   if key_mask is None:
     key_mask = jnp.ones((n,), bool)
-  elif key_mask.shape != (n,):
-    raise ValueError(f"key_mask must have shape ({n},), got {key_mask.shape}.")
+  else:
+    checks.shapes(where, key_mask=(key_mask, f"{n}"))
   queries = jnp.asarray(queries)
   keys = jnp.asarray(keys, queries.dtype)
   key_mask = jnp.asarray(key_mask, bool)
@@ -141,7 +145,7 @@ def topk_similarity(queries: jax.Array, keys: jax.Array, k: int, chunk: int = 10
 
     vals, idx = jax.shard_map(shard_fn, mesh=mesh, in_specs=(P(), P(axes), P(axes)), out_specs=(P(), P()),
                               check_vma=False)(queries, keys_p, mask_p)
-  return vals, jnp.where(jnp.isfinite(vals), idx, -1)
+  return checks.poison((vals, jnp.where(jnp.isfinite(vals), idx, -1)), ok, int_fill=-1)
 
 
 def nearest_similarity(queries: jax.Array, keys: jax.Array, chunk: int = 1024, mesh: Mesh | None = None,
@@ -177,19 +181,19 @@ def max_margin(queries: jax.Array, keys: jax.Array, offsets: jax.Array | None = 
     mesh: optional mesh; keys are split over all its axes and the result stays split the same way.
 
   Returns:
-    [N] float.
+    [N] float (NaN under jit for NaN / inf embeddings; eager calls raise).
   """
-  check_embeddings("queries", queries)
-  check_embeddings("keys", keys, queries.shape[1])
+  where = "clip_ood.max_margin"
+  ok = checks.all_ok(check_embeddings("queries", queries, where=where),
+                     check_embeddings("keys", keys, np.shape(queries)[1], where=where))
+  checks.shapes(where, queries=(queries, "Q D"), offsets=(offsets, "Q"))
   n = keys.shape[0]
   queries = jnp.asarray(queries)
   keys = jnp.asarray(keys, queries.dtype)
   offsets = jnp.zeros((queries.shape[0],), queries.dtype) if offsets is None else jnp.asarray(offsets, queries.dtype)
-  if offsets.shape != (queries.shape[0],):
-    raise ValueError(f"offsets must have shape ({queries.shape[0]},), got {offsets.shape}.")
-  chunk = int(min(int(chunk), n))
+  chunk = min(checks.static_int(where, "chunk", chunk, low=1), n)
   if mesh is None or mesh.size == 1:
-    return _local_max_margin(queries, offsets, _pad_rows(keys, chunk), chunk)[:n]
+    return checks.poison(_local_max_margin(queries, offsets, _pad_rows(keys, chunk), chunk)[:n], ok)
   axes = _mesh_axes(mesh)
   local_n = -(-n // mesh.size)
   local_chunk = min(chunk, local_n)
@@ -197,16 +201,16 @@ def max_margin(queries: jax.Array, keys: jax.Array, offsets: jax.Array | None = 
   keys_p = _pad_rows(keys, local_n * mesh.size)
   out = jax.shard_map(lambda q, o, kl: _local_max_margin(q, o, kl, local_chunk), mesh=mesh,
                       in_specs=(P(), P(), P(axes)), out_specs=P(axes), check_vma=False)(queries, offsets, keys_p)
-  return out[:n]
+  return checks.poison(out[:n], ok)
 
 
 def _concat_tests(test_emb_list: Sequence[jax.Array], dim: int) -> jax.Array:
   if isinstance(test_emb_list, (np.ndarray, jax.Array)):
-    raise TypeError("test_emb_list must be a list of [M_b, D] arrays (one per benchmark), not one array; "
-                    "wrap a single benchmark in a list.")
+    raise checks.DtypeError("clip_ood: test_emb_list must be a list of [M_b, D] arrays (one per benchmark), not "
+                            "one array; wrap a single benchmark in a list.")
   tests = list(test_emb_list)
   if not tests:
-    raise ValueError("test_emb_list is empty; pass the embeddings of at least one benchmark.")
+    raise checks.EmptyInputError("clip_ood: test_emb_list is empty; pass the embeddings of at least one benchmark.")
   for b, t in enumerate(tests):
     check_embeddings(f"test_emb_list[{b}]", t, dim)
   return jnp.concatenate([jnp.asarray(t) for t in tests], axis=0)
@@ -240,16 +244,24 @@ def similarity_prune(pool_emb: jax.Array, reference_train_emb: jax.Array, test_e
       when no test point has more than num_candidates pool samples above its threshold).
 
   Returns:
-    keep [N] bool (True = kept).
+    keep [N] bool (True = kept). NaN / inf embeddings raise eagerly; under jit the mask keeps nothing (the
+    documented sentinel: no pool sample is certified dissimilar).
   """
-  check_embeddings("pool_emb", pool_emb)
+  where = "clip_ood.similarity_prune"
+  ok = check_embeddings("pool_emb", pool_emb, where=where)
+  return checks.poison(_similarity_prune(pool_emb, reference_train_emb, test_emb_list, chunk, mesh, num_candidates),
+                       ok, bool_fill=False)
+
+
+def _similarity_prune(pool_emb, reference_train_emb, test_emb_list, chunk, mesh, num_candidates):
   dim = pool_emb.shape[1]
   check_embeddings("reference_train_emb", reference_train_emb, dim)
   tests = _concat_tests(test_emb_list, dim)
   s = similarity_thresholds(reference_train_emb, tests, chunk, mesh)         # [M] s_j
   n = pool_emb.shape[0]
   if num_candidates is None:
-    return max_margin(tests, pool_emb, s, chunk, mesh) <= 0.0                # remove iff some sim(j, i) > s_j
+    margin = max_margin(tests, pool_emb, s, chunk, mesh)
+    return (margin <= 0.0) & ~jnp.isnan(margin)                              # remove iff some sim(j, i) > s_j
   vals, idx = topk_similarity(tests, pool_emb, min(int(num_candidates), n), chunk, mesh)
   hit = (vals > s[:, None]) & (idx >= 0)
   removed = jnp.zeros((n,), bool).at[jnp.where(hit, idx, n)].set(True, mode="drop")
@@ -278,13 +290,15 @@ def similarity_split(pool_emb: jax.Array, test_emb_list: Sequence[jax.Array], si
     chunk, mesh: as in `max_margin`.
 
   Returns:
-    keep [N] bool with exactly `size` True entries.
+    keep [N] bool with exactly `size` True entries (all False under jit for NaN / inf embeddings, which raise
+    eagerly).
   """
+  where = "clip_ood.similarity_split"
+  checks.shapes(where, pool_emb=(pool_emb, "N D"))
   n = pool_emb.shape[0]
-  if not 0 <= int(size) <= n:
-    raise ValueError(f"size={size} must be between 0 and the pool size {n}.")
-  if keep not in ("most_similar", "least_similar"):
-    raise ValueError(f"keep='{keep}' is unknown; choose 'most_similar' or 'least_similar'.")
+  size = checks.static_int(where, "size", size, low=0, high=n)
+  checks.choice(where, "keep", keep, ("most_similar", "least_similar"))
   score = max_similarity_to_sets(pool_emb, test_emb_list, chunk, mesh)
   order = jnp.argsort(-score if keep == "most_similar" else score, stable=True)
-  return jnp.zeros((n,), bool).at[order[:int(size)]].set(True)
+  return checks.poison(jnp.zeros((n,), bool).at[order[:size]].set(True), ~jnp.any(jnp.isnan(score)),
+                       bool_fill=False)

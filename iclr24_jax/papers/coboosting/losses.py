@@ -7,6 +7,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.common import checks
+
+
+def _check_logits_pair(where: str, student_logits, teacher_logits, temperature) -> object:
+  checks.shapes(where, student_logits=(student_logits, "... K"), teacher_logits=(teacher_logits, "... K"))
+  if np.shape(student_logits) != np.shape(teacher_logits):
+    raise checks.ShapeError(f"{where}: student_logits {np.shape(student_logits)} and teacher_logits "
+                            f"{np.shape(teacher_logits)} must have one shape.")
+  return checks.in_range(where, "temperature", temperature, 0.0, None, low_open=True,
+                         hint="the distillation temperature T.")
 
 
 def ensemble_logits(client_logits: jax.Array, weights: jax.Array) -> jax.Array:
@@ -20,16 +32,16 @@ def ensemble_logits(client_logits: jax.Array, weights: jax.Array) -> jax.Array:
     weights: [C], non-negative with a positive sum.
 
   Returns:
-    Ensemble logits [B, K].
+    Ensemble logits [B, K] (NaN under jit for negative weights; eager calls raise).
   """
-  if client_logits.ndim != 3:
-    raise ValueError(f"client_logits must be [C, B, K], got shape {client_logits.shape}.")
-  if weights.shape != client_logits.shape[:1]:
-    raise ValueError(f"weights must be [C] = {client_logits.shape[:1]}, got shape {weights.shape}.")
+  where = "coboosting.ensemble_logits"
+  checks.shapes(where, client_logits=(client_logits, "C B K"), weights=(weights, "C"))
+  ok = checks.require(where, checks.xp(weights).asarray(weights) >= 0, checks.HyperparameterError,
+                      "weights must be >= 0 (only their ratios matter).")
   total = jnp.sum(weights)
   # Guard: all-zero weights give 0 logits (a uniform prediction) instead of the official 0/0 = NaN.
   total = jnp.where(total > 0, total, 1.0)
-  return jnp.tensordot(weights.astype(client_logits.dtype), client_logits, axes=1) / total
+  return checks.poison(jnp.tensordot(weights.astype(client_logits.dtype), client_logits, axes=1) / total, ok)
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -50,17 +62,33 @@ def hard_sample_loss(logits: jax.Array, labels: jax.Array, hardness: float = 1.0
     hardness: h >= 0 (official `--hs`, default 1); a float or a traced scalar.
 
   Returns:
-    Scalar loss.
+    Scalar loss (NaN under jit for labels outside [0, K) or a traced hardness < 0; eager calls raise).
   """
-  if logits.ndim != 2 or labels.shape != logits.shape[:1]:
-    raise ValueError(f"logits must be [B, K] and labels [B]; got {logits.shape} and {labels.shape}.")
+  where = "coboosting.hard_sample_loss"
+  checks.shapes(where, logits=(logits, "B K"), labels=(labels, "B"))
+  checks.dtype(where, "labels", labels, "integer")
+  ok = checks.all_ok(checks.indices(where, "labels", labels, logits.shape[1], "class ids of the logits."),
+                     checks.in_range(where, "hardness", hardness, 0.0, None, hint="h >= 0 (official --hs 1)."))
   p_y = jnp.exp(-cross_entropy(jax.lax.stop_gradient(logits), labels))
   weight = jnp.power(1.0 - p_y, hardness)  # 0^0 = 1: h = 0 gives plain CE even where p_y = 1
-  return jnp.mean(weight * cross_entropy(logits, labels))
+  return checks.poison(jnp.mean(weight * cross_entropy(logits, labels)), ok)
 
 
 def kl_divergence(student_logits: jax.Array, teacher_logits: jax.Array, temperature: float) -> jax.Array:
-  """Per-example KL(softmax(t/T) || softmax(s/T)) * T^2 [B] (the official `dense_kldiv` / `KLDiv` summand)."""
+  """Per-example KL(softmax(t/T) || softmax(s/T)) * T^2 [B] (the official `dense_kldiv` / `KLDiv` summand).
+
+  Args:
+    student_logits, teacher_logits: [..., K] of one shape.
+    temperature: T > 0 (a Python number is checked at once; a traced one gives NaN when <= 0).
+
+  Returns:
+    [...] KL values.
+  """
+  ok = _check_logits_pair("coboosting.kl_divergence", student_logits, teacher_logits, temperature)
+  return checks.poison(_kl(student_logits, teacher_logits, temperature), ok)
+
+
+def _kl(student_logits, teacher_logits, temperature):
   log_q = jax.nn.log_softmax(student_logits / temperature, axis=-1)
   log_p = jax.nn.log_softmax(teacher_logits / temperature, axis=-1)
   p = jnp.exp(log_p)
@@ -85,6 +113,7 @@ def adversarial_loss(student_logits: jax.Array, teacher_logits: jax.Array, tempe
   Returns:
     Scalar loss (<= 0).
   """
+  checks.shapes("coboosting.adversarial_loss", student_logits=(student_logits, "B K"), mask=(mask, "B"))
   kl = kl_divergence(student_logits, teacher_logits, temperature)
   if mask is not None:
     kl = kl * mask

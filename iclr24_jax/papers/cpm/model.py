@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
+
 PENALTIES = ("l1", "l2")
 STD_EPS = 1e-7          # official: feature_stds = std(0) + 1e-7
 OFFICIAL_CS = tuple(np.logspace(-5, 5, 12).tolist())   # official GridSearchCV grid, cv=8, scoring='accuracy'
@@ -48,23 +50,35 @@ class Model:
   penalty: str = flax.struct.field(pytree_node=False, default="l2")
 
 
-def _validate_pairs(features_a, features_b, labels=None):
-  # Shapes and NaN on the host, without device work (a tracer skips the NaN check).
-  sa, sb = np.shape(features_a), np.shape(features_b)
-  if len(sa) != 2 or sa != sb:
-    raise ValueError(f"features_a and features_b must both be [N, F] with the same shape; got {sa} and {sb}.")
-  if labels is not None and np.shape(labels) != sa[:1]:
-    raise ValueError(f"labels must be [N] = [{sa[0]}] (1 where A is preferred, 0 where B is); "
-                     f"got {np.shape(labels)}.")
-  for name, a in (("features_a", features_a), ("features_b", features_b)):
-    if not isinstance(a, jax.core.Tracer) and np.isnan(np.asarray(a, np.float64)).any():
-      raise ValueError(f"{name} contains NaN (a missing feature score); drop those pairs first "
-                       "(cpm.complete_pairs) as the official code does.")
+def _check_pairs(features_a, features_b, labels=None, where: str = "cpm"):
+  # Structure only (shapes, dtypes, a non-empty batch); the values are `_pair_values`' job.
+  checks.shapes(where, features_a=(features_a, "N F"), features_b=(features_b, "N F"), labels=(labels, "N"))
+  checks.dtype(where, "features_a", features_a, "real")
+  checks.dtype(where, "features_b", features_b, "real")
+  checks.nonempty(where, "features_a", np.shape(features_a)[0], "pairs")
+  fa, fb = jnp.asarray(features_a), jnp.asarray(features_b)
+  return fa.astype(jnp.float32), fb.astype(jnp.float32)
 
 
-def _check_pairs(features_a, features_b, labels=None):
-  _validate_pairs(features_a, features_b, labels)
-  return jnp.asarray(features_a, jnp.float32), jnp.asarray(features_b, jnp.float32)
+def _check_labels(where: str, labels) -> object:
+  checks.dtype(where, "labels", labels, "real", "labels are 1 where A is preferred, 0 where B is.")
+  return checks.labels_in(where, "labels", labels, (0, 1),
+                          "1 where A is preferred, 0 where B is (the official 0/1 convention); {-1, +1} labels "
+                          "are rejected rather than silently read as 0/1: pass (labels + 1) // 2.")
+
+
+def _pair_values(where: str, features_a, features_b, labels=None) -> object:
+  # NaN features (an unparseable score) and labels outside {0, 1}: named errors eagerly, NaN under jit.
+  hint = "a missing feature score; drop those pairs first (cpm.complete_pairs) as the official code does."
+  oks = [checks.finite(where, "features_a", features_a, hint), checks.finite(where, "features_b", features_b, hint)]
+  if labels is not None:
+    oks.append(_check_labels(where, labels))
+  return checks.all_ok(*oks)
+
+
+def _check_C(where: str, C) -> object:
+  return checks.in_range(where, "C", C, 0.0, None, low_open=True,
+                         hint="C is scikit-learn's inverse regularisation strength (> 0).")
 
 
 def standardization(features_a: jax.Array, features_b: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -75,11 +89,14 @@ def standardization(features_a: jax.Array, features_b: jax.Array) -> tuple[jax.A
     features_b: [N, F] features of the second replies.
 
   Returns:
-    (mean [F], std [F]) over the 2N rows; std is the population std plus 1e-7.
+    (mean [F], std [F]) over the 2N rows; std is the population std plus 1e-7 (NaN under jit for non-finite
+    features; eager calls raise).
   """
-  fa, fb = _check_pairs(features_a, features_b)
+  where = "cpm.standardization"
+  fa, fb = _check_pairs(features_a, features_b, where=where)
+  ok = _pair_values(where, features_a, features_b)
   pooled = jnp.concatenate([fa, fb], axis=0)
-  return pooled.mean(0), pooled.std(0) + STD_EPS
+  return checks.poison((pooled.mean(0), pooled.std(0) + STD_EPS), ok)
 
 
 def pair_differences(features_a: jax.Array, features_b: jax.Array, mean: jax.Array, std: jax.Array) -> jax.Array:
@@ -92,6 +109,8 @@ def pair_differences(features_a: jax.Array, features_b: jax.Array, mean: jax.Arr
   Returns:
     [N, F] float32.
   """
+  checks.shapes("cpm.pair_differences", features_a=(features_a, "... F"), features_b=(features_b, "... F"),
+                mean=(mean, "F"), std=(std, "F"))
   fa, fb = jnp.asarray(features_a, jnp.float32), jnp.asarray(features_b, jnp.float32)
   return (fa - mean) / std - (fb - mean) / std
 
@@ -111,14 +130,18 @@ def logistic_objective(weights: jax.Array, x: jax.Array, labels: jax.Array, C: j
     sample_weight: [N] optional 0/1 (or real) weights of the rows (used for cross-validation folds).
 
   Returns:
-    [] the objective value.
+    [] the objective value (NaN under jit for labels outside {0, 1} or C <= 0; eager calls raise).
   """
+  where = "cpm.logistic_objective"
+  checks.shapes(where, weights=(weights, "F"), x=(x, "N F"), labels=(labels, "N"), sample_weight=(sample_weight, "N"))
+  checks.choice(where, "penalty", penalty, PENALTIES)
+  ok = checks.all_ok(_check_labels(where, labels), _check_C(where, C))
   sign = 2.0 * jnp.asarray(labels, jnp.float32) - 1.0
   loss = jax.nn.softplus(-sign * (x @ weights))
   if sample_weight is not None:
     loss = loss * sample_weight
   reg = 0.5 * jnp.sum(weights ** 2) if penalty == "l2" else jnp.sum(jnp.abs(weights))
-  return reg + C * jnp.sum(loss)
+  return checks.poison(reg + C * jnp.sum(loss), ok)
 
 
 # ------------------------------------------------------------------------------------------- the solver
@@ -277,39 +300,51 @@ def fit_differences(x: jax.Array, labels: jax.Array, penalty: str = "l2", C: flo
     init: [F] starting point (default zeros; a warm start from a nearby C shortens a regularisation path).
 
   Returns:
-    (weights [F], Newton steps taken []).
+    (weights [F], Newton steps taken []); NaN weights under jit for labels outside {0, 1}, C <= 0 or
+    non-finite x (eager calls raise).
   """
-  if penalty not in PENALTIES:
-    raise ValueError(f"penalty must be one of {PENALTIES}, got {penalty!r}.")
+  where = "cpm.fit_differences"
+  checks.choice(where, "penalty", penalty, PENALTIES)
+  checks.shapes(where, x=(x, "N F"), labels=(labels, "N"), sample_weight=(sample_weight, "N"), init=(init, "F"))
+  ok = checks.all_ok(checks.finite(where, "x", x), _check_labels(where, labels), _check_C(where, C))
   x = jnp.asarray(x, jnp.float32)
   sign = 2.0 * jnp.asarray(labels, jnp.float32) - 1.0
   sw = jnp.ones(x.shape[0], jnp.float32) if sample_weight is None else jnp.asarray(sample_weight, jnp.float32)
   C = jnp.asarray(C, jnp.float32)
   w0 = jnp.zeros(x.shape[1], jnp.float32) if init is None else jnp.asarray(init, jnp.float32)
-  return _solve(x, _row_outer(x), sign, sw, C, w0, penalty == "l1", jnp.float32(DEFAULT_TOL if tol is None else tol),
-                max_iter or DEFAULT_MAX_ITER)
+  return checks.poison(_solve(x, _row_outer(x), sign, sw, C, w0, penalty == "l1",
+                              jnp.float32(DEFAULT_TOL if tol is None else tol), max_iter or DEFAULT_MAX_ITER), ok)
 
 
 def fit(features_a: jax.Array, features_b: jax.Array, labels: jax.Array, penalty: str = "l2",
         C: float | jax.Array = 1.0, max_iter: int | None = None, tol: float | None = None) -> Model:
   """Fits a CPM: pooled standardisation, then logistic regression on z(A) - z(B) without intercept.
 
+  Compile it once for repeated fits (penalty, max_iter and tol are static; C may be traced):
+
+    fit = jax.jit(cpm.fit, static_argnames=("penalty", "max_iter", "tol"))
+    model = fit(features_a, features_b, labels, C=1.0)
+
   Args:
     features_a: [N, F] feature scores of the first replies (no NaN: drop incomplete pairs first).
     features_b: [N, F] feature scores of the second replies.
-    labels: [N] 1 where A is preferred, 0 where B is.
+    labels: [N] 1 where A is preferred, 0 where B is ({-1, +1} labels are rejected: pass (labels + 1) // 2).
     penalty: 'l1' or 'l2'.
-    C: scikit-learn's inverse regularisation strength.
+    C: scikit-learn's inverse regularisation strength (> 0).
     max_iter, tol: solver settings (see `fit_differences`).
 
   Returns:
-    A `Model` (weights, mean, std, C, penalty).
+    A `Model` (weights, mean, std, C, penalty). Eagerly, NaN features, labels outside {0, 1} and C <= 0 raise
+    named errors (`common.checks`); under jit / vmap the model's arrays are NaN instead.
   """
-  fa, fb = _check_pairs(features_a, features_b, labels)
+  where = "cpm.fit"
+  checks.choice(where, "penalty", penalty, PENALTIES)
+  fa, fb = _check_pairs(features_a, features_b, labels, where=where)
+  ok = checks.all_ok(_pair_values(where, features_a, features_b, labels), _check_C(where, C))
   mean, std = standardization(fa, fb)
   x = pair_differences(fa, fb, mean, std)
   w, _ = fit_differences(x, labels, penalty, C, max_iter=max_iter, tol=tol)
-  return Model(weights=w, mean=mean, std=std, C=jnp.asarray(C, jnp.float32), penalty=penalty)
+  return checks.poison(Model(weights=w, mean=mean, std=std, C=jnp.asarray(C, jnp.float32), penalty=penalty), ok)
 
 
 def reward(model: Model, features: jax.Array) -> jax.Array:
@@ -320,11 +355,11 @@ def reward(model: Model, features: jax.Array) -> jax.Array:
     features: [M, F] (or [..., F]) feature scores.
 
   Returns:
-    [M] rewards.
+    [M] (or [...]) rewards; NaN rows stay NaN (a missing feature score has no reward).
   """
+  where = "cpm.reward"
+  checks.shapes(where, weights=(model.weights, "F"), features=(features, "... F"))
   f = jnp.asarray(features, jnp.float32)
-  if f.shape[-1] != model.weights.shape[-1]:
-    raise ValueError(f"features have {f.shape[-1]} columns but the model has {model.weights.shape[-1]} weights.")
   return ((f - model.mean) / model.std) @ model.weights
 
 
@@ -350,7 +385,7 @@ def accuracy(model: Model, features_a: jax.Array, features_b: jax.Array, labels:
     labels: [N] in {0, 1}.
 
   Returns:
-    [] accuracy.
+    [] accuracy (NaN under jit for labels outside {0, 1}; eager calls raise).
   """
   return jnp.mean(pair_correct(model, features_a, features_b, labels))
 
@@ -368,14 +403,18 @@ def pair_correct(model: Model, features_a: jax.Array, features_b: jax.Array, lab
     labels: [N] in {0, 1}, 1 when A is preferred.
 
   Returns:
-    [N] float32.
+    [N] float32 (NaN for NaN features, and under jit for labels outside {0, 1}; eager calls raise).
   """
+  where = "cpm.pair_correct"
+  checks.shapes(where, features_a=(features_a, "N F"), features_b=(features_b, "N F"), labels=(labels, "N"))
+  ok = _check_labels(where, labels)
   margin = reward(model, features_a) - reward(model, features_b)
   sign = 2.0 * jnp.asarray(labels, jnp.float32) - 1.0
   # Deviation: official `get_model_statistics` takes mean(chosen > rejected), a tie counting 0; a tie needs equal
   # rewards (all weights 0, or identical features), and a model that cannot tell the replies apart is at
   # chance, so it counts 1/2 here.
-  return jnp.where(margin == 0, 0.5, (sign * margin > 0).astype(jnp.float32))
+  out = jnp.where(margin == 0, 0.5, (sign * margin > 0).astype(jnp.float32))
+  return checks.poison(jnp.where(jnp.isnan(margin), jnp.nan, out), ok)
 
 
 # XLA:CPU compiles this program about twice as fast with its older elemental fusion emitter and LLVM's -O1,
@@ -498,10 +537,17 @@ def cross_validate(features_a: jax.Array, features_b: jax.Array, labels: jax.Arr
     accuracy), 'table': {penalty: [len(Cs)] mean fold accuracy}, 'fold_accuracy': {penalty: [len(Cs), K]},
     'newton_steps': {penalty: [len(Cs), K + 1] steps of each fit, the refit last}}.
   """
-  _validate_pairs(features_a, features_b, labels)
+  where = "cpm.cross_validate"
+  _check_pairs(features_a, features_b, labels, where=where)
   for pen in penalties:
-    if pen not in PENALTIES:
-      raise ValueError(f"penalty must be one of {PENALTIES}, got {pen!r}.")
+    checks.choice(where, "penalties", pen, PENALTIES, "penalty")
+  for c in Cs:
+    _check_C(where, float(c))
+  checks.static_int(where, "num_folds", num_folds, low=2, high=np.shape(features_a)[0])
+  labels = checks.host_array(where, "labels", labels)
+  features_a = checks.host_array(where, "features_a", features_a)
+  features_b = checks.host_array(where, "features_b", features_b)
+  _pair_values(where, features_a, features_b, labels)
   fa64, fb64 = np.asarray(features_a, np.float64), np.asarray(features_b, np.float64)
   pooled = np.concatenate([fa64, fb64])
   mean, std = pooled.mean(0), pooled.std(0) + STD_EPS
@@ -586,9 +632,8 @@ def best_of_n(rewards_pick: jax.Array, rewards_eval: jax.Array) -> jax.Array:
   Returns:
     [P] `rewards_eval` of each prompt's picked sample (the first maximum on ties).
   """
+  checks.shapes("cpm.best_of_n", rewards_pick=(rewards_pick, "P n"), rewards_eval=(rewards_eval, "P n"))
   rp, re = jnp.asarray(rewards_pick), jnp.asarray(rewards_eval)
-  if rp.ndim != 2 or rp.shape != re.shape:
-    raise ValueError(f"rewards_pick and rewards_eval must both be [P, n]; got {rp.shape} and {re.shape}.")
   pick = jnp.argmax(rp, axis=1)
   return jnp.take_along_axis(re, pick[:, None], axis=1)[:, 0]
 

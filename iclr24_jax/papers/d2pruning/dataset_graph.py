@@ -20,19 +20,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.common import graph as graph_lib
 from iclr24_jax.common.graph import GraphsTuple
 
 __all__ = ["knn_graph", "neighbour_table", "max_degree", "num_graph_nodes"]
 
 
-def _check_embeddings(embeddings) -> np.ndarray | jax.Array:
-  if getattr(embeddings, "ndim", None) != 2:
-    raise ValueError(f"embeddings must be a 2-D array [N, D]; got shape {getattr(embeddings, 'shape', None)}. "
-                     "Flatten images or pass penultimate-layer features.")
-  if isinstance(embeddings, np.ndarray) or not isinstance(embeddings, jax.core.Tracer):
-    if not np.all(np.isfinite(np.asarray(embeddings))):
-      raise ValueError("embeddings contain NaN or inf; check the feature extractor (e.g. a diverged classifier).")
+def _check_embeddings(embeddings, where: str = "d2pruning.knn_graph") -> np.ndarray | jax.Array:
+  if np.ndim(embeddings) != 2:
+    raise checks.ShapeError(f"{where}: embeddings must be a 2-D array [N, D]; got shape {np.shape(embeddings)}. "
+                            "Flatten images or pass penultimate-layer features.")
+  checks.finite(where, "embeddings", embeddings, "check the feature extractor (e.g. a diverged classifier).")
   return embeddings
 
 
@@ -71,11 +70,12 @@ def knn_graph(embeddings, k: int, groups=None, symmetric: bool = True, squared: 
     GraphsTuple with nodes = embeddings [N, D], edges = distances [E, 1] float32, senders/receivers
     [E] int32 sorted by receiver (receiver i aggregates over its neighbours), n_node = [N].
   """
-  _check_embeddings(embeddings)
-  x = np.asarray(embeddings, np.float32)
+  where = "d2pruning.knn_graph"
+  _check_embeddings(embeddings, where)
+  x = checks.host_array(where, "embeddings", embeddings, np.float32)
   n = x.shape[0]
-  if not isinstance(k, (int, np.integer)) or k < 1:
-    raise ValueError(f"k must be a positive integer; got {k!r}.")
+  if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
+    raise checks.HyperparameterError(f"{where}: k must be a positive integer; got {k!r}.")
   if k > n - 1:
     raise ValueError(f"k={k} neighbours requested but only {n - 1} other examples exist; lower k.")
   if groups is not None:
@@ -158,7 +158,7 @@ def neighbour_table(graph: GraphsTuple, k_max: int, num_nodes: int | None = None
   receivers = jnp.asarray(graph.receivers, jnp.int32)
   senders = jnp.asarray(graph.senders, jnp.int32)
   d = edge_distances(graph)
-  if not isinstance(graph.receivers, jax.core.Tracer):
+  if checks.is_readable(graph.receivers, node_mask):
     need = max_degree(graph, node_mask)
     if need > k_max:
       raise ValueError(f"k_max={k_max} is smaller than the largest node degree {need}; "

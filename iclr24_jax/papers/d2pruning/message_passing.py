@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.graph import GraphsTuple
 from iclr24_jax.papers.d2pruning.dataset_graph import edge_distances, num_graph_nodes
 
@@ -34,19 +35,25 @@ __all__ = ["forward_message_passing", "reverse_message_passing_select", "select_
            "neighbour_lists", "auto_block_size"]
 
 
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
+def _check_scores(scores, n: int | None = None, name: str = "scores", where: str = "d2pruning"):
+  """Structure at trace time; NaN / inf scores raise eagerly, else the condition is returned for the poison."""
+  if np.ndim(scores) != 1:
+    raise checks.ShapeError(f"{where}: {name} must be a 1-D array [N]; got shape {np.shape(scores)}.")
+  if n is not None and np.shape(scores)[0] != n:
+    raise checks.ShapeError(f"{where}: {name} has {np.shape(scores)[0]} entries but the graph has {n} nodes "
+                            "(padding included); pad the scores with the graph (e.g. zeros for padding nodes).")
+  return checks.finite(where, name, scores, "difficulty scores must be finite (check the training dynamics, "
+                       "e.g. a diverged run).")
 
 
-def _check_scores(scores, n: int | None = None, name: str = "scores"):
-  if getattr(scores, "ndim", None) != 1:
-    raise ValueError(f"{name} must be a 1-D array [N]; got shape {getattr(scores, 'shape', None)}.")
-  if n is not None and scores.shape[0] != n:
-    raise ValueError(f"{name} has {scores.shape[0]} entries but the graph has {n} nodes (padding included); "
-                     "pad the scores with the graph (e.g. zeros for padding nodes).")
-  if _is_concrete(scores) and not np.all(np.isfinite(np.asarray(scores))):
-    raise ValueError(f"{name} contain NaN or inf; difficulty scores must be finite (check the training "
-                     "dynamics, e.g. a diverged run).")
+def _check_gamma(where: str, name: str, gamma) -> object:
+  return checks.in_range(where, name, gamma, 0.0, None, hint="the edge kernel exp(-gamma d) decays with distance "
+                         "(official forward 1, reverse 0.1).")
+
+
+def _empty_picks(size: int) -> jax.Array:
+  # budget 0: nothing to select (the selection loops index a [0] output otherwise).
+  return jnp.full((size,), -1, jnp.int32)
 
 
 def forward_message_passing(graph: GraphsTuple, scores: jax.Array, gamma: float = 1.0, mode: str = "sum",
@@ -62,12 +69,13 @@ def forward_message_passing(graph: GraphsTuple, scores: jax.Array, gamma: float 
       scores at 1e-7; it matters only for negative scores). None = the paper's formula.
 
   Returns:
-    [N] updated scores rho (float32). Padding nodes receive only padding messages.
+    [N] updated scores rho (float32). Padding nodes receive only padding messages. Non-finite scores or a
+    gamma < 0 raise named errors eagerly and give NaN under jit / vmap.
   """
-  if mode not in ("sum", "product"):
-    raise ValueError(f"unknown forward message passing mode '{mode}'; choose 'sum' or 'product'.")
+  where = "d2pruning.forward_message_passing"
+  checks.choice(where, "mode", mode, ("sum", "product"), "forward message passing mode")
   n = num_graph_nodes(graph)
-  _check_scores(scores, n)
+  ok = checks.all_ok(_check_scores(scores, n, where=where), _check_gamma(where, "gamma", gamma))
   s = jnp.asarray(scores, jnp.float32)
   d = edge_distances(graph)
   senders = jnp.asarray(graph.senders, jnp.int32)
@@ -80,7 +88,7 @@ def forward_message_passing(graph: GraphsTuple, scores: jax.Array, gamma: float 
   # The barrier keeps s + sum_j w_ij in that order under jit too (XLA would start the scatter-add from s,
   # changing the last bit of rho and so, rarely, a pick between near-tied examples).
   agg = jax.lax.optimization_barrier(agg)
-  return s + agg if mode == "sum" else s * agg  # Eq. (2)
+  return checks.poison(s + agg if mode == "sum" else s * agg, ok)  # Eq. (2)
 
 
 def auto_block_size(n: int, degree: float = 16.0, chunk: int = 16) -> int:
@@ -134,8 +142,23 @@ def select_from_lists(neighbours: jax.Array, distances: jax.Array, starts: jax.A
 
   Returns:
     [out_size or budget] int32 picks in selection order; -1 where nothing eligible was left (and after
-    the budget).
+    the budget). Budget 0 gives an empty array. Under jit, non-finite scores or a traced gamma < 0 give all -1
+    (the sentinel); eager calls raise.
   """
+  where = "d2pruning.select_from_lists"
+  ok = checks.all_ok(_check_scores(scores, where=where), _check_gamma(where, "gamma", gamma))
+  if out_size is None:
+    budget = checks.static_int(where, "budget", budget, low=0)
+  else:
+    out_size = checks.static_int(where, "out_size", out_size, low=0)
+  if (budget if out_size is None else out_size) == 0:
+    return _empty_picks(0)
+  return checks.poison(_select_from_lists(neighbours, distances, starts, degrees, scores, budget, gamma, eligible,
+                                          groups, quotas, block_size, out_size, chunk), ok, int_fill=-1)
+
+
+def _select_from_lists(neighbours, distances, starts, degrees, scores, budget, gamma, eligible, groups, quotas,
+                       block_size, out_size, chunk):
   n = scores.shape[0]
   if (groups is None) != (quotas is None):
     raise ValueError("pass both groups and quotas (per-group budgets), or neither.")
@@ -228,8 +251,10 @@ def select_from_table(neighbours: jax.Array, distances: jax.Array, scores: jax.A
     scores, budget, gamma, eligible, groups, quotas, block_size, out_size, chunk: see `select_from_lists`.
 
   Returns:
-    [budget] (or [out_size]) int32 picks in selection order (-1: nothing eligible left).
+    [budget] (or [out_size]) int32 picks in selection order (-1: nothing eligible left; empty for budget 0).
   """
+  checks.shapes("d2pruning.select_from_table", neighbours=(neighbours, "N K"), distances=(distances, "N K"),
+                scores=(scores, "N"))
   n, k_max = neighbours.shape
   degrees = jnp.sum(neighbours < n, axis=1).astype(jnp.int32)
   starts = jnp.arange(n, dtype=jnp.int32) * k_max
@@ -285,26 +310,30 @@ def reverse_message_passing_select(graph: GraphsTuple, scores: jax.Array, budget
 
   Returns:
     [budget] int32 indices in selection order, no repeats; -1 entries only if fewer than `budget`
-    examples were eligible (checked on the host when the inputs are concrete).
+    examples were eligible (checked on the host when the inputs are readable); empty for budget 0. Under jit,
+    non-finite scores or a traced gamma < 0 give all -1; eager calls raise.
   """
+  where = "d2pruning.reverse_message_passing_select"
   n = num_graph_nodes(graph)
-  _check_scores(scores, n)
-  if not isinstance(budget, (int, np.integer)) or budget < 0:
-    raise ValueError(f"budget must be a non-negative int (static); got {budget!r}.")
+  _check_scores(scores, n, where=where)
+  _check_gamma(where, "gamma", gamma)
+  budget = checks.static_int(where, "budget", budget, low=0)
+  if budget > n:
+    raise checks.HyperparameterError(f"{where}: budget {budget} exceeds the number of examples {n}.")
   mask = None
   if node_mask is not None:
     mask = jnp.asarray(node_mask, bool)
   if eligible is not None:
     mask = jnp.asarray(eligible, bool) if mask is None else mask & jnp.asarray(eligible, bool)
-  if mask is not None and _is_concrete(mask):
+  if mask is not None and checks.is_readable(mask):
     avail = int(np.sum(np.asarray(mask)))
-    if quotas is not None and _is_concrete(quotas):
+    if quotas is not None and checks.is_readable(quotas):
       avail = min(avail, int(np.sum(np.asarray(quotas))))
     if budget > avail:
-      raise ValueError(f"budget {budget} exceeds the {avail} selectable examples (after padding / cutoff / "
-                       "quotas); lower the budget or the hard-example cutoff.")
-  elif budget > n:
-    raise ValueError(f"budget {budget} exceeds the number of examples {n}.")
+      raise checks.HyperparameterError(f"{where}: budget {budget} exceeds the {avail} selectable examples (after "
+                                       "padding / cutoff / quotas); lower the budget or the hard-example cutoff.")
+  if budget == 0:
+    return _empty_picks(0)
   nbr, dist, starts, degrees = neighbour_lists(graph, n, node_mask)
   return select_from_lists(nbr, dist, starts, degrees, scores, budget, gamma, eligible=mask, groups=groups,
                            quotas=quotas, block_size=block_size, chunk=chunk)

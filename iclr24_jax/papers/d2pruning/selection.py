@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.common import graph as graph_lib
 from iclr24_jax.papers.d2pruning import dataset_graph
 from iclr24_jax.papers.d2pruning import message_passing as mp
@@ -262,8 +263,19 @@ def kcenter_greedy(embeddings: jax.Array, budget: int, key: jax.Array, eligible:
       groups are ignored (per-class k-center, as the official class-stratified mode runs it).
 
   Returns:
-    [budget] int32 indices in selection order (-1 where nothing eligible was left).
+    [budget] int32 indices in selection order (-1 where nothing eligible was left; empty for budget 0; all -1
+    under jit for non-finite embeddings, which raise eagerly).
   """
+  where = "d2pruning.kcenter_greedy"
+  checks.shapes(where, embeddings=(embeddings, "N D"), eligible=(eligible, "N"), groups=(groups, "N"))
+  budget = checks.static_int(where, "budget", budget, low=0)
+  if budget == 0:
+    return jnp.full((0,), -1, jnp.int32)
+  ok = checks.finite(where, "embeddings", embeddings)
+  return checks.poison(_kcenter_greedy(embeddings, budget, key, eligible, groups, quotas), ok, int_fill=-1)
+
+
+def _kcenter_greedy(embeddings, budget, key, eligible, groups, quotas):
   x = jnp.asarray(embeddings, jnp.float32)
   n = x.shape[0]
   sq = jnp.sum(x * x, -1)
@@ -300,18 +312,14 @@ def _kcenter_jit(x, budget, key, eligible, groups, quotas):
   return kcenter_greedy(x, budget, key, eligible, groups, quotas)
 
 
-def _validate(embeddings, scores, labels):
-  if getattr(scores, "ndim", None) != 1:
-    raise ValueError(f"scores must be a 1-D array [N]; got shape {getattr(scores, 'shape', None)}.")
-  n = scores.shape[0]
+def _validate(embeddings, scores, labels, where: str = "d2pruning.select_coreset"):
+  # select_coreset runs on the host: its inputs must be readable here (never a tracer or another host's array).
+  checks.shapes(where, scores=(scores, "N"), embeddings=(embeddings, "N D"), labels=(labels, "N"))
+  n = np.shape(scores)[0]
+  checks.nonempty(where, "scores", n, "examples")
   if embeddings is not None:
-    if getattr(embeddings, "ndim", None) != 2 or embeddings.shape[0] != n:
-      raise ValueError(f"embeddings must be [N, D] with N = {n} (the number of scores); got "
-                       f"{getattr(embeddings, 'shape', None)}.")
-    if not np.all(np.isfinite(np.asarray(embeddings))):
-      raise ValueError("embeddings contain NaN or inf.")
-  if not np.all(np.isfinite(np.asarray(scores))):
-    raise ValueError("scores contain NaN or inf; difficulty scores must be finite.")
+    checks.finite(where, "embeddings", checks.host_array(where, "embeddings", embeddings))
+  checks.finite(where, "scores", checks.host_array(where, "scores", scores), "difficulty scores must be finite.")
   return n
 
 
@@ -351,8 +359,13 @@ def select_coreset(embeddings, scores, fraction: float, method: str = "d2", key:
   Returns:
     [budget] int64 indices into the N examples, distinct (selection order for 'd2' / 'kcenter').
   """
-  if method not in METHODS:
-    raise ValueError(f"unknown selection method '{method}'; choose one of {METHODS}.")
+  where = "d2pruning.select_coreset"
+  checks.choice(where, "method", method, METHODS, "selection method")
+  checks.choice(where, "graph_mode", graph_mode, ("sum", "product"))
+  for name, g in (("gamma_forward", gamma_forward), ("gamma_reverse", gamma_reverse)):
+    checks.in_range(where, name, g, 0.0, None, hint="edge kernel rates exp(-gamma d) (official 1 and 0.1).")
+  checks.static_int(where, "k", k, low=1)
+  checks.static_int(where, "num_strata", num_strata, low=1)
   n = _validate(embeddings if method in ("d2", "kcenter") else None, scores, labels)
   budget = budget_of(fraction, n)
   key = jax.random.key(0) if key is None and method in ("random", "ccs", "kcenter") else key

@@ -22,6 +22,9 @@ from typing import Any, Callable
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from iclr24_jax.common import checks
 
 __all__ = ["IRSDESchedule", "irsde_schedule", "cosine_thetas", "mean_factor", "irsde_mean", "irsde_std",
            "irsde_forward_sample", "forward_euler_step", "optimal_reverse_step", "optimal_reverse_std",
@@ -88,8 +91,7 @@ def irsde_schedule(T: int = 100, lambda_: float = 50.0 / 255.0, schedule: str = 
   Returns:
     IRSDESchedule.
   """
-  if T < 1:
-    raise ValueError(f"IR-SDE needs T >= 1 steps, got T={T}.")
+  T = checks.static_int("daclip.irsde_schedule", "T", T, low=1)
   if not 0.0 < eps < 1.0:
     raise ValueError(f"eps={eps} must be in (0, 1): it is exp(-theta_bar_T dt), the x0 weight left at t = T.")
   lam = lambda_ / 255.0 if lambda_ >= 1 else lambda_
@@ -112,15 +114,26 @@ def irsde_schedule(T: int = 100, lambda_: float = 50.0 / 255.0, schedule: str = 
                        dt=jnp.asarray(dt, jnp.float32), lambda_=jnp.asarray(lam, jnp.float32))
 
 
+def _lookup(table: jax.Array, t: Any, low: int = 0, where: str = "daclip.irsde") -> jax.Array:
+  """table[t] for integer times; a time outside [low, len(table)) raises eagerly (checks.IndexRangeError) and
+  reads NaN under jit (a gather would clamp it to the last step, silently)."""
+  checks.dtype(where, "t", t, "integer", "integer step indices in 0..T.")
+  n = table.shape[0]
+  checks.require(where, (checks.xp(t).asarray(t) >= low) & (checks.xp(t).asarray(t) < n), checks.IndexRangeError,
+                 f"times t must be integers in [{low}, {n - 1}] (the schedule's steps).")
+  t = jnp.asarray(t, jnp.int32)
+  return jnp.where((t >= low) & (t < n), table[jnp.clip(t, 0, n - 1)], jnp.nan)
+
+
 def _at(table: jax.Array, t: Any, x: jax.Array) -> jax.Array:
   """table[t] broadcast against x: t scalar or [B] (B = x.shape[0]) -> [B, 1, ..., 1]."""
-  t = jnp.asarray(t, jnp.int32)
-  v = table[t]
-  if t.ndim == 0:
+  if np.ndim(t) and np.shape(t) != x.shape[:1]:
+    raise checks.ShapeError(f"daclip.irsde: times t {np.shape(t)} must be a scalar or one per sample "
+                            f"({x.shape[0]},).")
+  v = _lookup(table, t)
+  if np.ndim(t) == 0:
     return v
-  if t.shape != x.shape[:1]:
-    raise ValueError(f"times t {t.shape} must be a scalar or one per sample ({x.shape[0]},).")
-  return v.reshape(t.shape + (1,) * (x.ndim - 1))
+  return v.reshape(np.shape(t) + (1,) * (x.ndim - 1))
 
 
 def mean_factor(t: Any, schedule: IRSDESchedule) -> jax.Array:
@@ -133,7 +146,7 @@ def mean_factor(t: Any, schedule: IRSDESchedule) -> jax.Array:
   Returns:
     float32 of t's shape.
   """
-  return jnp.exp(-schedule.thetas_cumsum[jnp.asarray(t, jnp.int32)] * schedule.dt)
+  return jnp.exp(-_lookup(schedule.thetas_cumsum, t) * schedule.dt)
 
 
 def irsde_mean(x0: jax.Array, mu: jax.Array, t: Any, schedule: IRSDESchedule) -> jax.Array:
@@ -164,7 +177,7 @@ def irsde_std(t: Any, schedule: IRSDESchedule) -> jax.Array:
   Returns:
     float32 of t's shape (not broadcast against images).
   """
-  return schedule.sigma_bars[jnp.asarray(t, jnp.int32)]
+  return _lookup(schedule.sigma_bars, t)
 
 
 def irsde_forward_sample(key: jax.Array, x0: jax.Array, mu: jax.Array, t: Any,
@@ -241,10 +254,9 @@ def optimal_reverse_std(t: Any, schedule: IRSDESchedule) -> jax.Array:
   Returns:
     float32 of t's shape.
   """
-  t = jnp.asarray(t, jnp.int32)
-  one_a2 = -jnp.expm1(-2 * schedule.thetas[t] * schedule.dt)
-  one_b2 = -jnp.expm1(-2 * schedule.thetas_cumsum[t] * schedule.dt)
-  one_c2 = -jnp.expm1(-2 * schedule.thetas_cumsum[t - 1] * schedule.dt)
+  one_a2 = -jnp.expm1(-2 * _lookup(schedule.thetas, t, low=1) * schedule.dt)
+  one_b2 = -jnp.expm1(-2 * _lookup(schedule.thetas_cumsum, t, low=1) * schedule.dt)
+  one_c2 = -jnp.expm1(-2 * _lookup(schedule.thetas_cumsum, jnp.asarray(t, jnp.int32) - 1) * schedule.dt)
   var = one_a2 * one_c2 / one_b2
   return jnp.sqrt(jnp.maximum(var, 1e-20 * schedule.dt)) * schedule.lambda_
 

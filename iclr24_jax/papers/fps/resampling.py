@@ -9,7 +9,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from iclr24_jax.common import checks
+
 SCHEMES = ("multinomial", "systematic", "stratified")
+
+
+def _check_log_weights(where: str, log_weights) -> object:
+  # [M] log-weights: no NaN / +inf, and at least one finite weight (an all -inf set has no distribution).
+  checks.shapes(where, log_weights=(log_weights, "M"))
+  checks.nonempty(where, "log_weights", jnp.shape(log_weights)[0], "particles")
+  xp = checks.xp(log_weights)
+  lw = xp.asarray(log_weights)
+  return checks.require(where, ~xp.any(xp.isnan(lw) | (lw == xp.inf)) & xp.any(xp.isfinite(lw)),
+                        checks.NonFiniteError, "log_weights must have no NaN / +inf and at least one finite entry "
+                        "(an all -inf set of weights has no distribution).")
 
 
 def normalise(log_weights: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -19,9 +32,11 @@ def normalise(log_weights: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 def ess(log_weights: jax.Array) -> jax.Array:
-  """Effective sample size 1 / sum W_i^2 of (unnormalised) log-weights [M] -> scalar in [1, M]."""
+  """Effective sample size 1 / sum W_i^2 of (unnormalised) log-weights [M] -> scalar in [1, M] (NaN for NaN or
+  all -inf weights under jit; eager calls raise)."""
+  ok = _check_log_weights("fps.ess", log_weights)
   log_w, _ = normalise(log_weights)
-  return jnp.exp(-jax.nn.logsumexp(2.0 * log_w))
+  return checks.poison(jnp.exp(-jax.nn.logsumexp(2.0 * log_w)), ok)
 
 
 def _inverse_cdf(log_weights: jax.Array, u: jax.Array) -> jax.Array:
@@ -44,10 +59,11 @@ def multinomial(key: jax.Array, log_weights: jax.Array, num: int | None = None) 
     num: N, draws (None: M).
 
   Returns:
-    int32 [N] ancestor indices in [0, M).
+    int32 [N] ancestor indices in [0, M) (-1 under jit for NaN / all -inf weights; eager calls raise).
   """
-  num = log_weights.shape[0] if num is None else num
-  return _inverse_cdf(log_weights, jax.random.uniform(key, (num,)))
+  ok = _check_log_weights("fps.multinomial", log_weights)
+  num = log_weights.shape[0] if num is None else checks.static_int("fps.multinomial", "num", num, low=0)
+  return checks.poison(_inverse_cdf(log_weights, jax.random.uniform(key, (num,))), ok, int_fill=-1)
 
 
 def systematic(key: jax.Array, log_weights: jax.Array, num: int | None = None) -> jax.Array:
@@ -59,11 +75,12 @@ def systematic(key: jax.Array, log_weights: jax.Array, num: int | None = None) -
     num: N, draws (None: M).
 
   Returns:
-    int32 [N] ancestor indices in [0, M), non-decreasing.
+    int32 [N] ancestor indices in [0, M), non-decreasing (-1 under jit for NaN / all -inf weights).
   """
-  num = log_weights.shape[0] if num is None else num
+  ok = _check_log_weights("fps.systematic", log_weights)
+  num = log_weights.shape[0] if num is None else checks.static_int("fps.systematic", "num", num, low=0)
   u = (jnp.arange(num) + jax.random.uniform(key)) / num
-  return _inverse_cdf(log_weights, u)
+  return checks.poison(_inverse_cdf(log_weights, u), ok, int_fill=-1)
 
 
 def stratified(key: jax.Array, log_weights: jax.Array, num: int | None = None) -> jax.Array:
@@ -75,11 +92,12 @@ def stratified(key: jax.Array, log_weights: jax.Array, num: int | None = None) -
     num: N, draws (None: M).
 
   Returns:
-    int32 [N] ancestor indices in [0, M), non-decreasing.
+    int32 [N] ancestor indices in [0, M), non-decreasing (-1 under jit for NaN / all -inf weights).
   """
-  num = log_weights.shape[0] if num is None else num
+  ok = _check_log_weights("fps.stratified", log_weights)
+  num = log_weights.shape[0] if num is None else checks.static_int("fps.stratified", "num", num, low=0)
   u = (jnp.arange(num) + jax.random.uniform(key, (num,))) / num
-  return _inverse_cdf(log_weights, u)
+  return checks.poison(_inverse_cdf(log_weights, u), ok, int_fill=-1)
 
 
 def resample(key: jax.Array, log_weights: jax.Array, scheme: str = "multinomial", num: int | None = None
@@ -96,12 +114,21 @@ def resample(key: jax.Array, log_weights: jax.Array, scheme: str = "multinomial"
     int32 [N] ancestor indices in [0, M).
 
   Raises:
-    ValueError: unknown scheme.
+    StaticArgumentError: unknown scheme.
   """
+  checks.choice("fps.resample", "scheme", scheme, SCHEMES, "resampling scheme")
   if scheme == "multinomial":
     return multinomial(key, log_weights, num)
   if scheme == "systematic":
     return systematic(key, log_weights, num)
-  if scheme == "stratified":
-    return stratified(key, log_weights, num)
-  raise ValueError(f"unknown resampling scheme '{scheme}'; choose one of {SCHEMES}.")
+  return stratified(key, log_weights, num)
+
+
+def resample_unchecked(key: jax.Array, log_weights: jax.Array, scheme: str) -> jax.Array:
+  """`resample` without the value checks, for filters whose weights are finite by construction (the check would
+  run at every step of their scan)."""
+  u = {"multinomial": lambda: jax.random.uniform(key, log_weights.shape),
+       "systematic": lambda: (jnp.arange(log_weights.shape[0]) + jax.random.uniform(key)) / log_weights.shape[0],
+       "stratified": lambda: (jnp.arange(log_weights.shape[0]) + jax.random.uniform(key, log_weights.shape))
+       / log_weights.shape[0]}[scheme]()
+  return _inverse_cdf(log_weights, u)

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.diffusion import process, samplers
 from iclr24_jax.papers.fps import resampling as resampling_lib
 from iclr24_jax.papers.fps.operators import LinearOperator
@@ -61,10 +62,6 @@ Denoiser = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 # -------------------------------------------------------------------------------- Gaussian conditioning
-
-
-def _is_concrete(x) -> bool:
-  return not isinstance(x, jax.core.Tracer)
 
 
 def gaussian_condition(operator: LinearOperator, mean: jax.Array, var: jax.Array, y: jax.Array,
@@ -86,8 +83,12 @@ def gaussian_condition(operator: LinearOperator, mean: jax.Array, var: jax.Array
     z: optional [..., *x_shape] standard normal noise; when given, a posterior sample is returned too.
 
   Returns:
-    (posterior mean [..., *x_shape], posterior sample [..., *x_shape] or None, log marginal likelihood [...]).
+    (posterior mean [..., *x_shape], posterior sample [..., *x_shape] or None, log marginal likelihood [...]);
+    NaN under jit for a negative variance (eager calls raise).
   """
+  where = "fps.gaussian_condition"
+  valid = checks.all_ok(checks.in_range(where, "var", var, 0.0, None),
+                        checks.in_range(where, "lik_var", lik_var, 0.0, None))
   ms = operator.vt(mean)                                     # [..., n]
   ys = operator.ut(y)                                        # [..., m]
   s = operator.singular_values                               # [r]
@@ -112,7 +113,7 @@ def gaussian_condition(operator: LinearOperator, mean: jax.Array, var: jax.Array
   if z is not None:
     std = jnp.concatenate([jnp.sqrt(post_var_r), jnp.full((ms.shape[-1] - r,), jnp.sqrt(var))])
     sample = operator.v(post_mean_s + std * operator.vt(z))
-  return post_mean, sample, log_lik
+  return checks.poison((post_mean, sample, log_lik), valid)
 
 
 # ------------------------------------------------------------------------------------- sampler kernels
@@ -246,8 +247,12 @@ def measurement_sequence(key: jax.Array, operator: LinearOperator, y: jax.Array,
     c: the c-rate in [0, 1]; None = the DDPM bridge (c_t = beta-tilde_t / (1 - abar_s)).
 
   Returns:
-    (y_start [*y_shape] at alpha_bar_t[0], ys [N, *y_shape] at alpha_bar_s; ys[-1] == y).
+    (y_start [*y_shape] at alpha_bar_t[0], ys [N, *y_shape] at alpha_bar_s; ys[-1] == y); NaN under jit for a
+    traced c outside [0, 1] (eager calls raise).
   """
+  where = "fps.measurement_sequence"
+  checks.shapes(where, alpha_bar_t=(alpha_bar_t, "N"), alpha_bar_s=(alpha_bar_s, "N"))
+  ok = checks.in_range(where, "c", c, 0.0, 1.0)
   key_start, key_steps = jax.random.split(key)
   x_shape = tuple(operator.x_shape)
   a0 = alpha_bar_t[0]
@@ -264,49 +269,49 @@ def measurement_sequence(key: jax.Array, operator: LinearOperator, y: jax.Array,
 
   keys = jax.random.split(key_steps, alpha_bar_t.shape[0])
   _, ys = jax.lax.scan(body, y_start, (alpha_bar_t, alpha_bar_s, keys))
-  return y_start, ys
+  return checks.poison((y_start, ys), ok)
 
 
 # ---------------------------------------------------------------------------------------- the filter
 
 
-def _validate(operator, y, sigma, num_particles, c, sampler, resampling, ess_threshold, weights="fps"):
+def _validate(operator, y, sigma, num_particles, c, sampler, resampling, ess_threshold, weights="fps",
+              where: str = "fps.sample"):
+  """Structure raises; values (a non-finite y, a traced sigma <= 0 or c outside [0, 1]) raise eagerly and are
+  returned as a condition for `checks.poison` under jit / vmap."""
   if not isinstance(operator, LinearOperator):
-    raise TypeError(f"operator must be an fps operator (Inpainting, SuperResolution, GaussianBlur, MotionBlur, "
-                    f"CircularBlur, Dense), got {type(operator).__name__}.")
-  if tuple(y.shape) != tuple(operator.y_shape):
-    raise ValueError(f"y has shape {tuple(y.shape)} but the operator measures {tuple(operator.y_shape)} "
-                     "(pass one measurement; vmap over several).")
-  if _is_concrete(y) and not np.all(np.isfinite(np.asarray(y))):
-    raise ValueError("the measurement y contains NaN/inf.")
-  if _is_concrete(sigma) and not float(sigma) > 0:
-    raise ValueError(f"sigma must be > 0 (the likelihood N(y; A x, sigma^2) needs noise), got {sigma}; "
-                     "for a (nearly) noiseless measurement pass a small value such as 1e-3.")
-  if int(num_particles) < 1:
-    raise ValueError(f"num_particles must be >= 1, got {num_particles}.")
-  if sampler not in SAMPLERS:
-    raise ValueError(f"unknown sampler '{sampler}'; choose one of {SAMPLERS}.")
+    raise checks.DtypeError(f"{where}: operator must be an fps operator (Inpainting, SuperResolution, GaussianBlur, "
+                            f"MotionBlur, CircularBlur, Dense), got {type(operator).__name__}.")
+  if tuple(np.shape(y)) != tuple(operator.y_shape):
+    raise checks.ShapeError(f"{where}: y has shape {tuple(np.shape(y))} but the operator measures "
+                            f"{tuple(operator.y_shape)} (pass one measurement; vmap over several).")
+  checks.static_int(where, "num_particles", num_particles, low=1)
+  checks.choice(where, "sampler", sampler, SAMPLERS)
+  checks.choice(where, "resampling", resampling, resampling_lib.SCHEMES)
   if c is None and sampler == "ddim":
-    raise ValueError("c=None (the DDPM-matched bridge) needs sampler='ddpm'; the 'ddim' kernel uses c itself.")
-  if c is not None and _is_concrete(c) and not 0.0 <= float(c) <= 1.0:
-    raise ValueError(f"c must be in [0, 1], got {c}.")
-  if resampling not in resampling_lib.SCHEMES:
-    raise ValueError(f"unknown resampling '{resampling}'; choose one of {resampling_lib.SCHEMES}.")
-  if ess_threshold is not None and not 0.0 < float(ess_threshold) <= 1.0:
-    raise ValueError(f"ess_threshold must be None (resample every step) or in (0, 1], got {ess_threshold}.")
+    raise checks.ContractError(f"{where}: c=None (the DDPM-matched bridge) needs sampler='ddpm'; the 'ddim' kernel "
+                               "uses c itself.")
+  if ess_threshold is not None:
+    checks.in_range(where, "ess_threshold", ess_threshold, 0.0, 1.0, low_open=True,
+                    hint="None resamples every step (official).")
   _telescoping_flag(weights)
+  return checks.all_ok(
+      checks.finite(where, "y", y, "the measurement must be finite."),
+      checks.in_range(where, "sigma", sigma, 0.0, None, low_open=True,
+                      hint="the likelihood N(y; A x, sigma^2) needs noise; for a (nearly) noiseless measurement "
+                           "pass a small value such as 1e-3."),
+      checks.in_range(where, "c", c, 0.0, 1.0, hint="the c-rate of the y bridge (official 0.95)."))
 
 
 def _telescoping_flag(weights):
   """'fps' -> None (FPS's weights, no extra work), 'telescoping' -> 1.0, an array -> itself (1 = telescoping)."""
   if isinstance(weights, str):
-    if weights not in WEIGHTS:
-      raise ValueError(f"unknown weights '{weights}'; choose one of {WEIGHTS}.")
+    checks.choice("fps", "weights", weights, WEIGHTS)
     return None if weights == "fps" else jnp.float32(1.0)
   flag = jnp.asarray(weights, jnp.float32)
   if flag.ndim != 0:
-    raise ValueError(f"weights as an array must be a scalar flag (0 = 'fps', 1 = 'telescoping'), got shape "
-                     f"{flag.shape}.")
+    raise checks.ShapeError(f"fps: weights as an array must be a scalar flag (0 = 'fps', 1 = 'telescoping'), got "
+                            f"shape {flag.shape}.")
   return flag
 
 
@@ -361,7 +366,14 @@ def particle_filter(key: jax.Array, denoiser: Denoiser, operator: LinearOperator
     (the SMC estimate of log p(y_{0:T}) under FPS's model; with 'telescoping', of log p_chain(y)),
     log_weights [M] final).
   """
-  m = int(num_particles)
+  where = "fps.particle_filter"
+  m = checks.static_int(where, "num_particles", num_particles, low=1)
+  checks.shapes(where, times=(times, "N"), alpha_bar_t=(alpha_bar_t, "N"), alpha_bar_s=(alpha_bar_s, "N"),
+                ys=(ys, "N " + " ".join(str(d) for d in operator.y_shape)))
+  ok = checks.all_ok(
+      checks.in_range(where, "sigma", sigma, 0.0, None, low_open=True),
+      checks.finite(where, "ys", ys), checks.finite(where, "y_start", y_start),
+      checks.in_range(where, "c", c, 0.0, 1.0))
   x_shape = tuple(operator.x_shape)
   sigma2 = jnp.asarray(sigma, jnp.float32) ** 2
   key_init, key_steps, key_final = jax.random.split(key, 3)
@@ -397,7 +409,7 @@ def particle_filter(key: jax.Array, denoiser: Denoiser, operator: LinearOperator
     log_w_new, inc = resampling_lib.normalise(log_w + log_lik)
     cur_ess = jnp.exp(-jax.nn.logsumexp(2.0 * log_w_new))
     do = jnp.asarray(True) if ess_threshold is None else cur_ess < ess_threshold * m
-    idx = resampling_lib.resample(key_res, log_w_new, resampling)
+    idx = resampling_lib.resample_unchecked(key_res, log_w_new, resampling)
     x_res = jnp.where(do, x_new[idx], x_new)
     log_w_res = jnp.where(do, jnp.full((m,), -jnp.log(m), jnp.float32), log_w_new)
     return (x_res, log_w_res, log_z + inc), (cur_ess, do)
@@ -405,9 +417,9 @@ def particle_filter(key: jax.Array, denoiser: Denoiser, operator: LinearOperator
   (x, log_w, log_z), (ess_hist, did) = jax.lax.scan(
       body, (x, log_w, log_z0[0]), (times, alpha_bar_t, alpha_bar_s, ys, y_prev, step_keys, rates))
   if ess_threshold is not None:
-    idx = resampling_lib.resample(key_final, log_w, resampling)
+    idx = resampling_lib.resample_unchecked(key_final, log_w, resampling)
     x = jnp.where(did[-1], x, x[idx])
-  return x, {"ess": ess_hist, "resampled": did, "log_evidence": log_z, "log_weights": log_w}
+  return checks.poison((x, {"ess": ess_hist, "resampled": did, "log_evidence": log_z, "log_weights": log_w}), ok)
 
 
 def sample(key: jax.Array, denoiser: Denoiser, schedule: Any, operator: LinearOperator, y: jax.Array,
@@ -448,9 +460,11 @@ def sample(key: jax.Array, denoiser: Denoiser, schedule: Any, operator: LinearOp
     weights: 'fps' (the paper) | 'telescoping' (the corrected, asymptotically exact weights).
 
   Returns:
-    particles [num_particles, *x_shape] (equally weighted), or (particles, info) with return_info.
+    particles [num_particles, *x_shape] (equally weighted), or (particles, info) with return_info. Eagerly a
+    non-finite y, sigma <= 0 or c outside [0, 1] raise named errors (Python numbers always); under jit / vmap
+    (traced values) the particles are NaN (`iclr24_jax.checked` raises inside jit).
   """
-  _validate(operator, y, sigma, num_particles, c, sampler, resampling, ess_threshold, weights)
+  ok = _validate(operator, y, sigma, num_particles, c, sampler, resampling, ess_threshold, weights)
   times, a_t, a_s = samplers.sampling_grid(schedule, num_steps, spacing)
   key_y, key_filter = jax.random.split(key)
   y = jnp.asarray(y, jnp.float32)
@@ -459,5 +473,5 @@ def sample(key: jax.Array, denoiser: Denoiser, schedule: Any, operator: LinearOp
                             c=c, sampler=sampler, resampling=resampling, ess_threshold=ess_threshold,
                             prediction=prediction, clip_x0=clip_x0, weights=weights)
   if return_info:
-    return x, {**info, "y_start": y_start, "ys": ys}
-  return x
+    return checks.poison((x, {**info, "y_start": y_start, "ys": ys}), ok)
+  return checks.poison(x, ok)

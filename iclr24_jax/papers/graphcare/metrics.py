@@ -13,6 +13,8 @@ from typing import Callable
 
 import numpy as np
 
+from iclr24_jax.common import checks
+
 TASKS = ("binary", "multiclass", "multilabel")
 
 
@@ -120,6 +122,9 @@ def binary_metrics(y_true: np.ndarray, y_prob: np.ndarray, threshold: float = 0.
   Returns:
     dict(auroc, auprc, f1, f1_macro, jaccard, accuracy).
   """
+  where = "graphcare.binary_metrics"
+  checks.labels_in(where, "y_true", checks.host_array(where, "y_true", y_true), (0, 1))
+  checks.probabilities(where, "y_prob", checks.host_array(where, "y_prob", y_prob, np.float64))
   y = np.asarray(y_true).astype(int).ravel()
   p = np.asarray(y_prob, np.float64).ravel()
   pred = (p >= threshold).astype(int)
@@ -209,8 +214,12 @@ def bootstrap_ci(task: str, y_true: np.ndarray, y_prob: np.ndarray, num_resample
   Returns:
     {metric: (low, high)}; NaN draws (e.g. one class only) are ignored, and an all-NaN metric gives (nan, nan).
   """
-  y_true, y_prob = np.asarray(y_true), np.asarray(y_prob)
+  where = "graphcare.bootstrap_ci"
+  checks.in_range(where, "level", level, 0.0, 1.0, low_open=True, high_open=True)
+  checks.static_int(where, "num_resamples", num_resamples, low=1)
+  y_true, y_prob = checks.host_array(where, "y_true", y_true), checks.host_array(where, "y_prob", y_prob)
   n = len(y_true)
+  checks.nonempty(where, "y_true", n, "samples")
   rng = np.random.default_rng(seed)
   draws: dict[str, list[float]] = {}
   for _ in range(num_resamples):

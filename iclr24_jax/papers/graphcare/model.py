@@ -44,6 +44,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from iclr24_jax.common import checks
 from iclr24_jax.common import graph as graph_lib
 
 GNNS = ("bat", "gat", "gin")
@@ -84,6 +85,8 @@ def decay_weights(num_visits: jax.Array, max_visits: int, decay_rate: float, mat
     Code: exp(gamma (V - p)) where p = J_i - 1 - j is the reversed position of a real visit and p = j for a
     padded slot (non-zero).
   """
+  max_visits = checks.static_int("graphcare.decay_weights", "max_visits", max_visits, low=1)
+  checks.shapes("graphcare.decay_weights", num_visits=(num_visits, "G"))
   j = jnp.arange(max_visits)[None, :]
   jv = num_visits[:, None]
   real = j < jv

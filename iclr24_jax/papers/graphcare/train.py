@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import checks
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.common.train_state import TrainState
@@ -54,8 +55,21 @@ def task_loss(logits: jax.Array, labels: jax.Array, mask: jax.Array, task: str) 
     task: 'binary' | 'multiclass' | 'multilabel'.
 
   Returns:
-    scalar: binary -> BCE(logits[..., 0], y); multilabel -> BCE averaged over labels; multiclass -> CE.
+    scalar: binary -> BCE(logits[..., 0], y); multilabel -> BCE averaged over labels; multiclass -> CE. Labels
+    outside {0, 1} (binary, multilabel) or [0, out_dim) (multiclass) raise eagerly and give NaN under jit.
   """
+  where = "graphcare.task_loss"
+  checks.choice(where, "task", task, metrics_lib.TASKS)
+  checks.shapes(where, logits=(logits, "... G O"), mask=(mask, "... G"))
+  if task == "multiclass":
+    checks.dtype(where, "labels", labels, "integer")
+    ok = checks.indices(where, "labels", labels, logits.shape[-1], "class ids of the logits.")
+  else:
+    ok = checks.labels_in(where, "labels", labels, (0, 1), f"{task} targets.")
+  return checks.poison(_task_loss(logits, labels, mask, task), ok)
+
+
+def _task_loss(logits, labels, mask, task):
   if task == "binary":
     per = optax.sigmoid_binary_cross_entropy(logits[..., 0], labels.astype(jnp.float32))
   elif task == "multilabel":

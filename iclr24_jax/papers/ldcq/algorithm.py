@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.diffusion.unet import MLPDenoiser
@@ -98,12 +99,12 @@ class LDCQParams:
   spec: LDCQSpec = flax.struct.field(pytree_node=False, default=None)
 
 
-def _as_batch(states: jax.Array) -> tuple[jax.Array, bool]:
+def _as_batch(states: jax.Array, where: str = "ldcq") -> tuple[jax.Array, bool]:
+  if np.ndim(states) not in (1, 2):
+    raise checks.ShapeError(f"{where}: states must be [D] or [B, D]; got shape {np.shape(states)}.")
   states = jnp.asarray(states, jnp.float32)
   if states.ndim == 1:
     return states[None], True
-  if states.ndim != 2:
-    raise ValueError(f"states must be [D] or [B, D]; got shape {states.shape}.")
   return states, False
 
 
@@ -122,12 +123,12 @@ def sample_latents(key: jax.Array, params: LDCQParams, states: jax.Array, n: int
   Returns:
     latents [B, n, Z] (or [n, Z] for a single state).
   """
+  where = "ldcq.sample_latents"
   spec = params.spec
-  s, single = _as_batch(states)
+  s, single = _as_batch(states, where)
   b = s.shape[0]
   z_dim = spec.vae.z_dim
-  if n < 1:
-    raise ValueError(f"n (latents per state) must be >= 1, got {n}.")
+  n = checks.static_int(where, "n", n, low=1)
   if spec.prior == "gaussian":
     mean, std = spec.vae.apply({"params": params.vae}, s, method=SkillVAE.prior)
     z = mean[:, None] + std[:, None] * jax.random.normal(key, (b, n, z_dim))
@@ -153,6 +154,7 @@ def q_values(params: LDCQParams, states: jax.Array, latents: jax.Array, target: 
   Returns:
     [B, N] float32 pessimistic Q values.
   """
+  checks.shapes("ldcq.q_values", states=(states, "B D"), latents=(latents, "B N Z"))
   b, n, zd = latents.shape
   qp = params.q_target if target else params.q
   q = twin_q_apply(params.spec.q_net, qp, jnp.repeat(states, n, axis=0), latents.reshape(b * n, zd))
@@ -181,7 +183,8 @@ def act(key: jax.Array, params: LDCQParams, state: jax.Array, num_samples: int) 
   Returns:
     the chosen latent [B, Z] (or [Z]).
   """
-  s, single = _as_batch(state)
+  s, single = _as_batch(state, "ldcq.act")
+  num_samples = checks.static_int("ldcq.act", "num_samples", num_samples, low=1)
   qp = _acting_q(params)
   z = sample_latents(key, params, s, 1 if qp is None else num_samples)      # [B, N, Z]
   if qp is None:
@@ -273,6 +276,16 @@ class QConfig:
   per_beta_step: float = 0.01
   steps_per_epoch: int = 1000
   priority_eps: float = 5e-6
+
+  def __post_init__(self):
+    where = "ldcq.QConfig"
+    checks.in_range(where, "discount", self.discount, 0.0, 1.0, hint="gamma^H of the H-step target.")
+    checks.in_range(where, "tau", self.tau, 0.0, 1.0, hint="the Polyak step (official 0.005).")
+    checks.in_range(where, "max_grad_norm", self.max_grad_norm, 0.0, None, low_open=True)
+    checks.in_range(where, "priority_eps", self.priority_eps, 0.0, None)
+    checks.static_int(where, "batch_size", self.batch_size, low=1)
+    checks.static_int(where, "num_target_samples", self.num_target_samples, low=1)
+    checks.static_int(where, "steps_per_epoch", self.steps_per_epoch, low=1)
 
 
 def q_init(key: jax.Array, cfg: QConfig, buffer: replay.PrioritizedBuffer | None, state_dim: int, z_dim: int,

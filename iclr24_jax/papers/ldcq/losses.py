@@ -13,7 +13,9 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.diffusion import training as diff_training
 from iclr24_jax.diffusion.schedules import Schedule
 from iclr24_jax.papers.ldcq.model import BCPolicy, QNetwork, SkillVAE, twin_q_apply
@@ -30,9 +32,11 @@ def gaussian_log_prob(x: jax.Array, mean: jax.Array, std: jax.Array) -> jax.Arra
     std: standard deviations (> 0), broadcastable to x.
 
   Returns:
-    log-densities of the broadcast shape.
+    log-densities of the broadcast shape (NaN under jit where std <= 0; eager calls raise).
   """
-  return -0.5 * (((x - mean) / std) ** 2 + LOG_2PI) - jnp.log(std)
+  ok = checks.require("ldcq.gaussian_log_prob", checks.xp(std).asarray(std) > 0, checks.HyperparameterError,
+                      "std must be > 0.")
+  return checks.poison(-0.5 * (((x - mean) / std) ** 2 + LOG_2PI) - jnp.log(std), ok)
 
 
 def gaussian_kl(mean_q: jax.Array, std_q: jax.Array, mean_p: jax.Array, std_p: jax.Array) -> jax.Array:
@@ -45,15 +49,20 @@ def gaussian_kl(mean_q: jax.Array, std_q: jax.Array, mean_p: jax.Array, std_p: j
     std_p: p's standard deviations (> 0).
 
   Returns:
-    KL values (>= 0) of the broadcast shape (not summed).
+    KL values (>= 0) of the broadcast shape (not summed); NaN under jit where a std is <= 0 (eager calls raise).
   """
-  return (jnp.log(std_p / std_q) + (std_q ** 2 + (mean_q - mean_p) ** 2) / (2.0 * std_p ** 2) - 0.5)
+  where = "ldcq.gaussian_kl"
+  ok = checks.all_ok(
+      checks.require(where, checks.xp(std_q).asarray(std_q) > 0, checks.HyperparameterError, "std_q must be > 0."),
+      checks.require(where, checks.xp(std_p).asarray(std_p) > 0, checks.HyperparameterError, "std_p must be > 0."))
+  return checks.poison(jnp.log(std_p / std_q) + (std_q ** 2 + (mean_q - mean_p) ** 2) / (2.0 * std_p ** 2) - 0.5,
+                       ok)
 
 
-def _check_segments(states: jax.Array, actions: jax.Array) -> None:
-  if states.ndim != 3 or actions.ndim != 3 or states.shape[:2] != actions.shape[:2]:
-    raise ValueError(f"segments need states [B, H, D] and actions [B, H, A] with the same B, H; got "
-                     f"{states.shape} and {actions.shape}.")
+def _check_segments(states: jax.Array, actions: jax.Array, where: str = "ldcq.vae_loss") -> None:
+  checks.shapes(where, states=(states, "B H D"), actions=(actions, "B H A"))
+  checks.nonempty(where, "states", np.shape(states)[0], "segments")
+  checks.nonempty(where, "states", np.shape(states)[1], "steps per segment (H)")
 
 
 def vae_loss(params: Any, vae: SkillVAE, batch: dict[str, jax.Array], key: jax.Array, *, beta: float = 0.05,
@@ -76,6 +85,9 @@ def vae_loss(params: Any, vae: SkillVAE, batch: dict[str, jax.Array], key: jax.A
   """
   states, actions = batch["states"], batch["actions"]
   _check_segments(states, actions)
+  if terminal_loss:
+    checks.shapes("ldcq.vae_loss", states=(states, "B H D"), next_state=(batch.get("next_state"), "B D"))
+  checks.in_range("ldcq.vae_loss", "beta", beta, 0.0, None, hint="the KL weight (official 0.05).")
   horizon = states.shape[1]
 
   def fwd(vae_mod):
@@ -113,9 +125,11 @@ def latent_diffusion_loss(params: Any, denoiser: Any, schedule: Schedule, states
   Returns:
     (loss, aux of `diffusion_loss`).
   """
-  if states.ndim != 2 or latents.ndim != 2 or states.shape[0] != latents.shape[0]:
-    raise ValueError(f"latent_diffusion_loss needs states [B, D] and latents [B, Z]; got {states.shape}, "
-                     f"{latents.shape}.")
+  where = "ldcq.latent_diffusion_loss"
+  checks.shapes(where, states=(states, "B D"), latents=(latents, "B Z"))
+  checks.nonempty(where, "states", np.shape(states)[0], "segments")
+  checks.in_range(where, "min_snr_gamma", min_snr_gamma, 0.0, None, low_open=True, hint="min-SNR's gamma "
+                  "(official 5).")
   fn = lambda z_t, t: denoiser.apply({"params": params}, z_t, t, cond=states)  # noqa: E731
   return diff_training.diffusion_loss(fn, latents, key, schedule, prediction="x0", weighting="min_snr",
                                       min_snr_gamma=min_snr_gamma)
@@ -130,20 +144,32 @@ def q_target(q_net: QNetwork, target_params: Any, rewards: jax.Array, next_state
     z*_j = argmax_k Q'_{1-j}(s_H, z_k),   y_j = r + discount * (1 - done) * min(Q'_0, Q'_1)(s_H, z*_j).
   Only the given latents can be chosen: the max never leaves the prior's support.   # Eq. (6)
 
+  Compile it once (q_net is static; a traced discount is allowed):
+
+    target_fn = jax.jit(functools.partial(ldcq.q_target, q_net))
+    out = target_fn(target_params, rewards, next_states, next_latents, dones, discount=0.99 ** 10)
+
   Args:
     q_net: the Q module.
     target_params: twin target params [2, ...].
     rewards: [B] the segment's (discounted) reward sum r_{0:H}.
     next_states: [B, D] s_H.
     next_latents: [B, K, Z] latents sampled from the prior at s_H.
-    dones: [B] 1 where the segment ended in a terminal state.
-    discount: gamma^H.
+    dones: [B] 1 where the segment ended in a terminal state (0 / 1, float or bool).
+    discount: gamma^H in [0, 1].
 
   Returns:
-    dict(targets [2, B], z_star [2, B, Z], index [2, B] (the chosen k), q_next [2, B, K]).
+    dict(targets [2, B], z_star [2, B, Z], index [2, B] (the chosen k), q_next [2, B, K]). A discount outside
+    [0, 1] or dones outside {0, 1} raise named errors eagerly (a Python discount always) and give NaN targets
+    under jit / vmap; NaN rewards give NaN targets.
   """
-  if next_latents.ndim != 3 or next_latents.shape[0] != next_states.shape[0]:
-    raise ValueError(f"next_latents must be [B, K, Z] with B = {next_states.shape[0]}; got {next_latents.shape}.")
+  where = "ldcq.q_target"
+  checks.shapes(where, rewards=(rewards, "B"), next_states=(next_states, "B D"), next_latents=(next_latents, "B K Z"),
+                dones=(dones, "B"))
+  checks.nonempty(where, "next_latents", np.shape(next_latents)[1], "latents per state (K)")
+  ok = checks.all_ok(
+      checks.in_range(where, "discount", discount, 0.0, 1.0, hint="gamma^H of the H-step target."),
+      checks.labels_in(where, "dones", dones, (0, 1), "1 where the segment ended in a terminal state."))
   b, k, zd = next_latents.shape
   s_rep = jnp.repeat(next_states, k, axis=0)
   q_next = twin_q_apply(q_net, target_params, s_rep, next_latents.reshape(b * k, zd)).reshape(2, b, k)
@@ -152,7 +178,8 @@ def q_target(q_net: QNetwork, target_params: Any, rewards: jax.Array, next_state
   value = jnp.take_along_axis(q_min[None], index[..., None], axis=-1)[..., 0]   # [2, B]
   targets = rewards[None] + discount * (1.0 - dones.astype(jnp.float32))[None] * value
   z_star = jnp.take_along_axis(next_latents[None], index[..., None, None], axis=2)[:, :, 0]
-  return {"targets": jax.lax.stop_gradient(targets), "z_star": z_star, "index": index, "q_next": q_next}
+  out = {"targets": jax.lax.stop_gradient(targets), "z_star": z_star, "index": index, "q_next": q_next}
+  return checks.poison(out, ok, int_fill=-1)
 
 
 def bc_loss(params: Any, policy: BCPolicy, states: jax.Array, actions: jax.Array
@@ -168,6 +195,7 @@ def bc_loss(params: Any, policy: BCPolicy, states: jax.Array, actions: jax.Array
   Returns:
     (scalar loss, {'loss': loss}).
   """
+  checks.shapes("ldcq.bc_loss", states=(states, "B D"), actions=(actions, "B A"))
   mean, std = policy.apply({"params": params}, states)
   loss = -jnp.mean(jnp.sum(gaussian_log_prob(actions, mean, std), -1))
   return loss, {"loss": loss}

@@ -28,11 +28,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import checks
 from iclr24_jax.lm import t5
 
 # The official top-k rule's fill value (`default_val=-30.0` in vec2text's embed_and_project).
 TOPK_FILL = -30.0
 UNIGRAM_DECAY = 0.99
+# -inf log-probabilities (a masked / top-k / top-p distribution) are read as hidden entries and get this value.
+# vec2text's InversionFromLogitsEmbModel maps -inf to the most negative float (`nan_to_num`) and zeroes what is
+# still non-finite after the unigram subtraction (`nan_to_num(nan=0, posinf=0, neginf=0)`); in float32 that
+# float overflows the unigram mean and the projection, so the hidden entries take the official top-k access fill
+# (-30, `zero_embedding_except_topk`'s default_val) instead.
+NEG_INF_FILL = TOPK_FILL
+# Rows may carry less than all the mass (top-k access) but not more: mass <= 1 + this tolerance.
+MASS_TOLERANCE = 1e-2
 
 
 def num_chunks(vocab_size: int, width: int, official_padding: bool = False) -> int:
@@ -46,47 +55,71 @@ def num_chunks(vocab_size: int, width: int, official_padding: bool = False) -> i
   Returns:
     ceil(V / d) (or V / d + 1 with the official padding when d divides V).
   """
-  if width < 1 or vocab_size < 1:
-    raise ValueError(f"vocab_size and width must be positive, got {vocab_size}, {width}.")
+  where = "lm_inversion.num_chunks"
+  vocab_size = checks.static_int(where, "vocab_size", vocab_size, low=1)
+  width = checks.static_int(where, "width", width, low=1)
   if official_padding:
     pad = width - ((vocab_size + width) % width)
     return (vocab_size + pad) // width
   return math.ceil(vocab_size / width)
 
 
+def _log_distributions(where: str, logprobs: Any, name: str = "logprobs") -> tuple[jax.Array, Any]:
+  """float32 log-distributions with -inf entries set to NEG_INF_FILL, and the value check (`check_distributions`)."""
+  checks.shapes(where, **{name: (logprobs, "... V")})
+  checks.dtype(where, name, logprobs, "float", "pass log_softmax(logits) (float log-probabilities).")
+  ok = check_distributions(logprobs, name, where)
+  x = jnp.asarray(logprobs, jnp.float32)
+  return jnp.where(x == -jnp.inf, NEG_INF_FILL, x), ok
+
+
 def unroll(logprobs: jax.Array, unigram: jax.Array, width: int, official_padding: bool = False,
            topk: Any = None, topk_max: int | None = None) -> jax.Array:
   """Subtracts the unigram estimate, (optionally) applies the top-k rule, pads and unrolls into pseudo-embeddings.
 
+  Per row, so any leading batch dims work (and `jax.vmap` over rows composes):
+
+    unroll_fn = jax.jit(lm_inversion.unroll, static_argnames=("width", "official_padding", "topk_max"))
+    x = unroll_fn(logprobs, unigram, width=256)
+
   Args:
-    logprobs: [B, V] next-token log-probabilities of the target LM.
+    logprobs: [..., V] next-token log-probabilities of the target LM. -inf entries (a masked, top-k or top-p
+      distribution) are hidden entries and read as NEG_INF_FILL (-30, the official top-k fill). Rows may hold
+      less than all the mass (top-k access) but not more; NaN or +inf entries, rows with more than 1 + 1e-2 of
+      mass (logits, not log-probabilities) or with no finite entry raise named errors eagerly and give NaN
+      under jit / vmap (`iclr24_jax.checked` raises inside jit).
     unigram: [V] the unigram estimate (`update_unigram`); zeros disables the subtraction.
-    width: d, the pseudo-embedding size.
-    official_padding: pad as vec2text does (a whole extra zero chunk when d divides V).
-    topk: None (the full distribution), or the top-k access level: an int k >= 1, or an int array [B] per row
+    width: d, the pseudo-embedding size; static (a Python int).
+    official_padding: pad as vec2text does (a whole extra zero chunk when d divides V); static.
+    topk: None (the full distribution), or the top-k access level: an int k >= 1, or an int array [...] per row
       (0 = that row keeps the full distribution) with `topk_max` set. The rule is vec2text's (`topk_access`,
       applied after the unigram is subtracted); the padded tail then holds the fill value, as in vec2text.
     topk_max: static upper bound of a traced `topk` (None: topk must be a Python int).
 
   Returns:
-    [B, S, d] with S = num_chunks(V, d, official_padding); the padded tail is 0 (or the fill value under top-k).
+    [..., S, d] with S = num_chunks(V, d, official_padding); the padded tail is 0 (or the fill value under top-k).
   """
-  logprobs = jnp.asarray(logprobs)
-  if logprobs.ndim != 2:
-    raise ValueError(f"logprobs must be [B, V], got shape {logprobs.shape}.")
-  b, v = logprobs.shape
-  if unigram.shape != (v,):
-    raise ValueError(f"unigram must be [V={v}], got shape {unigram.shape}.")
+  where = "lm_inversion.unroll"
+  width = checks.static_int(where, "width", width, low=1)
+  x, ok = _log_distributions(where, logprobs)
+  checks.shapes(where, known={"V": x.shape[-1]}, unigram=(unigram, "V"))
+  checks.finite(where, "unigram", unigram)
+  return checks.poison(_unroll(x, unigram, width, official_padding, topk, topk_max), ok)
+
+
+def _unroll(x: jax.Array, unigram: jax.Array, width: int, official_padding: bool, topk: Any = None,
+            topk_max: int | None = None) -> jax.Array:
+  lead, v = x.shape[:-1], x.shape[-1]
   s = num_chunks(v, width, official_padding)
-  x = logprobs.astype(jnp.float32) - unigram.astype(jnp.float32)[None]
-  pad = ((0, 0), (0, s * width - v))
+  x = x - jnp.asarray(unigram, jnp.float32)
+  pad = [(0, 0)] * len(lead) + [(0, s * width - v)]
   if topk is None:
-    return jnp.pad(x, pad).reshape(b, s, width)
+    return jnp.pad(x, pad).reshape(lead + (s, width))
   kept = jnp.pad(topk_access(x, topk, k_max=topk_max), pad, constant_values=TOPK_FILL)
   if isinstance(topk, int):
-    return kept.reshape(b, s, width)
+    return kept.reshape(lead + (s, width))
   full = jnp.pad(x, pad)
-  return jnp.where(jnp.asarray(topk)[:, None] > 0, kept, full).reshape(b, s, width)
+  return jnp.where(jnp.asarray(topk)[..., None] > 0, kept, full).reshape(lead + (s, width))
 
 
 def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGRAM_DECAY) -> jax.Array:
@@ -94,13 +127,19 @@ def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGR
 
   Args:
     unigram: [V] current estimate (start from zeros, as the official model's buffer does).
-    logprobs: [B, V] the batch's log-distributions.
-    decay: 0.99 in the official code.
+    logprobs: [..., V] the batch's log-distributions (-inf entries read as NEG_INF_FILL, as in `unroll`; bad
+      rows raise eagerly and give NaN under jit).
+    decay: 0.99 in the official code; in [0, 1].
 
   Returns:
     [V] the new estimate.
   """
-  return decay * unigram + (1.0 - decay) * jnp.mean(logprobs.astype(jnp.float32), axis=0)
+  where = "lm_inversion.update_unigram"
+  x, ok = _log_distributions(where, logprobs)
+  checks.shapes(where, known={"V": x.shape[-1]}, unigram=(unigram, "V"))
+  ok = checks.all_ok(ok, checks.in_range(where, "decay", decay, 0.0, 1.0, hint="the EMA decay (official 0.99)."))
+  mean = jnp.mean(x.reshape(-1, x.shape[-1]), axis=0)
+  return checks.poison(decay * unigram + (1.0 - decay) * mean, ok)
 
 
 def topk_access(inputs: jax.Array, k: Any, fill: float = TOPK_FILL, k_max: int | None = None) -> jax.Array:
@@ -111,29 +150,39 @@ def topk_access(inputs: jax.Array, k: Any, fill: float = TOPK_FILL, k_max: int |
 
   Args:
     inputs: [..., V] unigram-subtracted log-distributions (`unroll` subtracts, then calls this).
-    k: entries kept, an int in [1, V], or an int array broadcastable to inputs.shape[:-1] (traced; needs k_max).
+    k: entries kept, an int in [1, V] (static), or an int array broadcastable to inputs.shape[:-1] (traced; needs
+      k_max; rows with k = 0 keep nothing, `unroll` gives them the full distribution).
     fill: the value of every other entry (official -30).
     k_max: static upper bound of a traced k (None: k must be a Python int).
 
   Returns:
-    [..., V].
+    [..., V] (NaN under jit where a traced k lies outside [0, k_max]; eager calls raise).
 
   Raises:
-    ValueError: k (or k_max) outside [1, V].
+    HyperparameterError: k (or k_max) outside [1, V]; StaticArgumentError: a traced k without k_max.
   """
+  where = "lm_inversion.topk_access"
+  checks.shapes(where, inputs=(inputs, "... V"))
   v = inputs.shape[-1]
+  ok = True
   if k_max is None:
-    if not isinstance(k, int):
-      raise ValueError("a traced k needs a static k_max (the largest k it can take).")
-    k_max = k
-  if not 1 <= k_max <= v or (isinstance(k, int) and not 1 <= k <= v):
-    raise ValueError(f"k must be in [1, V={v}], got {k if isinstance(k, int) else k_max}.")
+    if checks.is_traced(k) or not isinstance(k, (int, np.integer)):
+      raise checks.StaticArgumentError(f"{where}: a traced k needs a static k_max (the largest k it can take).")
+    k = k_max = checks.static_int(where, "k", k, low=1, high=v)
+  else:
+    k_max = checks.static_int(where, "k_max", k_max, low=1, high=v)
+    if isinstance(k, (int, np.integer)):
+      k = checks.static_int(where, "k", k, low=1, high=k_max)
+    else:
+      checks.dtype(where, "k", k, "integer")
+      ok = checks.require(where, (checks.xp(k).asarray(k) >= 0) & (checks.xp(k).asarray(k) <= k_max),
+                          checks.HyperparameterError, f"k must be in [0, k_max={k_max}] (0 = keep nothing).")
   flat = inputs.reshape(-1, v)
   vals, idx = jax.lax.top_k(flat, k_max)                                    # sorted, largest first
   keep = jnp.arange(k_max) < jnp.broadcast_to(jnp.asarray(k), inputs.shape[:-1]).reshape(-1, 1)
   out = jnp.full_like(flat, fill)
   out = jax.vmap(lambda o, i, a: o.at[i].add(a))(out, idx, jnp.where(keep, vals, 0.0))
-  return out.reshape(inputs.shape)
+  return checks.poison(out.reshape(inputs.shape), ok)
 
 
 class Projection(nn.Module):
@@ -221,6 +270,7 @@ def embed(params: Mapping[str, Any], unrolled: jax.Array, inverter: Inverter, ke
   Returns:
     [B, S, d_model].
   """
+  checks.shapes("lm_inversion.embed", unrolled=(unrolled, f"B {inverter.num_chunks} {inverter.width}"))
   rngs = None if key is None else {"dropout": key}
   return inverter.projection.apply({"params": params["projection"]}, unrolled, deterministic=key is None, rngs=rngs)
 
@@ -237,12 +287,22 @@ def loss_fn(params: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.
     inverter: the static description.
 
   Returns:
-    (loss, {'loss', 'accuracy', 'tokens'}).
+    (loss, {'loss', 'accuracy', 'tokens'}); NaN under jit for labels outside the decoder's vocabulary or
+    non-finite inputs (eager calls raise).
   """
+  where = "lm_inversion.loss_fn"
+  checks.shapes(where, inputs=(batch["inputs"], f"B {inverter.num_chunks} {inverter.width}"),
+                labels=(batch["labels"], "B T"), label_mask=(batch["label_mask"], "B T"))
+  checks.dtype(where, "labels", batch["labels"], "integer")
+  ok = checks.all_ok(
+      checks.finite(where, "inputs", batch["inputs"], "unroll log-probabilities with `unroll` (it reads -inf as "
+                    "a hidden entry)."),
+      checks.indices(where, "labels", batch["labels"], inverter.t5_config.vocab_size, "prompt tokens in the T5 "
+                     "decoder's vocabulary."))
   embeds = embed(params, batch["inputs"], inverter, key if inverter.dropout_rate > 0 else None)
   t5_batch = {"labels": batch["labels"], "label_mask": batch["label_mask"],
               "input_mask": jnp.ones(embeds.shape[:2], bool)}
-  return t5.seq2seq_loss(params["t5"], inverter.t5_config, t5_batch, input_embeds=embeds)
+  return checks.poison(t5.seq2seq_loss(params["t5"], inverter.t5_config, t5_batch, input_embeds=embeds), ok)
 
 
 def init_state(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
@@ -266,6 +326,8 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
   topk [B] (each row's top-k access level, 0 = full). Each step first moves the unigram estimate
   (state.extra['unigram']) towards the batch mean of the FULL distributions, then subtracts it, applies the top-k
   rule and unrolls, as the official model updates its buffer in the training forward pass before using it.
+  -inf log-probabilities are hidden entries (NEG_INF_FILL, see `unroll`); a batch that is not log-distributions
+  gives a NaN loss.
 
   Args:
     inverter: the static description.
@@ -278,10 +340,10 @@ def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_
   """
   def train_step(state, batch, key):
     key = jax.random.fold_in(key, state.step)
-    logprobs = batch["logprobs"].astype(jnp.float32)
+    logprobs, ok = _log_distributions("lm_inversion.train_step", batch["logprobs"])   # -inf: hidden entries
     unigram = update_unigram(state.extra["unigram"], logprobs, unigram_decay)
     topk = batch["topk"] if topk_max else None
-    inputs = unroll(logprobs, unigram, inverter.width, official_padding, topk=topk, topk_max=topk_max or None)
+    inputs = checks.poison(_unroll(logprobs, unigram, inverter.width, official_padding, topk, topk_max or None), ok)
     sub = {"inputs": inputs, "labels": batch["labels"], "label_mask": batch["label_mask"]}
     (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, sub, key, inverter=inverter)
     metrics = dict(metrics, grad_norm=optax.global_norm(grads))
@@ -305,33 +367,60 @@ def invert(params: Mapping[str, Any], logprobs: jax.Array, unigram: jax.Array, *
     topk, topk_max: the top-k access level (`unroll`): None = the full distribution.
 
   Returns:
-    t5.GenerationOutput (tokens [B, max_len] in the decoder's vocabulary, mask, lengths ...).
+    t5.GenerationOutput (tokens [B, max_len] in the decoder's vocabulary, mask, lengths ...). Bad distributions
+    (see `unroll`) raise eagerly; under jit the tokens and lengths are -1 (the sentinel), the masks False and
+    the log-probabilities NaN.
   """
-  unrolled = unroll(logprobs, unigram, inverter.width, official_padding, topk=topk, topk_max=topk_max)
-  embeds = embed(params, unrolled, inverter)
-  return t5.generate(params["t5"], inverter.t5_config, None, None, jax.random.key(0), max_len, enc_embeds=embeds)
+  where = "lm_inversion.invert"
+  checks.shapes(where, logprobs=(logprobs, "B V"), unigram=(unigram, "V"))
+  max_len = checks.static_int(where, "max_len", max_len, low=1)
+  x, ok = _log_distributions(where, logprobs)
+  embeds = embed(params, _unroll(x, unigram, inverter.width, official_padding, topk, topk_max), inverter)
+  out = t5.generate(params["t5"], inverter.t5_config, None, None, jax.random.key(0), max_len, enc_embeds=embeds)
+  return checks.poison(out, ok, int_fill=-1, bool_fill=False)
 
 
-def check_distributions(logprobs: np.ndarray, name: str = "logprobs") -> None:
-  """Raises a ValueError naming the problem unless `logprobs` is a finite [B, V] array of log-distributions.
+def check_distributions(logprobs: Any, name: str = "logprobs", where: str = "lm_inversion") -> Any:
+  """Checks that `logprobs` [..., V] are log-distributions (used by `unroll`, `update_unigram`, `invert` and the
+  train step).
+
+  A row is valid when it has no NaN or +inf entry, at least one finite entry, and at most 1 + 1e-2 of
+  probability mass (less is fine: top-k access hides the tail; -inf entries are hidden entries).
 
   Args:
-    logprobs: [B, V] array to check.
+    logprobs: [..., V] array to check.
     name: its name in the message.
+    where: the calling function, for the message.
 
   Returns:
-    None (raises on bad input).
+    True when readable and valid (raises `checks.NonFiniteError` / `checks.ProbabilityError` when readable and
+    invalid), else the traced condition for `checks.poison`.
   """
-  if logprobs.ndim != 2:
-    raise ValueError(f"{name} must be [B, V] log-probabilities, got shape {logprobs.shape}.")
-  finite = np.isfinite(logprobs)
-  if not finite.all():
-    raise ValueError(f"{name} has {int((~finite).sum())} non-finite entries; pass log_softmax outputs (use a large "
-                     "negative number, not -inf, for hidden entries).")
-  mass = np.exp(logprobs.astype(np.float64)).sum(-1)
-  if np.any(np.abs(mass - 1.0) > 1e-2):
-    raise ValueError(f"{name} rows are not normalised (sum of exp from {mass.min():.3f} to {mass.max():.3f}); "
-                     "pass log_softmax(logits), not logits.")
+  if np.ndim(logprobs) < 1:
+    raise checks.ShapeError(f"{where}: {name} must be [..., V] log-probabilities, got shape {np.shape(logprobs)}.")
+  xp = checks.xp(logprobs)
+  x = xp.asarray(logprobs)
+  bad = xp.isnan(x) | (x == np.inf)
+  has_finite = xp.any(xp.isfinite(x), axis=-1)
+  mass = xp.sum(xp.exp(x.astype(np.float64 if xp is np else jnp.float32)), axis=-1)
+  row_ok = ~xp.any(bad, axis=-1) & has_finite & (mass <= 1.0 + MASS_TOLERANCE)
+  if checks.is_readable(row_ok):
+    if xp.any(bad):
+      raise checks.NonFiniteError(f"{where}: {name} has {int(xp.sum(bad))} NaN or +inf entries; pass log_softmax "
+                                  "outputs (-inf marks a hidden entry).")
+    if not bool(xp.all(has_finite)):
+      raise checks.NonFiniteError(f"{where}: {name} has a row with no finite entry (all non-finite): not a "
+                                  "distribution.")
+    if not bool(xp.all(mass <= 1.0 + MASS_TOLERANCE)):
+      raise checks.ProbabilityError(f"{where}: {name} rows are not normalised (sum of exp up to "
+                                    f"{float(xp.max(mass)):.3f}); pass log_softmax(logits), not logits.")
+    return True
+  return checks.all_ok(
+      checks.require(where, ~bad, checks.NonFiniteError, f"{name} has NaN or +inf entries; pass log_softmax "
+                     "outputs (-inf marks a hidden entry)."),
+      checks.require(where, has_finite & (mass <= 1.0 + MASS_TOLERANCE), checks.ProbabilityError,
+                     f"{name} must be log-distributions (a finite entry per row, mass <= 1); pass "
+                     "log_softmax(logits), not logits."))
 
 
 def make_multi_train_step(train_step: Any, num_models: int):
@@ -419,4 +508,8 @@ def invert_samples(params: Mapping[str, Any], ids: jax.Array, mask: jax.Array, *
   Returns:
     t5.GenerationOutput (tokens [B, max_len] ...).
   """
+  where = "lm_inversion.invert_samples"
+  checks.shapes(where, ids=(ids, "B L"), mask=(mask, "B L"))
+  checks.dtype(where, "ids", ids, "integer")
+  max_len = checks.static_int(where, "max_len", max_len, low=1)
   return t5.generate(params["t5"], t5_config, ids, mask, jax.random.key(0), max_len)

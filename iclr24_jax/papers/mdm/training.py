@@ -16,8 +16,10 @@ from typing import Any, Callable, Mapping, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.diffusion import process, samplers
 from iclr24_jax.papers.mdm.model import NestedUNet, apply_model, num_levels
@@ -73,10 +75,18 @@ def level_shapes(model: nn.Module, batch: int, image_shape: Sequence[int]) -> li
   return shapes
 
 
-def _check_schedules(model, schedules):
+def _check_schedules(model, schedules, where: str = "mdm"):
   if len(schedules) != num_levels(model):
-    raise ValueError(f"the model has {num_levels(model)} levels but {len(schedules)} schedules were given "
-                     "(use mdm.level_schedules(base, num_levels, factor, power)).")
+    raise checks.ShapeError(f"{where}: the model has {num_levels(model)} levels but {len(schedules)} schedules were "
+                            "given (use mdm.level_schedules(base, num_levels, factor, power)).")
+
+
+def _check_labels(where: str, labels: Any, num_classes: int) -> Any:
+  checks.dtype(where, "labels", labels, "integer", f"class ids in [0, {num_classes}).")
+  return checks.require(
+      where, (checks.xp(labels).asarray(labels) >= 0) & (labels < num_classes), checks.LabelError,
+      f"class labels must lie in [0, {num_classes}) (num_classes = {num_classes}; the null label {num_classes} of "
+      "classifier-free guidance is set by cond_drop_prob / guidance_scale, not passed in).")
 
 
 def _mixed_rows(mixed_ratio, levels: int, batch: int) -> list[int]:
@@ -112,12 +122,19 @@ def loss_fn(params: Any, batch: Mapping[str, Any], key: jax.Array, *, model: nn.
 
   Returns:
     (scalar loss, aux dict: 'mse' [L] per-level mean squared error in the loss_target space,
-    'loss_per_level' [L] the weighted terms).
+    'loss_per_level' [L] the weighted terms). Class labels outside [0, num_classes) raise `checks.LabelError`
+    eagerly and give a NaN loss under jit / vmap; NaN images give a NaN loss.
   """
-  _check_schedules(model, schedules)
+  where = "mdm.loss_fn"
+  _check_schedules(model, schedules, where)
   x = batch["x"]
-  if x.ndim != 4:
-    raise ValueError(f"batch['x'] must be images [B, H, W, C], got shape {x.shape}.")
+  if np.ndim(x) != 4:
+    raise checks.ShapeError(f"{where}: batch['x'] must be images [B, H, W, C], got shape {np.shape(x)}.")
+  checks.dtype(where, "batch['x']", x, "float")
+  checks.nonempty(where, "batch['x']", np.shape(x)[0], "images")
+  checks.in_range(where, "cond_drop_prob", cond_drop_prob, 0.0, 1.0, hint="the label dropout probability of "
+                  "classifier-free guidance.")
+  checks.shapes(where, x=(x, "B H W C"), t=(t, "B"))
   b = x.shape[0]
   levels = len(schedules)
   weights = [1.0] * levels if level_weights is None else [float(w) for w in level_weights]
@@ -134,9 +151,13 @@ def loss_fn(params: Any, batch: Mapping[str, Any], key: jax.Array, *, model: nn.
   xts = [process.q_sample(x0, a, n) for x0, a, n in zip(x0s, abars, noise)]
   kw = {}
   num_classes = _num_classes(model)
+  ok = True
   if num_classes:
     if "y" not in batch:
-      raise ValueError(f"the model is class-conditional (num_classes={num_classes}): the batch needs 'y'.")
+      raise checks.ContractError(f"{where}: the model is class-conditional (num_classes={num_classes}): the batch "
+                                 "needs 'y'.")
+    checks.shapes(where, known={"B": b}, y=(batch["y"], "B"))
+    ok = _check_labels(where, batch["y"], num_classes)
     y = jnp.asarray(batch["y"], jnp.int32)
     if cond_drop_prob > 0:
       y = jnp.where(jax.random.bernoulli(key_drop, cond_drop_prob, (b,)), num_classes, y)
@@ -153,7 +174,7 @@ def loss_fn(params: Any, batch: Mapping[str, Any], key: jax.Array, *, model: nn.
     mses.append(mse)
     terms.append(weights[r] * mse)
   loss = sum(terms)
-  return loss, {"mse": jnp.stack(mses), "loss_per_level": jnp.stack(terms)}
+  return checks.poison((loss, {"mse": jnp.stack(mses), "loss_per_level": jnp.stack(terms)}), ok)
 
 
 def _num_classes(model: nn.Module) -> int:
@@ -228,17 +249,27 @@ def sample(key: jax.Array, params: Any, *, model: nn.Module, schedules: Sequence
     spacing: the time grid ('trailing' starts at the noisiest step, t = T - 1).
 
   Returns:
-    list of L samples [B, H_r, W_r, C], high to low resolution.
+    list of L samples [B, H_r, W_r, C], high to low resolution (NaN under jit for labels outside
+    [0, num_classes); eager calls raise).
   """
-  _check_schedules(model, schedules)
+  where = "mdm.sample"
+  _check_schedules(model, schedules, where)
   num_classes = _num_classes(model)
   if num_classes and labels is None:
-    raise ValueError(f"the model is class-conditional (num_classes={num_classes}): pass labels [B].")
+    raise checks.ContractError(f"{where}: the model is class-conditional (num_classes={num_classes}): pass labels "
+                               "[B].")
+  ok = True
   if labels is not None:
+    checks.shapes(where, labels=(labels, "B"))
+    if num_classes:
+      ok = _check_labels(where, labels, num_classes)
     labels = jnp.asarray(labels, jnp.int32)
     batch = labels.shape[0]
   if batch is None:
-    raise ValueError("pass labels [B] or batch=B.")
+    raise checks.ContractError(f"{where}: pass labels [B] or batch=B.")
+  batch = checks.static_int(where, "batch", batch, low=1)
+  num_steps = checks.static_int(where, "num_steps", num_steps, low=1)
+  checks.in_range(where, "eta", eta, 0.0, None)
   shapes = level_shapes(model, batch, image_shape)
 
   def den(xs, t, c=None):
@@ -251,7 +282,7 @@ def sample(key: jax.Array, params: Any, *, model: nn.Module, schedules: Sequence
       prediction=prediction, clip_x0=clip_x0, cond=labels if num_classes else None,
       null_cond=jnp.full((1,), num_classes, jnp.int32) if guided else None,
       guidance_scale=float(guidance_scale) if guided else None)
-  return [jnp.clip(x, -1.0, 1.0) for x in out]   # official _postprocess clips the final images
+  return checks.poison([jnp.clip(x, -1.0, 1.0) for x in out], ok)   # official _postprocess clips the final images
 
 
 def consistency(samples: Sequence[jax.Array], model: nn.Module) -> jax.Array:

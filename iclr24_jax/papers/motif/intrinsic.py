@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
+
 QUANTILE_LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # the official saved quantiles
 
 
@@ -105,15 +107,21 @@ def intrinsic_reward(r: jax.Array, mu: Any, sigma: Any, eps: Any, counts: jax.Ar
     beta: count exponent (official 3).
 
   Returns:
-    [...] float32 intrinsic rewards (0 where r_hat <= eps).
+    [...] float32 intrinsic rewards (0 where r_hat <= eps). A sigma <= 0 or beta < 0 raises eagerly (Python
+    numbers) or gives NaN under jit (traced values).
   """
+  where = "motif.intrinsic_reward"
+  if np.shape(r) != np.shape(counts):
+    raise checks.ShapeError(f"{where}: rewards {np.shape(r)} and counts {np.shape(counts)} must have the same "
+                            "shape.")
+  ok = checks.all_ok(checks.in_range(where, "sigma", sigma, 0.0, None, low_open=True,
+                                     hint="the standard deviation of r_phi over the training messages."),
+                     checks.in_range(where, "beta", beta, 0.0, None, hint="the count exponent (official 3)."))
   r = jnp.asarray(r, jnp.float32)
   counts = jnp.asarray(counts, jnp.float32)
-  if r.shape != counts.shape:
-    raise ValueError(f"intrinsic_reward: rewards {r.shape} and counts {counts.shape} must have the same shape.")
   r_hat = (r - mu) / sigma
   # counts < 1 cannot occur after a step (the current message is counted); clamp so a reset row is finite.
-  return jnp.where(r_hat > eps, r_hat, 0.0) / jnp.maximum(counts, 1.0) ** beta  # [int]
+  return checks.poison(jnp.where(r_hat > eps, r_hat, 0.0) / jnp.maximum(counts, 1.0) ** beta, ok)  # [int]
 
 
 def combine_rewards(r_ext: jax.Array, r_int: jax.Array, alpha_ext: Any = 0.1, alpha_int: Any = 0.1) -> jax.Array:
@@ -133,7 +141,8 @@ def combine_rewards(r_ext: jax.Array, r_int: jax.Array, alpha_ext: Any = 0.1, al
   """
   r_ext, r_int = jnp.asarray(r_ext, jnp.float32), jnp.asarray(r_int, jnp.float32)
   if r_ext.shape != r_int.shape:
-    raise ValueError(f"combine_rewards: r_ext {r_ext.shape} and r_int {r_int.shape} must have the same shape.")
+    raise checks.ShapeError(f"motif.combine_rewards: r_ext {r_ext.shape} and r_int {r_int.shape} must have the "
+                            "same shape.")
   return alpha_ext * r_ext + alpha_int * r_int  # [sum]
 
 

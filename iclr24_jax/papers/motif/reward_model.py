@@ -20,8 +20,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import checks
+
 MESSAGE_LEN = 256
 NUM_CHARS = 256
+# The official annotator's AnnotationIdx: FIRST = 0, SECOND = 1, TIE = 2 (UNKOWN = 3 pairs are masked out of the
+# official PairsDataset, so they never reach the loss).
+LABELS = (0, 1, 2)
 
 
 class MessageCNN(nn.Module):
@@ -91,6 +96,45 @@ def init_params(key: jax.Array, model: RewardModel | None = None) -> Any:
   return model.init(key, jnp.zeros((1, MESSAGE_LEN), jnp.uint8))["params"]
 
 
+def model_for(params: Any, model: RewardModel | None = None, where: str = "motif") -> RewardModel:
+  """The RewardModel that `params` belong to: `model` checked against the params' shapes, or (model=None) one
+  built from them, so a smaller or larger network is never silently read as the official-size one.
+
+  Args:
+    params: RewardModel params ({'message_cnn': {'char_embed', 'conv1', ...}, 'trunk_1', 'trunk_2', 'reward'}).
+    model: the module, or None to infer embed_dim, hidden and trunk from the params.
+    where: the calling function, for messages.
+
+  Returns:
+    The RewardModel.
+
+  Raises:
+    ShapeError: params that are not a RewardModel's, or that do not match `model`'s sizes.
+  """
+  if model is not None and not isinstance(model, RewardModel):
+    return model          # a user's own reward module: its params are its business
+  try:
+    sizes = dict(embed_dim=int(np.shape(params["message_cnn"]["char_embed"]["embedding"])[1]),
+                 hidden=int(np.shape(params["message_cnn"]["conv1"]["kernel"])[-1]),
+                 trunk=int(np.shape(params["trunk_2"]["kernel"])[-1]))
+  except (KeyError, TypeError, IndexError) as e:
+    raise checks.ShapeError(f"{where}: params are not a motif RewardModel's (missing {e}); pass the params of "
+                            "motif.init_params / fit_reward_model.") from e
+  if model is None:
+    return RewardModel(**sizes)
+  want = dict(embed_dim=model.embed_dim, hidden=model.hidden, trunk=model.trunk)
+  if want != sizes:
+    raise checks.ShapeError(f"{where}: params have sizes {sizes} but model= has {want}; pass the model the params "
+                            "were trained with (or model=None to build it from the params).")
+  return model
+
+
+def _check_messages(where: str, name: str, x: Any, spec: str = "B L") -> None:
+  checks.shapes(where, **{name: (x, spec)})
+  checks.dtype(where, name, x, "integer", "messages are uint8 byte buffers (NUL-padded, `caption_bytes`); float "
+               "values would be truncated to byte 0 and read as empty messages.")
+
+
 # Official state-dict names (rlaif/reward_model.py RewardSharedWeights: encoder = TorchBeastEncoder with
 # msg_model 'lt_cnn', reward_fn = Sequential(ReLU, Linear)); conv2..conv6 and fc are positions in the
 # encoder's conv2_6_fc Sequential (ReLU, MaxPool, Conv, ReLU, MaxPool, Conv, ReLU, Conv, ReLU, Conv, ReLU,
@@ -139,9 +183,18 @@ def params_from_official(state_dict: dict) -> Any:
 
 
 def label_targets(labels: jax.Array) -> jax.Array:
-  """Official labels (0 first, 1 second, >= 2 no preference) -> probability that the second is preferred [B]."""
+  """Official labels (0 first, 1 second, 2 no preference) -> probability that the second is preferred [...].
+
+  Labels outside {0, 1, 2} (e.g. the official UNKOWN = 3, which the official data set drops, or -1) raise a
+  `checks.LabelError` eagerly and give NaN targets under jit / vmap.
+  """
+  where = "motif.label_targets"
+  checks.dtype(where, "labels", labels, "real")
+  ok = checks.labels_in(where, "labels", labels, LABELS, "0 first preferred, 1 second, 2 no preference; drop "
+                        "unparsable / unknown annotations (label 3 or None) first, as the official data set does.")
   labels = jnp.asarray(labels)
-  return jnp.where(labels == 0, 0.0, jnp.where(labels == 1, 1.0, 0.5)).astype(jnp.float32)
+  out = jnp.where(labels == 0, 0.0, jnp.where(labels == 1, 1.0, 0.5)).astype(jnp.float32)
+  return checks.poison(out, ok)
 
 
 def pair_rewards(params: Any, batch: dict, model: RewardModel | None = None) -> jax.Array:
@@ -152,25 +205,36 @@ def pair_rewards(params: Any, batch: dict, model: RewardModel | None = None) -> 
 
   Args:
     params: reward-model params.
-    batch: one of the two layouts above (uint8 message buffers).
-    model: the RewardModel (None: the default).
+    batch: one of the two layouts above (integer, usually uint8, message buffers).
+    model: the RewardModel (None: built from the params' shapes, see `model_for`).
 
   Returns:
-    float32 [B, 2] rewards r_phi of the first and second message.
+    float32 [B, 2] rewards r_phi of the first and second message (NaN under jit / vmap for pair indices
+    outside [0, M); eager calls raise).
 
   Raises:
-    ValueError: neither layout, or message_1 / message_2 of different shapes.
+    ContractError: neither layout, float messages, shapes that do not match, an empty batch.
   """
-  model = model or RewardModel()
+  where = "motif.pair_rewards"
+  model = model_for(params, model, where)
   if "pairs" in batch:
+    _check_messages(where, "messages", batch["messages"], "M L")
+    checks.shapes(where, pairs=(batch["pairs"], "B 2"))
+    checks.dtype(where, "pairs", batch["pairs"], "integer")
+    num_messages = np.shape(batch["messages"])[0]
+    checks.nonempty(where, "pairs", np.shape(batch["pairs"])[0], "pairs")
+    checks.nonempty(where, "messages", num_messages, "messages")
+    ok = checks.indices(where, "pairs", batch["pairs"], num_messages, "they index the rows of 'messages'.")
     r = model.apply({"params": params}, batch["messages"])
-    return r[jnp.asarray(batch["pairs"])]
+    return checks.poison(r[jnp.asarray(batch["pairs"])], ok)
   if "message_1" not in batch or "message_2" not in batch:
-    raise ValueError("preference batch needs 'message_1' and 'message_2' [B, 256], or 'messages' [M, 256] and "
-                     f"'pairs' [B, 2]; got keys {sorted(batch)}.")
+    raise checks.ContractError(f"{where}: the preference batch needs 'message_1' and 'message_2' [B, 256], or "
+                               f"'messages' [M, 256] and 'pairs' [B, 2]; got keys {sorted(batch)}.")
   m1, m2 = batch["message_1"], batch["message_2"]
-  if m1.shape != m2.shape:
-    raise ValueError(f"message_1 {m1.shape} and message_2 {m2.shape} must have the same shape.")
+  _check_messages(where, "message_1", m1)
+  _check_messages(where, "message_2", m2)
+  checks.shapes(where, message_1=(m1, "B L"), message_2=(m2, "B L"))
+  checks.nonempty(where, "message_1", np.shape(m1)[0], "pairs")
   r = model.apply({"params": params}, jnp.concatenate([m1, m2], axis=0))
   return jnp.stack([r[:m1.shape[0]], r[m1.shape[0]:]], axis=1)
 
@@ -182,14 +246,26 @@ def preference_loss(params: Any, batch: dict, model: RewardModel | None = None) 
     params: RewardModel params.
     batch: pairs as in `pair_rewards`, plus 'label' [B] int (0 first, 1 second, 2 no preference -> 0.5 / 0.5)
       and optionally 'weight' [B] (e.g. multiplicities of repeated pairs; 0 masks a pair).
-    model: the RewardModel (default: the official sizes).
+    model: the RewardModel (None: built from the params' shapes, see `model_for`).
 
   Returns:
     (loss: weighted mean over pairs, metrics: {'loss', 'accuracy'}) with accuracy = argmax agreement on pairs
-    that have a preference (official validation accuracy).
+    that have a preference (official validation accuracy). Labels outside {0, 1, 2}, pair indices out of range
+    or negative weights raise named errors eagerly and give NaN under jit / vmap.
   """
+  where = "motif.preference_loss"
+  if "label" not in batch:
+    raise checks.ContractError(f"{where}: the batch needs 'label' [B] (0 first, 1 second, 2 no preference).")
+  first = batch["pairs"] if "pairs" in batch else batch.get("message_1")
+  if first is not None and np.ndim(first) >= 1:
+    checks.shapes(where, known={"B": np.shape(first)[0]}, label=(batch["label"], "B"),
+                  weight=(batch.get("weight"), "B"))
   r = pair_rewards(params, batch, model)                                  # [B, 2]
   target = label_targets(batch["label"])                                 # p(second preferred)
+  ok = True
+  if "weight" in batch:
+    ok = checks.require(where, checks.xp(batch["weight"]).asarray(batch["weight"]) >= 0,
+                        checks.HyperparameterError, "weight must be >= 0 (0 masks a pair).")
   w = jnp.asarray(batch.get("weight", jnp.ones_like(target)), jnp.float32)
   logp = jax.nn.log_softmax(r, axis=-1)
   nll = -((1.0 - target) * logp[:, 0] + target * logp[:, 1])  # the paper's loss: cross-entropy with the soft label
@@ -197,7 +273,7 @@ def preference_loss(params: Any, batch: dict, model: RewardModel | None = None) 
   decided = (target != 0.5).astype(jnp.float32) * w
   correct = ((r[:, 1] > r[:, 0]).astype(jnp.float32) == target).astype(jnp.float32)
   acc = jnp.sum(decided * correct) / jnp.maximum(jnp.sum(decided), 1e-8)
-  return loss, {"loss": loss, "accuracy": acc}
+  return checks.poison((loss, {"loss": loss, "accuracy": acc}), ok)
 
 
 def pair_accuracy(rewards: np.ndarray, pairs: np.ndarray, labels: np.ndarray) -> tuple[float, int]:
@@ -209,7 +285,13 @@ def pair_accuracy(rewards: np.ndarray, pairs: np.ndarray, labels: np.ndarray) ->
   Returns:
     (accuracy, number of decided pairs); accuracy is nan when no pair is decided.
   """
-  rewards, pairs, labels = np.asarray(rewards), np.asarray(pairs), np.asarray(labels)
+  where = "motif.pair_accuracy"
+  rewards = checks.host_array(where, "rewards", rewards)
+  pairs = checks.host_array(where, "pairs", pairs)
+  labels = checks.host_array(where, "labels", labels)
+  checks.shapes(where, rewards=(rewards, "M"), pairs=(pairs, "P 2"), labels=(labels, "P"))
+  checks.indices(where, "pairs", pairs, rewards.shape[0], "they index `rewards`.")
+  checks.labels_in(where, "labels", labels, LABELS)
   keep = (labels == 0) | (labels == 1)
   if not keep.any():
     return float("nan"), 0
@@ -237,16 +319,21 @@ def fit_reward_model(key: jax.Array, messages: np.ndarray, pairs: np.ndarray, la
   """
   # Deviation: full-batch Adam over the unique messages (the same loss as per-pair minibatches, tested) at
   # lr 1e-3 for small data sets; the official uses minibatches of 1024 pairs, lr 1e-5, 10 epochs.
+  where = "motif.fit_reward_model"
   model = model or RewardModel()
-  messages = np.asarray(messages)
-  pairs = np.asarray(pairs, np.int32)
-  labels = np.asarray(labels, np.int32)
-  if messages.ndim != 2 or pairs.ndim != 2 or pairs.shape[1] != 2 or labels.shape != (pairs.shape[0],):
-    raise ValueError(f"fit_reward_model: messages [M, L], pairs [P, 2], labels [P] expected; got "
-                     f"{messages.shape}, {pairs.shape}, {labels.shape}.")
-  if pairs.size and (pairs.min() < 0 or pairs.max() >= messages.shape[0]):
-    raise ValueError("fit_reward_model: pair indices out of range of the messages array.")
-  weights = np.ones(len(labels), np.float32) if weights is None else np.asarray(weights, np.float32)
+  messages = checks.host_array(where, "messages", messages)
+  pairs = checks.host_array(where, "pairs", pairs)
+  labels = checks.host_array(where, "labels", labels)
+  _check_messages(where, "messages", messages, "M L")
+  checks.shapes(where, pairs=(pairs, "P 2"), labels=(labels, "P"), weights=(weights, "P"))
+  checks.dtype(where, "pairs", pairs, "integer")
+  checks.nonempty(where, "pairs", pairs.shape[0], "annotated pairs")
+  checks.indices(where, "pairs", pairs, messages.shape[0], "they index the rows of `messages`.")
+  checks.labels_in(where, "labels", labels, LABELS, "0 first preferred, 1 second, 2 no preference.")
+  pairs, labels = pairs.astype(np.int32), labels.astype(np.int32)
+  weights = np.ones(len(labels), np.float32) if weights is None else checks.host_array(where, "weights", weights,
+                                                                                      np.float32)
+  checks.require(where, weights >= 0, checks.HyperparameterError, "weights must be >= 0.")
   # Pad to buckets (zero messages; pairs of weight 0) so fits of similar sizes reuse one compiled step.
   m_pad, p_pad = _bucket(len(messages), 32), _bucket(len(labels), 64)
   messages = np.concatenate([messages, np.zeros((m_pad - len(messages), messages.shape[1]), messages.dtype)])
@@ -282,8 +369,11 @@ def message_rewards(params: Any, messages: np.ndarray, model: RewardModel | None
   Returns:
     numpy float32 [N] (empty for N = 0).
   """
-  model = model or RewardModel()
-  messages = np.asarray(messages, np.uint8)
+  where = "motif.message_rewards"
+  model = model_for(params, model, where)
+  messages = checks.host_array(where, "messages", messages)
+  _check_messages(where, "messages", messages, "N L")
+  messages = messages.astype(np.uint8)
   fn = _jitted_apply(model)
   out = []
   for s in range(0, len(messages), batch_size):

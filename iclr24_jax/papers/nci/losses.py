@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from iclr24_jax.common import checks
 from iclr24_jax.papers.nci.model import Networks
 
 TARGET_DOMAIN = 0
@@ -42,6 +43,8 @@ def discriminator_loss(disc_params: Any, nets: Networks, source_features: jax.Ar
   Returns:
     (loss, {'d_loss', 'd_acc'}).
   """
+  checks.shapes("nci.discriminator_loss", source_features=(source_features, "K B F"),
+                target_features=(target_features, "T F"))
   fs = jax.lax.stop_gradient(source_features)
   ft = jax.lax.stop_gradient(target_features)
   k, b = fs.shape[:2]
@@ -55,9 +58,15 @@ def discriminator_loss(disc_params: Any, nets: Networks, source_features: jax.Ar
   return loss, {"d_loss": loss, "d_acc": acc}
 
 
-def _nll(nets: Networks, model_params: Any, source_x: jax.Array, source_y: jax.Array):
+def _nll(nets: Networks, model_params: Any, source_x: jax.Array, source_y: jax.Array, adv_weight: Any = 0.0,
+         where: str = "nci.loss_fn"):
+  # Shapes and label dtype at trace time; class ids outside [0, C) and a traced adv_weight < 0 poison the NLL.
+  checks.shapes(where, source_x=(source_x, "K B ..."), source_y=(source_y, "K B"))
+  checks.dtype(where, "source_y", source_y, "integer", "class ids.")
   feats, logits = nets.features_and_logits(model_params, source_x)        # [K, B, F], [K, B, C]
-  nll = jnp.mean(jnp.mean(_ce(logits, source_y), axis=1))                 # mean_k of per-domain means
+  ok = checks.all_ok(checks.indices(where, "source_y", source_y, logits.shape[-1], "class ids of the classifier."),
+                     checks.in_range(where, "adv_weight", adv_weight, 0.0, None, hint="lambda (official 1/K)."))
+  nll = checks.poison(jnp.mean(jnp.mean(_ce(logits, source_y), axis=1)), ok)   # mean_k of per-domain means
   acc = jnp.mean(jnp.argmax(logits, -1) == source_y)
   return feats, nll, acc
 
@@ -66,7 +75,7 @@ def erm_model_loss(model_params: Any, disc_params: Any, nets: Networks, source_x
                    target_x: jax.Array, adv_weight: float) -> tuple[jax.Array, dict]:
   """ERM: mean_k CE(h(f(x_s^k)), y). `disc_params`, `target_x`, `adv_weight` are unused (shared signature)."""
   del disc_params, target_x, adv_weight
-  _, nll, acc = _nll(nets, model_params, source_x, source_y)
+  _, nll, acc = _nll(nets, model_params, source_x, source_y, where="nci.erm_model_loss")
   return nll, {"loss": nll, "nll": nll, "adv": jnp.zeros(()), "src_acc": acc}
 
 
@@ -91,7 +100,7 @@ def loss_fn(model_params: Any, disc_params: Any, nets: Networks, source_x: jax.A
     (loss, metrics).
   """
   del target_x
-  feats, nll, acc = _nll(nets, model_params, source_x, source_y)
+  feats, nll, acc = _nll(nets, model_params, source_x, source_y, adv_weight)
   logits_d = nets.domain_logits(disc_params, feats)                       # [K, B, K+1]
   adv = jnp.mean(_ce(logits_d, jnp.full(feats.shape[:2], TARGET_DOMAIN, jnp.int32)))
   loss = nll + adv_weight * adv
@@ -112,7 +121,7 @@ def dann_model_loss(model_params: Any, disc_params: Any, nets: Networks, source_
   Returns:
     (loss, metrics).
   """
-  feats, nll, acc = _nll(nets, model_params, source_x, source_y)
+  feats, nll, acc = _nll(nets, model_params, source_x, source_y, adv_weight, "nci.dann_model_loss")
   feats_t, _ = nets.features_and_logits(model_params, target_x)
   k, b = feats.shape[:2]
   logits_s = nets.domain_logits(disc_params, feats)

@@ -11,9 +11,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
+
 
 def _mask(labels: jax.Array, mask: jax.Array | None) -> jax.Array:
-  return jnp.ones(labels.shape, bool) if mask is None else jnp.asarray(mask, bool)
+  return jnp.ones(jnp.shape(labels), bool) if mask is None else jnp.asarray(mask, bool)
+
+
+def _check_binary(where: str, labels, mask=None, **arrays):
+  checks.shapes(where, labels=(labels, "N"), mask=(mask, "N"), **{k: (v, "N") for k, v in arrays.items()})
+  checks.dtype(where, "labels", labels, "real")
+  return checks.labels_in(where, "labels", labels, (0, 1), "binary labels, 1 = fraud (map {-1, +1} with "
+                          "(y + 1) // 2).")
 
 
 def auc_roc(scores: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> jax.Array:
@@ -25,8 +34,10 @@ def auc_roc(scores: jax.Array, labels: jax.Array, mask: jax.Array | None = None)
     mask: [N] bool, entries to use (None: all).
 
   Returns:
-    scalar float32; NaN when the masked labels hold only one class.
+    scalar float32; NaN when the masked labels hold only one class (and under jit for labels outside {0, 1};
+    eager calls raise).
   """
+  ok = _check_binary("pmp.auc_roc", labels, mask, scores=scores)
   m = _mask(labels, mask)
   y = jnp.asarray(labels).astype(bool)
   pos, neg = y & m, ~y & m
@@ -37,11 +48,15 @@ def auc_roc(scores: jax.Array, labels: jax.Array, mask: jax.Array | None = None)
   n_pos = jnp.sum(pos).astype(jnp.float32)
   n_neg = jnp.sum(neg).astype(jnp.float32)
   per_pos = 0.5 * (below + upto) / n_neg                         # P(neg < pos) + 1/2 P(tie), per positive
-  return jnp.sum(jnp.where(pos, per_pos, 0.0)) / n_pos
+  return checks.poison(jnp.sum(jnp.where(pos, per_pos, 0.0)) / n_pos, ok)
 
 
 def confusion(preds: jax.Array, labels: jax.Array, mask: jax.Array | None = None) -> tuple[jax.Array, ...]:
-  """(tn, fp, fn, tp) counts of binary predictions, float32 scalars."""
+  """(tn, fp, fn, tp) counts of binary predictions, float32 scalars (NaN under jit for labels or predictions
+  outside {0, 1}; eager calls raise)."""
+  where = "pmp.confusion"
+  ok = checks.all_ok(_check_binary(where, labels, mask, preds=preds),
+                     checks.labels_in(where, "preds", preds, (0, 1), "binary predictions (scores >= threshold)."))
   m = _mask(labels, mask)
   p = jnp.asarray(preds).astype(bool)
   y = jnp.asarray(labels).astype(bool)
@@ -49,7 +64,7 @@ def confusion(preds: jax.Array, labels: jax.Array, mask: jax.Array | None = None
   fp = jnp.sum(p & ~y & m)
   fn = jnp.sum(~p & y & m)
   tn = jnp.sum(~p & ~y & m)
-  return tuple(v.astype(jnp.float32) for v in (tn, fp, fn, tp))
+  return checks.poison(tuple(v.astype(jnp.float32) for v in (tn, fp, fn, tp)), ok)
 
 
 def _safe_div(a, b):
@@ -87,10 +102,10 @@ def evaluate(scores: jax.Array, labels: jax.Array, mask: jax.Array | None = None
   Returns:
     dict(auc, f1_macro, gmean) of float32 scalars.
   """
+  if np.ndim(scores) != 1 or np.shape(scores) != np.shape(labels):
+    raise checks.ShapeError(f"pmp.evaluate: wants scores [N] and labels [N] of one shape; got {np.shape(scores)} "
+                            f"and {np.shape(labels)} (pass the fraud-class probability, not [N, 2] logits).")
   scores = jnp.asarray(scores, jnp.float32)
-  if scores.ndim != 1 or scores.shape != jnp.shape(labels):
-    raise ValueError(f"evaluate wants scores [N] and labels [N] of one shape; got {scores.shape} and "
-                     f"{jnp.shape(labels)} (pass the fraud-class probability, not [N, 2] logits).")
   preds = scores >= threshold
   return {"auc": auc_roc(scores, labels, mask), "f1_macro": f1_macro(preds, labels, mask),
           "gmean": gmean(preds, labels, mask)}
@@ -108,8 +123,11 @@ def best_f1_threshold(scores: np.ndarray, labels: np.ndarray) -> float:
   Returns:
     The threshold (predict fraud where score >= threshold).
   """
-  scores = np.asarray(scores, np.float64).ravel()
-  labels = np.asarray(labels).astype(bool).ravel()
+  where = "pmp.best_f1_threshold"
+  scores = checks.host_array(where, "scores", scores, np.float64).ravel()
+  labels = checks.host_array(where, "labels", labels).ravel()
+  checks.labels_in(where, "labels", labels, (0, 1))
+  labels = labels.astype(bool)
   if scores.shape != labels.shape or scores.size == 0:
     raise ValueError(f"best_f1_threshold needs non-empty scores and labels of one shape; got {scores.shape}, "
                      f"{labels.shape}.")

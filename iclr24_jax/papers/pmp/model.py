@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.graph import GraphsTuple, segment_sum
 
 AGGREGATIONS = ("sum", "mean")
@@ -79,29 +80,32 @@ class TorchDense(nn.Module):
 
 
 def _check_inputs(graph: GraphsTuple, h: jax.Array, label_state: jax.Array | None, num_classes: int | None,
-                  aggregation: str) -> None:
-  if aggregation not in AGGREGATIONS:
-    raise ValueError(f"unknown aggregation '{aggregation}'; choose one of {AGGREGATIONS} (the official code sums).")
-  if h.ndim != 2:
-    raise ValueError(f"node features h must be [N, F]; got shape {h.shape}.")
+                  aggregation: str, where: str = "pmp") -> Any:
+  """Structure raises at trace time; values (node ids out of range, label states outside [0, C], non-finite
+  features) raise eagerly and are returned as a condition for `checks.poison` under jit / vmap."""
+  checks.choice(where, "aggregation", aggregation, AGGREGATIONS, "aggregation (the official code sums)")
   if graph.senders is None or graph.receivers is None:
-    raise ValueError("the relation graph has no senders/receivers; build it with common.graph.graph_from_edges.")
-  if graph.senders.shape != graph.receivers.shape or graph.senders.ndim != 1:
-    raise ValueError(f"senders {graph.senders.shape} and receivers {graph.receivers.shape} must be equal [E] arrays.")
+    raise checks.ContractError(f"{where}: the relation graph has no senders/receivers; build it with "
+                               "common.graph.graph_from_edges.")
+  checks.shapes(where, h=(h, "N F"), senders=(graph.senders, "E"), receivers=(graph.receivers, "E"),
+                label_state=(label_state, "N"))
+  checks.dtype(where, "h", h, "real")
+  checks.dtype(where, "senders", graph.senders, "integer")
+  checks.dtype(where, "receivers", graph.receivers, "integer")
+  n = np.shape(h)[0]
+  hint = "node ids index the rows of h (padding included)."
+  oks = [checks.indices(where, "senders", graph.senders, n, hint),
+         checks.indices(where, "receivers", graph.receivers, n, hint),
+         checks.finite(where, "h", h, "clean or normalise the node features first.")]
   if label_state is not None:
-    if label_state.shape != (h.shape[0],):
-      raise ValueError(f"label_state must be [N] = [{h.shape[0]}] (one state per node, padding included); "
-                       f"got {label_state.shape}.")
-    if not jnp.issubdtype(label_state.dtype, jnp.integer):
-      raise ValueError(f"label_state must be integer (0..{num_classes - 1} known class, {num_classes} unknown); "
-                       f"got {label_state.dtype}.")
-    if not isinstance(label_state, jax.core.Tracer):
-      ls = np.asarray(label_state)
-      if ls.size and (ls.min() < 0 or ls.max() > num_classes):
-        raise ValueError(f"label_state values must lie in [0, {num_classes}] ({num_classes} = unknown); got "
-                         f"min {ls.min()}, max {ls.max()}. Build it with pmp.label_state_from_split.")
-  if not isinstance(h, jax.core.Tracer) and not bool(jnp.all(jnp.isfinite(h))):
-    raise ValueError("node features h contain NaN or inf; clean or normalise the features first.")
+    num_classes = checks.static_int(where, "num_classes", num_classes, low=2)
+    checks.dtype(where, "label_state", label_state,
+                 "integer", f"(0..{num_classes - 1} known class, {num_classes} unknown).")
+    oks.append(checks.require(
+        where, (checks.xp(label_state).asarray(label_state) >= 0) & (label_state <= num_classes),
+        checks.LabelError, f"label_state values must lie in [0, {num_classes}] ({num_classes} = unknown); build "
+        "it with pmp.label_state_from_split."))
+  return checks.all_ok(*oks)
 
 
 def in_degree(receivers: jax.Array, num_nodes: int) -> jax.Array:
@@ -170,9 +174,10 @@ def partition_messages(graph: GraphsTuple, h: jax.Array, label_state: jax.Array,
     activation: applied to the output (official: ReLU); None for none.
 
   Returns:
-    [N, H] new node features.
+    [N, H] new node features. Node ids outside [0, N), label states outside [0, C] or non-finite features raise
+    named errors eagerly and give NaN under jit / vmap (`iclr24_jax.checked` raises inside jit).
   """
-  _check_inputs(graph, h, label_state, num_classes, aggregation)
+  ok = _check_inputs(graph, h, label_state, num_classes, aggregation, "pmp.partition_messages")
   agg = partition_aggregate(graph, h, label_state, num_classes, aggregation)   # [N, C+1, F]
   alpha = balance_weights(h, params, num_classes)                              # [N, C]
   known, unknown = agg[:, :num_classes], agg[:, num_classes]                   # [N, C, F], [N, F]
@@ -181,7 +186,7 @@ def partition_messages(graph: GraphsTuple, h: jax.Array, label_state: jax.Array,
   neigh = jnp.einsum("ncf,cfh->nh", x, params["class_kernel"])
   neigh = neigh + (1.0 + alpha) @ params["class_bias"]                         # b_c once per known + alpha_c b_c
   out = h @ params["self_kernel"] + params["self_bias"] + neigh
-  return activation(out) if activation is not None else out
+  return checks.poison(activation(out) if activation is not None else out, ok)
 
 
 def sage_messages(graph: GraphsTuple, h: jax.Array, params: Mapping[str, jax.Array], aggregation: str = "sum",
@@ -193,15 +198,15 @@ def sage_messages(graph: GraphsTuple, h: jax.Array, params: Mapping[str, jax.Arr
     aggregation: 'sum' (the PMP default, so PMP reduces to it) or 'mean'; activation: output activation.
 
   Returns:
-    [N, H].
+    [N, H] (NaN under jit for node ids out of range or non-finite features; eager calls raise).
   """
-  _check_inputs(graph, h, None, None, aggregation)
+  ok = _check_inputs(graph, h, None, None, aggregation, "pmp.sage_messages")
   n = h.shape[0]
   agg = segment_sum(h[graph.senders], graph.receivers, n)
   if aggregation == "mean":
     agg = agg / jnp.maximum(in_degree(graph.receivers, n), 1.0)[:, None]
   out = h @ params["self_kernel"] + params["self_bias"] + agg @ params["neigh_kernel"]
-  return activation(out) if activation is not None else out
+  return checks.poison(activation(out) if activation is not None else out, ok)
 
 
 def gcn_messages(graph: GraphsTuple, h: jax.Array, params: Mapping[str, jax.Array],
@@ -214,16 +219,16 @@ def gcn_messages(graph: GraphsTuple, h: jax.Array, params: Mapping[str, jax.Arra
     graph: relation graph; h: [N, F]; params: kernel [F, H], bias [H]; activation: output activation.
 
   Returns:
-    [N, H].
+    [N, H] (NaN under jit for node ids out of range or non-finite features; eager calls raise).
   """
-  _check_inputs(graph, h, None, None, "sum")
+  ok = _check_inputs(graph, h, None, None, "sum", "pmp.gcn_messages")
   n = h.shape[0]
   deg = in_degree(graph.receivers, n) + 1.0                                    # + self-loop
   norm = jax.lax.rsqrt(deg)
   hw = h @ params["kernel"]
   msg = hw[graph.senders] * (norm[graph.senders] * norm[graph.receivers])[:, None]
   out = segment_sum(msg, graph.receivers, n) + hw * (norm * norm)[:, None] + params["bias"]
-  return activation(out) if activation is not None else out
+  return checks.poison(activation(out) if activation is not None else out, ok)
 
 
 # ----------------------------------------------------------------------------------------------------------

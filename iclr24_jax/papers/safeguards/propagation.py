@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
+
 FrontEndFn = Callable[[Any, jax.Array], jax.Array]
 
 MAX_EXACT_CONCEPTS = 24
@@ -43,33 +45,43 @@ def logistic_front_end(params: Any, concepts: jax.Array) -> jax.Array:
   return jax.nn.sigmoid(jnp.dot(concepts, params["w"], precision=_HIGHEST) + params["b"])
 
 
-def _is_concrete(x: Any) -> bool:
-  return not isinstance(x, jax.core.Tracer)
+def check_concept_probs(concept_probs: Any, name: str = "concept_probs", where: str = "safeguards") -> Any:
+  """Checks concept probabilities [..., K] (the checks policy of `common.checks`).
+
+  Structure (rank >= 1, a float dtype) raises at trace time. Values (NaN, outside [0, 1]) raise eagerly when this
+  host can read them; under jit / vmap (or on a global array) the result is returned for `checks.poison`, so the
+  caller's output is NaN instead of a finite wrong answer.
+
+  Args:
+    concept_probs: [..., K] Pr(c_k = 1 | x).
+    name: its name in the messages.
+    where: the public function's name in the messages.
+
+  Returns:
+    True, or the traced condition to poison the output with.
+  """
+  checks.shapes(where, **{name: (concept_probs, "... K")})
+  checks.dtype(where, name, concept_probs, "real")
+  ok_nan = checks.not_nan(where, name, concept_probs, "check the concept detectors' outputs (calibration on a "
+                                                        "split with a single class gives NaN).")
+  ok_range = checks.probabilities(where, name, concept_probs, "probabilities, not logits: apply jax.nn.sigmoid "
+                                                              "to logits first.")
+  return checks.all_ok(ok_nan, ok_range)
 
 
-def check_concept_probs(concept_probs: Any, name: str = "concept_probs") -> None:
-  """Raises ValueError for a wrong shape, and (outside jit) for NaN or values outside [0, 1]."""
-  shape = np.shape(concept_probs)
-  if len(shape) != 2:
-    raise ValueError(f"{name} must be [B, K] (one row of concept probabilities per instance); got shape {shape}.")
-  if _is_concrete(concept_probs):
-    v = np.asarray(concept_probs)
-    if np.isnan(v).any():
-      raise ValueError(f"{name} contains NaN; check the concept detectors' outputs (calibration on a split with "
-                       "a single class gives NaN).")
-    if v.size and (v.min() < 0.0 or v.max() > 1.0):
-      raise ValueError(f"{name} must lie in [0, 1] (probabilities, not logits); got range "
-                       f"[{v.min():.3g}, {v.max():.3g}]. Apply jax.nn.sigmoid to logits first.")
-
-
-def _check_params(params: Any, num_concepts: int, front_end_fn: FrontEndFn | None) -> None:
+def _check_params(params: Any, num_concepts: int, front_end_fn: FrontEndFn | None, where: str) -> None:
   if front_end_fn is None:
     if not (isinstance(params, dict) and "w" in params and "b" in params):
-      raise ValueError("front_end_params must be {'w': [K], 'b': []} for the logistic front end "
-                       "(or pass front_end_fn for another model).")
+      raise checks.ContractError(f"{where}: front_end_params must be {{'w': [K], 'b': []}} for the logistic front "
+                                 "end (or pass front_end_fn for another model).")
     if np.shape(params["w"]) != (num_concepts,):
-      raise ValueError(f"front_end_params['w'] has shape {np.shape(params['w'])} but concept_probs has "
-                       f"K={num_concepts} columns; they must agree.")
+      raise checks.ShapeError(f"{where}: front_end_params['w'] has shape {np.shape(params['w'])} but concept_probs "
+                              f"has K={num_concepts} columns; they must agree.")
+
+
+def _rows(p: jax.Array) -> tuple[jax.Array, tuple[int, ...]]:
+  """[..., K] -> ([N, K], leading shape): the per-row math runs on a flat batch."""
+  return p.reshape((-1, p.shape[-1])), p.shape[:-1]
 
 
 def assignments(num_concepts: int, start: jax.Array | int = 0, size: int | None = None,
@@ -102,17 +114,21 @@ def propagate_exact(concept_probs: jax.Array, front_end_params: Any, front_end_f
     chunk_size: assignments per chunk (a power of two); memory is O(B * chunk_size).
 
   Returns:
-    [B] y_bar = E_{c ~ p}[f(c)].
+    [B] y_bar = E_{c ~ p}[f(c)] (NaN under jit / vmap where concept_probs is not a probability).
   """
+  where = "safeguards.propagate_exact"
+  checks.shapes(where, concept_probs=(concept_probs, "B K"))
+  ok = check_concept_probs(concept_probs, where=where)
   fn = logistic_front_end if front_end_fn is None else front_end_fn
   p = jnp.asarray(concept_probs)
   p = p.astype(jnp.promote_types(p.dtype, jnp.float32))
   num_rows, k = p.shape
   if k > MAX_EXACT_CONCEPTS:
-    raise ValueError(f"exact propagation over K={k} concepts needs 2^{k} assignments; use method='mc' "
-                     f"(or K <= {MAX_EXACT_CONCEPTS}).")
-  if chunk_size < 1 or chunk_size & (chunk_size - 1):
-    raise ValueError(f"chunk_size={chunk_size} must be a power of two.")
+    raise checks.ShapeError(f"{where}: exact propagation over K={k} concepts needs 2^{k} assignments; use "
+                            f"method='mc' (or K <= {MAX_EXACT_CONCEPTS}).")
+  chunk_size = checks.static_int(where, "chunk_size", chunk_size, low=1)
+  if chunk_size & (chunk_size - 1):
+    raise checks.HyperparameterError(f"{where}: chunk_size={chunk_size} must be a power of two.")
   total = 2 ** k
   chunk = min(total, chunk_size)
   num_chunks = total // chunk
@@ -132,9 +148,9 @@ def propagate_exact(concept_probs: jax.Array, front_end_params: Any, front_end_f
 
   if num_chunks == 1:
     out, _ = body(jnp.zeros((num_rows,), p.dtype), 0)
-    return out
+    return checks.poison(out, ok)
   out, _ = jax.lax.scan(body, jnp.zeros((num_rows,), p.dtype), jnp.arange(num_chunks))
-  return out
+  return checks.poison(out, ok)
 
 
 def propagate_mc(concept_probs: jax.Array, front_end_params: Any, key: jax.Array, num_samples: int = 1000,
@@ -151,11 +167,15 @@ def propagate_mc(concept_probs: jax.Array, front_end_params: Any, key: jax.Array
     return_stderr: also return the standard error of each estimate.
 
   Returns:
-    [B] estimates of y_bar (and [B] standard errors if `return_stderr`).
+    [B] estimates of y_bar (and [B] standard errors if `return_stderr`); NaN under jit / vmap where
+    concept_probs is not a probability.
   """
+  where = "safeguards.propagate_mc"
+  checks.shapes(where, concept_probs=(concept_probs, "B K"))
+  ok = check_concept_probs(concept_probs, where=where)
   fn = logistic_front_end if front_end_fn is None else front_end_fn
-  if num_samples < 1:
-    raise ValueError(f"num_samples={num_samples} must be >= 1 for Monte Carlo propagation.")
+  num_samples = checks.static_int(where, "num_samples", num_samples, low=1)
+  sample_chunk = checks.static_int(where, "sample_chunk", sample_chunk, low=1)
   p = jnp.asarray(concept_probs)
   p = p.astype(jnp.promote_types(p.dtype, jnp.float32))
   num_rows, k = p.shape
@@ -175,9 +195,9 @@ def propagate_mc(concept_probs: jax.Array, front_end_params: Any, key: jax.Array
   (s1, s2), _ = jax.lax.scan(body, (zeros, zeros), jnp.arange(num_chunks))
   mean = s1 / num_samples
   if not return_stderr:
-    return mean
+    return checks.poison(mean, ok)
   var = jnp.maximum(s2 / num_samples - mean ** 2, 0.0) * num_samples / max(num_samples - 1, 1)
-  return mean, jnp.sqrt(var / num_samples)
+  return checks.poison((mean, jnp.sqrt(var / num_samples)), ok)
 
 
 def propagate(concept_probs: jax.Array, front_end_params: Any, method: str = "exact", key: jax.Array | None = None,
@@ -185,27 +205,38 @@ def propagate(concept_probs: jax.Array, front_end_params: Any, method: str = "ex
               ) -> jax.Array:
   """Propagates concept uncertainty through the front end: y_bar = E_{c ~ Bern(p)}[f(c)].
 
+  Compile it once and reuse it (`method`, `num_samples`, `front_end_fn` and `chunk_size` are static):
+
+    prop = jax.jit(safeguards.propagate, static_argnames=("method", "num_samples", "front_end_fn", "chunk_size"))
+    y_bar = prop(concept_probs, front_end_params)
+
   Args:
-    concept_probs: [B, K] calibrated concept probabilities Pr(c_k = 1 | x).
+    concept_probs: [..., K] calibrated concept probabilities Pr(c_k = 1 | x) (any leading batch dims).
     front_end_params: front-end parameters ({'w': [K], 'b': []} for the logistic front end).
-    method: 'exact' (2^K enumeration, chunked) or 'mc' (Monte Carlo).
+    method: 'exact' (2^K enumeration, chunked) or 'mc' (Monte Carlo); static.
     key: PRNG key, required for 'mc'.
-    num_samples: Monte Carlo samples per instance.
-    front_end_fn: f(params, c [N, K]) -> [N]; default logistic regression.
-    chunk_size: assignments per chunk for 'exact'.
+    num_samples: Monte Carlo samples per instance; static.
+    front_end_fn: f(params, c [N, K]) -> [N]; default logistic regression; static.
+    chunk_size: assignments per chunk for 'exact'; static.
 
   Returns:
-    [B] Pr(y = 1 | x) after propagation.
+    [...] Pr(y = 1 | x) after propagation. Probabilities outside [0, 1] or NaN raise `checks.ProbabilityError` /
+    `NonFiniteError` when called eagerly; under jit / vmap the rows' outputs are NaN (use `iclr24_jax.checked`
+    for the error inside jit).
   """
-  check_concept_probs(concept_probs)
-  _check_params(front_end_params, np.shape(concept_probs)[1], front_end_fn)
+  where = "safeguards.propagate"
+  ok = check_concept_probs(concept_probs, where=where)
+  _check_params(front_end_params, np.shape(concept_probs)[-1], front_end_fn, where)
+  checks.choice(where, "method", method, ("exact", "mc"), "propagation method")
+  p, lead = _rows(jnp.asarray(concept_probs))
   if method == "exact":
-    return propagate_exact(concept_probs, front_end_params, front_end_fn, chunk_size)
-  if method == "mc":
+    out = propagate_exact(p, front_end_params, front_end_fn, chunk_size)
+  else:
     if key is None:
-      raise ValueError("method='mc' needs a PRNG key: propagate(..., method='mc', key=jax.random.key(0)).")
-    return propagate_mc(concept_probs, front_end_params, key, num_samples, front_end_fn)
-  raise ValueError(f"unknown propagation method '{method}'; choose 'exact' or 'mc'.")
+      raise checks.ContractError(f"{where}: method='mc' needs a PRNG key: propagate(..., method='mc', "
+                                 "key=jax.random.key(0)).")
+    out = propagate_mc(p, front_end_params, key, num_samples, front_end_fn)
+  return checks.poison(out.reshape(lead), ok)
 
 
 def concept_outcomes(concept_probs: jax.Array, front_end_params: Any, method: str = "exact",
@@ -222,9 +253,12 @@ def concept_outcomes(concept_probs: jax.Array, front_end_params: Any, method: st
     front_end_params, method, key, num_samples, front_end_fn: as in `propagate`.
 
   Returns:
-    (f0, f1), each [B, K].
+    (f0, f1), each [B, K] (NaN under jit / vmap where concept_probs is not a probability; see `propagate`).
   """
-  check_concept_probs(concept_probs)
+  where = "safeguards.concept_outcomes"
+  ok = check_concept_probs(concept_probs, where=where)
+  checks.shapes(where, concept_probs=(concept_probs, "B K"))
+  checks.choice(where, "method", method, ("exact", "mc"), "propagation method")
   p = jnp.asarray(concept_probs)
   k = p.shape[1]
   eye = jnp.eye(k, dtype=bool)[:, None, :]                      # [K, 1, K]
@@ -233,10 +267,8 @@ def concept_outcomes(concept_probs: jax.Array, front_end_params: Any, method: st
   stacked = jnp.concatenate([p0, p1])                           # [2K, B, K]
   if method == "exact":
     out = jax.vmap(lambda q: propagate_exact(q, front_end_params, front_end_fn))(stacked)
-  elif method == "mc":
-    if key is None:
-      raise ValueError("method='mc' needs a PRNG key.")
-    out = jax.vmap(lambda q: propagate_mc(q, front_end_params, key, num_samples, front_end_fn))(stacked)
   else:
-    raise ValueError(f"unknown propagation method '{method}'; choose 'exact' or 'mc'.")
-  return out[:k].T, out[k:].T
+    if key is None:
+      raise checks.ContractError(f"{where}: method='mc' needs a PRNG key.")
+    out = jax.vmap(lambda q: propagate_mc(q, front_end_params, key, num_samples, front_end_fn))(stacked)
+  return checks.poison((out[:k].T, out[k:].T), ok)

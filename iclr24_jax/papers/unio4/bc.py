@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import common
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -49,8 +50,8 @@ def ensemble_bc_loss(params_list_or_stacked: Any, batch: dict, alpha: float, *,
   params = _as_stacked(params_list_or_stacked)
   k = ensemble_size(params)
   obs, act = batch["obs"], batch["actions"]
-  if obs.ndim != 2 or act.ndim != 2 or obs.shape[0] != act.shape[0]:
-    raise ValueError(f"ensemble_bc_loss: batch obs must be [B, D] and actions [B, A]; got {obs.shape}, {act.shape}.")
+  checks.shapes("unio4.ensemble_bc_loss", obs=(obs, "B D"), actions=(act, "B A"))
+  checks.in_range("unio4.ensemble_bc_loss", "alpha", alpha, 0.0, None, hint="the disagreement weight (0 = BC).")
   policy = policy or policy_from_params(jax.tree.map(lambda x: x[0], params))
   dists = jax.vmap(lambda p: policy.apply({"params": p}, obs))(params)  # leaves [K, B, A]
   logp = dists.log_prob(act[None])  # [K, B]

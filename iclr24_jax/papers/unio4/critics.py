@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import common
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -71,9 +72,19 @@ class CriticState:
 
 
 def expectile_loss(diff: jax.Array, expectile: float) -> jax.Array:
-  """IQL's asymmetric square: |tau - 1(diff < 0)| * diff^2, elementwise (diff = target - prediction)."""
+  """IQL's asymmetric square: |tau - 1(diff < 0)| * diff^2, elementwise (diff = target - prediction).
+
+  Args:
+    diff: [...] target - prediction.
+    expectile: tau in (0, 1) (a Python number is checked at once; a traced one gives NaN outside).
+
+  Returns:
+    [...] weighted squares.
+  """
+  ok = checks.in_range("unio4.expectile_loss", "expectile", expectile, 0.0, 1.0, low_open=True, high_open=True,
+                       hint="IQL's expectile tau (0.5 is the mean).")
   weight = jnp.where(diff > 0, expectile, 1.0 - expectile)
-  return weight * jnp.square(diff)
+  return checks.poison(weight * jnp.square(diff), ok)
 
 
 def value_loss(v_params: Any, q_target: Any, batch: dict, *, v_module: nn.Module, q_module: nn.Module,

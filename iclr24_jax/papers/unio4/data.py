@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.rl import normalization
 from iclr24_jax.rl import offline as _offline
 
@@ -89,6 +90,10 @@ def discounted_returns(rewards: np.ndarray, episode_ends: np.ndarray, gamma: flo
   Returns:
     [N] float32 returns-to-go.
   """
+  checks.in_range("unio4.discounted_returns", "gamma", gamma, 0.0, 1.0, hint="the discount.")
+  if np.shape(rewards) != np.shape(episode_ends) or np.ndim(rewards) != 1:
+    raise checks.ShapeError(f"unio4.discounted_returns: rewards and episode_ends must be matching [N]; got "
+                            f"{np.shape(rewards)} and {np.shape(episode_ends)}.")
   g = np.zeros(len(rewards), np.float64)
   acc = 0.0
   r = np.asarray(rewards, np.float64)

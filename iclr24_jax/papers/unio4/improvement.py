@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import common
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -28,7 +29,9 @@ CONST_EPS = 1e-10  # the official util.CONST_EPS
 
 
 def normalize_advantage(adv: jax.Array, eps: float = CONST_EPS) -> jax.Array:
-  """(A - mean A) / (std A + eps) with torch's unbiased std (ddof = 1), as the official code."""
+  """(A - mean A) / (std A + eps) with torch's unbiased std (ddof = 1), as the official code: [B] -> [B]."""
+  checks.nonempty("unio4.normalize_advantage", "adv", int(np.size(adv)), "advantages")
+  checks.in_range("unio4.normalize_advantage", "eps", eps, 0.0, None, low_open=True)
   return (adv - jnp.mean(adv)) / (jnp.std(adv, ddof=1) + eps)
 
 
@@ -41,13 +44,14 @@ def advantage_weights(adv: jax.Array, omega: float) -> jax.Array:
 
   Args:
     adv: [...] (normalised) advantages.
-    omega: weight of positive advantages (a Python float or a scalar array).
+    omega: weight of positive advantages in [0, 1] (a Python float or a scalar array).
 
   Returns:
-    [...] float32 weights.
+    [...] float32 weights (NaN under jit for a traced omega outside [0, 1]; a Python omega raises at once).
   """
+  ok = checks.in_range("unio4.advantage_weights", "omega", omega, 0.0, 1.0, hint="0.5 is plain PPO.")
   w = jnp.where(adv > 0, omega, 1.0 - omega).astype(jnp.float32)
-  return jnp.where(jnp.asarray(omega) == 0.5, jnp.ones_like(w), w)
+  return checks.poison(jnp.where(jnp.asarray(omega) == 0.5, jnp.ones_like(w), w), ok)
 
 
 def asymmetric_clipped_objective(log_prob: jax.Array, old_log_prob: jax.Array, adv: jax.Array, clip_eps: float,
