@@ -13,6 +13,8 @@ Variants (after the colon):
   'no_dedup'          skip the near-duplicate removal
   'vit'               a small ViT image tower instead of the CNN
   'minilm'            frozen all-MiniLM-L6-v2 caption embeddings + a trainable projection as the text tower
+  'paper'             the paper's training run: OpenCLIP ViT-B/32 at batch 33,600 (compiled ahead of time by
+                      `python -m experiments.scale --only clip_ood`)
 """
 import math
 
@@ -21,7 +23,7 @@ import ml_collections
 from iclr24_jax.configs import variants
 
 BENCHMARKS = ("clean", "sketch", "inverted", "rotated", "noisy", "lowres")
-VARIANTS = ("", "tiny", "candidates", "no_dedup", "vit", "minilm") + tuple(f"prune_{b}" for b in BENCHMARKS)
+VARIANTS = ("", "tiny", "candidates", "no_dedup", "vit", "minilm", "paper") + tuple(f"prune_{b}" for b in BENCHMARKS)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -81,4 +83,27 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.text = ml_collections.ConfigDict(dict(name="features", hidden=()))
   elif arg.startswith("prune_"):
     c.prune.benchmarks = (arg[len("prune_"):],)
+  elif arg == "paper":
+    # The paper trains CLIP with OpenCLIP on each (pruned) LAION-200M subset: brendel-group/clip-ood@0f7b418
+    # README.md:35-36 (OpenCLIP, total batch 33,600). Sizes and optimizer: OpenCLIP (mlfoundations/open_clip@89fb801)
+    # src/open_clip/model_configs/ViT-B-32.json (embed 512; ViT 224 px, patch 32, 12 x 768; text 77 tokens,
+    # vocabulary 49,408, 12 x 512, 8 heads) and src/open_clip_train/params.py:5-11 (ViT: AdamW lr 5e-4, betas 0.9 /
+    # 0.98, eps 1e-6), :275 (32 epochs), :285 (weight decay 0.2), :288 (10,000 warm-up steps), cosine decay.
+    # The evaluation suite is what this repository's loader reads; the training pairs are LAION (not loadable here).
+    c.data = ml_collections.ConfigDict(dict(name="imagenet", data_dir="", image_size=224))
+    c.model = ml_collections.ConfigDict(dict(
+        embed_dim=512, logit_scale_init=math.log(1 / 0.07), logit_scale_max=100.0,
+        image=ml_collections.ConfigDict(dict(name="vit", patch_size=32, width=768, depth=12, heads=12, pool="cls")),
+        text=ml_collections.ConfigDict(dict(name="transformer", max_len=77, width=512, depth=12, heads=8,
+                                            vocab_size=49408))))
+    c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=5e-4, schedule="cosine",
+                                                 warmup_steps=10000, weight_decay=0.2, b1=0.9, b2=0.98, eps=1e-6,
+                                                 grad_clip=0.0))
+    c.batch_size = 33600
+    c.num_steps = 190_476        # 32 epochs of the ~200M de-duplicated LAION pairs at 33,600 per step
+    c.scale = ml_collections.ConfigDict(dict(
+        batch_size=33600, paper_hardware="not stated in the official code (OpenCLIP, total batch 33,600)",
+        paper_time="not stated in the official code",
+        source="brendel-group/clip-ood@0f7b418 README.md:35-36; mlfoundations/open_clip@89fb801 "
+               "src/open_clip/model_configs/ViT-B-32.json, src/open_clip_train/params.py:5-11,275,285,288"))
   return c

@@ -5,7 +5,8 @@ Paper: https://openreview.net/forum?id=t3vnnLeajU   Official code: https://githu
 Run:  python -m experiments.main --config=configs/daclip.py:tiny --workdir=runs/daclip_tiny
       python -m experiments.main --config=configs/daclip.py --workdir=runs/daclip          # the CPU-scale study
 Variants (after the colon): '' (32x32 grey MNIST-5k, the reproduction's scale), 'tiny' (seconds), 'digits'
-(scikit-learn digits upsampled to 32x32 instead of MNIST-5k).
+(scikit-learn digits upsampled to 32x32 instead of MNIST-5k), 'paper' (the official DA-CLIP ViT-B/32 controller
+training on the ten-degradation data set, compiled ahead of time by `python -m experiments.scale --only daclip`).
 Pipeline: stage 0 a small CLIP (ViT + text transformer) on clean digits with captions -> frozen; stage 1 the
 DA-CLIP controller on degraded digits (7 degradation types, names as text) -> e_c, e_d; stage 2 IR-SDE restorers
 (diffusion.UNet) for the conditions no embedding / DA-CLIP / shuffled e_d / oracle one-hot type, `num_seeds`
@@ -16,15 +17,15 @@ import ml_collections
 
 from iclr24_jax.configs import variants
 
-VARIANTS = ("", "tiny", "digits")
+VARIANTS = ("", "tiny", "digits", "paper")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The DA-CLIP config: the CPU-scale study on 32x32 MNIST-5k (CLIP, controller, IR-SDE restorers, 3 seeds).
 
   Args:
-    arg: comma-separated variants: 'tiny' (seconds), 'digits' (scikit-learn digits upsampled to 32x32);
-      None or '' gives the default.
+    arg: comma-separated variants: 'tiny' (seconds), 'digits' (scikit-learn digits upsampled to 32x32), 'paper'
+      (the official ViT-B/32 sizes); None or '' gives the default.
 
   Returns:
     ml_collections.ConfigDict.
@@ -92,4 +93,42 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.batch_size = 8
     c.num_seeds = 2
     c.log_every = 1
+  if "paper" in parts:
+    # The official runs, Algolzw/daclip-uir@c2cc141. DA-CLIP (stage 1): da-clip/src/multi_train.sh:1-18 (4 GPUs x
+    # batch 784, AdamW lr 3e-5, weight decay 0.05, 100 warm-up steps, 100 epochs, daclip_ViT-B-32 from OpenCLIP's
+    # laion2b_s34b_b79k) with da-clip/src/open_clip/model_configs/daclip_ViT-B-32.json (embed 512; ViT 224 px, patch
+    # 32, 12 x 768; text 77 tokens, 12 x 512, 8 heads); OpenCLIP's ViT betas (0.9, 0.98), eps 1e-6, cosine decay.
+    c.data = ml_collections.ConfigDict(dict(name="universal", data_dir="", image_size=224))
+    c.clip.model = ml_collections.ConfigDict(dict(
+        embed_dim=512, image=dict(name="vit", patch_size=32, width=768, depth=12, heads=12, pool="cls"),
+        text=dict(name="transformer", max_len=77, width=512, depth=12, heads=8, vocab_size=49408)))
+    c.clip.num_steps = 0           # stage 0 is OpenCLIP's pretrained ViT-B/32 (laion2b_s34b_b79k), not trained here
+    # num_steps sets the cosine schedule's length: 100 epochs of the training csv at 3,136 pairs per step (the
+    # step count of a local copy is 100 x rows / 3,136; 10,000 stands for ~313k pairs).
+    c.controller = ml_collections.ConfigDict(dict(
+        optimizer=dict(learning_rate=3e-5, schedule="cosine", warmup_steps=100, weight_decay=0.05, b1=0.9, b2=0.98,
+                       eps=1e-6),
+        num_epochs=100, num_steps=10_000, batch_size=3136, seeds=1))
+    # Stage 2 (not compiled here): universal-image-restoration/config/daclip-sde/options/train.yml:8-12 (IR-SDE
+    # max_sigma 50, T 100, cosine, eps 0.005), :31-32 (batch 16 of 256 x 256 patches), :44-52 (ConditionalUNet nf 64,
+    # ch_mult [1, 2, 4, 8], context 512), :63-72 (AdamW lr 2e-4, betas (0.9, 0.99), cosine to 1e-6 over 700k).
+    # Deviation: the closest diffusion.UNet: two ResBlocks per level and softmax attention with cross-attention
+    # at the 512-channel level and the middle (DenoisingUNet_arch.py:21-103: linear attention at levels 0-2,
+    # spatial transformers with 32-wide heads at level 3 and the middle, a 7 x 7 stem).
+    c.sde = ml_collections.ConfigDict(dict(T=100, lambda_=50.0 / 255.0, schedule="cosine", eps=0.005))
+    c.model = ml_collections.ConfigDict(dict(name="unet", base_channels=64, channel_mults=(1, 2, 4, 8),
+                                             num_res_blocks=2, attention_levels=(3,), mid_attention=True,
+                                             num_heads=16, out_channels=3, num_groups=32))
+    c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=2e-4, schedule="cosine", warmup_steps=0,
+                                                 end_factor=1e-6 / 2e-4, b1=0.9, b2=0.99, weight_decay=0.0))
+    c.num_steps = 700_000
+    c.batch_size = 16
+    # What experiments.scale compiles: the controller's train step (stage 1), the trainable controller and its
+    # AdamW moments FSDP-sharded over 'data' with the frozen encoder, the batch over 'data'.
+    c.scale = ml_collections.ConfigDict(dict(
+        batch_size=3136, paper_hardware="4 GPUs (da-clip/src/multi_train.sh: torchrun --nproc_per_node 4)",
+        paper_time="not stated in the official code",
+        source="Algolzw/daclip-uir@c2cc141 da-clip/src/multi_train.sh:1-18, "
+               "da-clip/src/open_clip/model_configs/daclip_ViT-B-32.json, "
+               "universal-image-restoration/config/daclip-sde/options/train.yml:8-72"))
   return c

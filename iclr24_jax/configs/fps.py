@@ -9,14 +9,16 @@ Variants (after the colon): '' (exactness study with the exact GMM denoiser, the
 'images' (inpainting, 4x super-resolution, Gaussian and motion deblurring on digits with a trained diffusion
 model), one image task alone: 'inpainting', 'super_resolution', 'gaussian_blur', 'motion_blur', and
 'official' (the image tasks at the official 1000 steps; the default image sampler is already the official
-c-rate DDIM kernel with 5 particles, at 250 steps, and DPS runs the same steps).
+c-rate DDIM kernel with 5 particles, at 250 steps, and DPS runs the same steps), 'paper' (the official FFHQ
+256 x 256 run: the ADM UNet of configs/model_config.yaml, 4x super-resolution, 5 particles, 1000 steps; compiled
+ahead of time by `iclr24 scale --only fps`).
 """
 import ml_collections
 
 from iclr24_jax.configs import variants
 
 TASKS = ("inpainting", "super_resolution", "gaussian_blur", "motion_blur")
-VARIANTS = ("", "tiny", "tiny_images", "images", "official") + TASKS
+VARIANTS = ("", "tiny", "tiny_images", "images", "official", "paper") + TASKS
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -24,8 +26,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
   Args:
     arg: '' (exactness study), 'tiny', 'tiny_images', 'images' (all four digit inverse problems), one task
-      ('inpainting', 'super_resolution', 'gaussian_blur', 'motion_blur') or 'official' (image tasks at
-      1000 steps); None means ''.
+      ('inpainting', 'super_resolution', 'gaussian_blur', 'motion_blur'), 'official' (image tasks at
+      1000 steps) or 'paper' (the official FFHQ 256 x 256 sizes); None means ''.
 
   Returns:
     ml_collections.ConfigDict.
@@ -108,4 +110,35 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.fps.num_steps = 1000
       c.num_steps = 1000
       c.images.methods = ("fps", "dps", "pinv")
+  elif arg == "paper":
+    # The official run, ZehaoDou-official/FPS-SMC-2023@008e7f7: scripts/run_sampling.sh -> sample_condition.py
+    # with configs/model_config.yaml, configs/diffusion_config.yaml and configs/<task>_config.yaml.
+    c.task = "images"
+    c.data = ml_collections.ConfigDict(dict(name="ffhq", data_dir="", image_size=256))  # model_config.yaml:5
+    # DPS's FFHQ ADM (model_config.yaml:5-21): 128 channels, channel_mult '' = (1, 1, 2, 2, 4, 4) at 256
+    # (guided_diffusion/unet.py:44-48), one res block per level, attention at 16 x 16 (level 4, 512 channels:
+    # num_head_channels 64 = 8 heads, as in the 8 x 8 middle block), scale-shift norm, ResBlock up/down,
+    # learn_sigma (6 output channels: eps and the variance interpolation), dropout 0; 93.6M parameters.
+    c.model = ml_collections.ConfigDict(dict(
+        name="unet", base_channels=128, channel_mults=(1, 1, 2, 2, 4, 4), num_res_blocks=1, attention_levels=(4,),
+        num_heads=8, out_channels=6, scale_shift=True, resblock_updown=True, dropout=0.0, num_groups=32))
+    # diffusion_config.yaml:1-9: linear betas over 1000 steps, epsilon prediction, clip_denoised, 1000 sampler steps.
+    c.schedule = ml_collections.ConfigDict(dict(name="linear", num_timesteps=1000, continuous=False, shift=0.0))
+    c.num_steps = 1000
+    # sample_condition.py:37-38 (c_rate 0.95, particle_size 5), :86 (batch_size 1 per sampler call); the c-rate
+    # DDIM kernel (gaussian_diffusion.py DDIM.p_sample) with multinomial resampling at every step.
+    c.fps = ml_collections.ConfigDict(dict(num_particles=5, num_steps=1000, c=0.95, sampler="ddim",
+                                           resampling="multinomial", ess_threshold=None, clip_x0=1.0))
+    # super_resolution_config.yaml:12-19: 4x average-pooling super-resolution of [3, 256, 256], noise sigma 0.05.
+    c.images.update(dict(tasks=("super_resolution",), sr_factor=4, sigma=0.05, methods=("fps",)))
+    c.use_cache = False
+    # What experiments.scale compiles: FPS on `batch_size` images at once, one image (its 5 particles, 1000
+    # steps) per device; the official script runs one image per sampler call on one GPU.
+    c.scale = ml_collections.ConfigDict(dict(
+        batch_size=8, task="super_resolution",
+        paper_hardware="one GPU per sampler call (scripts/run_sampling.sh --gpu; model not stated)",
+        paper_time="not stated in the official code",
+        source="ZehaoDou-official/FPS-SMC-2023@008e7f7 configs/model_config.yaml:5-21, "
+               "configs/diffusion_config.yaml:1-9, configs/super_resolution_config.yaml:12-19, "
+               "sample_condition.py:37-38,86, guided_diffusion/unet.py:44-48"))
   return c

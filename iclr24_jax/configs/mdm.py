@@ -8,7 +8,9 @@ Run:  python -m experiments.main --config=configs/mdm.py:tiny --workdir=runs/mdm
       python -m experiments.main --config=configs/mdm.py:single --workdir=runs/mdm_single
 Variants (comma-separated): 'tiny' (scikit-learn digits 16 -> 8, seconds on CPU); the arm: 'progressive'
 (default: train the low-resolution UNet, load it as the inner network, train the NestedUNet), 'nested' (the
-NestedUNet from scratch), 'single' (one UNet at the high resolution only); 'p2' (schedule shift power 2).
+NestedUNet from scratch), 'single' (one UNet at the high resolution only); 'p2' (schedule shift power 2); 'paper'
+(ImageNet 256 x 256 with the official 256 NestedUNet, compiled ahead of time by
+`python -m experiments.scale --only mdm`).
 
 Official run settings (configs/models/cc12m_256x256.yaml) kept here: squaredcos_cap_v2 ('DEEPFLOYD') with 1000
 steps, v-prediction with an eps-space loss, loss on every level with weight 1, shift power 1, outer UNet without
@@ -20,7 +22,7 @@ import ml_collections
 from iclr24_jax.configs import variants
 
 ARMS = ("progressive", "nested", "single")
-VARIANTS = ("tiny", "p2") + ARMS
+VARIANTS = ("tiny", "p2", "paper") + ARMS
 
 _BLOCK = dict(num_res_blocks=1, attention_levels=(), num_groups=8, scale_shift=True, mid_attention=False)
 
@@ -29,8 +31,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The MDM config: the progressive arm on MNIST-5k, levels 32 -> 8, unless `arg` picks another arm or size.
 
   Args:
-    arg: comma-separated: 'tiny' (digits 16 -> 8, seconds), 'p2' (schedule shift power 2) and at most one
-      arm ('progressive', 'nested', 'single'); None or '' gives the default.
+    arg: comma-separated: 'tiny' (digits 16 -> 8, seconds), 'p2' (schedule shift power 2), 'paper' (the
+      official 256 x 256 sizes on ImageNet) and at most one arm ('progressive', 'nested', 'single'); None or ''
+      gives the default.
 
   Returns:
     ml_collections.ConfigDict (c.arm holds the arm).
@@ -101,4 +104,43 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.repro = ml_collections.ConfigDict(dict(
         seeds=(0, 1, 2), budget_nested_steps=6, inner_fraction=0.25, checkpoints=2, eval_examples=16,
         samples_per_seed=10, sample_steps=3))
+  if "paper" in parts:
+    # The official 256 x 256 run, apple/ml-mdm@de8cde2: ml-mdm-matryoshka/configs/models/cc12m_256x256.yaml (the
+    # paper's ImageNet 256 model is the same NestedUNet, class- instead of text-conditioned; paper: 8 A100s).
+    c.data = ml_collections.ConfigDict(dict(name="imagenet", data_dir="", image_size=256))
+    attn = dict(num_groups=32, scale_shift=True, num_heads=8, time_embed_dim=1024)
+    c.model = ml_collections.ConfigDict(dict(
+        levels=[
+            # outer 256 -> 128 -> 64 (yaml:35-79): resolution_channels [64, 128, 256], num_resnets [2, 2, 1], no
+            # attention, skip_mid_blocks, temporal_dim 1024.
+            dict(base_channels=64, channel_mults=(1, 2, 4), num_res_blocks=(2, 2, 1), attention_levels=(),
+                 mid_attention=False, **attn),
+            # inner 64 -> 32 -> 16 (yaml:41-60): [256, 512, 768], num_resnets [2, 2, 2], attention at levels 1 and 2
+            # with [0, 1, 5] layers, attention FFN, 8 heads (unet.py SelfAttention default), middle blocks.
+            dict(base_channels=256, channel_mults=(1, 2, 3), num_res_blocks=2, attention_levels=(1, 2),
+                 attention_layers=(0, 1, 5), attention_ffn=True, mid_attention=True, **attn)],
+        # The study's single-resolution arm at this size: the outer's levels followed by the inner's.
+        single=dict(base_channels=64, channel_mults=(1, 2, 4, 8, 12), num_res_blocks=2, attention_levels=(3, 4),
+                    attention_layers=(0, 0, 0, 1, 5), attention_ffn=True, mid_attention=True, **attn),
+        num_classes=1000, skip_inner_input=False))                          # yaml:73 skip_inner_unet_input false
+    # yaml:12-24: 1000 steps, DEEPFLOYD (squaredcos_cap_v2), V_PREDICTION, loss target DDPM (eps), shifted
+    # schedules; yaml:108 mixed_ratio '2:1' (diffusion.py:309-313: cumsum -> high resolution on the first 2/3).
+    c.diffusion = ml_collections.ConfigDict(dict(
+        schedule="squaredcos_cap_v2", num_timesteps=1000, power=1.0, prediction="v", loss_target="eps",
+        level_weights=None, mixed_ratio=(2.0 / 3.0, 1.0), cond_drop_prob=0.1))
+    # yaml:109-116 and clis/train_parallel.py:120-133: Adam(lr 5e-5, eps 1e-8), 10k linear warm-up steps then
+    # constant (lr_scaler.py), gradient clipping at norm 2; yaml:26 one million steps.
+    c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=5e-5, schedule="constant",
+                                                 warmup_steps=10000, grad_clip=2.0, eps=1e-8))
+    c.num_steps = 1_000_000
+    c.inner_steps = 0
+    c.batch_size = 192
+    # What experiments.scale compiles: the NestedUNet train step (float32, as yaml:117 fp16 0), parameters and
+    # Adam moments sharded over 'data' (FSDP), the batch over 'data'.
+    c.scale = ml_collections.ConfigDict(dict(
+        batch_size=192, paper_hardware="8x A100 (paper Sec. 5 / App.: ImageNet)",
+        paper_time="not stated in the official code",
+        source="apple/ml-mdm@de8cde2 ml-mdm-matryoshka/configs/models/cc12m_256x256.yaml:12-79,107-117, "
+               "ml_mdm/diffusion.py:309-313, ml_mdm/clis/train_parallel.py:120-133; batch 192 = yaml:107's "
+               "commented 24 per GPU x the paper's 8 GPUs"))
   return c

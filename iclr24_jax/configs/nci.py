@@ -5,7 +5,9 @@ Run:   python -m experiments.main --config=configs/nci.py:tiny --workdir=runs/nc
 Variants: '' (NCI, target = digits), 'tiny', 'reproduce' (the settings of the leave-one-domain-out study,
           NCI and DANN on one lambda ramp), 'pretrained' (the paper's setting in miniature: a featurizer pretrained
           on a held-out labelled pool of every style, then fine-tuned at a 10x lower learning rate),
-          'erm' / 'dann' / 'oracle' (baselines), 'target=<domain>' (e.g. target=mnist_rot60).
+          'erm' / 'dann' / 'oracle' (baselines), 'target=<domain>' (e.g. target=mnist_rot60), 'paper' (the official
+          PACS run with DomainBed's ResNet-50 at 224 x 224, compiled ahead of time by
+          `python -m experiments.scale --only nci`).
 """
 import ml_collections
 
@@ -13,7 +15,7 @@ from iclr24_jax.configs import variants
 
 # The five digit styles of papers/nci/data.py (a test checks they agree); a config imports no paper module.
 DOMAINS = ("mnist", "mnist_rot30", "mnist_rot60", "mnist_inv", "digits")
-METHODS_AND_SIZES = ("tiny", "reproduce", "pretrained", "erm", "dann", "nci", "oracle")
+METHODS_AND_SIZES = ("tiny", "reproduce", "pretrained", "erm", "dann", "nci", "oracle", "paper")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -22,7 +24,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   Args:
     arg: comma-separated variants: 'tiny', 'reproduce' (the leave-one-domain-out study's settings), 'pretrained'
       (pool pretraining + low-lr fine-tuning, study.reproduce_pretrained; 'pretrained,tiny' for a smoke run), a
-      baseline ('erm', 'dann', 'oracle') and 'target=<domain>' (one of DOMAINS); None or '' gives the default.
+      baseline ('erm', 'dann', 'oracle'), 'target=<domain>' (one of DOMAINS) and 'paper' (the official PACS
+      sizes); None or '' gives the default.
 
   Returns:
     ml_collections.ConfigDict.
@@ -84,6 +87,29 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.num_steps = 150
       c.adv_schedule = "ramp"
       c.model.widths = (16, 32)
+    elif part == "paper":
+      # The official run, abhrac/nci@d475ba1: README.md:21 (main.py --algorithm=NCI --dataset=PACS
+      # --uda_holdout_fraction=0.2 --task=domain_adaptation --batch_size=64: 64 images per source domain and of the
+      # target's adaptation split), hparams_registry.py:30-35 (ResNet-50, not ResNet-18; dropout 0; linear
+      # discriminator), :151 (lr 5e-5 for 224 x 224 data sets), :156 (weight decay 0), algorithms.py:84-105 (Adam
+      # for the featurizer + classifier and for the discriminator, same lr), datasets.py:55 (5,001 steps),
+      # networks.py:77-98 (torchvision ResNet-50, ImageNet weights, BatchNorm frozen: an affine per channel here).
+      c.data = ml_collections.ConfigDict(dict(name="pacs", data_dir="", domains=("art_painting", "cartoon", "photo",
+                                                                               "sketch"),
+                                              target="sketch", image_size=224, uda_fraction=0.2, max_per_domain=0,
+                                              pool_fraction=0.0))
+      c.model = ml_collections.ConfigDict(dict(name="resnet50", norm="affine", discriminator="linear"))
+      c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=5e-5, schedule="constant",
+                                                   weight_decay=0.0))
+      c.num_steps = 5001
+      c.batch_size = 64
+      c.eval_every = 300               # datasets.py:235 (PACS CHECKPOINT_FREQ 300)
+      c.checkpoint_every = 300
+      c.scale = ml_collections.ConfigDict(dict(
+          batch_size=64, num_sources=3, paper_hardware="not stated in the official code",
+          paper_time="not stated in the official code",
+          source="abhrac/nci@d475ba1 README.md:21, hparams_registry.py:30-35,151,156, algorithms.py:84-105, "
+                 "datasets.py:55,235, networks.py:77-98"))
     elif part in ("erm", "dann", "nci", "oracle"):
       c.method = part
     elif part.startswith("target="):

@@ -16,7 +16,7 @@ from iclr24_jax.diffusion.schedules import (ContinuousSchedule, DiscreteSchedule
                                             squaredcos_cap_v2)
 from iclr24_jax.diffusion.training import (diffusion_loss, init, init_state, loss_weight, make_denoiser,
                                           make_train_step)
-from iclr24_jax.diffusion.unet import MLPDenoiser, UNet, create_model, timestep_embedding
+from iclr24_jax.diffusion.unet import MLPDenoiser, UNet, create_model, timestep_embedding, unet_flops
 
 __all__ = [
     "gmm", "metrics", "process", "samplers", "schedules", "training", "unet",
@@ -29,7 +29,7 @@ __all__ = [
     "ContinuousSchedule", "DiscreteSchedule", "cosine_beta_schedule", "discretize", "linear_beta_schedule",
     "make_schedule", "resolution_shift", "shift_schedule", "squaredcos_cap_v2",
     "diffusion_loss", "init", "init_state", "loss_weight", "make_denoiser", "make_train_step",
-    "MLPDenoiser", "UNet", "create_model", "timestep_embedding",
+    "MLPDenoiser", "UNet", "create_model", "timestep_embedding", "unet_flops",
 ]
 
 # Matryoshka diffusion (mdm): per-level transitions and the joint multi-resolution sampler.

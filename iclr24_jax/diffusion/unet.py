@@ -77,19 +77,39 @@ class TimeEmbedding(nn.Module):
     return nn.Dense(self.dim, dtype=self.dtype)(nn.silu(h))
 
 
+def _resample(x: jax.Array, resample: str | None) -> jax.Array:
+  """2x2 average pooling ('down'), 2x nearest upsampling ('up') or nothing (None): ADM's resampling without conv."""
+  b, h, w, c = x.shape
+  if resample == "down":
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
+  if resample == "up":
+    return jax.image.resize(x, (b, 2 * h, 2 * w, c), method="nearest")
+  if resample is None:
+    return x
+  raise ValueError(f"unknown resample '{resample}'; choose 'down', 'up' or None.")
+
+
 class ResBlock(nn.Module):
-  """GN-SiLU-conv, + Dense(temb) (or scale/shift), GN-SiLU-dropout-conv(zero init), + skip (1x1 if needed)."""
+  """GN-SiLU-conv, + Dense(temb) (or scale/shift), GN-SiLU-dropout-conv(zero init), + skip (1x1 if needed).
+
+  With `resample` ('down' / 'up') the block also halves / doubles the resolution as ADM's
+  `ResBlock(down=True / up=True)` (`resblock_updown`): after the first GroupNorm-SiLU both the branch and the
+  skip are average-pooled / nearest-upsampled, then the first conv runs at the new resolution.
+  """
 
   out_channels: int
   num_groups: int = 32
   dropout: float = 0.0
   scale_shift: bool = False
+  resample: str | None = None
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x, temb, train: bool = False):
     c = self.out_channels
     h = nn.silu(nn.GroupNorm(_groups(x.shape[-1], self.num_groups), dtype=self.dtype)(x))
+    if self.resample is not None:
+      h, x = _resample(h, self.resample), _resample(x, self.resample)
     h = nn.Conv(c, (3, 3), padding="SAME", dtype=self.dtype)(h)
     t = nn.Dense(2 * c if self.scale_shift else c, dtype=self.dtype)(nn.silu(temb))[:, None, None, :]
     h = nn.GroupNorm(_groups(c, self.num_groups), dtype=self.dtype)(h)
@@ -109,11 +129,14 @@ class ResBlock(nn.Module):
 class AttentionBlock(nn.Module):
   """Self-attention over the H*W positions, then (if context is given) cross-attention to context tokens.
 
-  Each is pre-normed (GroupNorm / LayerNorm) and residual with a zero-initialised output projection.
+  Each is pre-normed (GroupNorm / LayerNorm) and residual with a zero-initialised output projection. With `ffn`
+  a residual feed-forward layer follows (MDM's `use_attention_ffn`, official unet.py SelfAttention.ffn):
+  GroupNorm -> 1x1 conv to 4 C -> GELU -> zero-initialised 1x1 conv back to C.
   """
 
   num_heads: int = 4
   num_groups: int = 32
+  ffn: bool = False
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -133,6 +156,10 @@ class AttentionBlock(nn.Module):
       h = nn.MultiHeadDotProductAttention(self.num_heads, dtype=self.dtype, out_kernel_init=nn.initializers.zeros,
                                           name="cross_attn")(q, context, mask=mask)
       x = x + h.reshape(b, hh, ww, c)
+    if self.ffn:
+      h = nn.GroupNorm(_groups(c, self.num_groups), dtype=self.dtype, name="ffn_norm")(x)
+      h = nn.gelu(nn.Dense(4 * c, dtype=self.dtype, name="ffn_in")(h), approximate=False)
+      x = x + nn.Dense(c, kernel_init=nn.initializers.zeros, dtype=self.dtype, name="ffn_out")(h)
     return x
 
 
@@ -154,6 +181,26 @@ class Upsample(nn.Module):
     b, h, w, c = x.shape
     x = jax.image.resize(x, (b, 2 * h, 2 * w, c), method="nearest")
     return nn.Conv(self.channels, (3, 3), padding="SAME", dtype=self.dtype)(x)
+
+
+def per_level(value: int | Sequence[int], levels: int, name: str) -> tuple[int, ...]:
+  """An int for every level, or one int per level, as a tuple of `levels` non-negative ints.
+
+  Args:
+    value: int or sequence of ints.
+    levels: number of UNet levels (len(channel_mults)).
+    name: the option's name (for the error).
+
+  Returns:
+    tuple of `levels` ints.
+
+  Raises:
+    ValueError: a sequence of the wrong length, or a negative count.
+  """
+  counts = (int(value),) * levels if isinstance(value, int) else tuple(int(v) for v in value)
+  if len(counts) != levels or min(counts) < 0:
+    raise ValueError(f"{name}={value!r}: give one non-negative count, or one per level ({levels} levels).")
+  return counts
 
 
 def _condition_embedding(temb, dim, num_classes, class_labels, cond, dtype):
@@ -178,8 +225,14 @@ class UNet(nn.Module):
     base_channels: C, channels of level 0.
     channel_mults: channels of level i are C * channel_mults[i]; len = number of levels (each but the last
       halves the resolution, so H and W must be divisible by 2 ** (levels - 1)).
-    num_res_blocks: ResBlocks per level on the way down (one more on the way up, as in DDPM).
+    num_res_blocks: ResBlocks per level on the way down (one more on the way up, as in DDPM); an int for every
+      level or one count per level (MDM's `num_resnets_per_resolution`, e.g. (2, 2, 1)).
     attention_levels: level indices with attention after each ResBlock (DDPM: the 16x16 level).
+    attention_layers: attention blocks after each ResBlock at an attention level: an int or one count per level
+      (MDM's `num_attention_layers`, e.g. (0, 1, 5)); the middle block keeps one.
+    attention_ffn: a feed-forward layer after every attention block (MDM's `use_attention_ffn`).
+    resblock_updown: resample with ResBlocks (ADM's `resblock_updown`: average pooling / nearest upsampling
+      inside a ResBlock) instead of a strided / upsampling conv.
     mid_attention: attention in the middle block.
     num_heads: attention heads.
     out_channels: output channels (default: the input's).
@@ -196,8 +249,11 @@ class UNet(nn.Module):
 
   base_channels: int = 64
   channel_mults: Sequence[int] = (1, 2, 2)
-  num_res_blocks: int = 2
+  num_res_blocks: int | Sequence[int] = 2
   attention_levels: Sequence[int] = (1,)
+  attention_layers: int | Sequence[int] = 1
+  attention_ffn: bool = False
+  resblock_updown: bool = False
   mid_attention: bool = True
   num_heads: int = 4
   out_channels: int | None = None
@@ -237,26 +293,37 @@ class UNet(nn.Module):
     bad = [lvl for lvl in self.attention_levels if not 0 <= lvl < levels]
     if bad:
       raise ValueError(f"attention_levels {bad} are outside the {levels} levels (0..{levels - 1}).")
+    res_blocks = per_level(self.num_res_blocks, levels, "num_res_blocks")
+    attn_layers = per_level(self.attention_layers, levels, "attention_layers")
     t = jnp.broadcast_to(jnp.asarray(t, jnp.float32), (x.shape[0],))
     c0 = self.base_channels
     emb_dim = self.time_embed_dim or 4 * c0
     temb = TimeEmbedding(emb_dim, self.time_scale, self.dtype, name="time_embed")(t)
     temb = _condition_embedding(temb, emb_dim, self.num_classes, class_labels, cond, self.dtype)
     block_kw = dict(num_groups=self.num_groups, dropout=self.dropout, scale_shift=self.scale_shift, dtype=self.dtype)
-    attn_kw = dict(num_heads=self.num_heads, num_groups=self.num_groups, dtype=self.dtype)
+    attn_kw = dict(num_heads=self.num_heads, num_groups=self.num_groups, ffn=self.attention_ffn, dtype=self.dtype)
+
+    def attention(h, where: str, level: int, i: int):
+      # The first block of a position keeps the name it had before `attention_layers` existed.
+      for j in range(attn_layers[level] if level in self.attention_levels else 0):
+        name = f"{where}_{level}_attn_{i}" + (f"_{j}" if j else "")
+        h = AttentionBlock(name=name, **attn_kw)(h, context, context_mask)
+      return h
 
     h = nn.Conv(c0 * self.channel_mults[0], (3, 3), padding="SAME", dtype=self.dtype, name="stem")(x)
     if inject is not None:
       h = h + inject
     skips = [h]
     for level, mult in enumerate(self.channel_mults):                       # down path
-      for i in range(self.num_res_blocks):
+      for i in range(res_blocks[level]):
         h = ResBlock(c0 * mult, name=f"down_{level}_res_{i}", **block_kw)(h, temb, train)
-        if level in self.attention_levels:
-          h = AttentionBlock(name=f"down_{level}_attn_{i}", **attn_kw)(h, context, context_mask)
+        h = attention(h, "down", level, i)
         skips.append(h)
       if level != levels - 1:
-        h = Downsample(h.shape[-1], self.dtype, name=f"down_{level}_downsample")(h)
+        if self.resblock_updown:
+          h = ResBlock(h.shape[-1], resample="down", name=f"down_{level}_downsample", **block_kw)(h, temb, train)
+        else:
+          h = Downsample(h.shape[-1], self.dtype, name=f"down_{level}_downsample")(h)
         skips.append(h)
 
     c_mid = h.shape[-1]                                                      # middle
@@ -275,13 +342,15 @@ class UNet(nn.Module):
                          f"shape {skips[-1].shape[:-1] + (c_mid,)}.")
 
     for level, mult in reversed(list(enumerate(self.channel_mults))):       # up path
-      for i in range(self.num_res_blocks + 1):
+      for i in range(res_blocks[level] + 1):
         h = jnp.concatenate([h, skips.pop()], axis=-1)
         h = ResBlock(c0 * mult, name=f"up_{level}_res_{i}", **block_kw)(h, temb, train)
-        if level in self.attention_levels:
-          h = AttentionBlock(name=f"up_{level}_attn_{i}", **attn_kw)(h, context, context_mask)
+        h = attention(h, "up", level, i)
       if level != 0:
-        h = Upsample(h.shape[-1], self.dtype, name=f"up_{level}_upsample")(h)
+        if self.resblock_updown:
+          h = ResBlock(h.shape[-1], resample="up", name=f"up_{level}_upsample", **block_kw)(h, temb, train)
+        else:
+          h = Upsample(h.shape[-1], self.dtype, name=f"up_{level}_upsample")(h)
     features = h
     h = nn.silu(nn.GroupNorm(_groups(h.shape[-1], self.num_groups), dtype=self.dtype, name="out_norm")(h))
     out = nn.Conv(self.out_channels or x.shape[-1], (3, 3), padding="SAME", kernel_init=nn.initializers.zeros,
@@ -333,13 +402,80 @@ class MLPDenoiser(nn.Module):
     return out.reshape(shape).astype(jnp.float32)
 
 
+def unet_flops(model: UNet, height: int, width: int, in_channels: int, context_len: int = 0,
+               context_dim: int = 0) -> float:
+  """Matmul / convolution FLOPs of one UNet forward pass on one example, counted by hand from the architecture.
+
+  A k x k convolution from C_in to C_out with an H' x W' output costs 2 H' W' k^2 C_in C_out; a Dense layer
+  2 x inputs x outputs per position; self-attention over N = H W positions of width C: q, k, v and output
+  projections 8 N C^2 plus scores and mixing 4 N^2 C; cross-attention to L tokens of width D: 4 N C^2 + 4 L D C +
+  4 N L C; the attention feed-forward layer 16 N C^2. Normalisation, activations and the `inner` module (nesting)
+  are not counted.
+
+  Args:
+    model: the UNet (its `inner` is ignored: count a nested network's parts separately).
+    height, width: the input's H and W.
+    in_channels: the input's C.
+    context_len, context_dim: cross-attention tokens L and their width D (0: no context).
+
+  Returns:
+    FLOPs (float) of one forward pass of one example.
+  """
+  levels = len(model.channel_mults)
+  res_blocks = per_level(model.num_res_blocks, levels, "num_res_blocks")
+  attn_layers = per_level(model.attention_layers, levels, "attention_layers")
+  c0 = model.base_channels
+  emb = model.time_embed_dim or 4 * c0
+  conv = lambda hw, k, cin, cout: 2.0 * hw * k * k * cin * cout  # noqa: E731
+
+  def res(hw, cin, c, resample=None):
+    hw_out = hw // 4 if resample == "down" else hw * 4 if resample == "up" else hw
+    f = conv(hw_out, 3, cin, c) + conv(hw_out, 3, c, c) + 2.0 * emb * c * (2 if model.scale_shift else 1)
+    return f + (conv(hw_out, 1, cin, c) if cin != c else 0.0)
+
+  def attn(hw, c):
+    f = 8.0 * hw * c * c + 4.0 * hw * hw * c
+    if context_len:
+      f += 4.0 * hw * c * c + 4.0 * context_len * context_dim * c + 4.0 * hw * context_len * c
+    return f + (16.0 * hw * c * c if model.attention_ffn else 0.0)
+
+  sin_dim = max(emb // 4, 16) * 2
+  total = 2.0 * (sin_dim * emb + emb * emb)                                    # time embedding
+  hw, ch = height * width, c0 * model.channel_mults[0]
+  total += conv(hw, 3, in_channels, ch)                                        # stem
+  skips = [ch]
+  for level, mult in enumerate(model.channel_mults):
+    for _ in range(res_blocks[level]):
+      total += res(hw, ch, c0 * mult)
+      ch = c0 * mult
+      if level in model.attention_levels:
+        total += attn_layers[level] * attn(hw, ch)
+      skips.append(ch)
+    if level != levels - 1:
+      total += res(hw, ch, ch, "down") if model.resblock_updown else conv(hw // 4, 3, ch, ch)
+      hw //= 4
+      skips.append(ch)
+  if model.mid_blocks:
+    total += 2 * res(hw, ch, ch) + (attn(hw, ch) if model.mid_attention else 0.0)
+  for level, mult in reversed(list(enumerate(model.channel_mults))):
+    for _ in range(res_blocks[level] + 1):
+      total += res(hw, ch + skips.pop(), c0 * mult)
+      ch = c0 * mult
+      if level in model.attention_levels:
+        total += attn_layers[level] * attn(hw, ch)
+    if level != 0:
+      total += res(hw, ch, ch, "up") if model.resblock_updown else conv(hw * 4, 3, ch, ch)
+      hw *= 4
+  return total + conv(hw, 3, ch, model.out_channels or in_channels)            # output conv
+
+
 def create_model(model_config: Any) -> nn.Module:
   """Builds a denoiser from `config.model` (name 'unet' or 'mlp'; the other fields are the module's attributes)."""
   cfg = dict(model_config)
   name = cfg.pop("name", "unet")
   if name == "unet":
-    for k in ("channel_mults", "attention_levels"):
-      if k in cfg:
+    for k in ("channel_mults", "attention_levels", "num_res_blocks", "attention_layers"):
+      if k in cfg and not isinstance(cfg[k], int):
         cfg[k] = tuple(cfg[k])
     cls = UNet
   elif name == "mlp":

@@ -4,6 +4,6 @@ The whole library uses Flax Linen: modules are stateless descriptions, parameter
 and `model.apply(params, x)` is a pure function that composes with jit, vmap, grad and sharding.
 """
 from iclr24_jax.vision import clip
-from iclr24_jax.vision.models import CNN, MLP, MNISTCNN, ResNet, create_model
+from iclr24_jax.vision.models import CNN, MLP, MNISTCNN, CNNCifar, InceptionV3, ResNet, create_model
 
-__all__ = ["clip", "MLP", "CNN", "MNISTCNN", "ResNet", "create_model"]
+__all__ = ["clip", "MLP", "CNN", "MNISTCNN", "CNNCifar", "InceptionV3", "ResNet", "create_model"]

@@ -331,7 +331,7 @@ def ods_perturb(logits_fn: Callable[[jax.Array], jax.Array], x: jax.Array, key: 
   Returns:
     Perturbed inputs [B, ...] (no gradient flows through them).
   """
-  k = logits_fn(x).shape[-1]
+  k = jax.eval_shape(logits_fn, x).shape[-1]  # the class count only: no forward pass traced for it
   r = jax.random.uniform(key, (x.shape[0], k), minval=-1.0, maxval=1.0)
   g = jax.grad(lambda v: jnp.sum(r * jax.nn.softmax(logits_fn(v) / temperature, axis=-1)))(x)
   return jax.lax.stop_gradient(x + eps * jnp.sign(g))

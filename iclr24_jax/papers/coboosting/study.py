@@ -215,3 +215,107 @@ def benchmark(quick: bool = True) -> list[dict]:
     for case in (synth_case, distill_case):
       rows += bench.across_devices(case, counts=counts, carry=True, repeats=5 if quick else 20)
   return rows
+
+
+def _cnn_cifar_flops(side: int, channels: int, width: int, num_classes: int) -> float:
+  """Forward FLOPs of one CNNCifar image by hand: three unpadded 3 x 3 convs (2 x 9 C_in C_out per output
+  position; 32 -> 30 -> pool 15 -> 13 -> pool 6 -> 4) and the linear layer on the 4 x 4 x width features."""
+  s1 = side - 2
+  s2 = s1 // 2 - 2
+  s3 = s2 // 2 - 2
+  return (2.0 * s1 * s1 * 9 * channels * width + 2.0 * s2 * s2 * 9 * width * width + 2.0 * s3 * s3 * 9 * width * width
+          + 2.0 * s3 * s3 * width * num_classes)
+
+
+def _generator_flops(side: int, channels: int, ngf: int, nz: int) -> float:
+  """Forward FLOPs of one generated image by hand (`model.Generator`): Linear nz -> 2 ngf (S/4)^2, 3 x 3 convs
+  2 ngf -> 2 ngf at S/2, 2 ngf -> ngf and ngf -> C at S."""
+  s0, s1 = side // 4, side // 2
+  return (2.0 * nz * 2 * ngf * s0 * s0 + 2.0 * s1 * s1 * 9 * (2 * ngf) ** 2 + 2.0 * side * side * 9 * 2 * ngf * ngf
+          + 2.0 * side * side * 9 * ngf * channels)
+
+
+def scale_program(config, mesh):
+  """The paper-size routine for `experiments.scale`: the last (largest) epoch of the official CIFAR-10 run.
+
+  One program: hard-sample synthesis (`coboost.hard_sample_synthesis`, 30 generator steps through the 10 CNNCifar
+  clients and the server), the ensemble re-weighting pass (`coboost.weight_step`) over the 199 earlier pool batches,
+  and the distillation pass (`coboost.distill_step`, ODS perturbation then KD) over all 200 pool batches, each a
+  `lax.scan`; batches of 128 sharded over 'data', the networks replicated (3.5M parameters in all)
+  (`configs/coboosting.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of epoch(server, teacher, pool_x [P-1, B, 32, 32, 3], pool_y [P-1, B], key, lr,
+    step_size) -> (server, teacher, kd losses [P]).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  s = scale_lib.paper_scale(config, "coboosting")
+  side, chans, num_classes = 32, 3, 10                          # CIFAR-10 (data.DATASETS['cifar10'])
+  image_shape = (side, side, chans)
+  n_clients, b, n_pool = int(config.fl.num_clients), int(s.batch_size), int(s.pool_batches)
+  # Unrolled clients (ClientSet.vmap=False): under a batch sharded over 'data', XLA's SPMD partitioner gathers the
+  # whole batch onto every device before the grouped convolutions a vmap over the clients' params becomes
+  # (measured: 2.7x the per-device FLOPs of the unrolled form at 8 devices).
+  clients = model_lib.ClientSet(tuple(model_lib.client_models(config.client.models, 1, num_classes)), n_clients,
+                                stacked=True, vmap=bool(config.client.vmap))
+  server = create_model(config.model, num_classes)
+  method = make_method(config, clients, server, image_shape, num_classes)
+  g_steps = int(config.coboost.g_steps)
+
+  def epoch(server_state, teacher, pool_x, pool_y, key, lr, step_size):
+    key_synth, key_kd = jax.random.split(key)
+    synth, _ = coboost.hard_sample_synthesis(method, key_synth, teacher, server_state.params, server_state.extra, b,
+                                             image_shape, g_steps)
+
+    def reweight(t, xy):
+      t, m = coboost.weight_step(method, t, {"x": xy[0], "y": xy[1]}, step_size)
+      return t, m["ensemble_ce"]
+
+    teacher, _ = jax.lax.scan(reweight, teacher, (pool_x, pool_y))
+    pool = jnp.concatenate([pool_x, synth.best_x[None]])
+
+    def distill(st, x):
+      st, m = coboost.distill_step(method, st, teacher, {"x": x}, key_kd, lr)
+      return st, m["kd_loss"]
+
+    server_state, kd_losses = jax.lax.scan(distill, server_state, pool)
+    return server_state, teacher, kd_losses
+
+  client = clients.model(0)
+  one = jax.eval_shape(lambda: client.init(jax.random.key(0), jnp.zeros((1,) + image_shape))["params"])
+  teacher = {"clients": jax.tree.map(lambda a: jax.ShapeDtypeStruct((n_clients,) + a.shape, a.dtype), one),
+             "weights": jax.ShapeDtypeStruct((n_clients,), jnp.float32)}
+  server_state = jax.eval_shape(lambda: coboost.init(method, jax.random.key(0), image_shape))
+  rep, data2 = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, "data"))
+  server_abs = scale_lib.abstract(server_state, scale_lib.replicated(server_state, mesh))
+  teacher_abs = scale_lib.abstract(teacher, scale_lib.replicated(teacher, mesh))
+  pool_x = jax.ShapeDtypeStruct((n_pool - 1, b) + image_shape, jnp.float32, sharding=data2)
+  pool_y = jax.ShapeDtypeStruct((n_pool - 1, b), jnp.int32, sharding=data2)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  scalar = jax.ShapeDtypeStruct((), jnp.float32, sharding=rep)
+  # Hand count per image (F: one CNNCifar forward, 61 MFLOP; G: one generator forward, 234 MFLOP). A synthesis
+  # step: the generator forward and backward (3 G) and the 10 clients and the server forward and backward to their
+  # input (2 F each; no weight gradients): 3 G + 22 F. A re-weighting step: the 10 clients forward (10 F). A
+  # distillation step: ODS through the 10 clients (forward and input backward, 20 F), their forward on the
+  # perturbed batch (10 F), the server forward and backward (3 F): 33 F.
+  f = _cnn_cifar_flops(side, chans, int(config.model.width), num_classes)
+  g = _generator_flops(side, chans, int(config.generator.ngf), int(config.generator.nz))
+  per_image = (g_steps * (3 * g + 2 * (n_clients + 1) * f) + (n_pool - 1) * n_clients * f
+               + n_pool * (3 * n_clients + 3) * f)
+  params = n_clients * scale_lib.num_elements(one) + scale_lib.num_elements(server_state.params)
+  return scale_lib.Program(
+      name="Co-Boosting epoch 200 (30 generator steps, 199 re-weighting + 200 distillation batches of 128)",
+      fn=epoch, args=(server_abs, teacher_abs, pool_x, pool_y, key, scalar, scalar),
+      out_shardings=(scale_lib.replicated(server_state, mesh), scale_lib.replicated(teacher, mesh), rep),
+      donate_argnums=(0,), carry=True, params=params, items_per_step=b * n_pool, item="pool images",
+      hand_flops=b * per_image, kind="train", abstract_params=server_abs.params,
+      notes="The 10 clients' and the server's parameters replicated (3.5M in all, 14 MB); the generator (2.3M) is "
+            "re-initialised inside the epoch. The pool is passed in a fixed order (the official code shuffles it). "
+            "XLA's count is ~12% above the hand count: the input gradients of the unpadded 3x3 convs run as convs "
+            "over the padded, larger input (13 -> 15: 1.33x, 4 -> 6: 2.25x the forward's FLOPs).",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -191,3 +191,64 @@ def benchmark(quick: bool = True) -> list[dict]:
                               name=f"daclip/restore, T={int(cfg.sde.T)} {cfg.restore_method} steps (items = images)",
                               size=f"{size}x{size}", batch=nb))
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one DA-CLIP controller training step on ViT-B/32.
+
+  `model.make_controller_train_step`: the trainable controller (a copy of OpenCLIP's ViT-B/32 image tower) and its
+  12 zero-initialised control projections steer the frozen encoder; the content and degradation InfoNCE losses at
+  batch 3,136 (4 x 784). Parameters and AdamW moments FSDP-sharded over 'data', the batch over 'data'
+  (`configs/daclip.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of (state, {'image', 'caption_emb', 'degradation_emb'}, key) -> (state, metrics).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.vision import clip
+  s = scale_lib.paper_scale(config, PAPER)
+  m = config.clip.model
+  dac = model_lib.daclip_from_clip(clip.create_clip(m, vocab_size=int(m.text.vocab_size)))
+  size = int(config.data.image_size)
+  params = jax.eval_shape(lambda: dac.init(jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"])
+  ctl = config.controller
+  tx = model_lib.make_controller_optimizer(ctl.optimizer, int(ctl.num_steps), params)
+  state = jax.eval_shape(lambda: TrainState.create(jax.tree.map(jnp.zeros_like, params), tx))
+  # The same FSDP rule on the moments as on their parameters (equal shapes, equal shardings); the multi_transform
+  # state (AdamW on the trainable labels, nothing for the frozen encoder) is not one `tree_map_params` walks.
+  rep = NamedSharding(mesh, P())
+  state_sh = state.replace(step=rep, params=scale_lib.fsdp_shardings(state.params, mesh),
+                           opt_state=scale_lib.fsdp_shardings(state.opt_state, mesh),
+                           extra=scale_lib.replicated(state.extra, mesh))
+  b, e = int(s.batch_size), int(m.embed_dim)
+  batch = {"image": jax.ShapeDtypeStruct((b, size, size, 3), jnp.float32),
+           "caption_emb": jax.ShapeDtypeStruct((b, e), jnp.float32),
+           "degradation_emb": jax.ShapeDtypeStruct((b, e), jnp.float32)}
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  # Hand count per image: one ViT-B/32 forward = 12 layers x (24 T d^2 + 4 T^2 d) over T = 50 tokens of d = 768,
+  # plus the 32 x 32 x 3 -> 768 patch embedding and the 768 -> 512 projection. The controller runs forward and
+  # backward (3 forwards); the frozen encoder runs forward and the backward to its inputs only (its weights get no
+  # gradient: 2 forwards); the 12 control projections d x d over T tokens, 3 x (2 T d^2) each. The two InfoNCE
+  # losses: 2 x [B, B] logits of 2 B^2 x 512, 3x for the backward.
+  p, d, depth = int(m.image.patch_size), int(m.image.width), int(m.image.depth)
+  n_patch = (size // p) ** 2
+  t = 1 + n_patch
+  vit = depth * (24.0 * t * d * d + 4.0 * t * t * d) + 2.0 * n_patch * p * p * 3 * d + 2.0 * d * e
+  per_image = 5.0 * vit + depth * 3.0 * 2.0 * t * d * d
+  hand = b * per_image + 3.0 * 2.0 * (2.0 * b * b * e)
+  frozen = scale_lib.num_elements(params["encoder"])
+  state_abs = scale_lib.abstract(state, state_sh)
+  return scale_lib.Program(
+      name="DA-CLIP controller train step (ViT-B/32, batch 3,136)", fn=model_lib.make_controller_train_step(dac),
+      args=(state_abs, scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh)), key),
+      out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True, params=scale_lib.num_elements(params),
+      items_per_step=b, item="images", hand_flops=hand, kind="train", abstract_params=state_abs.params,
+      notes=f"params: the frozen encoder ({frozen / 1e6:.1f}M) + the trainable controller and projections. "
+            "Deviation: the frozen text tower's caption / degradation-name embeddings are inputs (computed once per "
+            "text); the official step runs the text tower on every batch. float32 (OpenCLIP: mixed precision).",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -259,8 +259,8 @@ def load_inner(nested_params: Any, inner_params: Any) -> Any:
 
 def _unet(cfg: Any, **overrides) -> UNet:
   d = dict(cfg)
-  for k in ("channel_mults", "attention_levels"):
-    if k in d:
+  for k in ("channel_mults", "attention_levels", "num_res_blocks", "attention_layers"):
+    if k in d and not isinstance(d[k], int):
       d[k] = tuple(d[k])
   d.update(overrides)
   return UNet(**d)

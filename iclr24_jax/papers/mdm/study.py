@@ -329,3 +329,56 @@ def benchmark(quick: bool = True) -> list[dict]:
                                 items=batch_size, name=f"mdm/{name}_train_step", size="32x32" + (
                                     "+8x8" if name == "nested" else ""), batch=batch_size, mesh_devices=n_dev))
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one NestedUNet train step on ImageNet 256 x 256.
+
+  The official 256 x 256 NestedUNet (outer 256 -> 64 around the 64 -> 16 inner UNet with 1 and 5 attention
+  layers), class-conditional, v-prediction with the eps-space loss on both levels, mixed ratio 2:1 (the 256 level on
+  the first two thirds of the batch), Adam with clipping; float32 parameters and moments FSDP-sharded over 'data',
+  the batch over 'data' (`configs/mdm.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of `training.make_train_step` (state, {'x', 'y'}, key) -> (state, metrics).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.diffusion import unet as unet_lib
+  s = scale_lib.paper_scale(config, PAPER)
+  built = build(config)
+  model, scheds = built["nested"], built["schedules"]["nested"]
+  size = int(config.data.image_size)
+  image_shape = (size, size, 3)                      # ImageNet colour images (build()'s shape is the study's grey)
+  tx = make_optimizer(config.optimizer, int(config.num_steps))
+  state = jax.eval_shape(lambda: TrainState.create(training.init_params(jax.random.key(0), model, image_shape), tx))
+  state_sh = scale_lib.train_state_shardings(state, scale_lib.fsdp_shardings(state.params, mesh), mesh)
+  b = int(s.batch_size)
+  batch = {"x": jax.ShapeDtypeStruct((b,) + image_shape, jnp.float32), "y": jax.ShapeDtypeStruct((b,), jnp.int32)}
+  rep = NamedSharding(mesh, P())
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  loss_kw = loss_kwargs(config)
+  # Hand count (forward x 3 for a training step): the outer UNet at 256 x 256 on the mixed ratio's first rows, the
+  # two zero-initialised 3 x 3 adapters at the 64 x 64 bottleneck (256 -> 256 channels) on those rows, the inner
+  # UNet at 64 x 64 on every row.
+  outer, inner = model.outer, model.inner           # make_model built the outer with mid_blocks=False
+  b_high = int(loss_kw["mixed_ratio"][0] * b) if loss_kw["mixed_ratio"] else b
+  low = size // model.factor
+  adapters = 2 * 2.0 * low * low * 9 * outer.base_channels * outer.channel_mults[-1] * inner.base_channels
+  forward = (b_high * (unet_lib.unet_flops(outer, size, size, 3) + adapters)
+             + b * unet_lib.unet_flops(inner, low, low, 3))
+  state_abs = scale_lib.abstract(state, state_sh)
+  return scale_lib.Program(
+      name="MDM NestedUNet 256x256 train step (ImageNet, mixed ratio 2:1)",
+      fn=training.make_train_step(model, scheds, **loss_kw),
+      args=(state_abs, scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh)), key),
+      out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True, params=scale_lib.num_elements(state.params),
+      items_per_step=b, item="images", hand_flops=3.0 * forward, kind="train", abstract_params=state_abs.params,
+      notes="Deviations: a class embedding (1,000 ImageNet labels) instead of the official text path (flan-t5-xl "
+            "features, cross-attention in the inner UNet, conditioning_feature_proj_dim 2048); no micro-conditioning "
+            "MLP (micro_conditioning scale:256); float32 as the official fp16 0.",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -231,3 +231,89 @@ def benchmark(quick: bool = True) -> list[dict]:
 
   rows = bench.across_devices(make_case, sizes=(32, 256), carry=True, repeats=5 if quick else 20)
   return rows
+
+
+def resnet50_forward_flops(height: int, width: int, num_classes: int) -> float:
+  """Convolution and linear FLOPs of one ResNet-50 forward pass (He et al. 2016, torchvision's v1.5), by hand.
+
+  Stem: 7 x 7 stride-2 conv 3 -> 64 (then a stride-2 max-pool); stages (width w, blocks, output side) (64, 3, H/4),
+  (128, 4, H/8), (256, 6, H/16), (512, 3, H/32); a bottleneck runs 1 x 1 (C_in -> w) at its input side, 3 x 3 (w -> w,
+  the stride) and 1 x 1 (w -> 4 w) at its output side, the first block of a stage a 1 x 1 projection (C_in -> 4 w);
+  a k x k conv costs 2 k^2 C_in C_out per output position. At 224 x 224: 8.18e9 (torchvision lists 4.09 GMACs).
+
+  Args:
+    height, width: input size (multiples of 32).
+    num_classes: outputs of the final linear layer.
+
+  Returns:
+    FLOPs of one image's forward pass.
+  """
+  def conv(side_h, side_w, k, cin, cout):
+    return 2.0 * side_h * side_w * k * k * cin * cout
+
+  total = conv(height // 2, width // 2, 7, 3, 64)
+  c_in, h, w = 64, height // 4, width // 4
+  for stage, (planes, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+    for j in range(blocks):
+      stride = 2 if (stage > 0 and j == 0) else 1
+      h_out, w_out = h // stride, w // stride
+      total += conv(h, w, 1, c_in, planes) + conv(h_out, w_out, 3, planes, planes)
+      total += conv(h_out, w_out, 1, planes, 4 * planes)
+      if j == 0:
+        total += conv(h_out, w_out, 1, c_in, 4 * planes)
+      c_in, h, w = 4 * planes, h_out, w_out
+  return total + 2.0 * c_in * num_classes
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one NCI step on PACS with DomainBed's ResNet-50 at 224 x 224.
+
+  `train.make_train_step(nets, 'nci')`: the linear discriminator's Adam step on the features of the 3 source
+  batches and the target batch (64 images each), then the featurizer + classifier's Adam step on the sources'
+  cross-entropy plus the adversarial term (lambda = 1/3). Parameters and Adam moments replicated (0.28 GB), every
+  batch sharded over 'data' along its image axis (`configs/nci.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of step(state, {'x' [K, B, 224, 224, 3], 'y' [K, B]}, target [B, 224, 224, 3], key).
+  """
+  import optax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  s = scale_lib.paper_scale(config, "nci")
+  k, b, size = int(s.num_sources), int(s.batch_size), int(config.data.image_size)
+  num_classes = 7                                               # PACS (data.DATASETS['pacs'])
+  nets = model_lib.make_networks(config.model, num_classes, k)
+  tx_model = make_optimizer(config.optimizer, int(config.num_steps))
+  tx_disc = make_optimizer(config.optimizer, int(config.num_steps))
+  state = jax.eval_shape(lambda: model_lib.init(jax.random.key(0), nets, (size, size, 3), tx_model, tx_disc))
+  rep = NamedSharding(mesh, P())
+  # Replicated: ResNet-50's 23.5M parameters and their Adam moments are 0.28 GB per device.
+  p_sh = scale_lib.replicated(state.params, mesh)
+  opt_sh = {name: optax.tree_map_params(tx, lambda _, sh: sh, state.opt_state[name], p_sh[name],
+                                        transform_non_params=lambda _: rep)
+            for name, tx in (("model", tx_model), ("disc", tx_disc))}
+  state_sh = state.replace(step=rep, params=p_sh, opt_state=opt_sh)
+  data2 = NamedSharding(mesh, P(None, "data"))
+  source = {"x": jax.ShapeDtypeStruct((k, b, size, size, 3), jnp.float32, sharding=data2),
+            "y": jax.ShapeDtypeStruct((k, b), jnp.int32, sharding=data2)}
+  target = jax.ShapeDtypeStruct((b, size, size, 3), jnp.float32, sharding=NamedSharding(mesh, P("data")))
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  step = train_lib.make_train_step(nets, "nci", train_lib.adv_weight(config, k), ramp_steps=train_lib.ramp_steps(
+      config, "nci"))
+  # Hand count: ResNet-50 forwards of (K + 1) B images for the discriminator's features, then forward and backward
+  # (3 forwards) of the K B source images for the model step; the linear discriminator is negligible.
+  hand = ((k + 1) * b + 3 * k * b) * resnet50_forward_flops(size, size, num_classes)
+  state_abs = scale_lib.abstract(state, state_sh)
+  return scale_lib.Program(
+      name="NCI step, DomainBed ResNet-50 224x224 (PACS, 3 sources x 64 + 64 target)", fn=step,
+      args=(state_abs, source, target, key), out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True,
+      params=scale_lib.num_elements(state.params), items_per_step=(k + 1) * b, item="images", hand_flops=hand,
+      kind="train", abstract_params=state_abs.params,
+      notes="Parameters and Adam moments replicated (0.28 GB per device). Deviation: the library's step "
+            "recomputes the source features for the discriminator update (the official update reuses one forward: "
+            "640 instead of 832 image-forwards per step); frozen BatchNorm as a per-channel affine; float32.",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

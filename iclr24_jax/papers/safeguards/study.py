@@ -203,3 +203,67 @@ def benchmark(quick: bool = True) -> list[dict]:
     rows += bench.across_devices(make_case(method), sizes=(8, 20), repeats=repeats)       # 1 and all devices
     rows += bench.across_devices(make_case(method), sizes=small, counts=(1,), repeats=repeats)
   return rows
+
+
+# torchvision's model table: Inception-v3 at 299 x 299 costs 5.71e9 multiply-adds (2 FLOPs each).
+INCEPTION_V3_FLOPS = 2 * 5.71e9
+
+
+def scale_program(config, mesh):
+  """The paper-size routine for `experiments.scale`: the safeguard's inference on a batch of CUB test images.
+
+  Inception-v3 features (frozen, 299 x 299), the 112 concept detectors (one 50-unit MLP each) with Platt
+  calibration, the propagated prediction y_bar = E_{c ~ Bern(p)}[f(c)] and the variance-greedy confirmation scores
+  p (1 - p) (f1 - f0)^2 for every (image, concept), both by Monte Carlo with 1,000 samples (`propagation.propagate_mc`,
+  `safeguard.confirmation_scores`); images sharded over 'data', every weight replicated (`configs/safeguards.py:paper`).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of fn(backbone, detectors, calibration, front_end, images [B, 299, 299, 3], key) ->
+    (y_bar [B], scores [B, 112]) (kind 'inference').
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.papers.safeguards import model as model_lib
+  from iclr24_jax.papers.safeguards import safeguard
+  from iclr24_jax.vision.models import create_model
+  s = scale_lib.paper_scale(config, PAPER)
+  k, size, b = int(config.data.num_concepts), int(config.data.image_size), int(s.batch_size)
+  method, samples = str(config.safeguard.method), int(config.safeguard.num_samples)
+  backbone = create_model(config.backbone, 1000)
+  detectors = model_lib.create_detector(config.model, k)
+  feat_dim = 2048                                        # Inception-v3's pooled features
+
+  def safeguard_batch(backbone_params, detector_params, calibration, front_end, images, key):
+    _, feats = backbone.apply({"params": backbone_params}, images, return_features=True)
+    probs = model_lib.calibrated_probs(detectors.apply({"params": detector_params}, feats), calibration)
+    key_prop, key_conf = jax.random.split(key)
+    y_bar = propagation.propagate(probs, front_end, method, key_prop, samples)
+    scores = safeguard.confirmation_scores(probs, front_end, method, key_conf, samples)
+    return y_bar, scores
+
+  bb = jax.eval_shape(lambda: backbone.init(jax.random.key(0), jnp.zeros((1, size, size, 3)))["params"])
+  det = jax.eval_shape(lambda: detectors.init(jax.random.key(0), jnp.zeros((1, feat_dim)))["params"])
+  cal = {"a": jax.ShapeDtypeStruct((k,), jnp.float32), "b": jax.ShapeDtypeStruct((k,), jnp.float32)}
+  fe = {"w": jax.ShapeDtypeStruct((k,), jnp.float32), "b": jax.ShapeDtypeStruct((), jnp.float32)}
+  rep, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  args = tuple(scale_lib.abstract(t, scale_lib.replicated(t, mesh)) for t in (bb, det, cal, fe))
+  images = jax.ShapeDtypeStruct((b, size, size, 3), jnp.float32, sharding=data)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  hidden = int(config.model.hidden)
+  # Hand count per image: Inception-v3 (INCEPTION_V3_FLOPS); the detectors 2 (2048 x 50 + 50) per concept; the
+  # logistic front end's dot product (2 K FLOPs) for every Monte Carlo sample of y_bar and of the 2 K conditioned
+  # probability vectors behind the scores: (2 K + 1) x 1,000 x 2 K.
+  per_image = (INCEPTION_V3_FLOPS + k * 2.0 * (feat_dim * hidden + hidden) + (2 * k + 1) * samples * 2.0 * k)
+  return scale_lib.Program(
+      name="Conceptual safeguard on CUB: Inception-v3 + 112 concept MLPs + MC propagation and confirmation scores",
+      fn=safeguard_batch, args=args + (images, key), out_shardings=(data, data),
+      params=scale_lib.num_elements(bb) + scale_lib.num_elements(det), items_per_step=b, item="images",
+      hand_flops=b * per_image, kind="inference", abstract_params=args[0],
+      notes="Weights replicated (Inception-v3 95 MB float32). Deviations: frozen BatchNorm as a per-channel affine; "
+            "torchvision's transform_input re-normalisation left out; Monte Carlo propagation (the official "
+            "'fast propagation' is not reproduced).",
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)
