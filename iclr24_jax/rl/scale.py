@@ -1,0 +1,74 @@
+"""Paper-size programs of the RL family's small networks, for `experiments.scale` (see `common.scale`).
+
+The papers' offline-RL networks are MLPs of at most a few million parameters: they fit on any device, so their
+state is replicated and only the batch is split over the mesh's 'data' axis. Two helpers:
+
+  mlp_flops(in_dim, widths)                      matmul FLOPs of one forward of an MLP, per example
+  replicated_program(name, fn, state, batch, mesh, constants=..., hand_flops=...)
+                                                 a common.scale.Program of fn(state, batch, constants, key)
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from iclr24_jax.common import scale as scale_lib
+
+
+def mlp_flops(in_dim: int, widths: Sequence[int]) -> float:
+  """Matmul FLOPs of one forward pass of an MLP on one example: 2 x sum of in x out over its dense layers.
+
+  Args:
+    in_dim: input width.
+    widths: the widths of every dense layer, the output last (e.g. (256, 256, 1) for a value net).
+
+  Returns:
+    FLOPs (float).
+  """
+  total, width = 0, int(in_dim)
+  for w in widths:
+    total += width * int(w)
+    width = int(w)
+  return float(2 * total)
+
+
+def replicated_program(name: str, fn: Callable, state: Any, batch: Any, mesh: Any, *, constants: Any = None,
+                       params: Any = None, hand_flops: float | None = None, items_per_step: int = 0,
+                       item: str = "transitions", notes: str = "", paper_hardware: str = "",
+                       paper_time: str = "") -> scale_lib.Program:
+  """A train step `fn(state, batch, constants, key) -> (state, metrics)` as a Program over `mesh`.
+
+  The state (and `constants`: frozen networks the step reads, e.g. a critic) is replicated, every batch leaf is
+  split over 'data' along its leading axis, the state is donated and carried from step to step.
+
+  Args:
+    name: the row's name.
+    fn: the pure step.
+    state: the abstract state (`jax.eval_shape` of its init).
+    batch: pytree of ShapeDtypeStructs, leading axis the batch.
+    mesh: the ('data', 'model') mesh.
+    constants: pytree of ShapeDtypeStructs read by the step and not updated (None: none).
+    params: the parameter sub-tree of `state` (counted and checked; default `state.params`).
+    hand_flops: FLOPs of one step by hand, all devices.
+    items_per_step: examples per step.
+    item: what an example is.
+    notes, paper_hardware, paper_time: text for the table.
+
+  Returns:
+    common.scale.Program with args (state, batch, constants, key).
+  """
+  rep = NamedSharding(mesh, P())
+  state_sh = scale_lib.replicated(state, mesh)
+  state_abs = scale_lib.abstract(state, state_sh)
+  batch_abs = scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh))
+  const_abs = scale_lib.abstract(constants, scale_lib.replicated(constants, mesh)) if constants is not None else None
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  params = state.params if params is None else params
+  params_abs = scale_lib.abstract(params, scale_lib.replicated(params, mesh))
+  return scale_lib.Program(
+      name=name, fn=fn, args=(state_abs, batch_abs, const_abs, key), out_shardings=(state_sh, rep),
+      donate_argnums=(0,), carry=True, params=scale_lib.num_elements(params), items_per_step=items_per_step,
+      item=item, hand_flops=hand_flops, kind="train", abstract_params=params_abs, notes=notes,
+      paper_hardware=paper_hardware, paper_time=paper_time)
