@@ -450,7 +450,7 @@ def scale_program(config, mesh):
     hand = b * k * (p_f + q_f + 3 * p_f) + b * v_f
     return rl_scale.replicated_program(
         f"offline multi-step PPO step ({k} policies, frozen IQL critics)", step, state, obs, mesh,
-        constants=critics_abstract(), hand_flops=hand,
+        constants=critics_abstract(), hand_flops=hand, update_flops_per_param=rl_scale.CLIPPED_ADAM_FLOPS_PER_PARAM,
         notes=("The K policies, their behaviour copies and the frozen critics (1.1M parameters) replicated; the "
                "512 states split over 'data'. The OPE replacement test (every 100 steps) is not part of the step."),
         **common_kw)
