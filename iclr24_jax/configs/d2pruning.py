@@ -3,7 +3,9 @@
 Paper: https://arxiv.org/abs/2310.07931 (ICLR 2024: https://iclr.cc/virtual/2024/poster/17608)
 Run:   python -m experiments.main --config=configs/d2pruning.py:tiny --workdir=runs/d2pruning
 Variants (after the colon): '' (digits, the default), 'mnist5k', 'tiny', 'text' (StrategyQA + MiniLM;
-needs the lm core's MiniLM embedder), 'forgetting' (digits with the official difficulty score).
+needs the lm core's MiniLM embedder), 'forgetting' (digits with the official difficulty score), 'paper' (the
+official CIFAR-100 run's sizes: selection over 50,000 ResNet-18 embeddings and the ResNet-18 coreset step,
+compiled ahead of time by `python -m experiments.scale --only d2pruning`).
 
 Selection defaults follow the official README command (class-balanced D2, k neighbours, gamma_f = 1,
 gamma_r = 0.1, sum mode, AUM-ranked hard-example cutoff); the cutoff per pruning rate follows CCS's
@@ -15,15 +17,15 @@ import ml_collections
 
 from iclr24_jax.configs import variants
 
-VARIANTS = ("", "mnist5k", "tiny", "text", "forgetting")
+VARIANTS = ("", "mnist5k", "tiny", "text", "forgetting", "paper")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The D2 Pruning config: digits, an MLP score / coreset model, AUM difficulty, 3 seeds, unless `arg` changes it.
 
   Args:
-    arg: '' (digits), 'mnist5k', 'tiny', 'text' (StrategyQA + MiniLM embeddings) or 'forgetting' (the
-      official forgetting difficulty score); None means ''.
+    arg: '' (digits), 'mnist5k', 'tiny', 'text' (StrategyQA + MiniLM embeddings), 'forgetting' (the
+      official forgetting difficulty score) or 'paper' (the official CIFAR-100 sizes); None means ''.
 
   Returns:
     ml_collections.ConfigDict.
@@ -96,4 +98,36 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.selection.embedding = "inputs"  # the MiniLM sentence embeddings
   elif arg == "forgetting":
     c.selection.score_key = "forgetting"
+  elif arg == "paper":
+    _paper(c)
   return c
+
+
+def _paper(c: ml_collections.ConfigDict) -> None:
+  """The official CIFAR-100 run's sizes (adymaharana/d2pruning@bf1ea46), for `experiments.scale`."""
+  # Readme.MD:24: the score model, ResNet-18, batch 256, lr 0.1, 200 epochs; Readme.MD:30-38: D2 with
+  # n_neighbor 5, gamma 0.1, coreset ratio 0.1, mis-ratio 0.4 (AUM), graph-mode sum, weighted sampling,
+  # label-balanced; train.py:25-28,203-205: the coreset model ResNet-18, batch 256, SGD lr 0.1, momentum 0.9,
+  # Nesterov, weight decay 5e-4, cosine to 1e-4 over --iterations 40000 (Readme.MD:33).
+  c.data = ml_collections.ConfigDict(dict(name="cifar100", data_dir="", max_train=0, cache_dir=""))
+  c.model = ml_collections.ConfigDict(dict(name="resnet18", stage_sizes=(2, 2, 2, 2), width=64, norm="batch"))
+  c.optimizer = ml_collections.ConfigDict(dict(name="sgd", learning_rate=0.1, momentum=0.9, nesterov=True,
+                                               weight_decay=5e-4, schedule="cosine", warmup_steps=0))
+  c.dynamics = ml_collections.ConfigDict(dict(epochs=200, batch_size=256, el2n_epochs=10))
+  c.selection.update(dict(methods=("d2",), pruning_rates=(0.9,), hard_cutoff=(0.4,), k=5, gamma_forward=1.0,
+                          gamma_reverse=0.1, graph_mode="sum", gamma_reverse_grid=(0.1,)))
+  c.num_seeds = 1
+  c.num_steps = 40_000
+  c.batch_size = 256
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+  # program: 'selection' (the class-balanced D2 selection over the 50,000 training embeddings: kNN graph per
+  # class, forward and reverse message passing), 'selection_imagenet' (the same over ImageNet-1k's 1,281,167
+  # images, 1,000 classes of at most 1,300), 'train' (the ResNet-18 step on the coreset). Embeddings: the
+  # 512-wide pooled layer-4 features of the score model (core/model_generator/resnet.py:132-147).
+  c.scale = ml_collections.ConfigDict(dict(
+      program="selection", programs=("selection", "selection_imagenet", "train"), batch_size=256,
+      num_classes=100, class_size=500, imagenet_classes=1000, imagenet_class_size=1300,
+      imagenet_points=1_281_167, embedding_dim=512, image_size=32,
+      paper_hardware="one GPU (Readme.MD:24,33 --gpuid 0 / 1)", paper_time="not stated in the official code",
+      source="adymaharana/d2pruning@bf1ea46 Readme.MD:24,30-38; train.py:25-28,203-205; "
+             "core/model_generator/resnet.py:132-147"))

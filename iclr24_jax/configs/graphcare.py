@@ -18,6 +18,8 @@ Variants (after the colon; combine with commas, e.g. 'mimic3_demo_los,gin'):
                           graph, one relation per node pair) instead of the paper's union of concept KGs
   'gin_rel', 'gat_rel'    GIN / GAT that see the relation types (GINE-style messages / edge-aware attention)
   'no_cluster'            no node/edge merging (delta = 0)
+  'paper'                 the official MIMIC-III mortality run's sizes (run.sh), the paper's BAT; compiled ahead of
+                          time by `python -m experiments.scale --only graphcare`
 """
 import ml_collections
 
@@ -26,7 +28,7 @@ from iclr24_jax.configs import variants
 MIMIC_TASKS = ("mortality", "readmission", "los", "drugrec")
 VARIANTS = ("", "tiny", "repro", "mimic3_demo", *(f"mimic3_demo_{t}" for t in MIMIC_TASKS), "gin", "gat", "gru",
             "gin_rel", "gat_rel", "no_alpha", "no_beta", "no_edge_attn", "official_code", "official_run",
-            "official_graph", "no_cluster")
+            "official_graph", "no_cluster", "paper")
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -104,4 +106,37 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.data.graph_construction = "official"
     elif v == "no_cluster":
       c.data.cluster_threshold = 0.0
+    elif v == "paper":
+      _paper(c)
   return c
+
+
+def _paper(c: ml_collections.ConfigDict) -> None:
+  """The official MIMIC-III mortality run (pat-jj/GraphCare@fe92aa6 run.sh:3), for `experiments.scale`."""
+  # run.sh:3: --batch_size 4 --hidden_dim 512 --epochs 100 --lr 1e-5 --weight_decay 1e-5 --dropout 0.5
+  # --num_layers 1 --decay_rate 0.01 --patient_mode joint --edge_attn True (graphcare.py:513: Adam with L2 decay).
+  # Deviation (the paper's model, as the default variant): alpha and beta on; the official graphcare.py:493-494
+  # turns both off whatever the flags say (the 'official_run' variant).
+  c.data.update(name="mimic3", data_dir="", task="mortality", max_visits=0)
+  c.model.update(hidden_dim=512, num_layers=1, dropout=0.5, decay_rate=0.01, patient_mode="joint",
+                 use_edge_attn=True)
+  c.optimizer.update(learning_rate=1e-5, weight_decay=1e-5)
+  c.batch_size, c.num_shards = 4, 4
+  # Deviation: num_steps stays the default variant's; the official trains 100 epochs (run.sh:3) of |train| / 4
+  # steps, with early stopping (graphcare.py:296), on the user's MIMIC-III samples.
+  c.num_epochs = 100
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+  # The official knowledge graph: 4,599 node clusters and 1,077 relation clusters at delta 0.15 (the distinct
+  # cluster ids of clustering/ccscm_ccsproc_atc3/clusters_inv_th015.json and clusters_inv_rel_th015.json, the
+  # mortality graph), 1,536-wide text-embedding-ada-002 embeddings (graph_generation/get_emb.py:18) as the node
+  # and relation tables. Visits: the official pads every patient to the data set's most visits
+  # (data_prepare.py:370-374); MIMIC-III's most admissions of one patient is 42. Patient graphs: not in the
+  # repository (built from the GPT-4 KG at run time); assumed budgets per patient of 1,024 nodes (a quarter
+  # of the KG's nodes) and 16,384 edges, with every within-patient node pair (1,024^2) for the attention.
+  c.scale = ml_collections.ConfigDict(dict(
+      batch_size=4, num_nodes=4_599, num_relations=1_077, embedding_dim=1_536, max_visits=42,
+      nodes_per_patient=1_024, edges_per_patient=16_384, codes_per_visit=64,
+      paper_hardware="one GPU (run.sh:3 --device 1)", paper_time="not stated in the official code",
+      source="pat-jj/GraphCare@fe92aa6 run.sh:3; graphcare.py:478-513; data_prepare.py:370-374; "
+             "clustering/ccscm_ccsproc_atc3/clusters_inv_th015.json, clusters_inv_rel_th015.json; "
+             "graphcare_/graph_generation/get_emb.py:18"))

@@ -10,6 +10,8 @@ Variants (after the colon):
   'cpu'       maze/medium at the CPU scale of the reproduction (small networks, short training; minutes)
   'cpu_umaze' maze/umaze at the CPU scale
   'tiny'      seconds: tiny networks, a few steps, 2 episodes
+  'paper'     the official run's sizes on D4RL antmaze-large-diverse-v2 (the user's HDF5 file), compiled ahead of
+              time by `python -m experiments.scale --only ldcq`
 Pipeline: skill beta-VAE -> latent diffusion prior on the encoder's posterior means -> latents pre-sampled from
 the prior at every s_H -> batch-constrained double Q-learning with prioritised replay -> acting by argmax Q over
 latents sampled from the prior (the official maze2d two-stage planner by default), each run with the VAE prior + Q,
@@ -21,7 +23,7 @@ import ml_collections
 
 from iclr24_jax.configs import variants
 
-VARIANTS = ("", "umaze", "cpu", "cpu_umaze", "tiny")
+VARIANTS = ("", "umaze", "cpu", "cpu_umaze", "tiny", "paper")
 
 
 def cpu_scale(c: ml_collections.ConfigDict) -> None:
@@ -40,8 +42,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The LDCQ config: maze/medium 'noisy' data with the official networks unless `arg` picks a smaller scale.
 
   Args:
-    arg: '' (maze/medium, official sizes), 'umaze', 'cpu' (the reproduction's CPU scale), 'cpu_umaze' or
-      'tiny' (seconds); None means ''.
+    arg: '' (maze/medium, official sizes), 'umaze', 'cpu' (the reproduction's CPU scale), 'cpu_umaze',
+      'tiny' (seconds) or 'paper' (the official antmaze-large-diverse-v2 run); None means ''.
 
   Returns:
     ml_collections.ConfigDict.
@@ -103,4 +105,37 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval.update(dict(num_episodes=2, num_samples=2, episode_steps=20))
     c.log_every = 1
     c.fast_compile = True
+  if arg == "paper":
+    _paper(c)
   return c
+
+
+def _paper(c: ml_collections.ConfigDict) -> None:
+  """The official run's sizes on antmaze-large-diverse-v2 (ldcq/ldcq@7ec96f3), for `experiments.scale`."""
+  # The official scripts' default data set (training/train_skills.py:64, train_diffusion.py:171,
+  # train_q_net.py:149), read from the user's D4RL file.
+  c.data = ml_collections.ConfigDict(dict(name="antmaze-large-diverse-v2", kind="", num_transitions=0, path="",
+                                          data_dir="", holdout=0.1, relabel_goal=False))
+  c.horizon = 30                  # train_skills.py:72 (and collect_*_dataset.py --horizon 30)
+  # train_skills.py:65-71,82-84: beta 0.05, z 16, lr 5e-5, autoregressive policy, batch 128, h_dim 256; the GRU
+  # encoder (train_skills.py:93) with 4 bidirectional layers (models/skill_model.py:364) - the default variant's.
+  c.vae.update(dict(batch_size=128, learning_rate=5e-5, beta=0.05))
+  # train_diffusion.py:173-175,187: 100 epochs, lr 1e-4, batch 32, 100 diffusion steps.
+  c.diffusion.update(dict(batch_size=32, learning_rate=1e-4, num_timesteps=100))
+  # train_q_net.py:140 builds DDQN with its defaults (models/dqn.py:14: lr 1e-3, tau 0.995, 100 of 1000 prior
+  # samples per target) and gamma 0.995 (train_q_net.py:161), batch 128 (:153), PER alpha 0.6 (:162).
+  c.q.update(dict(batch_size=128, learning_rate=1e-3, tau=0.005, alpha=0.6, num_prior_samples=1000,
+                  num_target_samples=100))
+  c.gamma = 0.995
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
+  # program: the step scale_program compiles ('q': the batch-constrained double-Q step with prioritised replay over
+  # the whole Q data set, 'vae': the skill VAE step, 'diffusion': the latent diffusion prior's step).
+  # num_segments: H = 30 windows of the 1,000,000 transitions (1,000 episodes of 1,000 steps: 971 each).
+  # batch_size: the smallest of the three steps' batches (the diffusion prior's 32), so one mesh serves all.
+  c.scale = ml_collections.ConfigDict(dict(
+      program="q", programs=("q", "vae", "diffusion"), batch_size=32, state_dim=29, action_dim=8,
+      num_segments=971_000,
+      paper_hardware="one GPU (.cuda(): train_skills.py:136; --device cuda: train_diffusion.py:172, train_q_net.py:150)",
+      paper_time="not stated in the official code",
+      source="ldcq/ldcq@7ec96f3 training/train_skills.py:64-84,93; training/train_diffusion.py:171-187; "
+             "training/train_q_net.py:140-162; models/dqn.py:14; models/skill_model.py:364"))

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from iclr24_jax.common import bench
 from iclr24_jax.common import metrics as metrics_lib
@@ -379,3 +380,128 @@ def benchmark(quick: bool = True) -> list[dict]:
                                   name=f"cdgm/sample/{mname}/{'with' if use else 'without'}_layer", size=num,
                                   batch=num, mesh_devices=1))
   return rows
+
+
+def widest_transform(num_features: int, num_classes: int, max_clusters: int = 10) -> tfm.TableTransform:
+  """A TableTransform of the widest encoding a table of `num_features` columns can get (no data needed).
+
+  The last column is the label (the only discrete column, as `data.load_official_table` reads the paper's
+  tables); every other column is continuous with all `max_clusters` GMM modes kept (a fitted transform keeps
+  those of weight > 0.005, at most `max_clusters`). Means 0 and standard deviations 1: only the shapes matter
+  for compiling.
+
+  Args:
+    num_features: D, columns including the label.
+    num_classes: categories of the label.
+    max_clusters: K.
+
+  Returns:
+    TableTransform with data_dim = (D - 1) (1 + K) + num_classes.
+  """
+  cc, k = num_features - 1, max_clusters
+  ones = np.ones((cc, k))
+  return tfm.TableTransform(
+      num_features=num_features, cont_idx=np.arange(cc), disc_idx=np.array([cc]), means=np.zeros((cc, k)),
+      stds=ones, comp_valid=ones.astype(bool), weights=ones / k, mins=np.full((cc,), -1e6), maxs=np.full((cc,), 1e6),
+      cat_values=np.arange(num_classes, dtype=np.float64)[None], cat_valid=np.ones((1, num_classes), bool),
+      cat_freq=np.full((1, num_classes), 1.0 / num_classes))
+
+
+def ctgan_flops(data_dim: int, cond_dim: int, batch_size: int, pac: int, embedding_dim: int,
+                generator_dim: tuple[int, ...], discriminator_dim: tuple[int, ...]) -> float:
+  """Matmul FLOPs of one CTGAN `train_step` (a critic step then a generator step) by hand.
+
+  G = 2 B (sum of the generator's dense layers, whose inputs grow by each residual block's width), D = 2 (B / pac)
+  (the critic's dense layers on pac-packed rows). Critic step: G (fakes, no gradient), D forward + weight
+  gradient on the fakes and on the reals (2 x 2D; the inputs are constants), the gradient penalty: D forward +
+  input gradient (2D), differentiated again for the weights (x 3: 6D). Generator step: G + D forward, the input
+  gradient through the critic (D) and the generator's gradients (2G). In all 4 G + 12 D; the constraint layer,
+  the Gumbel-softmax and the decode / re-encode are elementwise and not counted.
+
+  Args:
+    data_dim: width of the encoded rows (`TableTransform.data_dim`).
+    cond_dim: width of the conditional vector.
+    batch_size: B.
+    pac: rows per critic input.
+    embedding_dim: noise width.
+    generator_dim, discriminator_dim: hidden widths.
+
+  Returns:
+    FLOPs of the whole step (all devices).
+  """
+  g, width = 0, embedding_dim + cond_dim
+  for h in generator_dim:
+    g += width * h
+    width += h
+  g = 2 * batch_size * (g + width * data_dim)
+  d, width = 0, (data_dim + cond_dim) * pac
+  for h in discriminator_dim:
+    d += width * h
+    width = h
+  d = 2 * (batch_size // pac) * (d + width)
+  return float(4 * g + 12 * d)
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one constrained CTGAN step on Botnet (`configs/cdgm.py:paper`).
+
+  The critic step and the generator step of `model.CTGAN.train_step`, with the Constraint Layer built from the
+  official botnet_constraints.txt (362 constraints over 757 columns) in the generator's forward, on the widest
+  encoding of the table (`widest_transform`: 756 continuous columns x (1 + 10 modes) + the 2-class label =
+  8,318 columns). The batch of 500 rows is split over 'data', the two big weight matrices over 'model'.
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of `CTGAN.train_step(state, batch, key) -> (state, metrics)`.
+
+  Raises:
+    FileNotFoundError: botnet_constraints.txt is not in `config.data.data_dir` (or the shared data folder).
+  """
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  s = scale_lib.paper_scale(config, PAPER)
+  constraints = ordered(data_lib.load_named_constraints(config.data.name, config.data.data_dir or None),
+                        config.constraints.ordering, int(config.seed))
+  layer = ConstraintLayer(constraints, int(s.num_features), epsilon=float(config.constraints.epsilon),
+                          schedule=config.constraints.schedule)
+  tf = widest_transform(int(s.num_features), int(s.num_classes), int(config.data.max_clusters))
+  model = build_model(config, tf, layer, config.model.version)
+  if not isinstance(model, model_lib.CTGAN):
+    raise ValueError(f"cdgm scale_program compiles the CTGAN step; config.model.name is '{config.model.name}'.")
+  state = jax.eval_shape(model.init, jax.random.key(0))
+  b, cond = model.batch_size, model.cond_dim
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  batch = {"cond": f32(b, cond), "mask": f32(b, tf.num_disc), "real": f32(b, tf.data_dim), "real_cond": f32(b, cond),
+           "g_cond": f32(b, cond), "g_mask": f32(b, tf.num_disc)}
+  rep = NamedSharding(mesh, P())
+  # 500 rows split over at most 4 devices of 'data' (500 = 4 x 125); the weights of >= 1 MB (the generator's
+  # output layer [642, 8318], the critic's input layer [8320, 256]) are split over 'model', so the devices of
+  # that axis share the big matmuls instead of repeating them.
+  g_sh = scale_lib.fsdp_shardings(state.g_params, mesh, axis="model")
+  d_sh = scale_lib.fsdp_shardings(state.d_params, mesh, axis="model")
+  opt_sh = lambda tx, opt, p_sh: optax.tree_map_params(tx, lambda _, x: x, opt, p_sh,
+                                                       transform_non_params=lambda _: rep)
+  state_sh = scale_lib.replicated(state, mesh).replace(
+      g_params=g_sh, d_params=d_sh, g_opt=opt_sh(state.tx_g, state.g_opt, g_sh),
+      d_opt=opt_sh(state.tx_d, state.d_opt, d_sh))
+  state_abs = scale_lib.abstract(state, state_sh)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  params = {"generator": state.g_params, "critic": state.d_params}
+  stats = layer.stats
+  return scale_lib.Program(
+      name=f"constrained CTGAN step (Botnet, {tf.data_dim:,} encoded columns, Constraint Layer)", fn=model.train_step,
+      args=(state_abs, scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh)), key),
+      out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True, params=scale_lib.num_elements(params),
+      items_per_step=b, item="rows",
+      hand_flops=ctgan_flops(tf.data_dim, cond, b, model.pac, model.embedding_dim, model.generator_dim,
+                             model.discriminator_dim),
+      kind="train", abstract_params={"generator": state_abs.g_params, "critic": state_abs.d_params},
+      notes=(f"Constraint Layer: {stats['num_constraints']} constraints reduced to {stats['total_rows']:,} rows, "
+             f"{stats['active_positions']} corrected columns in {stats['num_levels']} levels. The encoding is the "
+             "widest one (all 10 GMM modes kept per column); a fitted table keeps <= 10. 500 rows split over "
+             "'data' (at most 4 ways: 500 = 4 x 125), the generator's output and the critic's input layer over "
+             "'model'."),
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

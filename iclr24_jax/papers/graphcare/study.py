@@ -351,3 +351,122 @@ def benchmark(quick: bool = True) -> list[dict]:
     counts = [n for n in bench.device_counts() if cfg.num_shards % n == 0]
     rows += bench.across_devices(make_case, counts=counts, carry=True, repeats=3 if quick else 10)
   return rows
+
+
+def bat_flops(num_shards: int, nodes: int, edges: int, pairs: int, visits: int, graphs: int, embedding_dim: int,
+              hidden: int, num_relations: int, num_layers: int, out_dim: int = 1, shared_copies: int = 1) -> float:
+  """FLOPs of one BAT forward + backward by hand (`train.train_step` on S shards of the given budgets).
+
+  Per shard (every budgeted node, edge and pair is computed): the shared projection of the node embeddings
+  2 N E_d H; per layer the node attention over the within-patient pairs (the visit rows of the pairs scaled and
+  summed, 2 P V forward, as much again for W_alpha's gradient), the messages over the edges (x a, + w_R e, ReLU,
+  sum: 4 E H, twice that with the backward) and the layer's dense map 2 N H^2; the EHR readout 2 G E_d H and the
+  head 2 G 2H out. Once for all shards (vmap leaves it unbatched): the relation table through the projection
+  2 R E_d H and W_R 2 R H, computed `shared_copies` times (once per data-parallel replica: it does not depend on
+  the patients). Matmuls cost 3x their forward in training.
+
+  Args:
+    num_shards: S.
+    nodes, edges, pairs, visits, graphs: per-shard budgets N, E, P, V, G (G with the padding graph).
+    embedding_dim: E_d.
+    hidden: H.
+    num_relations: R.
+    num_layers: L.
+    out_dim: logits per patient.
+    shared_copies: how many times the patient-independent relation projection runs (the data axis's size).
+
+  Returns:
+    FLOPs of the whole step (all devices), without the optimizer update.
+  """
+  n, e, p, v, g, ed, h = nodes, edges, pairs, visits, graphs, embedding_dim, hidden
+  matmul = 2 * n * ed * h + num_layers * 2 * n * h * h + 2 * g * ed * h + 2 * g * 2 * h * out_dim
+  sparse = num_layers * (2 * 2 * p * v + 2 * 4 * e * h)
+  shared = 3 * (2 * num_relations * ed * h + num_layers * 2 * num_relations * h)
+  return float(num_shards * (3 * matmul + sparse) + shared_copies * shared)
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one BAT training step on MIMIC-III-sized patient graphs.
+
+  `configs/graphcare.py:paper`: the official KG's 4,599 nodes and 1,077 relations with 1,536-wide embeddings,
+  BAT with hidden 512 and one layer (alpha, beta and edge attention on), a batch of 4 patients as 4 shards of
+  one patient graph each (the `graphs.Batcher` layout: per-shard budgets of nodes, edges, within-patient pairs
+  and 42 visits) split over 'data', each shard's node / edge / pair axes over 'model'. The ~31M parameters fit on
+  any device; those of >= 1 MB are split over 'model' so that axis shares the big products (the alpha kernel,
+  4,599^2, has no dimension it divides and stays whole).
+
+  Args:
+    config: `get_config('paper')`.
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of `train.train_step(state, batch, key) -> (state, metrics)`.
+  """
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.common.graph import GraphsTuple
+  from iclr24_jax.papers.graphcare.model import create_model
+  s = scale_lib.paper_scale(config, PAPER)
+  num_shards = int(config.num_shards)
+  per_shard = int(config.batch_size) // num_shards
+  up = lambda x: -(-int(x) // 8) * 8   # graphs.budgets_for rounds budgets up to multiples of 8
+  nodes = up(per_shard * int(s.nodes_per_patient) + 1)
+  edges = up(per_shard * int(s.edges_per_patient))
+  pairs = up(per_shard * int(s.nodes_per_patient) ** 2)
+  v, k, g = int(s.max_visits), int(s.codes_per_visit), per_shard + 1
+  model = create_model(config.model, int(s.num_nodes), int(s.num_relations), 1, int(s.embedding_dim))
+  tx = make_optimizer(config.optimizer, int(config.num_steps))
+
+  def sds(shape, dtype):
+    return jax.ShapeDtypeStruct((num_shards,) + tuple(shape), dtype)
+
+  graph = GraphsTuple(nodes={"id": sds((nodes,), jnp.int32), "ehr": sds((nodes,), jnp.bool_)},
+                      edges={"relation": sds((edges,), jnp.int32)}, senders=sds((edges,), jnp.int32),
+                      receivers=sds((edges,), jnp.int32), n_node=sds((g,), jnp.int32), n_edge=sds((g,), jnp.int32),
+                      globals={"num_visits": sds((g,), jnp.int32)})
+  batch = {"graph": graph, "visit_node": sds((nodes, v), jnp.float32), "pairs": sds((pairs, 2), jnp.int32),
+           "codes": sds((g, v, k), jnp.int32), "valid": sds((g,), jnp.bool_), "label": sds((g,), jnp.int32)}
+  shard0 = jax.tree.map(lambda x: jnp.zeros(x.shape[1:], x.dtype), batch)
+
+  def init():
+    params = model.init({"params": jax.random.key(0)}, shard0["graph"], shard0["visit_node"], shard0["codes"],
+                        shard0["pairs"], train=False)["params"]
+    return train_lib.TrainState.create(params, tx)
+
+  state = jax.eval_shape(init)
+  rep = NamedSharding(mesh, P())
+  # A batch of 4 patients splits at most 4 ways over 'data'; the weights of >= 1 MB are split over 'model' so the
+  # devices of that axis share the big products (node and relation tables through `lin`) instead of repeating them.
+  state_sh = scale_lib.train_state_shardings(state, scale_lib.fsdp_shardings(state.params, mesh, axis="model"), mesh)
+  state_abs = scale_lib.abstract(state, state_sh)
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  # The relation table's projection (1,077 x 1,536 x 512, with its gradient 5 GFLOP) does not depend on the
+  # patients: every data replica computes it. Adam with L2 decay costs 15 FLOPs per parameter (XLA's count) on
+  # each device's part of the parameters (the alpha kernel, 4,599^2, has no dimension 'model' divides: whole).
+  devices = int(mesh.devices.size)
+  local_params = scale_lib.per_device_bytes(state_abs.params) // 4
+  hand = bat_flops(num_shards, nodes, edges, pairs, v, g, int(s.embedding_dim), int(config.model.hidden_dim),
+                   int(s.num_relations), int(config.model.num_layers), shared_copies=int(mesh.shape["data"])) \
+      + devices * 15.0 * local_params
+  # Shards over 'data'; inside a shard the node, edge and pair axes over 'model' (graph partitioning: XLA adds the
+  # gathers the message passing needs), so both mesh axes share the step.
+  n_model = int(mesh.shape["model"])
+
+  def leaf_sharding(x):
+    if len(x.shape) >= 2 and x.shape[1] % n_model == 0 and x.shape[1] > g:
+      return NamedSharding(mesh, P("data", "model"))
+    return NamedSharding(mesh, P("data"))
+
+  batch_abs = scale_lib.abstract(batch, jax.tree.map(leaf_sharding, batch))
+  return scale_lib.Program(
+      name=f"BAT train step ({config.batch_size} MIMIC-III patient graphs, {s.num_nodes:,}-node KG)",
+      fn=train_lib.make_train_step(model, "binary"), args=(state_abs, batch_abs, key), out_shardings=(state_sh, rep), donate_argnums=(0,),
+      carry=True, params=scale_lib.num_elements(state.params), items_per_step=int(config.batch_size),
+      item="patients", hand_flops=hand, kind="train", abstract_params=state_abs.params,
+      notes=(f"Per shard (one patient): {nodes:,} nodes, {edges:,} edges, {pairs:,} node pairs, {v} visits - "
+             "assumed patient-graph budgets (the official graphs are built from the GPT-4 KG at run time). "
+             "Shards over 'data', nodes / edges / pairs and the >= 1 MB weights over 'model'; the alpha kernel "
+             "(4,599^2, 85 MB) stays whole, and every data replica projects the 1,077 relation embeddings (the "
+             "hand count includes both)."),
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -264,6 +264,9 @@ class QConfig:
     per_beta0, per_beta_step, steps_per_epoch: PER importance exponent beta = min(1, 0.3 + 0.01 * epoch).
     priority_eps: added to the squared TD errors [5e-6]; a drawn item's new priority is the mean over the two
       nets of (TD^2 + eps) (official: (prios_0 + prios_1) / 2). Items enter the buffer at 100 (`make_buffer`).
+    batch_sharding: None, or the sharding (e.g. NamedSharding(mesh, P('data'))) the batch drawn from the buffer
+      is constrained to. Over a mesh the draw's indices are replicated, so without it every device computes the
+      whole batch; with it the update is data-parallel. Values are unchanged.
   """
 
   q_net: QNetwork
@@ -276,6 +279,7 @@ class QConfig:
   per_beta_step: float = 0.01
   steps_per_epoch: int = 1000
   priority_eps: float = 5e-6
+  batch_sharding: Any = None
 
   def __post_init__(self):
     where = "ldcq.QConfig"
@@ -344,6 +348,8 @@ def q_train_step(state: TrainState, batch: dict[str, jax.Array] | None, key: jax
     # batch. Deviation: rl.replay draws the batch with stratified uniforms on its sum-tree (one per equal slice of
     # the mass; each item's expected count is still B P(i)) where the official draws i.i.d. (np.random.choice).
     batch, idx, weights = replay.prioritized_sample(buf, k_sample, cfg.batch_size, beta=beta)
+    if cfg.batch_sharding is not None:
+      batch, weights = jax.lax.with_sharding_constraint((batch, weights), cfg.batch_sharding)
   else:
     idx, weights = None, jnp.ones_like(batch["reward"])
   k_total = batch["next_latents"].shape[1]

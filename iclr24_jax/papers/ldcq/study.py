@@ -240,3 +240,162 @@ def benchmark(quick: bool = True) -> list[dict]:
                               name="ldcq/act: N latents by DDPM (T=100) + argmax min-Q, 20 states",
                               size=f"N={n}", batch=20, mesh_devices=1))
   return rows
+
+
+def vae_flops(state_dim: int, action_dim: int, z_dim: int, hidden: int, gru_layers: int, horizon: int,
+              autoregressive: bool = True) -> float:
+  """Matmul FLOPs of one forward pass of the skill VAE's loss on one H-step segment, by hand.
+
+  Per step: the state embedding 2 (D h + h h); each bidirectional GRU layer, per direction, the input and hidden
+  projections of the three gates 2 (in 3h + h 3h) with in = h + A for the first layer, 2h after; the policy
+  (A autoregressive heads, head i on [s, a_<i, z]: a 2-layer trunk and 2-layer mean / std heads). Once per
+  segment: the posterior mean / std MLPs on the 2h features, the prior on s_0, the terminal head on [s_0, z].
+
+  Args:
+    state_dim, action_dim, z_dim, hidden, gru_layers, horizon: D, A, Z, h, layers, H.
+    autoregressive: the official autoregressive policy (else one head over all A).
+
+  Returns:
+    FLOPs (float).
+  """
+  d, a, z, h = state_dim, action_dim, z_dim, hidden
+
+  def head(in_dim, out_dim):  # _GaussianHead: trunk in->h->h, mean h->h->out, std h->h->out
+    return 2 * (in_dim * h + h * h + 2 * (h * h + h * out_dim))
+
+  step = 2 * (d * h + h * h)
+  for layer in range(gru_layers):
+    in_dim = h + a if layer == 0 else 2 * h
+    step += 2 * 2 * (in_dim * 3 * h + h * 3 * h)
+  step += sum(head(d + i + z, 1) for i in range(a)) if autoregressive else head(d + z, a)
+  once = 2 * 2 * (2 * h * h + h * z) + head(d, z) + head(d + z, d)
+  return float(horizon * step + once)
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale` (`configs/ldcq.py:paper`: antmaze-large-diverse-v2 sizes).
+
+  `config.scale.program` picks the step: 'q' (default: `algorithm.q_train_step`, the batch-constrained double-Q
+  update drawing its batch of 128 from the prioritised buffer of the whole Q data set: 971,000 segments, each
+  with 1,000 latents pre-sampled from the diffusion prior at s_H, 62 GB in float32, split over 'data'), 'vae'
+  (one Adam step of the skill VAE's `losses.vae_loss` on 128 segments of H = 30) or 'diffusion' (one step of
+  `losses.latent_diffusion_loss` on 32 (s_0, z) pairs). The networks (< 6M parameters) are replicated.
+
+  Args:
+    config: `get_config('paper')` (with `scale.program` set to the step wanted).
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of fn(state, batch, constants, key) -> (state, metrics).
+
+  Raises:
+    ValueError: unknown `scale.program`.
+  """
+  import dataclasses
+  import optax
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.common.train_state import TrainState
+  from iclr24_jax.papers.ldcq import losses
+  from iclr24_jax.rl import replay
+  from iclr24_jax.rl import scale as rl_scale
+  s = scale_lib.paper_scale(config, "ldcq")
+  d, a, h = int(s.state_dim), int(s.action_dim), int(config.horizon)
+  m = config.model
+  spec = build_spec(config, d, a)
+  zd = int(m.z_dim)
+  f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+  common_kw = dict(paper_hardware=s.paper_hardware, paper_time=s.paper_time)
+
+  if s.program == "vae":
+    b = int(config.vae.batch_size)
+    vae, beta = spec.vae, float(config.vae.beta)
+    terminal = bool(config.vae.terminal_loss)
+
+    def init():
+      params = vae.init(jax.random.key(0), jnp.zeros((2, h, d)), jnp.zeros((2, h, a)))["params"]
+      return TrainState.create(params, optax.adam(float(config.vae.learning_rate)))
+
+    def step(state, batch, _, key):
+      key = jax.random.fold_in(key, state.step)
+      (_, met), g = jax.value_and_grad(losses.vae_loss, has_aux=True)(state.params, vae, batch, key, beta=beta,
+                                                                       terminal_loss=terminal)
+      return state.apply_gradients(g), met
+
+    hand = 3 * b * vae_flops(d, a, zd, int(m.hidden), int(m.gru_layers), h, m.policy_type == "autoregressive")
+    return rl_scale.replicated_program(
+        f"skill VAE step (bidirectional {m.gru_layers}-layer GRU encoder, H = {h})", step, jax.eval_shape(init),
+        {"states": f32(b, h, d), "actions": f32(b, h, a), "next_state": f32(b, d)}, mesh, hand_flops=hand,
+        items_per_step=b, item="segments",
+        notes="Parameters replicated; 128 segments split over 'data'. The GRU runs as a lax.scan over H.",
+        **common_kw)
+
+  if s.program == "diffusion":
+    b = int(config.diffusion.batch_size)
+    den, schedule = spec.denoiser, spec.make_schedule()
+
+    def init():
+      params = den.init(jax.random.key(0), jnp.zeros((1, zd)), jnp.zeros((1,), jnp.int32),
+                        cond=jnp.zeros((1, d)))["params"]
+      return TrainState.create(params, optax.adam(float(config.diffusion.learning_rate)))
+
+    def step(state, batch, _, key):
+      key = jax.random.fold_in(key, state.step)
+      (loss, _), g = jax.value_and_grad(losses.latent_diffusion_loss, has_aux=True)(
+          state.params, den, schedule, batch["s0"], batch["z"], key)
+      return state.apply_gradients(g), {"loss": loss}
+
+    hd, te = int(m.denoiser_hidden), int(m.time_embed_dim)
+    # MLPDenoiser: in_proj Z->h, per block h->h and the embedding's te->h, out h->Z; the embeddings (time MLP and
+    # the condition's) are small and counted too (te->te twice for each).
+    fwd = rl_scale.mlp_flops(zd, (hd,)) + int(m.denoiser_blocks) * (2 * hd * hd + 2 * te * hd + 2 * hd * hd) \
+        + rl_scale.mlp_flops(hd, (zd,)) + 2 * (2 * te * te + 2 * te * te) + 2 * d * te
+    return rl_scale.replicated_program(
+        f"latent diffusion prior step (MLP denoiser {m.denoiser_blocks} x {hd})", step, jax.eval_shape(init),
+        {"s0": f32(b, d), "z": f32(b, zd)}, mesh, hand_flops=3 * b * fwd, items_per_step=b, item="latents",
+        notes=("Deviation: the library's residual MLP denoiser stands in for the official MLP 'UNet' (h_dims "
+               "128-32-16-8); parameters replicated, 32 pairs split over 'data'."), **common_kw)
+
+  if s.program == "q":
+    b, k_total = int(config.q.batch_size), int(config.q.num_prior_samples)
+    data_axis = int(mesh.shape["data"])
+    capacity = -(-int(s.num_segments) // (64 * data_axis)) * (64 * data_axis)  # padded so 'data' splits it
+    # The drawn batch constrained to 'data': the Q update is data-parallel (see QConfig.batch_sharding).
+    cfg = dataclasses.replace(q_config(config, spec, int(s.num_segments)),
+                              batch_sharding=NamedSharding(mesh, P("data")))
+    example = {"s0": f32(d), "z": f32(zd), "reward": f32(), "next_state": f32(d), "done": f32(),
+               "next_latents": f32(k_total, zd)}
+
+    def init():
+      buf = replay.prioritized_init(jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), example), capacity,
+                                    alpha=float(config.q.alpha))
+      return alg.q_init(jax.random.key(0), cfg, buf, d, zd, float(config.q.learning_rate))
+
+    def step(state, batch, _, key):
+      del batch
+      return alg.q_train_step(state, None, key, cfg=cfg)
+
+    state = jax.eval_shape(init)
+    sh = scale_lib.replicated(state, mesh)
+    buf_sh = sh.extra["buffer"].replace(data=scale_lib.batch_shardings(state.extra["buffer"].data, mesh))
+    sh = sh.replace(extra={"target": sh.extra["target"], "buffer": buf_sh})
+    hq, head = int(m.q_hidden), tuple(int(w) for w in m.q_head)
+    q_f = 2 * (d * hq + hq * hq + zd * (hq // 2) + (hq // 2) ** 2 + (hq + hq // 2) * head[0]
+               + sum(x * y for x, y in zip(head[:-1], head[1:])) + head[-1])
+    # Every hidden activation of the Q net goes through LayerNorm + exact GELU; XLA counts 71 FLOPs per activation
+    # forward (erf's polynomial: 64) and 90 forward + backward (measured, jax 0.9.2): at these widths a quarter of
+    # the matmuls' count, so it is counted.
+    acts = 2 * hq + 2 * (hq // 2) + sum(head)
+    n_t = min(cfg.num_target_samples, k_total)
+    # Both target nets on the B x n_t (s_H, z) pairs, both online nets forward + backward on the batch.
+    hand = 2 * b * n_t * (q_f + 71 * acts) + 2 * b * (3 * q_f + 90 * acts)
+    return rl_scale.replicated_program(
+        f"LDCQ Q step (prioritised replay over {s.num_segments:,} segments x {k_total} prior latents)", step,
+        state, {}, mesh, state_shardings=sh, hand_flops=hand, items_per_step=b, item="segments",
+        # each net's gradient clipped, Adam, then the Polyak target update (3 per parameter)
+        update_flops_per_param=rl_scale.CLIPPED_ADAM_FLOPS_PER_PARAM + 3,
+        notes=(f"The Q data set with its pre-sampled latents ({s.num_segments:,} x {k_total} x {zd} float32) "
+               "lives in the replay buffer, split over 'data' (padded to a multiple of 64 x devices); the sum-tree "
+               "and the twin Q / target nets are replicated; the drawn batch is constrained to 'data' "
+               "(QConfig.batch_sharding)."), **common_kw)
+  raise ValueError(f"ldcq scale.program={s.program!r}; choose one of {tuple(s.programs)}.")

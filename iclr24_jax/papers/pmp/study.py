@@ -227,3 +227,87 @@ def benchmark(quick: bool = True) -> list[dict]:
             size=f"{n_edges} edges, {data.num_nodes} nodes", batch=data.num_nodes)
       rows += bench.across_devices(make_case, carry=True, repeats=3 if (quick or n_edges >= 1_000_000) else 10)
   return rows
+
+
+def pmp_flops(num_nodes: int, relation_edges: tuple[int, ...], feature_dim: int, hidden: int,
+              num_classes: int = 2, training: bool = True) -> float:
+  """FLOPs of one full-graph PMP step by hand (one layer, `relation_agg='cat'`, no input projection).
+
+  Per relation the shared layer runs on all N nodes: the alpha MLP 2 N F A + 2 N A C' (A = H, C' = 1 for two
+  classes), the class filters T_c h_v 2 N C F^2, the class kernels 2 N C F H and biases 2 N C H, the self
+  kernel 2 N F H; the partition aggregate adds E_r F values and computes each edge's partition index (clip,
+  gather, multiply-add: 4 integer operations per edge, which XLA's count includes). Then the relation mix 2 N (R H) H and the head
+  2 N H C. Training: a matmul costs 3x its forward (the weight and the input gradients), except where its input
+  is the node features themselves (the first alpha layer, T_c, the self kernel), whose input gradient is never
+  needed: 2x. The aggregate has no backward for the same reason.
+
+  Args:
+    num_nodes: N (the padded node budget: every padded node is computed).
+    relation_edges: E_r per relation (padded budgets).
+    feature_dim: F.
+    hidden: H.
+    num_classes: C.
+    training: forward + backward or forward only.
+
+  Returns:
+    FLOPs of the whole step (all devices).
+  """
+  n, f, h, c, r = num_nodes, feature_dim, hidden, num_classes, len(relation_edges)
+  on_inputs = 2 * n * f * h + 2 * n * c * f * f + 2 * n * f * h             # alpha layer 1, T_c, self kernel
+  inner = 2 * n * h * (1 if c == 2 else c) + 2 * n * c * f * h + 2 * n * c * h  # alpha layer 2, W_c, b_c
+  outer = 2 * n * (r * h) * h + 2 * n * h * c                                  # relation mix, head
+  aggregate = sum(relation_edges) * (f + 4)
+  if not training:
+    return float(r * (on_inputs + inner) + outer + aggregate)
+  return float(r * (2 * on_inputs + 3 * inner) + 3 * outer + aggregate)
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale`: one full-graph PMP training step on the paper's graph.
+
+  The graph of `configs/pmp.py:paper` (YelpChi by default; 'paper,amazon' / 'paper,tfinance'): its node count,
+  feature width and per-relation edge counts, padded as `data.make_batch` pads (`common.graph.pad_to_budget`
+  budgets, multiples of 64 x the data axis), node and edge arrays split over 'data', the ~20k parameters
+  replicated; `train.make_train_step` of the official LA-SAGE-S model.
+
+  Args:
+    config: `get_config('paper')` (its `scale` block, model and optimizer).
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of `train_step(state, batch, key) -> (state, metrics)`.
+  """
+  import jax.numpy as jnp
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from iclr24_jax.common import scale as scale_lib
+  s = scale_lib.paper_scale(config, "pmp")
+  multiple = 64 * int(mesh.shape["data"])
+  n = data_lib.bucket_budget(int(s.num_nodes) + 1, multiple)
+  edges = [data_lib.bucket_budget(int(e), multiple) for e in s.relation_edges]
+  f = int(s.feature_dim)
+  model = create_model(config.model)
+  tx = make_optimizer(config.optimizer, int(config.num_steps))
+  state = jax.eval_shape(lambda: train_lib.init(jax.random.key(0), model, len(edges), f, tx))
+  node = lambda dt: jax.ShapeDtypeStruct((n,), dt)
+  batch = {"x": jax.ShapeDtypeStruct((n, f), jnp.float32), "labels": node(jnp.int32),
+           "label_state": node(jnp.int32), "train_mask": node(jnp.float32), "val_mask": node(jnp.float32),
+           "test_mask": node(jnp.float32), "node_mask": node(jnp.bool_),
+           "relations": [{"senders": jax.ShapeDtypeStruct((e,), jnp.int32),
+                          "receivers": jax.ShapeDtypeStruct((e,), jnp.int32)} for e in edges]}
+  rep = NamedSharding(mesh, P())
+  state_sh = scale_lib.train_state_shardings(state, scale_lib.replicated(state.params, mesh), mesh)
+  state_abs = scale_lib.abstract(state, state_sh)
+  batch_abs = scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh))
+  key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=rep)
+  name = {"yelpchi": "YelpChi", "amazon": "Amazon", "tfinance": "T-Finance"}[config.data.name]
+  return scale_lib.Program(
+      name=f"PMP full-graph train step ({name}: {s.num_nodes:,} nodes, {sum(s.relation_edges):,} edges)",
+      fn=train_lib.make_train_step(model), args=(state_abs, batch_abs, key), out_shardings=(state_sh, rep),
+      donate_argnums=(0,), carry=True, params=scale_lib.num_elements(state.params), items_per_step=n,
+      item="nodes", hand_flops=pmp_flops(n, tuple(edges), f, int(config.model.hidden)), kind="train",
+      abstract_params=state_abs.params,
+      notes=(f"Padded to {n:,} nodes and {sum(edges):,} edges; node and edge arrays split over 'data', the "
+             f"{scale_lib.num_elements(state.params):,} parameters replicated (they fit anywhere). One step is "
+             "the library's full-graph gradient; the official step is a mini-batch of target nodes with their "
+             "full neighbourhoods (an epoch of them = one full-graph step)."),
+      paper_hardware=s.paper_hardware, paper_time=s.paper_time)

@@ -340,3 +340,118 @@ def benchmark(quick: bool = True) -> list[dict]:
   rows += bench.across_devices(online_case, sizes=(64,) if quick else (64, 256), carry=True,
                                repeats=3 if quick else 10)
   return rows
+
+
+def scale_program(config, mesh):
+  """The paper-size step for `experiments.scale` (`configs/unio4.py:paper`, D4RL hopper-medium-v2 sizes).
+
+  `config.scale.program` picks the step: 'improve' (default: `improvement.offline_ppo_step`, one offline PPO
+  update of the K = 4 policies against their behaviour policies, advantages from the frozen IQL critics),
+  'critic' (`critics.critic_step`: the expectile V update, then the double-Q update and the soft target), or 'bc'
+  (`bc.bc_step`: one step of the ensemble behaviour cloning). All networks are MLPs of at most 1.1M
+  parameters: replicated; the batch of 512 is split over 'data'.
+
+  Args:
+    config: `get_config('paper')` (with `scale.program` set to the step wanted).
+    mesh: the ('data', 'model') mesh.
+
+  Returns:
+    common.scale.Program of fn(state, batch, constants, key) -> (state, metrics).
+
+  Raises:
+    ValueError: unknown `scale.program`.
+  """
+  import optax
+  from iclr24_jax.common import optim
+  from iclr24_jax.common.train_state import TrainState
+  from iclr24_jax.common import scale as scale_lib
+  from iclr24_jax.papers.unio4 import critics as critics_lib
+  from iclr24_jax.rl import scale as rl_scale
+  s = scale_lib.paper_scale(config, "unio4")
+  b, d, a = int(s.batch_size), int(s.obs_dim), int(s.action_dim)
+  obs = jax.ShapeDtypeStruct((b, d), jnp.float32)
+  act = jax.ShapeDtypeStruct((b, a), jnp.float32)
+  vec = jax.ShapeDtypeStruct((b,), jnp.float32)
+  spec = critics_lib.critic_spec(algorithm.critic_config(config))
+  v_module, q_module = critics_lib.critic_modules(spec)
+  num_q = 2 if (spec["mode"] == "iql" and spec["double_q"]) else 1
+  v_f = rl_scale.mlp_flops(d, tuple(spec["v_hidden"]) + (1,))            # per example, forward
+  q_f = num_q * rl_scale.mlp_flops(d + a, tuple(spec["q_hidden"]) + (1,))
+  p_f = rl_scale.mlp_flops(d, tuple(config.model.hidden) + (2 * a,))
+  k = int(config.bc.num_policies)
+  policy = bc_lib.make_policy(a, config.model)
+  common_kw = dict(items_per_step=b, paper_hardware=s.paper_hardware, paper_time=s.paper_time)
+  zeros_obs, zeros_act = jnp.zeros((1, d)), jnp.zeros((1, a))
+
+  def critics_abstract():
+    def make():
+      vp = v_module.init(jax.random.key(0), zeros_obs)["params"]
+      qp = q_module.init(jax.random.key(1), zeros_obs, zeros_act)["params"]
+      return critics_lib.Critics(vp, qp, normalization.init((d,)), v_module, q_module, float(config.obs_clip))
+    return jax.eval_shape(make)
+
+  if s.program == "critic":
+    tx_v, tx_q = optax.adam(float(spec["v_lr"])), optax.adam(float(spec["q_lr"]))
+
+    def init():
+      vp = v_module.init(jax.random.key(0), zeros_obs)["params"]
+      qp = q_module.init(jax.random.key(1), zeros_obs, zeros_act)["params"]
+      return critics_lib.CriticState(TrainState.create(vp, tx_v), TrainState.create(qp, tx_q), qp)
+
+    def step(state, batch, _, key):
+      del key
+      return critics_lib.critic_step(state, batch, v_module=v_module, q_module=q_module, mode=spec["mode"],
+                                     gamma=float(spec["gamma"]), tau=float(spec["tau"]),
+                                     target_update_freq=int(spec["target_update_freq"]),
+                                     expectile=float(spec["expectile"]))
+
+    state = jax.eval_shape(init)
+    batch = {"obs": obs, "next_obs": obs, "actions": act, "next_actions": act, "rewards": vec, "not_done": vec,
+             "returns": vec}
+    # V loss: V forward + backward (3x) and the target Q forward; Q loss: V(s') forward, Q forward + backward.
+    hand = b * (3 * v_f + q_f + v_f + 3 * q_f)
+    return rl_scale.replicated_program(
+        f"IQL critic step (V {len(spec['v_hidden'])} x {spec['v_hidden'][0]}, double Q {len(spec['q_hidden'])} x "
+        f"{spec['q_hidden'][0]})", step, state, batch, mesh, params={"v": state.v.params, "q": state.q.params},
+        hand_flops=hand, notes="V and Q (and the target Q) replicated; the batch split over 'data'.", **common_kw)
+
+  if s.program == "bc":
+    tx = optax.adam(float(config.bc.lr))
+    alpha = float(config.bc.alpha)
+
+    def init():
+      return common.ensemble_state(init_ensemble(jax.random.key(0), policy, k, zeros_obs), tx)
+
+    def step(state, batch, _, key):
+      del key
+      return bc_lib.bc_step(state, batch, policy=policy, alpha=alpha)
+
+    state = jax.eval_shape(init)
+    return rl_scale.replicated_program(
+        f"ensemble BC step ({k} policies, {len(config.model.hidden)} x {config.model.hidden[0]})", step, state,
+        {"obs": obs, "actions": act}, mesh, hand_flops=b * k * 3 * p_f,
+        notes="The K policies' parameters (stacked) replicated; the batch split over 'data'.", **common_kw)
+
+  if s.program == "improve":
+    tx = optim.make_optimizer(config.optimizer, int(config.num_steps))
+    kw = dict(policy=policy, clip_eps=float(config.improve.clip_eps), omega=float(config.improve.omega),
+              obs_clip=float(config.obs_clip))
+
+    def init():
+      params = init_ensemble(jax.random.key(0), policy, k, zeros_obs)
+      return common.ensemble_state(params, tx, extra={"behaviour": params})
+
+    def step(state, obs_batch, critics, key):
+      return improvement.offline_ppo_step(state, obs_batch, key, critics=critics, obs_stats=critics.obs_stats, **kw)
+
+    state = jax.eval_shape(init)
+    # Per member: the behaviour policy's forward (sampling a ~ pi_old), Q(s, a) of the frozen critic, the current
+    # policy's forward + backward; V(s) does not depend on the member (the states are shared): once.
+    hand = b * k * (p_f + q_f + 3 * p_f) + b * v_f
+    return rl_scale.replicated_program(
+        f"offline multi-step PPO step ({k} policies, frozen IQL critics)", step, state, obs, mesh,
+        constants=critics_abstract(), hand_flops=hand, update_flops_per_param=rl_scale.CLIPPED_ADAM_FLOPS_PER_PARAM,
+        notes=("The K policies, their behaviour copies and the frozen critics (1.1M parameters) replicated; the "
+               "512 states split over 'data'. The OPE replacement test (every 100 steps) is not part of the step."),
+        **common_kw)
+  raise ValueError(f"unio4 scale.program={s.program!r}; choose one of {tuple(s.programs)}.")
