@@ -26,28 +26,33 @@ from iclr24_jax.papers.finetune_dissect import dissect
 from iclr24_jax.papers.finetune_dissect import experiment
 from iclr24_jax.papers.finetune_dissect import finetune
 from iclr24_jax.papers.finetune_dissect import grammar
+from iclr24_jax.papers.finetune_dissect import real
 
 PAPER = "finetune_dissect"
-# Why the synthetic rows are checks: the grammar gives topic and style one shared prior each and the facts 512 items,
-# and once a model reads the context only the first topic / style word is left to the prior, so speed, capacity and
-# position follow from its design (they verify the pipeline, they are not evidence for the paper).
-SPEED = ("a check, not evidence for 'topic and style priors ... are learned rapidly' (abstract): one shared prior each "
-         "against 512 fact items, so the priors come first by the grammar's design")
+# Why the synthetic rows are checks: a synthetic grammar fixes its answer when it is written. Topic and style are one
+# shared prior each (once the base reads the context, finetuning needs one logit shift per factor, on the first topic /
+# style word), the domain's facts are 512 associations the base has never seen. Per-document topic variation or facts
+# with shared structure would only fix a different answer (whatever relative complexity the factors are given decides
+# speed, capacity and position), so these rows verify that the estimator and the training recover what the design
+# implies, and the paper's claims are judged on real text (held-out probes) or listed as not run.
+DESIGN = ("one shared prior each against 512 fact items the base has never seen, so the outcome is fixed by the "
+          "grammar's design (any synthetic grammar fixes its own answer)")
+SPEED = ("a check, not evidence for 'topic and style priors ... are learned rapidly' (abstract): " + DESIGN)
 CAPACITY = ("a check, not evidence for 'require little model capacity' / 'factual knowledge ... requires significant "
-            "model capacity' (abstract): one shared prior each against 512 fact items, by the grammar's design")
+            "model capacity' (abstract): " + DESIGN)
 POSITION = ("a check, not evidence for 'primarily at the beginning of a text' (abstract): in the grammar only the "
-            "first topic / style word is left to the prior once a model reads the context, by its design")
-REAL = ("'finetuning results in significant shifts in the language model's topic and style priors, while actual "
-        "knowledge learning only contributes to a small fraction of the total probability change' (abstract)")
+            "first topic / style word is left to the prior once a model reads the context (the base does: see the "
+            "base-fit row), by its design")
+SHARE = ("not evidence against 'actual knowledge learning only contributes to a small fraction of the total "
+         "probability change' (abstract): the grammar's domain is 512 facts worth up to ln(num_values) nats each, "
+         "four per document, against one topic and one style prior shift per document, so facts dominate by design; "
+         "the real-text held-out rows judge the claim")
+BASE_FIT = ("verifies the pretrained base: a base that has not learned to read the context turns the topic and style "
+            "rows into 'learn an output bias' (every topic word pays the prior)")
+REAL = real.REAL
 
 # Headline claims of the abstract that no row tests yet (experiments/reproduce.py tables them as 'not run').
 NOT_RUN = [
-    stats.not_run_row(
-        paper=PAPER, experiment="real text: factual share of the total change", metric="factual / total (per seed)",
-        basis=REAL, reason=("no row judges the factual share of the total change: the real-text rows report the "
-                            "components without a verdict, and the synthetic grammar's full finetune is dominated by "
-                            "its 512 facts by design"),
-        variant="configs/finetune_dissect.py (real text) with a claim row on factual / total over seeds"),
     stats.not_run_row(
         paper=PAPER, experiment="real text: topic and style learning speed and capacity",
         metric="steps to half the final value; LoRA rank 1 / full",
@@ -113,21 +118,53 @@ def analytic_recovery_error(seed: int = 0, num_documents: int = 64) -> float:
   return float(max(abs(out[k] - v) for k, v in truth.items()))
 
 
+def base_fit_row(study: dict, experiment: str, tol: float = 0.05) -> dict:
+  """The check that the pretrained bases model the grammar: on fresh documents, every seed's loss is within `tol`
+  nats/token of the grammar's entropy and its later topic and style words within `tol` of ln V_t and ln V_s (a base
+  that ignores the context pays ln(T V_t) and ln(S V_s) there).
+
+  Args:
+    study: `finetune.synthetic_study` output (base_fit {slot: [S]}, entropy, spec).
+    experiment: the row's experiment label.
+    tol: tolerance in nats (per token; per topic / style word).
+
+  Returns:
+    A check row: holds 'yes' when every seed meets all three bounds, else 'no'.
+  """
+  fit, ent, spec = study["base_fit"], study["entropy"], study["spec"]
+  gaps = {"loss - entropy": fit["per_token"] - ent["per_token"],
+          "later topic - ln V_t": fit["later_topic"] - ent["later_topic"],
+          "later style - ln V_s": fit["later_style"] - ent["later_style"]}
+  ok = all(bool(np.all(np.abs(g) < tol)) for g in gaps.values())
+  fmt = lambda v: "/".join(f"{x:.3f}" for x in np.ravel(v))
+  ours = (f"loss {fmt(fit['per_token'])} vs entropy {ent['per_token']:.3f}; later topic words "
+          f"{fmt(fit['later_topic'])} vs ln {spec.topic_vocab} = {ent['later_topic']:.3f}; later style words "
+          f"{fmt(fit['later_style'])} vs ln {spec.style_vocab} = {ent['later_style']:.3f} (per seed)")
+  return dict(paper=PAPER, experiment=experiment, metric="pretrained base on fresh general-mix documents (nats)",
+              ours=ours, paper_value="(check) the base models the grammar before finetuning",
+              holds="yes" if ok else "no", kind="check", basis=BASE_FIT,
+              notes=(f"tolerance {tol} nats on every seed; first topic word {fmt(fit['first_topic'])} vs "
+                     f"ln(T V_t) = {ent['first_topic']:.3f}, values {fmt(fit['value'])} vs {ent['value']:.3f}; max "
+                     "|gap| " + ", ".join(f"{k} {np.max(np.abs(g)):.3f}" for k, g in gaps.items())),
+              judgement={k: [float(x) for x in np.ravel(v)] for k, v in gaps.items()})
+
+
 def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
-  """The claim rows of the synthetic study (module docstring, (b)).
+  """The rows of the synthetic study (module docstring, (b)): the base-fit check, the speed, capacity and position
+  checks, and the factual share of the change (measurements).
 
   Args:
     study: `finetune.synthetic_study`'s result (per method [seeds, evaluations] component curves, steps,
-      pretrain_loss [seeds]).
+      pretrain_loss [seeds, steps], base_fit, entropy).
     plots: plot paths attached to every row.
 
   Returns:
     Row dicts judged with `common.stats.compare_row` (paired by seed).
   """
   cl = finetune.claims(study)
-  rows = []
   n = study["pretrain_loss"].shape[0]
   exp = f"synthetic grammar, tiny Llama ({n} seeds, paired)"
+  rows = [base_fit_row(study, exp)]
   for method in [m for m in ("full", "lora8") if m in cl]:
     for k in ("topic", "style"):
       rows.append(stats.compare_row(
@@ -166,6 +203,15 @@ def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
           kind="check", basis=POSITION,
           notes="after the last finetuning step; a uniform spread would give 0.25 "
                 "(the grammar's facts sit at every 5th token)"))
+  for method in [m for m in ("full", "lora8", "lora1") if m in cl]:
+    share = cl[method]["final_factual"] / cl[method]["final_total"]
+    m, se = stats.mean_se(share)
+    rows.append(dict(
+        paper=PAPER, experiment=f"{exp}: {method}", metric="factual share of the total change (factual / total)",
+        ours=f"{stats.fmt_mean_se(m, se)} ({n} seeds)", paper_value="factual knowledge is a small fraction",
+        holds=None, kind="measurement", basis=SHARE, plots=plots,
+        notes=(("facts dominate the synthetic full finetune" if m > 0.5 else "facts are below half of the change")
+               + f" (per seed {', '.join(f'{x:.2f}' for x in share)}); after the last finetuning step; {SHARE}")))
   return rows
 
 
