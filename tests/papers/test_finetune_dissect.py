@@ -415,3 +415,17 @@ def test_score_chunks_equals_one_call():
   score = jax.jit(lm.token_logprobs, static_argnums=1)
   np.testing.assert_allclose(real._score_chunks(score, params, cfg, ids, mask, chunk=2),
                              score(params, cfg, ids, mask), atol=1e-6)
+
+
+def test_prior_shift_row_against_the_closed_form():
+  from iclr24_jax.papers.finetune_dissect import study
+  spec = ft.spec_from_config(cfg_mod.get_config("").data)   # p = 0.8, 4 topics, 3 styles
+  # Closed form: topic ln(0.8 * 3 / 0.2) = ln 12 = 2.4849; style ln(0.8 * 2 / 0.2) = ln 8 = 2.0794.
+  bp = {k: np.zeros((3, spec.seq_len)) for k in ("topic", "style", "factual")}
+  bp["topic"][:, 2] = math.log(12) + np.array([0.05, -0.05, 0.0])    # slot order: BOS, style, topic, ...
+  bp["style"][:, 1] = math.log(8)
+  fake = {"spec": spec, "methods": {"full": {"by_position": bp}}}
+  row = study.prior_shift_row(fake, "x")
+  assert row["kind"] == "check" and row["holds"] == "yes" and "max |error| 0.050" in row["notes"]
+  bp["style"][1, 1] = math.log(8) - 0.2     # one seed short of the closed form by 0.2 nats
+  assert study.prior_shift_row(fake, "x")["holds"] == "no"

@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -149,6 +150,42 @@ def base_fit_row(study: dict, experiment: str, tol: float = 0.05) -> dict:
               judgement={k: [float(x) for x in np.ravel(v)] for k, v in gaps.items()})
 
 
+def prior_shift_row(study: dict, experiment: str, tol: float = 0.1) -> dict:
+  """The check that finetuning learns the domain mix's topic and style priors where the grammar puts them: the
+  by-position contrast at the first topic (style) word against its closed form, on every seed and method.
+
+  The domain mix gives its topic probability p and each other topic (1 - p) / (T - 1), the general mix 1 / T each, so
+  a model that has learned the domain mix (and reads the context) changes the first topic word's log-probability
+  by ln(p T) in the original and ln((1 - p) T / (T - 1)) in the topic version: the contrast is
+  ln(p (T - 1) / (1 - p)) (ln 12 for p 0.8, T 4), and likewise ln(p (S - 1) / (1 - p)) for the style (ln 8, S 3).
+
+  Args:
+    study: `finetune.synthetic_study` output (per method by_position {component: [S, T]}; spec).
+    experiment: the row's experiment label.
+    tol: tolerance in nats.
+
+  Returns:
+    A check row: 'yes' when every seed and method is within `tol` of both closed forms, else 'no'.
+  """
+  spec = study["spec"]
+  truth = {"topic": math.log(spec.domain_topic_prob * (spec.num_topics - 1) / (1 - spec.domain_topic_prob)),
+           "style": math.log(spec.domain_style_prob * (spec.num_styles - 1) / (1 - spec.domain_style_prob))}
+  where = {"topic": int(spec.positions(1)[0]), "style": int(spec.positions(0)[0])}
+  got = {m: {k: np.asarray(c["by_position"][k])[:, where[k]] for k in truth} for m, c in study["methods"].items()}
+  err = max(float(np.max(np.abs(v[k] - truth[k]))) for v in got.values() for k in truth)
+  fmt = lambda v: "/".join(f"{x:.2f}" for x in v)
+  ours = "; ".join(f"{m}: topic {fmt(v['topic'])}, style {fmt(v['style'])}" for m, v in got.items())
+  return dict(paper=PAPER, experiment=experiment,
+              metric="contrast at the first topic / style word after finetuning (nats), per seed",
+              ours=f"{ours} vs closed form topic {truth['topic']:.3f}, style {truth['style']:.3f}",
+              paper_value="(check) finetuning learns the domain's topic and style priors",
+              holds="yes" if err < tol else "no", kind="check",
+              basis="verifies the trained pipeline against the grammar's closed form (the domain mix's prior ratios)",
+              notes=f"max |error| {err:.3f} nats over seeds and methods (tolerance {tol}); the closed form assumes "
+                    "the model has learned the domain mix's priors exactly",
+              judgement={m: {k: [float(x) for x in v[k]] for k in truth} for m, v in got.items()})
+
+
 def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
   """The rows of the synthetic study (module docstring, (b)): the base-fit check, the speed, capacity and position
   checks, and the factual share of the change (measurements).
@@ -164,7 +201,7 @@ def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
   cl = finetune.claims(study)
   n = study["pretrain_loss"].shape[0]
   exp = f"synthetic grammar, tiny Llama ({n} seeds, paired)"
-  rows = [base_fit_row(study, exp)]
+  rows = [base_fit_row(study, exp), prior_shift_row(study, exp)]
   for method in [m for m in ("full", "lora8") if m in cl]:
     for k in ("topic", "style"):
       rows.append(stats.compare_row(
