@@ -78,17 +78,23 @@ def summarise(study: dict) -> dict:
     study: `finetune.synthetic_study` output.
 
   Returns:
-    dict(steps, pretrain_final_loss [S], methods {method: components [S, E] as lists, `finetune.claims` values,
-    first_loss / final_loss [S], seconds}).
+    dict(steps, pretrain_final_loss [S], base_fit {slot: [S]} (the bases on fresh documents), entropy (the
+    grammar's, `grammar.general_entropy`), methods {method: components [S, E] as lists, `finetune.claims` values,
+    first_loss / final_loss [S] (mean finetuning loss over the first / last eval_every steps), seconds}).
   """
   cl = finetune.claims(study)
   out = {"steps": study["steps"].tolist(), "pretrain_final_loss": study["pretrain_loss"][:, -1].tolist(),
-         "methods": {}}
+         "base_fit": {k: np.asarray(v).tolist() for k, v in study["base_fit"].items()},
+         "entropy": dict(study["entropy"]), "methods": {}}
+  chunk = int(study["steps"][0])   # eval_every
   for m, comp in study["methods"].items():
     out["methods"][m] = {
         **{k: comp[k].tolist() for k in (*COMPONENTS, "total")},
         **{k: v.tolist() for k, v in cl[m].items()},
-        "first_loss": comp["loss"][:, 0].tolist(), "final_loss": comp["loss"][:, -1].tolist(), "seconds": comp["seconds"]}
+        # Means over the first / last `eval_every`-step chunk: one minibatch's loss is too noisy to compare.
+        "first_loss": comp["loss"][:, :chunk].mean(1).tolist(),
+        "final_loss": comp["loss"][:, -chunk:].mean(1).tolist(),
+        "seconds": comp["seconds"]}
   return out
 
 

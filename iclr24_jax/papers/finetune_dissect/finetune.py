@@ -46,20 +46,40 @@ def make_optimizer(learning_rate: float, num_steps: int, warmup_frac: float = 0.
   return optax.chain(optax.clip_by_global_norm(grad_clip), optax.adamw(sched, weight_decay=weight_decay))
 
 
-def model_config(spec: grammar.GrammarSpec, model: Any) -> lm.LlamaConfig:
+def model_config(spec: grammar.GrammarSpec, model: Any, max_seq_len: int = 64) -> lm.LlamaConfig:
   """The tiny Llama for a grammar.
 
   Args:
     spec: the grammar (its `vocab_size` and `seq_len` size the embedding and the RoPE table).
     model: mapping (e.g. `config.model`) with hidden_size, num_layers, num_heads, num_kv_heads, intermediate_size.
+    max_seq_len: the RoPE table's length at least (e.g. the longer pretraining documents' seq_len).
 
   Returns:
-    lm.LlamaConfig with tied embeddings and max_seq_len = max(64, spec.seq_len).
+    lm.LlamaConfig with tied embeddings and max_seq_len = max(max_seq_len, spec.seq_len).
   """
   return lm.LlamaConfig(vocab_size=spec.vocab_size, hidden_size=int(model["hidden_size"]),
                         num_layers=int(model["num_layers"]), num_heads=int(model["num_heads"]),
                         num_kv_heads=int(model["num_kv_heads"]), intermediate_size=int(model["intermediate_size"]),
-                        rope_base=10000.0, max_seq_len=max(64, spec.seq_len), tie_embeddings=True)
+                        rope_base=10000.0, max_seq_len=max(int(max_seq_len), spec.seq_len), tie_embeddings=True)
+
+
+def pretrain_spec(spec: grammar.GrammarSpec, pretrain: Any) -> grammar.GrammarSpec:
+  """The grammar of the pretraining documents: the study's, with `pretrain['num_sentences']` sentences if given.
+
+  Longer pretraining documents put more of their topic and style words after the first, where reading the context
+  pays (ln V_t instead of ln(T V_t) per topic word): the tiny Llama learns to read it within the budget, which it
+  did not on the study's 4-sentence documents (measured: 3,000 steps at batch 32 left every topic word at
+  ln(T V_t)). Finetuning and the probes keep the study's length.
+
+  Args:
+    spec: the study's grammar.
+    pretrain: mapping (e.g. `config.pretrain`), optionally with num_sentences (0 or absent: the study's).
+
+  Returns:
+    grammar.GrammarSpec (the same vocabulary and facts; only num_sentences may differ).
+  """
+  k = int(pretrain.get("num_sentences", 0) or 0)
+  return dataclasses.replace(spec, num_sentences=k) if k else spec
 
 
 def lora_config(rank: int, alpha_over_rank: float = 2.0, targets=LORA_TARGETS) -> lm.LoraConfig:
@@ -76,18 +96,38 @@ def lora_config(rank: int, alpha_over_rank: float = 2.0, targets=LORA_TARGETS) -
   return lm.LoraConfig(rank=int(rank), alpha=float(alpha_over_rank) * int(rank), targets=tuple(targets))
 
 
+def scale_layer_init(params, scale: float):
+  """Multiplies every kernel of the transformer layers (attention and MLP projections) by `scale`; embeddings and
+  norms are left as they are.
+
+  Args:
+    params: `lm.init_params` output.
+    scale: the factor (1.0 returns the parameters unchanged).
+
+  Returns:
+    The parameter pytree with scaled layer kernels.
+  """
+  if scale == 1.0:
+    return params
+  layers = [{name: ({**p, "kernel": p["kernel"] * scale} if isinstance(p, dict) and "kernel" in p else p)
+             for name, p in layer.items()} for layer in params["layers"]]
+  return {**params, "layers": layers}
+
+
 def make_pretrain(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: int, batch_size: int,
-                  learning_rate: float) -> Callable:
+                  learning_rate: float, init_scale: float = 1.0) -> Callable:
   """`pretrain(key) -> (params, tables, loss [steps])`: random init, `steps` full-model steps on the general mix.
 
   The key is split into the world's facts (`grammar.fact_tables`), the init and the data stream.
 
   Args:
-    spec: the grammar.
+    spec: the grammar of the pretraining documents (`pretrain_spec`).
     config: the Llama (`model_config`).
     steps: full-model AdamW steps (`make_optimizer` schedule over them).
     batch_size: documents per step B (each [spec.seq_len] tokens).
     learning_rate: peak learning rate.
+    init_scale: factor on the initial layer kernels (`scale_layer_init`; `lm.init_params` draws them with std 0.02,
+      GPT-2's value for width 768).
 
   Returns:
     pure `pretrain(key)` -> (params pytree, tables {'general' [G], 'domain' [D], 'counterfactual' [D]},
@@ -99,7 +139,8 @@ def make_pretrain(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: i
   def pretrain(key):
     key_facts, key_init, key_data = jax.random.split(key, 3)
     tables = grammar.fact_tables(key_facts, spec)
-    state = lm_train.init_train_state(lm.init_params(key_init, config), tx)
+    params = scale_layer_init(lm.init_params(key_init, config), float(init_scale))
+    state = lm_train.init_train_state(params, tx)
 
     def body(state, i):
       ids = grammar.sample_documents(jax.random.fold_in(key_data, i), spec, batch_size, tables, "general")
@@ -110,6 +151,39 @@ def make_pretrain(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: i
     return state.params, tables, losses
 
   return pretrain
+
+
+FIT_SLOTS = ("first_style", "later_style", "first_topic", "later_topic", "subject", "value")
+
+
+def base_fit(params, config: lm.LlamaConfig, spec: grammar.GrammarSpec, tables: dict, key: jax.Array,
+             num_documents: int = 512) -> dict[str, jax.Array]:
+  """How well a model fits the general mix: its mean loss on fresh documents, overall and by slot, to be read
+  beside `grammar.general_entropy(spec)` (a base that models the grammar matches it).
+
+  Args:
+    params: the model (e.g. a pretrained base).
+    config: its `lm.LlamaConfig`.
+    spec: the grammar of the documents scored (num_sentences >= 2).
+    tables: `grammar.fact_tables` output.
+    key: PRNG key of the fresh documents.
+    num_documents: documents scored.
+
+  Returns:
+    {'per_token': mean loss over the seq_len - 1 scored tokens, and each of `FIT_SLOTS`: the mean loss at that
+    slot (first / later topic and style words, subjects, values)}: float32 scalars (jittable, vmappable).
+
+  Raises:
+    ValueError: num_sentences < 2.
+  """
+  if spec.num_sentences < 2:
+    raise ValueError(f"base_fit needs num_sentences >= 2 (later topic / style words); got {spec.num_sentences}.")
+  ids = grammar.sample_documents(key, spec, num_documents, tables, "general")
+  nll = -lm.token_logprobs(params, config, ids)
+  ps, pt, pj, pv = (spec.positions(k) for k in range(4))
+  return {"per_token": nll[:, 1:].mean(), "first_style": nll[:, ps[0]].mean(), "later_style": nll[:, ps[1:]].mean(),
+          "first_topic": nll[:, pt[0]].mean(), "later_topic": nll[:, pt[1:]].mean(), "subject": nll[:, pj].mean(),
+          "value": nll[:, pv].mean()}
 
 
 def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.LoraConfig | None, *, steps: int,
@@ -265,27 +339,38 @@ def synthetic_study(config: Any, progress: Callable[[str], None] | None = None) 
     progress: called with one line of text after pretraining and after each method; None for silence.
 
   Returns:
-    dict(steps [E], pretrain_loss [S, P], methods: {method: dict(topic, style, factual, total [S, E],
-    by_position {component: [S, T]}, loss [S, steps], seconds)}, spec, model_config).
+    dict(steps [E], pretrain_loss [S, P], base_fit {'per_token' and `FIT_SLOTS`: [S] the base's loss on fresh
+    documents}, entropy (`grammar.general_entropy` of the study's grammar), methods: {method: dict(topic, style,
+    factual, total [S, E], by_position {component: [S, T]}, loss [S, steps], seconds)}, spec, model_config).
   """
   import time
   spec = spec_from_config(config.data)
-  cfg = model_config(spec, config.model)
+  pre_spec = pretrain_spec(spec, config.pretrain)
+  cfg = model_config(spec, config.model, max_seq_len=max(64, pre_spec.seq_len))
   seeds = int(config.num_seeds)
   root = jax.random.key(int(config.seed))
   key_pre, key_probe, key_ft = jax.random.split(root, 3)
+  key_fit = jax.random.fold_in(key_probe, 1)
   t0 = time.time()
-  pre = jax.jit(jax.vmap(make_pretrain(spec, cfg, steps=int(config.pretrain.steps),
+  pre = jax.jit(jax.vmap(make_pretrain(pre_spec, cfg, steps=int(config.pretrain.steps),
                                        batch_size=int(config.pretrain.batch_size),
-                                       learning_rate=float(config.pretrain.learning_rate))))
+                                       learning_rate=float(config.pretrain.learning_rate),
+                                       init_scale=float(config.pretrain.get("init_scale", 1.0)))))
   base, tables, pre_loss = jax.block_until_ready(pre(jax.random.split(key_pre, seeds)))
+  # The base's fit on fresh documents of the study's grammar (the fact tables are the same in both specs).
+  num_fit = int(config.data.get("num_fit_documents", 512))
+  fit = jax.jit(jax.vmap(lambda p, tb, k: base_fit(p, cfg, spec, tb, k, num_fit)))
+  fit = {k: np.asarray(v) for k, v in fit(base, tables, jax.random.split(key_fit, seeds)).items()}
   if progress:
-    progress(f"pretrained {seeds} seeds in {time.time() - t0:.1f}s (final loss {np.asarray(pre_loss)[:, -1]})")
+    progress(f"pretrained {seeds} seeds in {time.time() - t0:.1f}s: fresh-document loss {fit['per_token'].round(4)} "
+             f"(grammar entropy {grammar.general_entropy(spec)['per_token']:.4f}), later topic words "
+             f"{fit['later_topic'].round(3)} (ln V_t = {np.log(spec.topic_vocab):.3f})")
   probes = jax.vmap(lambda k, tb: make_probes(k, spec, tb, int(config.data.num_probe_documents)))(
       jax.random.split(key_probe, seeds), tables)
   opt = config.optimizer
   out = {"steps": np.arange(1, int(config.num_steps) // int(config.eval_every) + 1) * int(config.eval_every),
-         "pretrain_loss": np.asarray(pre_loss), "methods": {}, "spec": spec, "model_config": cfg}
+         "pretrain_loss": np.asarray(pre_loss), "base_fit": fit, "entropy": grammar.general_entropy(spec),
+         "methods": {}, "spec": spec, "model_config": cfg}
   for method in config.methods:
     t0 = time.time()
     fn = jax.jit(jax.vmap(make_finetune(
@@ -312,7 +397,7 @@ def claims(study: dict) -> dict:
 
   Returns:
     {method: {half_{topic,style,factual}: [S] steps to half the final value, early_{...}: [S] share of |c_t| in
-    the first 25% of positions, final_{...}: [S] final values}}.
+    the first 25% of positions, final_{...}: [S] final values, final_total: [S] the originals' final change}}.
   """
   res = {}
   steps = study["steps"]
@@ -323,5 +408,6 @@ def claims(study: dict) -> dict:
       r[f"half_{k}"] = np.array([dissect.half_time(steps, v) for v in vals])
       r[f"early_{k}"] = np.array([dissect.early_share(c[1:]) for c in comp["by_position"][k]])
       r[f"final_{k}"] = vals[:, -1]
+    r["final_total"] = comp["total"][:, -1]
     res[method] = r
   return res

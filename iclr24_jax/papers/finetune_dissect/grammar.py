@@ -227,6 +227,39 @@ def analytic_token_logprobs(gp: GrammarParams, spec: GrammarSpec, ids: np.ndarra
   return out
 
 
+def general_entropy(spec: GrammarSpec) -> dict[str, float]:
+  """The general mix's exact expected loss (nats) at each slot: what a base model that has learned the grammar
+  scores on fresh documents.
+
+  A model that reads the context pays the prior only on the first topic / style word: later ones cost
+  log V_t / log V_s (the topic and style are known); a model that ignores the context pays log(T V_t) / log(S V_s)
+  on every one. Values: general subjects have one value (0 nats), domain subjects a uniform one (log num_values),
+  so a value costs (D / N) log num_values on average; '.' costs 0.
+
+  Args:
+    spec: the grammar (num_sentences >= 2, so that there are later topic / style words).
+
+  Returns:
+    {'first_style', 'later_style', 'first_topic', 'later_topic', 'subject', 'value': nats per token of that slot;
+     'per_token': the mean over the seq_len - 1 scored tokens of a document (BOS is not scored)}.
+
+  Raises:
+    ValueError: num_sentences < 2.
+  """
+  if spec.num_sentences < 2:
+    raise ValueError(f"general_entropy needs num_sentences >= 2 (later topic / style words); got "
+                     f"{spec.num_sentences}.")
+  k = spec.num_sentences
+  out = {"first_style": math.log(spec.num_styles * spec.style_vocab), "later_style": math.log(spec.style_vocab),
+         "first_topic": math.log(spec.num_topics * spec.topic_vocab), "later_topic": math.log(spec.topic_vocab),
+         "subject": math.log(spec.num_subjects),
+         "value": spec.num_domain_subjects / spec.num_subjects * math.log(spec.num_values)}
+  per_doc = (out["first_style"] + (k - 1) * out["later_style"] + out["first_topic"] + (k - 1) * out["later_topic"]
+             + k * (out["subject"] + out["value"]))
+  out["per_token"] = per_doc / (spec.seq_len - 1)
+  return out
+
+
 def assemble(spec: GrammarSpec, style_words, topic_words, subjects, values) -> jax.Array:
   """[B, K] token ids of each slot -> [B, seq_len] documents.
 

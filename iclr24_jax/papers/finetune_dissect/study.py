@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -26,28 +27,33 @@ from iclr24_jax.papers.finetune_dissect import dissect
 from iclr24_jax.papers.finetune_dissect import experiment
 from iclr24_jax.papers.finetune_dissect import finetune
 from iclr24_jax.papers.finetune_dissect import grammar
+from iclr24_jax.papers.finetune_dissect import real
 
 PAPER = "finetune_dissect"
-# Why the synthetic rows are checks: the grammar gives topic and style one shared prior each and the facts 512 items,
-# and once a model reads the context only the first topic / style word is left to the prior, so speed, capacity and
-# position follow from its design (they verify the pipeline, they are not evidence for the paper).
-SPEED = ("a check, not evidence for 'topic and style priors ... are learned rapidly' (abstract): one shared prior each "
-         "against 512 fact items, so the priors come first by the grammar's design")
+# Why the synthetic rows are checks: a synthetic grammar fixes its answer when it is written. Topic and style are one
+# shared prior each (once the base reads the context, finetuning needs one logit shift per factor, on the first topic /
+# style word), the domain's facts are 512 associations the base has never seen. Per-document topic variation or facts
+# with shared structure would only fix a different answer (whatever relative complexity the factors are given decides
+# speed, capacity and position), so these rows verify that the estimator and the training recover what the design
+# implies, and the paper's claims are judged on real text (held-out probes) or listed as not run.
+DESIGN = ("one shared prior each against 512 fact items the base has never seen, so the outcome is fixed by the "
+          "grammar's design (any synthetic grammar fixes its own answer)")
+SPEED = ("a check, not evidence for 'topic and style priors ... are learned rapidly' (abstract): " + DESIGN)
 CAPACITY = ("a check, not evidence for 'require little model capacity' / 'factual knowledge ... requires significant "
-            "model capacity' (abstract): one shared prior each against 512 fact items, by the grammar's design")
+            "model capacity' (abstract): " + DESIGN)
 POSITION = ("a check, not evidence for 'primarily at the beginning of a text' (abstract): in the grammar only the "
-            "first topic / style word is left to the prior once a model reads the context, by its design")
-REAL = ("'finetuning results in significant shifts in the language model's topic and style priors, while actual "
-        "knowledge learning only contributes to a small fraction of the total probability change' (abstract)")
+            "first topic / style word is left to the prior once a model reads the context (the base does: see the "
+            "base-fit row), by its design")
+SHARE = ("not evidence against 'actual knowledge learning only contributes to a small fraction of the total "
+         "probability change' (abstract): the grammar's domain is 512 facts worth up to ln(num_values) nats each, "
+         "four per document, against one topic and one style prior shift per document, so facts dominate by design; "
+         "the real-text held-out rows judge the claim")
+BASE_FIT = ("verifies the pretrained base: a base that has not learned to read the context turns the topic and style "
+            "rows into 'learn an output bias' (every topic word pays the prior)")
+REAL = real.REAL
 
 # Headline claims of the abstract that no row tests yet (experiments/reproduce.py tables them as 'not run').
 NOT_RUN = [
-    stats.not_run_row(
-        paper=PAPER, experiment="real text: factual share of the total change", metric="factual / total (per seed)",
-        basis=REAL, reason=("no row judges the factual share of the total change: the real-text rows report the "
-                            "components without a verdict, and the synthetic grammar's full finetune is dominated by "
-                            "its 512 facts by design"),
-        variant="configs/finetune_dissect.py (real text) with a claim row on factual / total over seeds"),
     stats.not_run_row(
         paper=PAPER, experiment="real text: topic and style learning speed and capacity",
         metric="steps to half the final value; LoRA rank 1 / full",
@@ -113,21 +119,89 @@ def analytic_recovery_error(seed: int = 0, num_documents: int = 64) -> float:
   return float(max(abs(out[k] - v) for k, v in truth.items()))
 
 
+def base_fit_row(study: dict, experiment: str, tol: float = 0.05) -> dict:
+  """The check that the pretrained bases model the grammar: on fresh documents, every seed's loss is within `tol`
+  nats/token of the grammar's entropy and its later topic and style words within `tol` of ln V_t and ln V_s (a base
+  that ignores the context pays ln(T V_t) and ln(S V_s) there).
+
+  Args:
+    study: `finetune.synthetic_study` output (base_fit {slot: [S]}, entropy, spec).
+    experiment: the row's experiment label.
+    tol: tolerance in nats (per token; per topic / style word).
+
+  Returns:
+    A check row: holds 'yes' when every seed meets all three bounds, else 'no'.
+  """
+  fit, ent, spec = study["base_fit"], study["entropy"], study["spec"]
+  gaps = {"loss - entropy": fit["per_token"] - ent["per_token"],
+          "later topic - ln V_t": fit["later_topic"] - ent["later_topic"],
+          "later style - ln V_s": fit["later_style"] - ent["later_style"]}
+  ok = all(bool(np.all(np.abs(g) < tol)) for g in gaps.values())
+  fmt = lambda v: "/".join(f"{x:.3f}" for x in np.ravel(v))
+  ours = (f"loss {fmt(fit['per_token'])} vs entropy {ent['per_token']:.3f}; later topic words "
+          f"{fmt(fit['later_topic'])} vs ln {spec.topic_vocab} = {ent['later_topic']:.3f}; later style words "
+          f"{fmt(fit['later_style'])} vs ln {spec.style_vocab} = {ent['later_style']:.3f} (per seed)")
+  return dict(paper=PAPER, experiment=experiment, metric="pretrained base on fresh general-mix documents (nats)",
+              ours=ours, paper_value="(check) the base models the grammar before finetuning",
+              holds="yes" if ok else "no", kind="check", basis=BASE_FIT,
+              notes=(f"tolerance {tol} nats on every seed; first topic word {fmt(fit['first_topic'])} vs "
+                     f"ln(T V_t) = {ent['first_topic']:.3f}, values {fmt(fit['value'])} vs {ent['value']:.3f}; max "
+                     "|gap| " + ", ".join(f"{k} {np.max(np.abs(g)):.3f}" for k, g in gaps.items())),
+              judgement={k: [float(x) for x in np.ravel(v)] for k, v in gaps.items()})
+
+
+def prior_shift_row(study: dict, experiment: str, tol: float = 0.1) -> dict:
+  """The check that finetuning learns the domain mix's topic and style priors where the grammar puts them: the
+  by-position contrast at the first topic (style) word against its closed form, on every seed and method.
+
+  The domain mix gives its topic probability p and each other topic (1 - p) / (T - 1), the general mix 1 / T each, so
+  a model that has learned the domain mix (and reads the context) changes the first topic word's log-probability
+  by ln(p T) in the original and ln((1 - p) T / (T - 1)) in the topic version: the contrast is
+  ln(p (T - 1) / (1 - p)) (ln 12 for p 0.8, T 4), and likewise ln(p (S - 1) / (1 - p)) for the style (ln 8, S 3).
+
+  Args:
+    study: `finetune.synthetic_study` output (per method by_position {component: [S, T]}; spec).
+    experiment: the row's experiment label.
+    tol: tolerance in nats.
+
+  Returns:
+    A check row: 'yes' when every seed and method is within `tol` of both closed forms, else 'no'.
+  """
+  spec = study["spec"]
+  truth = {"topic": math.log(spec.domain_topic_prob * (spec.num_topics - 1) / (1 - spec.domain_topic_prob)),
+           "style": math.log(spec.domain_style_prob * (spec.num_styles - 1) / (1 - spec.domain_style_prob))}
+  where = {"topic": int(spec.positions(1)[0]), "style": int(spec.positions(0)[0])}
+  got = {m: {k: np.asarray(c["by_position"][k])[:, where[k]] for k in truth} for m, c in study["methods"].items()}
+  err = max(float(np.max(np.abs(v[k] - truth[k]))) for v in got.values() for k in truth)
+  fmt = lambda v: "/".join(f"{x:.2f}" for x in v)
+  ours = "; ".join(f"{m}: topic {fmt(v['topic'])}, style {fmt(v['style'])}" for m, v in got.items())
+  return dict(paper=PAPER, experiment=experiment,
+              metric="contrast at the first topic / style word after finetuning (nats), per seed",
+              ours=f"{ours} vs closed form topic {truth['topic']:.3f}, style {truth['style']:.3f}",
+              paper_value="(check) finetuning learns the domain's topic and style priors",
+              holds="yes" if err < tol else "no", kind="check",
+              basis="verifies the trained pipeline against the grammar's closed form (the domain mix's prior ratios)",
+              notes=f"max |error| {err:.3f} nats over seeds and methods (tolerance {tol}); the closed form assumes "
+                    "the model has learned the domain mix's priors exactly",
+              judgement={m: {k: [float(x) for x in v[k]] for k in truth} for m, v in got.items()})
+
+
 def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
-  """The claim rows of the synthetic study (module docstring, (b)).
+  """The rows of the synthetic study (module docstring, (b)): the base-fit check, the speed, capacity and position
+  checks, and the factual share of the change (measurements).
 
   Args:
     study: `finetune.synthetic_study`'s result (per method [seeds, evaluations] component curves, steps,
-      pretrain_loss [seeds]).
+      pretrain_loss [seeds, steps], base_fit, entropy).
     plots: plot paths attached to every row.
 
   Returns:
     Row dicts judged with `common.stats.compare_row` (paired by seed).
   """
   cl = finetune.claims(study)
-  rows = []
   n = study["pretrain_loss"].shape[0]
   exp = f"synthetic grammar, tiny Llama ({n} seeds, paired)"
+  rows = [base_fit_row(study, exp), prior_shift_row(study, exp)]
   for method in [m for m in ("full", "lora8") if m in cl]:
     for k in ("topic", "style"):
       rows.append(stats.compare_row(
@@ -166,6 +240,15 @@ def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
           kind="check", basis=POSITION,
           notes="after the last finetuning step; a uniform spread would give 0.25 "
                 "(the grammar's facts sit at every 5th token)"))
+  for method in [m for m in ("full", "lora8", "lora1") if m in cl]:
+    share = cl[method]["final_factual"] / cl[method]["final_total"]
+    m, se = stats.mean_se(share)
+    rows.append(dict(
+        paper=PAPER, experiment=f"{exp}: {method}", metric="factual share of the total change (factual / total)",
+        ours=f"{stats.fmt_mean_se(m, se)} ({n} seeds)", paper_value="factual knowledge is a small fraction",
+        holds=None, kind="measurement", basis=SHARE, plots=plots,
+        notes=(("facts dominate the synthetic full finetune" if m > 0.5 else "facts are below half of the change")
+               + f" (per seed {', '.join(f'{x:.2f}' for x in share)}); after the last finetuning step; {SHARE}")))
   return rows
 
 
