@@ -27,7 +27,8 @@ The pieces (`train_loop` is their composition; a paper with its own driver uses 
   StepRunner      the compiled step, or a `lax.scan` chunk of K steps, over the mesh
   EvalHook        when to evaluate, and the eval metrics with their 'eval/' prefix (`prefix_keys`)
   KeepBest        the best-so-far parameters by one eval metric (scalar, or one per stacked row)
-  CheckpointHook  restore-or-init, when to save (every N steps and/or every N seconds), the composite save
+  CheckpointHook  restore-or-init (or `restore_latest`: restore or None), when to save (every N steps and/or every
+                  N seconds), the composite save
   RunLog          metrics.jsonl (`metrics.open_writer`), the in-memory history, the progress line and callbacks
   StopCheck       SIGTERM / SIGINT (`stop_on_signals`) seen at a step boundary, one agreed step on multi-host
   Preempted       raised once the checkpoint of that boundary is saved; the launcher turns it into one line
@@ -684,10 +685,27 @@ class CheckpointHook:
     Returns:
       (state, LoopState).
     """
+    if self.checkpointer.latest_step() is None:
+      return init_state(init_fn, key, shardings), LoopState()
+    return self.restore_latest(abstract_state(init_fn, key, shardings), keep)
+
+  def restore_latest(self, target: Any, keep: KeepBest | None = None) -> tuple[Any, LoopState] | None:
+    """The latest checkpoint's state and LoopState, or None when the folder holds none.
+
+    For a driver whose fresh state is not `init_fn(key)` compiled on its own (state built by several compiled
+    pieces, or trained by an earlier phase): it restores, and builds the fresh state itself on None.
+
+    Args:
+      target: the state's structure: a pytree of `jax.ShapeDtypeStruct` with shardings (`abstract_state`), or
+        a concrete state of the right structure.
+      keep: restores the keep-best parameters (of `target.params`' structure), step and value into it when given.
+
+    Returns:
+      (state, LoopState), or None.
+    """
     step = self.checkpointer.latest_step()
     if step is None:
-      return init_state(init_fn, key, shardings), LoopState()
-    target = abstract_state(init_fn, key, shardings)
+      return None
     state = self.checkpointer.restore(target, step)
     saved = self.checkpointer.restore_loop(step)
     run = LoopState.from_json(saved) if saved is not None else LoopState(step=int(step))

@@ -7,7 +7,6 @@ import os
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -299,9 +298,9 @@ def test_smoke_run_writes_results_metrics_and_plots(tiny_run):
   assert res["dense/weights"] == [1.0 / 3] * 3 or np.allclose(res["dense/weights"], 1.0 / 3)
   with open(os.path.join(workdir, "results.json")) as f:
     assert json.load(f)["num_clients"] == 3
-  rows = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
-  assert {r["method"] for r in rows} == {"coboosting", "dense"}
-  assert all(np.isfinite(r["kd/kd_loss"]) for r in rows)
+  for name in ("coboosting", "dense"):   # one folder per distilled method: its metrics and checkpoints
+    rows = [json.loads(l) for l in open(os.path.join(workdir, name, "metrics.jsonl"))]
+    assert [r["step"] for r in rows] == [1, 2] and all(np.isfinite(r["kd/kd_loss"]) for r in rows)
   for p in ("curves.png", "synthetic_coboosting.png"):
     assert os.path.exists(os.path.join(workdir, p))
 
@@ -350,19 +349,43 @@ def test_clients_are_never_retrained(tiny_run):
   assert res.pool_x.shape == (2 * cfg.batch_size,) + ds.input_shape
 
 
-def test_resume_from_checkpoint_matches_an_uninterrupted_run(tmp_path, tiny_run):
-  _, _, straight = tiny_run  # the same seed and settings, run without interruption
+class _Crash(Exception):
+  """Stands for a process killed without warning (nothing saved at the kill)."""
+
+
+def test_crash_after_the_first_epoch_then_resume_equals_the_uninterrupted_run(tmp_path, tiny_run, monkeypatch):
+  """Killed after epoch 1's checkpoint (a crash: no save at the kill), then rerun: the clients come from their
+  checkpoint (never retrained), Co-Boosting resumes at epoch 2 with the saved server, ensemble weights and pool,
+  and reports the uninterrupted run's numbers bit for bit; metrics.jsonl reads as one run. A rerun of the
+  finished workdir trains nothing."""
+  from iclr24_jax.common import loop
+  cfg0, _, straight = tiny_run  # the same seed and settings (tiny: checkpoint_every = 1), run without interruption
   cfg = cfg_mod.get_config("tiny,coboosting")
-  cfg.progress = False
-  cfg.plots = False
-  cfg.checkpoint_every = 1
-  first = ml_collections.ConfigDict(cfg.to_dict())
-  first.num_epochs = 1
-  coboosting.run(first, str(tmp_path / "resumed"))           # "killed" after epoch 1
-  resumed = coboosting.run(cfg, str(tmp_path / "resumed"))   # restores clients + epoch 1, runs epoch 2
-  assert resumed["client_train_s"] == 0.0  # clients came from the checkpoint
-  np.testing.assert_allclose(resumed["coboosting/weights"], straight["coboosting/weights"], rtol=1e-6)
-  assert resumed["coboosting/test_accuracy"] == straight["coboosting/test_accuracy"]
+  cfg.progress, cfg.plots = False, False
+  wd = str(tmp_path / "resumed")
+
+  def crash(step, row):
+    if step == 2:
+      raise _Crash(step)
+
+  with loop.observe(crash), pytest.raises(_Crash):
+    coboosting.run(cfg, wd)
+  assert sorted(os.listdir(os.path.join(wd, "coboosting", "checkpoints"))) == ["1", "config.json"]
+  trained = []
+  monkeypatch.setattr(experiment.clients_lib, "train_clients", lambda *a, **k: trained.append(1))
+  resumed = coboosting.run(cfg, wd)
+  assert not trained   # the clients came from workdir/clients/checkpoints
+  for key in ("test_accuracy", "weighted_ensemble_accuracy", "best_test_accuracy", "weights"):
+    assert resumed[f"coboosting/{key}"] == straight[f"coboosting/{key}"], key
+  assert resumed["curves"]["coboosting"] == straight["curves"]["coboosting"]
+  read = lambda w: [{k: v for k, v in r.items() if not k.startswith("time/")}   # noqa: E731
+                    for r in map(json.loads, open(os.path.join(w, "coboosting", "metrics.jsonl")))]
+  assert read(wd) == read(tiny_run[1])
+  assert cfg0.checkpoint_every == 1
+  before = os.stat(os.path.join(wd, "coboosting", "metrics.jsonl")).st_mtime_ns
+  again = coboosting.run(cfg, wd)   # finished: restored, nothing trained or logged
+  assert again["coboosting/test_accuracy"] == straight["coboosting/test_accuracy"]
+  assert os.stat(os.path.join(wd, "coboosting", "metrics.jsonl")).st_mtime_ns == before
 
 
 def test_config_variants_and_errors():

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import time
 from typing import Any, Callable
 
@@ -406,9 +407,29 @@ class FitResult:
   weights: np.ndarray          # final ensemble weights [C]
   pool_x: np.ndarray           # synthetic pool [epochs * B, S, S, C]
   pool_y: np.ndarray           # its targets [epochs * B]
-  history: list[dict]          # one row per epoch
+  history: list[dict]          # one row per epoch (over every resume): 'step' = 'epoch' = the epoch's number
   weight_history: np.ndarray   # [epochs, C]
-  seconds: float
+  seconds: float               # wall seconds in the epoch loop (over every resume)
+
+
+@flax.struct.dataclass
+class FitState:
+  """Everything a resumed server training continues from: what is not a function of the epoch.
+
+  The pool is a fixed-size buffer (every epoch adds one batch), so the state keeps one shape over the run and a
+  checkpoint of any epoch restores into it; rows from `epoch * B` on are zeros not yet used.
+
+  Attributes:
+    server: the server TrainState (its step counts distillation steps; folded into the distillation key).
+    weights: the ensemble weights [C].
+    pool_x: the synthetic pool [epochs * B, S, S, C].
+    pool_y: its synthesis targets [epochs * B] (int32).
+  """
+
+  server: TrainState
+  weights: jax.Array
+  pool_x: jax.Array
+  pool_y: jax.Array
 
 
 def canonical(method: Method) -> Method:
@@ -421,7 +442,8 @@ class Compiled:
 
   The steps take the runtime switches (`knobs`) as arguments, so Co-Boosting and the DENSE-like baseline
   share these programs. Kept in a cache keyed by (canonical method, mesh, batch_size, image_shape), so seeds,
-  Dirichlet alphas and baselines reuse compilations.
+  Dirichlet alphas and baselines reuse compilations. The pool stays on device (replicated): `pool_add` writes an
+  epoch's batch into the buffer, `pool_batch` gathers a minibatch of a pool array, sharded over 'data'.
   """
 
   def __init__(self, method: Method, mesh, batch_size: int, image_shape: tuple[int, ...]):
@@ -445,6 +467,11 @@ class Compiled:
     self.init = jax.jit(functools.partial(init, method, input_shape=tuple(image_shape)), out_shardings=rep)
     self.server_logits = jax.jit(functools.partial(server_logits, method))
     self.teacher_logits = jax.jit(functools.partial(teacher_logits, method))
+    self.pool_add = jax.jit(
+        lambda px, py, x, y, start: (jax.lax.dynamic_update_slice_in_dim(px, x.astype(px.dtype), start, 0),
+                                     jax.lax.dynamic_update_slice_in_dim(py, y.astype(py.dtype), start, 0)),
+        out_shardings=(rep, rep), donate_argnums=(0, 1))
+    self.pool_batch = jax.jit(lambda buf, idx: buf[idx], out_shardings=dat)
 
 
 def compiled(method: Method, mesh, batch_size: int, image_shape: tuple[int, ...]) -> Compiled:
@@ -464,16 +491,14 @@ def _batches(n: int, batch_size: int, rng: np.random.Generator) -> list[np.ndarr
   perm = rng.permutation(n)
   nb = -(-n // batch_size)
   idx = np.resize(perm, nb * batch_size)
-  return [idx[i * batch_size:(i + 1) * batch_size] for i in range(nb)]
+  return [idx[i * batch_size:(i + 1) * batch_size].astype(np.int32) for i in range(nb)]
 
 
 def fit(method: Method, client_params: Any, *, key: jax.Array, input_shape: tuple[int, ...], epochs: int,
         g_steps: int, batch_size: int, kd_lr: float, init_weights: np.ndarray | None = None, mesh=None,
         eval_fn: Callable[[TrainState, np.ndarray], dict] | None = None, eval_every: int = 1,
-        log_fn: Callable[[int, dict], None] | None = None, progress: Any = None,
-        start_epoch: int = 0, server: TrainState | None = None, pool: tuple[np.ndarray, np.ndarray] | None = None,
-        on_epoch_end: Callable[[int, TrainState, np.ndarray, np.ndarray, np.ndarray], None] | None = None
-        ) -> FitResult:
+        workdir: str | None = None, name: str = "coboosting", progress: bool = False, checkpoint_every: int = 0,
+        checkpoint_every_secs: float = 0.0, max_to_keep: int = 3, config: Any = None) -> FitResult:
   """Trains the server with Co-Boosting (or the baseline `method` describes) for `epochs` epochs.
 
   This is Co-Boosting's own epoch loop, not `common.loop.train_loop`: an epoch is three phases with
@@ -481,6 +506,14 @@ def fit(method: Method, client_params: Any, *, key: jax.Array, input_shape: tupl
   pool, one pass of distillation over it), and the pool grows by a batch every epoch, so the number of
   steps per epoch changes and there is no single (state, batch) step for train_loop to scan. The compiled
   pieces are the per-phase steps of `compiled`; the best-epoch accuracy is read from `history` by callers.
+
+  With a workdir the loop is resumable and preemptible through `common.loop`'s pieces, an epoch being a step:
+  `CheckpointHook` saves `FitState` (server, ensemble weights, the pool: the state that is not a function of the
+  epoch) every `checkpoint_every` epochs and/or `checkpoint_every_secs` seconds, and at the end marked finished;
+  `RunLog` writes `workdir/metrics.jsonl` (one row per epoch) and keeps the history in the loop state;
+  SIGTERM / SIGINT save at the next epoch's end and raise `loop.Preempted`. Synthesis keys, pool shuffles and the
+  distillation key are functions of the epoch and the server step, so a resumed run repeats the uninterrupted
+  one; a rerun of a finished workdir returns its stored result without training.
 
   Args:
     method: the Method (see `dense_like` for the baseline).
@@ -493,17 +526,24 @@ def fit(method: Method, client_params: Any, *, key: jax.Array, input_shape: tupl
     kd_lr: base SGD learning rate of the server (official 0.01), cosine-annealed over the epochs.
     init_weights: starting ensemble weights [C] (default uniform 1/C, as the official code).
     mesh: device mesh (default: all devices on 'data'); batch_size must divide by its 'data' size.
-    eval_fn: (server state, weights) -> dict of metrics, called every `eval_every` epochs and at the end.
+    eval_fn: (server state, weights [C]) -> dict of metrics, called every `eval_every` epochs and at the end.
     eval_every: epochs between evaluations.
-    log_fn: (epoch, row) -> None, called once per epoch (e.g. a MetricWriter).
-    progress: an optional `common.metrics.Progress`.
-    start_epoch, server, pool: resume state (epoch to start at, server state, (pool_x, pool_y)); pass the
-      saved weights as `init_weights`.
-    on_epoch_end: (epoch, server, weights, pool_x, pool_y) -> None after every epoch (checkpoints).
+    workdir: metrics.jsonl and checkpoints/ go here (None: nothing written, no resume).
+    name: the progress line's label.
+    progress: print a progress line.
+    checkpoint_every: save every N epochs (0: not by epochs).
+    checkpoint_every_secs: also save when this many seconds passed since the last save (0: not by time).
+    max_to_keep: checkpoints kept.
+    config: recorded beside the checkpoints on the first start.
 
   Returns:
     FitResult.
+
+  Raises:
+    ValueError: batch_size not divisible by the mesh's data devices, or init_weights not of shape [C].
+    loop.Preempted: a stop was requested; the checkpoint of the epoch it names is saved.
   """
+  from iclr24_jax.common import loop as loop_lib   # common.loop imports orbax; the pure pieces above do not
   mesh = sharding.make_mesh() if mesh is None else mesh
   n_data = mesh.shape[sharding.DATA_AXIS]
   if batch_size % n_data:
@@ -516,65 +556,109 @@ def fit(method: Method, client_params: Any, *, key: jax.Array, input_shape: tupl
              else np.asarray(init_weights, np.float32))
   if weights.shape != (num_clients,):
     raise ValueError(f"init_weights must have shape ({num_clients},), got {weights.shape}.")
-  teacher = sharding.replicate({"clients": client_params, "weights": jnp.asarray(weights)}, mesh)
+  capacity = int(epochs) * int(batch_size)
+
+  def fresh() -> FitState:
+    pool = jax.device_put((np.zeros((capacity,) + tuple(input_shape), np.float32), np.zeros((capacity,), np.int32)),
+                          comp.rep)
+    return FitState(server=comp.init(key_server), weights=jax.device_put(weights, comp.rep), pool_x=pool[0],
+                    pool_y=pool[1])
+
+  hook = None
+  if workdir is not None:
+    hook = loop_lib.CheckpointHook(os.path.join(workdir, "checkpoints"), every_steps=checkpoint_every,
+                                   every_secs=checkpoint_every_secs, max_to_keep=max_to_keep, config=config)
+  try:
+    got = None
+    if hook is not None:
+      got = hook.restore_latest(jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=comp.rep),
+                                             jax.eval_shape(fresh)))
+    state, run = got if got is not None else (fresh(), loop_lib.LoopState())
+    run.extra.setdefault("weight_history", [])
+    if not run.finished:
+      log = loop_lib.RunLog(workdir, run, num_steps=int(epochs), name=name, progress=progress)
+      try:
+        state = _epochs(method, comp, state, run, log, hook, client_params=client_params, key_synth=key_synth,
+                        key_kd=key_kd, shuffle_seed=shuffle_seed, epochs=int(epochs), g_steps=int(g_steps),
+                        batch_size=int(batch_size), kd_lr=float(kd_lr), eval_fn=eval_fn, eval_every=int(eval_every))
+      finally:
+        log.close()
+  finally:
+    if hook is not None:
+      hook.close()
+  pool_x, pool_y = jax.device_get((state.pool_x, state.pool_y))
+  return FitResult(server=state.server, weights=np.asarray(jax.device_get(state.weights)), pool_x=np.asarray(pool_x),
+                   pool_y=np.asarray(pool_y), history=run.history,
+                   weight_history=np.asarray(run.extra["weight_history"], np.float32).reshape(-1, num_clients),
+                   seconds=run.train_seconds)
+
+
+def _epochs(method: Method, comp: Compiled, state: FitState, run: Any, log: Any, hook: Any, *, client_params: Any,
+            key_synth: jax.Array, key_kd: jax.Array, shuffle_seed: int, epochs: int, g_steps: int, batch_size: int,
+            kd_lr: float, eval_fn: Callable | None, eval_every: int) -> FitState:
+  """`fit`'s epoch loop from `run.step` to `epochs`, with its saves and stops; returns the last state."""
+  from iclr24_jax.common import loop as loop_lib
+  mesh = comp.mesh
+  teacher = {"clients": sharding.replicate(client_params, mesh), "weights": state.weights}
   knob = sharding.replicate(knobs(method), mesh)
-  if server is None:
-    server = comp.init(key_server)
-  pool_x = [] if pool is None else [pool[0]]
-  pool_y = [] if pool is None else [pool[1]]
-  history, weight_hist = [], []
-  t_start = time.perf_counter()
-  for epoch in range(start_epoch, epochs):
-    t0 = time.perf_counter()
-    # (1) hard-sample synthesis with a re-initialised generator.
-    synth = comp.init_synth(jax.random.fold_in(key_synth, epoch))
-    g_metrics = []
-    for _ in range(g_steps):
-      synth, m = comp.synth_step(synth, teacher, server.params, server.extra, knob)
-      g_metrics.append(m)
-    t_synth = time.perf_counter() - t0
-    rng = np.random.default_rng([shuffle_seed, epoch])
-    # (2) ensemble re-weighting on the pool of earlier epochs (official: skipped at epoch 0).
-    w_metrics = []
-    if method.weighted and epoch > 0 and pool_x:
-      px, py = np.concatenate(pool_x), np.concatenate(pool_y)
-      step_size = jnp.asarray(method.mu * method.mu_decay ** epoch, jnp.float32)
-      for idx in _batches(len(px), batch_size, rng):
-        teacher, m = comp.weight_step(teacher, sharding.shard_batch({"x": px[idx], "y": py[idx]}, mesh), step_size)
-        w_metrics.append(m)
-    # (3) the kept batch joins the pool.
-    best_x, targets = jax.device_get((synth.best_x, synth.targets))
-    pool_x.append(np.asarray(best_x))
-    pool_y.append(np.asarray(targets))
-    px, py = np.concatenate(pool_x), np.concatenate(pool_y)
-    pool_x, pool_y = [px], [py]
-    # (4) distillation over the whole pool.
-    lr = jnp.asarray(cosine_lr(kd_lr, epoch, epochs), jnp.float32)
-    kd_metrics = []
-    t1 = time.perf_counter()
-    for idx in _batches(len(px), batch_size, rng):
-      server, m = comp.distill_step(server, teacher, sharding.shard_batch({"x": px[idx]}, mesh), key_kd, lr, knob)
-      kd_metrics.append(m)
-    row = {"epoch": epoch + 1, "pool_size": int(len(px)), "kd_lr": float(lr)}
-    for prefix, ms in (("synth", g_metrics), ("weights", w_metrics), ("kd", kd_metrics)):
-      if ms:
-        ms = jax.device_get(ms)
-        row.update({f"{prefix}/{k}": float(np.mean([mm[k] for mm in ms])) for k in ms[-1]})
-    w_now = np.asarray(jax.device_get(teacher["weights"]))
-    weight_hist.append(w_now)
-    row["time/synthesis_s"] = t_synth
-    row["time/distill_s"] = time.perf_counter() - t1
-    row["time/epoch_s"] = time.perf_counter() - t0
-    if eval_fn is not None and ((epoch + 1) % max(eval_every, 1) == 0 or epoch + 1 == epochs):
-      row.update(eval_fn(server, w_now))
-    history.append(row)
-    if log_fn is not None:
-      log_fn(epoch + 1, row)
-    if progress is not None:
-      progress.update(epoch + 1, row.get("kd/kd_loss"))
-    if on_epoch_end is not None:
-      on_epoch_end(epoch + 1, server, w_now, px, py)
-  return FitResult(server=server, weights=np.asarray(jax.device_get(teacher["weights"])),
-                   pool_x=np.concatenate(pool_x) if pool_x else np.zeros((0,) + tuple(input_shape), np.float32),
-                   pool_y=np.concatenate(pool_y) if pool_y else np.zeros((0,), np.int32), history=history,
-                   weight_history=np.asarray(weight_hist), seconds=time.perf_counter() - t_start)
+  server, pool_x, pool_y = state.server, state.pool_x, state.pool_y
+  stop_check = loop_lib.StopCheck()
+  where = hook.directory if hook is not None else None
+  with loop_lib.stop_on_signals():
+    stop = stop_check(run.step)
+    if stop:
+      raise loop_lib.Preempted(None, stop, where)
+    for epoch in range(run.step, epochs):
+      t0 = time.perf_counter()
+      # (1) hard-sample synthesis with a re-initialised generator.
+      synth = comp.init_synth(jax.random.fold_in(key_synth, epoch))
+      g_metrics = []
+      for _ in range(g_steps):
+        synth, m = comp.synth_step(synth, teacher, server.params, server.extra, knob)
+        g_metrics.append(m)
+      t_synth = time.perf_counter() - t0
+      rng = np.random.default_rng([shuffle_seed, epoch])
+      n_pool = epoch * batch_size   # the pool of the earlier epochs
+      # (2) ensemble re-weighting on the pool of earlier epochs (official: skipped at epoch 0).
+      w_metrics = []
+      if method.weighted and epoch > 0:
+        step_size = jnp.asarray(method.mu * method.mu_decay ** epoch, jnp.float32)
+        for idx in _batches(n_pool, batch_size, rng):
+          batch = {"x": comp.pool_batch(pool_x, idx), "y": comp.pool_batch(pool_y, idx)}
+          teacher, m = comp.weight_step(teacher, batch, step_size)
+          w_metrics.append(m)
+      # (3) the kept batch joins the pool.
+      pool_x, pool_y = comp.pool_add(pool_x, pool_y, synth.best_x, synth.targets, np.int32(n_pool))
+      # (4) distillation over the whole pool.
+      lr = jnp.asarray(cosine_lr(kd_lr, epoch, epochs), jnp.float32)
+      kd_metrics = []
+      t1 = time.perf_counter()
+      for idx in _batches(n_pool + batch_size, batch_size, rng):
+        server, m = comp.distill_step(server, teacher, {"x": comp.pool_batch(pool_x, idx)}, key_kd, lr, knob)
+        kd_metrics.append(m)
+      row = {"epoch": epoch + 1, "pool_size": n_pool + batch_size, "kd_lr": float(lr)}
+      for prefix, ms in (("synth", g_metrics), ("weights", w_metrics), ("kd", kd_metrics)):
+        if ms:
+          ms = jax.device_get(ms)
+          row.update({f"{prefix}/{k}": float(np.mean([mm[k] for mm in ms])) for k in ms[-1]})
+      w_now = np.asarray(jax.device_get(teacher["weights"]))
+      row["time/synthesis_s"] = t_synth
+      row["time/distill_s"] = time.perf_counter() - t1
+      row["time/epoch_s"] = time.perf_counter() - t0
+      if eval_fn is not None and ((epoch + 1) % max(eval_every, 1) == 0 or epoch + 1 == epochs):
+        row.update(eval_fn(server, w_now))
+      run.extra["weight_history"].append(w_now.tolist())
+      log.write(epoch + 1, row, loss_key="kd/kd_loss")
+      run.step = epoch + 1
+      state = FitState(server=server, weights=teacher["weights"], pool_x=pool_x, pool_y=pool_y)
+      stop = stop_check(epoch + 1)
+      if hook is not None:
+        hook.step_boundary(epoch + 1, state, run, num_steps=epochs, stop=stop)
+      elif stop and epoch + 1 < epochs:
+        raise loop_lib.Preempted(epoch + 1, stop, None)
+    if hook is not None:
+      hook.finish(epochs, state, run)
+    stop = stop or stop_check(epochs)
+    if stop:   # a signal during the last epoch: the finished run is saved; stop before the next phase
+      raise loop_lib.Preempted(epochs, stop, where)
+  return state

@@ -1,9 +1,11 @@
 """Co-Boosting experiments: one-shot FL on Dirichlet partitions, Co-Boosting vs DENSE-like vs FedAvg vs ensemble.
 
 run(config, workdir)       partition the training set, train the clients once, then every method in
-                           config.methods on the real test set; writes metrics.jsonl, results.json, plots,
-                           checkpoints (clients once; server, ensemble weights and pool every
-                           config.checkpoint_every epochs) and resumes from them.
+                           config.methods on the real test set; writes results.json and plots in workdir, the
+                           clients' checkpoint in workdir/clients/checkpoints and, per distilled method,
+                           workdir/<method>/{metrics.jsonl, checkpoints} (server, ensemble weights and pool every
+                           config.checkpoint_every epochs and/or checkpoint_every_secs seconds, through
+                           `common.loop`'s pieces); a killed run resumes from them, a finished one trains nothing.
 The reproduction study and the benchmark are in `study.py`.
 """
 from __future__ import annotations
@@ -17,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from iclr24_jax.common import checkpoint as ckpt_lib
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
@@ -89,51 +90,50 @@ def _abstract_clients(models: list, input_shape: tuple[int, ...], stacked: bool)
 
 
 def setup_clients(config: Any, ds: data_lib.Dataset, key: jax.Array, workdir: str | None = None):
-  """Partition + one-shot local training (or the saved clients when `workdir` has them).
+  """Partition + one-shot local training, or the clients a run in `workdir` trained and saved before.
+
+  With a workdir the trained clients are saved once in `workdir/clients/checkpoints` (a finished one-step loop:
+  `common.loop.CheckpointHook`), so a resumed or repeated run never retrains them.
+
+  Args:
+    config: see configs/coboosting.py (fl, client).
+    ds: the data set (its train split is partitioned).
+    key: split into the partition and the local-training keys.
+    workdir: the run's folder (None: nothing saved or restored).
 
   Returns:
-    (parts, ClientSet, client params, seconds spent training).
+    (parts, ClientSet, client params, seconds the local training took (when it ran, also on a resumed run)).
   """
+  from iclr24_jax.common import loop as loop_lib
   key_part, key_train = jax.random.split(key)
   c = int(config.fl.num_clients)
   parts = partition_lib.dirichlet_partition(ds.train.y, c, float(config.fl.alpha), key_part)
   models = model_lib.client_models(list(config.client.models), c, ds.num_classes)
   vmap = resolve_vmap(config.client.get("vmap", "auto"))
   stacked = all(m == models[0] for m in models)
-  ckpt = None
-  if workdir and int(config.get("checkpoint_every", 0)):
-    ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints", "clients"), max_to_keep=1, config=config)
-    if ckpt.latest_step() is not None:
-      params = ckpt.restore({"clients": _abstract_clients(models, ds.input_shape, stacked)})["clients"]
-      ckpt.close()
+  hook = None
+  if workdir:
+    hook = loop_lib.CheckpointHook(os.path.join(workdir, "clients", "checkpoints"), max_to_keep=1, config=config)
+  try:
+    got = hook.restore_latest({"clients": _abstract_clients(models, ds.input_shape, stacked)}) if hook else None
+    if got is not None:
+      state, run = got
       cs = (model_lib.ClientSet((models[0],), c, True, vmap) if stacked
             else model_lib.ClientSet(tuple(models), c, stacked=False))
-      return parts, cs, params, 0.0
-  t0 = time.perf_counter()
-  cs, params = clients_lib.train_clients(
-      models, ds.train.x, ds.train.y, parts, key_train, local_epochs=int(config.client.local_epochs),
-      batch_size=int(config.client.batch_size), optimizer=config.client.optimizer, vmap=vmap,
-      same_init=bool(config.fl.get("same_init", True)))
-  params = jax.block_until_ready(params)
-  seconds = time.perf_counter() - t0
-  if ckpt is not None:
-    ckpt.save(0, {"clients": params})
-    ckpt.close()
+      return parts, cs, state["clients"], float(run.extra.get("train_s", 0.0))
+    t0 = time.perf_counter()
+    cs, params = clients_lib.train_clients(
+        models, ds.train.x, ds.train.y, parts, key_train, local_epochs=int(config.client.local_epochs),
+        batch_size=int(config.client.batch_size), optimizer=config.client.optimizer, vmap=vmap,
+        same_init=bool(config.fl.get("same_init", True)))
+    params = jax.block_until_ready(params)
+    seconds = time.perf_counter() - t0
+    if hook is not None:
+      hook.finish(1, {"clients": params}, loop_lib.LoopState(step=1, extra={"train_s": seconds}))
+  finally:
+    if hook is not None:
+      hook.close()
   return parts, cs, params, seconds
-
-
-def _latest_epoch(workdir: str, name: str) -> int | None:
-  path = os.path.join(workdir, "checkpoints", name)
-  if not os.path.isdir(path):
-    return None
-  steps = [int(d) for d in os.listdir(path) if d.isdigit()]
-  return max(steps) if steps else None
-
-
-def _method_checkpoint(workdir: str | None, config: Any, name: str):
-  if not workdir or not int(config.get("checkpoint_every", 0)):
-    return None
-  return ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints", name), max_to_keep=2, config=config)
 
 
 def run(config: Any, workdir: str | None = None) -> dict:
@@ -179,12 +179,6 @@ def run(config: Any, workdir: str | None = None) -> dict:
     else:
       results["fedavg/test_accuracy"] = None
       results["fedavg/note"] = "FedAvg needs identical client and server architectures; skipped."
-  writer = None
-  if workdir:
-    done = [_latest_epoch(workdir, m) for m in config.methods if m in DISTILLED]
-    done = [d for d in done if d is not None]
-    # A resumed run keeps the rows logged up to the earliest checkpoint; a fresh run starts a new file.
-    writer = metrics_lib.MetricWriter(workdir, resume_step=min(done) if done else None)
   mesh = sharding.make_mesh(config.get("mesh"))
   curves, fits = {}, {}
   for name in [m for m in config.methods if m in DISTILLED]:
@@ -197,55 +191,29 @@ def run(config: Any, workdir: str | None = None) -> dict:
       return {"eval/server_accuracy": _accuracy(s_logits, y_test),
               "eval/weighted_ensemble_accuracy": _accuracy(t_logits, y_test)}
 
-    def log_fn(epoch, row, name=name):
-      if writer and (epoch % max(int(config.log_every), 1) == 0 or "eval/server_accuracy" in row):
-        writer.write(epoch, {"method": name, **row})
-
-    ckpt = _method_checkpoint(workdir, config, name)
-    resume = {}
-    if ckpt is not None and ckpt.latest_step() is not None:
-      ep = int(ckpt.latest_step())
-      n_pool = ep * int(config.batch_size)
-      abstract = {"server": jax.eval_shape(functools.partial(coboost.init, method,
-                                                             input_shape=ds.input_shape), key_server),
-                  "weights": jax.ShapeDtypeStruct((clients.num_clients,), jnp.float32),
-                  "pool_x": jax.ShapeDtypeStruct((n_pool,) + ds.input_shape, jnp.float32),
-                  "pool_y": jax.ShapeDtypeStruct((n_pool,), jnp.int32)}
-      saved = ckpt.restore(abstract)
-      resume = dict(start_epoch=ep, server=sharding.replicate(saved["server"], mesh),
-                    pool=(np.asarray(saved["pool_x"]), np.asarray(saved["pool_y"])),
-                    init_weights=np.asarray(saved["weights"]))
-
-    def on_epoch_end(epoch, server, weights, px, py, ckpt=ckpt):
-      if ckpt is not None and (epoch % int(config.checkpoint_every) == 0 or epoch == int(config.num_epochs)):
-        ckpt.save(epoch, {"server": server, "weights": jnp.asarray(weights), "pool_x": px,
-                          "pool_y": py.astype(np.int32)})
-
-    progress = metrics_lib.Progress(int(config.num_epochs), start=resume.get("start_epoch", 0), name=name,
-                                    enabled=bool(config.get("progress", True)) and jax.process_index() == 0)
     # Paired by seed: Co-Boosting and the DENSE-like baseline draw the same server-init, generator and
     # distillation keys, so their difference is the method's, not the draw's (issue 30).
     res = coboost.fit(method, cparams, key=key_server,
                       input_shape=ds.input_shape, epochs=int(config.num_epochs),
                       g_steps=int(config.coboost.g_steps), batch_size=int(config.batch_size),
                       kd_lr=float(config.optimizer.learning_rate), mesh=mesh, eval_fn=eval_fn,
-                      eval_every=int(config.eval_every), log_fn=log_fn, progress=progress,
-                      on_epoch_end=on_epoch_end, **resume)
-    if ckpt is not None:
-      ckpt.close()
+                      eval_every=int(config.eval_every), workdir=os.path.join(workdir, name) if workdir else None,
+                      name=name, progress=bool(config.get("progress", True)) and jax.process_index() == 0,
+                      checkpoint_every=int(config.get("checkpoint_every", 0) or 0),
+                      checkpoint_every_secs=float(config.get("checkpoint_every_secs", 0.0) or 0.0), config=config)
     fits[name] = res
     final = res.history[-1] if res.history else eval_fn(res.server, res.weights)
     results[f"{name}/test_accuracy"] = final.get("eval/server_accuracy")
     results[f"{name}/weighted_ensemble_accuracy"] = final.get("eval/weighted_ensemble_accuracy")
-    evals = [(r["epoch"], r["eval/server_accuracy"]) for r in res.history if "eval/server_accuracy" in r]
+    evals = [(r["step"], r["eval/server_accuracy"]) for r in res.history if "eval/server_accuracy" in r]
     if evals:  # the official code reports the best test accuracy over the evaluated epochs
       best_epoch, best_acc = max(evals, key=lambda e: e[1])
       results[f"{name}/best_test_accuracy"], results[f"{name}/best_epoch"] = best_acc, best_epoch
     results[f"{name}/weights"] = res.weights.tolist()
     results[f"{name}/seconds"] = res.seconds
-    results[f"{name}/epoch_s_median"] = (float(np.median([r["time/epoch_s"] for r in res.history[1:]]))
+    results[f"{name}/epoch_median_s"] = (float(np.median([r["time/epoch_s"] for r in res.history[1:]]))
                                          if len(res.history) > 1 else None)
-    curves[name] = [(r["epoch"], r["eval/server_accuracy"]) for r in res.history if "eval/server_accuracy" in r]
+    curves[name] = evals
   results["curves"] = curves
   if workdir:
     if config.get("plots", True) and jax.process_index() == 0:
