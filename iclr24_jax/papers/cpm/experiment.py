@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -55,6 +55,28 @@ def make_scorer(config: Any):
   if config.scorer == "smollm2":
     return scoring.SmolLMScorer(template=config.template, batch_size=config.score_batch)
   raise ValueError(f"unknown config.scorer {config.scorer!r}; choose 'smollm2' or 'fake'.")
+
+
+def judge_cache_file(config: Any) -> str | None:
+  """The judge's cache (`lm.GenerationCache`): judge.jsonl beside the score cache; None when the cache is off."""
+  path = cache_file(config)
+  return None if path is None else os.path.join(os.path.dirname(path), "judge.jsonl")
+
+
+def make_judge(config: Any, scorer=None):
+  """The judge LM config.bon.judge names: 'smollm2' (`lm.SmolLMJudge`, sharing a SmolLM2 scorer's weights),
+  'fake' (`lm.FakeJudge`, chance level: a hash of the prompt and option), or None for ''."""
+  from iclr24_jax import lm
+  name = config.bon.get("judge", "")
+  if not name:
+    return None
+  if name == "fake":
+    return lm.FakeJudge(seed=config.seed)
+  if name == "smollm2":
+    if isinstance(scorer, scoring.SmolLMScorer):
+      return lm.SmolLMJudge(scorer.params, scorer.config, scorer.tokenizer, batch_size=config.bon.judge_batch)
+    return lm.SmolLMJudge(batch_size=config.bon.judge_batch)
+  raise ValueError(f"unknown config.bon.judge {name!r}; choose 'smollm2', 'fake' or '' (no judge).")
 
 
 def score_pairs(scorer, pairs: list[dict], cache: scoring.ScoreCache, mode: str = "expected",
@@ -109,7 +131,9 @@ def preference_study(fa, fb, ea, eb, labels, num_train: int, seeds, cv: Any) -> 
 
   Returns:
     {'acc': {method: [S] test accuracy}, 'correct': {method: [N_test] per-pair 0/1 of the first seed},
-     'weights': [S, 14] CPM weights, 'cv': [S] chosen (penalty, C), 'num_test': int}.
+     'pair_mean': {method: [N] each pair's correctness averaged over the splits that test it (NaN: never
+     tested)}, 'test_count': [N] int splits testing each pair, 'weights': [S, 14] CPM weights,
+     'cv': [S] chosen (penalty, C), 'num_test': int}.
 
   Raises:
     ValueError: num_train outside [2, N).
@@ -119,6 +143,8 @@ def preference_study(fa, fb, ea, eb, labels, num_train: int, seeds, cv: Any) -> 
     raise ValueError(f"num_train={num_train} must leave test pairs out of {n}.")
   acc: dict[str, list] = {}
   correct: dict[str, np.ndarray] = {}
+  pair_sum: dict[str, np.ndarray] = {}
+  test_count = np.zeros(n, np.int64)
   weights, chosen = [], []
   for s in seeds:
     perm = np.random.default_rng(1000 + s).permutation(n)
@@ -141,12 +167,18 @@ def preference_study(fa, fb, ea, eb, labels, num_train: int, seeds, cv: Any) -> 
     singles = model_lib.single_feature_correct(fa[tr], fb[tr], labels[tr], fa[te], fb[te], labels[te])
     for j, name in enumerate(feat.ALL_FEATURES):
       res["length only" if name == feat.LENGTH_FEATURE else f"feature: {name}"] = singles[j]
+    test_count[te] += 1
     for k, v in res.items():
       acc.setdefault(k, []).append(float(np.mean(v)))
+      pair_sum.setdefault(k, np.zeros(n))[te] += np.asarray(v, np.float64)
       if s == seeds[0]:
         correct[k] = v
-  return {"acc": {k: np.asarray(v) for k, v in acc.items()}, "correct": correct, "weights": np.asarray(weights),
-          "cv": chosen, "num_test": n - num_train}
+  # Per pair, over the splits that test it: the unit a bootstrap over pairs resamples (the re-splits share one
+  # pool of pairs, so the spread over splits alone leaves out the pool's own sampling error).
+  with np.errstate(invalid="ignore", divide="ignore"):
+    pair_mean = {k: np.where(test_count > 0, v / test_count, np.nan) for k, v in pair_sum.items()}
+  return {"acc": {k: np.asarray(v) for k, v in acc.items()}, "correct": correct, "pair_mean": pair_mean,
+          "test_count": test_count, "weights": np.asarray(weights), "cv": chosen, "num_test": n - num_train}
 
 
 def _zscore(r: np.ndarray) -> np.ndarray:
@@ -282,6 +314,146 @@ def bon_samples(config: Any, pairs_for_prompts: list[dict], cache: scoring.Score
   return hist, [cache.get(k) for k in keys]
 
 
+# ---------------------------------------------------------------------------------- best-of-n by a judge LM
+
+# The paper's quality evaluation (Sec. 4.3; official mle-train/bon_candidate.py + claude_eval.py): for each
+# prompt, each model's best-of-16 pick is compared by a judge LM with a baseline sample, in both presentation
+# orders, and a model's win rate over the baseline is what the paper compares across models.
+# Deviation: the official judge (Claude-2, temperature 0) writes one 1-10 score per assistant, read by regex and
+# averaged over both orders; a 135M judge's greedy text barely depends on the content (lm/annotate.py), so here
+# it is asked which answer is better and read by the log-probabilities of the two answers "Assistant 1" /
+# "Assistant 2", averaged over both orders (`lm.debiased_preference`: a purely positional judge scores 0).
+JUDGE_OPTIONS = ("Assistant 1", "Assistant 2")
+BASELINE_SAMPLE = 0   # official: `groupby('prompt')['vanila_score'].idxmax()` on a constant picks each prompt's first
+
+
+def judge_prompt(history: str, answer_1: str, answer_2: str) -> str:
+  """The pairwise judge prompt (one ChatML user turn): the conversation, two answers, which is better.
+
+  The structure and criteria of the official HH judge prompt (`claude_eval.py`: the user's question, the two
+  assistants' answers, helpfulness / relevance / accuracy / level of detail, order not to matter), asking for a
+  choice instead of two scores (see `JUDGE_OPTIONS`). The transcript keeps its "Human:" / "Assistant:" labels.
+
+  Args:
+    history: the HH transcript before the reply.
+    answer_1: the answer shown first (as "Assistant 1").
+    answer_2: the answer shown second.
+
+  Returns:
+    ChatML text for `lm.SmolLMJudge.choice_logprobs` (options `JUDGE_OPTIONS`).
+  """
+  body = ("Two AI assistants answered the conversation below. Judge the quality of their answers.\n\n"
+          f"[Conversation]\n{history.strip()}\n\n[Answer of Assistant 1]\n{answer_1.strip()}\n\n"
+          f"[Answer of Assistant 2]\n{answer_2.strip()}\n\n"
+          "Consider helpfulness, relevance, accuracy and level of detail; the order of the answers must not sway "
+          'you. Which assistant\'s answer is better? Reply "Assistant 1" or "Assistant 2".')
+  return f"<|im_start|>user\n{body}<|im_end|>\n"
+
+
+def judge_preferences(judge, histories: Sequence[str], first: Sequence[str], second: Sequence[str],
+                      cache=None) -> np.ndarray:
+  """Order-debiased log-odds that the judge prefers `first[i]` over `second[i]` after `histories[i]`.
+
+  Each pair is shown in both orders; the option log-probabilities are cached per prompt (`lm.cached_map`).
+
+  Args:
+    judge: an `lm` judge with `choice_logprobs(prompts, options)` and `model_id` (`lm.SmolLMJudge`,
+      `lm.FakeJudge`).
+    histories: P transcripts.
+    first, second: P answers each.
+    cache: an `lm.GenerationCache` or None.
+
+  Returns:
+    [P] float64 (> 0: `first` preferred; exactly 0 for a purely positional judge).
+
+  Raises:
+    ValueError: the three lists differ in length.
+  """
+  from iclr24_jax import lm
+  p = len(histories)
+  if len(first) != p or len(second) != p:
+    raise ValueError(f"judge_preferences needs one first and one second answer per history; got {p} histories, "
+                     f"{len(first)} first and {len(second)} second answers.")
+  if p == 0:
+    return np.zeros(0)
+  prompts = ([judge_prompt(h, a, b) for h, a, b in zip(histories, first, second)]
+             + [judge_prompt(h, b, a) for h, a, b in zip(histories, first, second)])
+  settings = dict(getattr(judge, "scoring_settings", dict)(), options=list(JUDGE_OPTIONS))
+  lp = lm.cached_map(lambda ps: judge.choice_logprobs(ps, list(JUDGE_OPTIONS)), prompts, cache,
+                     model_id=judge.model_id, settings=settings, chunk_size=16)
+  lp = np.asarray(lp, np.float64).reshape(2 * p, len(JUDGE_OPTIONS))
+  return np.asarray(lm.debiased_preference(lp[:p], lp[p:]), np.float64)
+
+
+def pairwise_wins(pref: np.ndarray, same: np.ndarray) -> np.ndarray:
+  """Win (1), loss (0) or tie (1/2) of the first item from judge log-odds; the same sample twice is a tie.
+
+  Args:
+    pref: [P] judge log-odds for the first item.
+    same: [P] bool, the two items are the same text (not judged).
+
+  Returns:
+    [P] float64 in {0, 1/2, 1}.
+  """
+  pref, same = np.asarray(pref, np.float64), np.asarray(same, bool)
+  return np.where(same | (pref == 0.0), 0.5, (pref > 0.0).astype(np.float64))
+
+
+def bon_judge_study(fa, fb, ea, eb, labels, sample_feats, sample_embs, histories: Sequence[str],
+                    samples: Sequence[Sequence[str]], judge, cv: Any, cache=None) -> dict:
+  """Best-of-n picks of the CPM and of the standard PM, each judged against the baseline sample by a judge LM.
+
+  Both models are fitted on all the scored pairs (`cross_validate`, `pm.fit_pm`); per prompt each picks the
+  sample of highest reward among the n; the judge compares the pick with sample `BASELINE_SAMPLE` (a random
+  sample: the official baseline) and, head to head, the CPM's pick with the PM's.
+
+  Args:
+    fa, fb, ea, eb, labels: the scored pairs ([N, 14], [N, 14], [N, E] or None, [N, E] or None, [N]).
+    sample_feats: [P, n, 14] features of the samples; sample_embs: [P, n, E] or None (no standard PM).
+    histories: P prompts (transcripts).
+    samples: P lists of n sampled replies.
+    judge: an `lm` judge (see `judge_preferences`).
+    cv: cross-validation settings (penalties, Cs, num_folds, pad_rows).
+    cache: an `lm.GenerationCache` for the judge's log-probabilities, or None.
+
+  Returns:
+    {'picks': {model: [P] int}, 'win': {model: [P] win over the baseline sample in {0, 1/2, 1}},
+     'pref': {model: [P] judge log-odds (0 where the pick is the baseline)},
+     'head_to_head': [P] CPM pick's win over the PM pick (absent without a PM), 'num_judged': int prompts sent}.
+  """
+  p, n, f = sample_feats.shape
+  if len(histories) != p or len(samples) != p or any(len(s) != n for s in samples):
+    raise ValueError(f"bon_judge_study needs {p} histories and {p} lists of {n} samples (sample_feats is "
+                     f"{sample_feats.shape}).")
+  cpm, _ = model_lib.cross_validate(fa, fb, labels, penalties=tuple(cv.penalties), Cs=tuple(cv.Cs),
+                                    num_folds=cv.num_folds, pad_rows=cv.pad_rows)
+  rewards = {"CPM": np.asarray(model_lib.reward(cpm, sample_feats.reshape(p * n, f))).reshape(p, n)}
+  if sample_embs is not None and ea is not None:
+    pm, _ = pm_lib.fit_pm(ea, eb, labels, num_folds=cv.num_folds, pad_rows=cv.pad_rows)
+    rewards["standard PM"] = np.asarray(model_lib.reward(pm, sample_embs.reshape(p * n, -1))).reshape(p, n)
+  picks = {k: np.argmax(r, axis=1) for k, r in rewards.items()}     # the first maximum, as `best_of_n`
+  out: dict[str, Any] = {"picks": {}, "win": {}, "pref": {}, "num_judged": 0}
+
+  def versus(first_idx, second_idx):
+    a = [samples[i][j] for i, j in enumerate(first_idx)]
+    b = [samples[i][j] for i, j in enumerate(second_idx)]
+    same = np.asarray([x == y for x, y in zip(a, b)])
+    todo = np.flatnonzero(~same)
+    pref = np.zeros(p)
+    pref[todo] = judge_preferences(judge, [histories[i] for i in todo], [a[i] for i in todo],
+                                   [b[i] for i in todo], cache=cache)
+    out["num_judged"] += len(todo)
+    return pairwise_wins(pref, same), pref
+
+  base = np.full(p, BASELINE_SAMPLE)
+  for k, pk in picks.items():
+    out["picks"][k] = pk
+    out["win"][k], out["pref"][k] = versus(pk, base)
+  if "standard PM" in picks:
+    out["head_to_head"], _ = versus(picks["CPM"], picks["standard PM"])
+  return out
+
+
 # ------------------------------------------------------------------------------------------------- plots
 
 
@@ -403,7 +575,13 @@ def run(config: Any, workdir: str, log=print) -> dict:
     results["preference"] = {
         "num_pairs": int(keep.sum()), "dropped_incomplete": int((~keep).sum()), "num_train": num_train,
         "num_test": pref["num_test"], "acc": {k: _summarise(v) for k, v in pref["acc"].items()},
-        "ci95_first_split": boot, "weights_mean": pref["weights"].mean(0).tolist(),
+        "ci95_first_split": boot,
+        # Each pair's correctness averaged over the splits that test it (None: never tested), the unit of the
+        # paired bootstrap over pairs the study judges CPM vs the standard PM with.
+        "pair_mean": {k: [None if np.isnan(x) else float(x) for x in v] for k, v in pref["pair_mean"].items()
+                      if not k.startswith("feature: ")},
+        "test_count": pref["test_count"].tolist(),
+        "weights_mean": pref["weights"].mean(0).tolist(),
         "weights_names": list(feat.ALL_FEATURES), "cv_choice": pref["cv"],
         "chosen_vs_rejected_mean_features": {
             "chosen": np.where(y[:, None] == 1, fa, fb).mean(0).tolist(),
@@ -415,17 +593,19 @@ def run(config: Any, workdir: str, log=print) -> dict:
                                           "CPM coefficients (HH-RLHF, mean over splits)"))
     log("accuracy: " + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in pref["acc"].items()
                                  if not k.startswith("feature")))
-    bon_s = bon_gen_s = 0.0
+    bon_s = bon_gen_s = judge_s = bon_gen_cpu = bon_score_cpu = 0.0
     if config.bon.enabled:
-      t3 = time.perf_counter()
+      t3, c3 = time.perf_counter(), time.process_time()
       prompt_pairs = data_lib.load_pairs(config.bon.num_prompts, seed=config.data.seed,
                                          max_chars=config.data.max_chars, data_dir=config.data.data_dir or None,
                                          skip=n_pool)
       hist, samples = bon_samples(config, prompt_pairs, cache, scorer, log=log)
-      bon_gen_s = time.perf_counter() - t3
+      bon_gen_s, bon_gen_cpu = time.perf_counter() - t3, time.process_time() - c3
       flat_h = [h for h, ss in zip(hist, samples) for _ in ss]
       flat_r = [r for ss in samples for r in ss]
+      c5 = time.process_time()
       out = scoring.score_features(scorer, flat_h, flat_r, cache=cache, mode=config.mode)
+      bon_score_cpu = time.process_time() - c5
       sf = feat.feature_matrix({k: out["scores"][:, j] for j, k in enumerate(feat.FEATURES)}, flat_r)
       if np.isnan(sf).any():   # parse mode: a missing feature of a sample -> its column mean (logged)
         log(f"  {int(np.isnan(sf).any(1).sum())} samples with a missing feature: filled with the column mean")
@@ -438,6 +618,31 @@ def run(config: Any, workdir: str, log=print) -> dict:
                             **{m: [c[m].tolist() for c in v["curves"]] for m in ("score_a", "score_b", "agreement")},
                             "corr": v["corr"]} for k, v in bon.items()}
       results["bon"]["example"] = {"history": hist[0], "samples": samples[0][:4]}
+      judge = make_judge(config, scorer)
+      if judge is not None:
+        t4, c4 = time.perf_counter(), time.process_time()
+        jpath = judge_cache_file(config)
+        from iclr24_jax import lm
+        jcache = None if jpath is None else lm.GenerationCache(jpath)
+        jd = bon_judge_study(fa, fb, ea, eb, y, sf.reshape(p, n, -1), se, hist, samples, judge, config.cv,
+                             cache=jcache)
+        results["bon_judge"] = {
+            "judge": judge.model_id, "baseline_sample": BASELINE_SAMPLE, "num_prompts": p, "n": n,
+            "num_judged": jd["num_judged"],
+            **{k: {m: np.asarray(v[m]).tolist() for m in v} for k, v in jd.items() if isinstance(v, dict)},
+            **({"head_to_head": jd["head_to_head"].tolist()} if "head_to_head" in jd else {})}
+        # The judge against the human labels of the scored pairs (chosen vs rejected): how much its verdicts
+        # can say at all.
+        k = min(int(config.bon.get("judge_check_pairs", 0)), len(pairs))
+        if k:
+          chosen = [p_["reply_a"] if p_["label"] == 1 else p_["reply_b"] for p_ in pairs[:k]]
+          rejected = [p_["reply_b"] if p_["label"] == 1 else p_["reply_a"] for p_ in pairs[:k]]
+          pref_h = judge_preferences(judge, [p_["history"] for p_ in pairs[:k]], chosen, rejected, cache=jcache)
+          results["bon_judge"]["human_agreement"] = pairwise_wins(pref_h, np.zeros(k, bool)).tolist()
+        results["bon_judge"]["cpu_s"] = time.process_time() - c4
+        judge_s = results["bon_judge"]["seconds"] = time.perf_counter() - t4
+        log("judge: win rate over the baseline sample " + ", ".join(
+            f"{k} {np.mean(v):.3f}" for k, v in jd["win"].items()))
       results["plots"].append(_bon_plot(bon, os.path.join(workdir, "best_of_n.png"),
                                         f"best-of-n: PM A picks, PM B judges ({p} prompts x {n} SmolLM2 samples, "
                                         f"{len(seeds)} half-splits)"))
@@ -445,7 +650,8 @@ def run(config: Any, workdir: str, log=print) -> dict:
                          "tokens": scorer.num_tokens - tok0,
                          "features_per_s": (2 * n_pool * len(feat.FEATURES) / score_s
                                             if scorer.num_tokens > tok0 else None),
-                         "fit_s": fit_s, "bon_generation_s": bon_gen_s, "bon_total_s": bon_s}
+                         "fit_s": fit_s, "bon_generation_s": bon_gen_s, "bon_generation_cpu_s": bon_gen_cpu,
+                         "bon_score_cpu_s": bon_score_cpu, "bon_total_s": bon_s, "judge_s": judge_s}
   elif config.data.name != "synthetic":
     raise ValueError(f"unknown config.data.name {config.data.name!r}; choose 'hh_rlhf' or 'synthetic'.")
   results["timing"] = dict(results.get("timing", {}), wall_s=time.perf_counter() - t_start,
