@@ -400,6 +400,11 @@ def test_tiny_run(tmp_path, shared_data):
   assert all(a[0] == 1.0 for a in res["bon"]["CPM"]["agreement"])   # n = 1: both models pick the only sample
   with open(tmp_path / "run" / "results.json") as f:
     assert json.load(f)["preference"]["num_train"] == 40
+  for k in ("CPM", "standard PM"):   # per prompt at n = all 4 samples; averaged over prompts = the curve's last point
+    b = res["bon"][k]
+    np.testing.assert_allclose(np.mean(b["agree_prompt"], 1), [a[-1] for a in b["agreement"]], rtol=1e-6)
+    np.testing.assert_allclose(np.mean(b["gap_prompt"], 1),
+                               [a[-1] - s[-1] for a, s in zip(b["score_a"], b["score_b"])], rtol=1e-5, atol=1e-6)
   bj = res["bon_judge"]
   assert set(bj["win"]) == {"CPM", "standard PM"} and len(bj["head_to_head"]) == c.bon.num_prompts
   assert all(w in (0.0, 0.5, 1.0) for v in bj["win"].values() for w in v)

@@ -196,13 +196,15 @@ def bon_study(fa, fb, ea, eb, labels, sample_feats, sample_embs, seeds, ns, cv: 
     cv: cross-validation settings.
 
   Returns:
-    {model: {'curves': [S] dicts of best_of_n_curve, 'corr': [S] Pearson r of A and B rewards}}.
+    {model: {'curves': [S] dicts of best_of_n_curve, 'corr': [S] Pearson r of A and B rewards,
+     'agree_prompt': [S, P] A and B pick the same sample among all n (0/1), 'gap_prompt': [S, P] A's minus B's
+     reward of A's pick among all n}}.
   """
   n_pairs = len(labels)
   p, n, f = sample_feats.shape
-  out = {"CPM": {"curves": [], "corr": []}}
+  out = {"CPM": {"curves": [], "corr": [], "agree_prompt": [], "gap_prompt": []}}
   if sample_embs is not None and ea is not None:
-    out["standard PM"] = {"curves": [], "corr": []}
+    out["standard PM"] = {"curves": [], "corr": [], "agree_prompt": [], "gap_prompt": []}
   for s in seeds:
     perm = np.random.default_rng(2000 + s).permutation(n_pairs)
     halves = (perm[:n_pairs // 2], perm[n_pairs // 2:])
@@ -217,6 +219,11 @@ def bon_study(fa, fb, ea, eb, labels, sample_feats, sample_embs, seeds, ns, cv: 
         rewards["standard PM"].append(_zscore(np.asarray(model_lib.reward(pm, e))))
     for k, (ra, rb) in rewards.items():
       out[k]["curves"].append(model_lib.best_of_n_curve(ra.reshape(p, n), rb.reshape(p, n), ns))
+      # Per prompt at n = all samples: the unit a bootstrap over prompts resamples.
+      pick = np.argmax(ra.reshape(p, n), axis=1)
+      out[k]["agree_prompt"].append((pick == np.argmax(rb.reshape(p, n), axis=1)).astype(np.float64))
+      rows = np.arange(p)
+      out[k]["gap_prompt"].append(ra.reshape(p, n)[rows, pick] - rb.reshape(p, n)[rows, pick])
       # A constant reward (all weights 0: the CV chose the strongest penalty) has no correlation: count 0.
       out[k]["corr"].append(float(np.corrcoef(ra, rb)[0, 1]) if ra.std() > 0 and rb.std() > 0 else 0.0)
   return out
@@ -616,7 +623,8 @@ def run(config: Any, workdir: str, log=print) -> dict:
       bon_s = time.perf_counter() - t3
       results["bon"] = {k: {"n": list(map(int, v["curves"][0]["n"])),
                             **{m: [c[m].tolist() for c in v["curves"]] for m in ("score_a", "score_b", "agreement")},
-                            "corr": v["corr"]} for k, v in bon.items()}
+                            "corr": v["corr"], "agree_prompt": np.asarray(v["agree_prompt"]).tolist(),
+                            "gap_prompt": np.asarray(v["gap_prompt"]).tolist()} for k, v in bon.items()}
       results["bon"]["example"] = {"history": hist[0], "samples": samples[0][:4]}
       judge = make_judge(config, scorer)
       if judge is not None:

@@ -31,8 +31,8 @@ BASIS_JUDGE = ("'best-of-n samples obtained using CPMs tend to be preferred over
 
 def paired_bootstrap_row(*, experiment: str, metric: str, a, b, name_a: str, name_b: str, unit: str,
                          paper_value: str, kind: str, basis: str = "", notes: str = "", a_by_seed=None,
-                         b_by_seed=None, **extra) -> dict:
-  """A row for "mean a > mean b" over items (pairs, prompts), judged by the paired bootstrap over the items.
+                         b_by_seed=None, direction: str = "greater", **extra) -> dict:
+  """A row for "mean a > mean b" (or <) over items (pairs, prompts), judged by the paired bootstrap over the items.
 
   `stats.bootstrap_diff` (2000 resamples, 95% percentile interval): 'yes' / 'no' when the interval of the mean
   difference lies on one side of 0, else 'inconclusive'. Per-seed values, when given, are judged as well
@@ -47,23 +47,24 @@ def paired_bootstrap_row(*, experiment: str, metric: str, a, b, name_a: str, nam
     unit: what an item is, plural ('pairs', 'prompts').
     kind: 'claim' / 'check' (judged) or 'measurement' (holds None; the numbers stay in `judgement`).
     a_by_seed, b_by_seed: optional [S] per-seed means of each arm.
+    direction: 'greater' (the claim is a > b) or 'less'.
     **extra: more columns (plots=[...]).
 
   Returns:
     A reproduction row dict (paper, experiment, metric, ours, paper_value, holds, kind, basis, notes, judgement
     (+ judgement_seeds)).
   """
-  boot = stats.bootstrap_diff(a, b, paired=True, direction="greater")
+  boot = stats.bootstrap_diff(a, b, paired=True, direction=direction)
   ours = (f"{name_a} {boot['mean_a']:.3f} vs {name_b} {boot['mean_b']:.3f}; diff {boot['diff']:+.3f} "
           f"[{boot['lo']:+.3f}, {boot['hi']:+.3f}] (95% paired bootstrap over {boot['n']} {unit})")
   row = dict(paper="cpm", experiment=experiment, metric=metric, ours=ours, paper_value=paper_value,
              holds=None if kind == "measurement" else boot["holds"], kind=kind, notes=notes,
-             judgement=dict(boot, direction="greater", unit=unit,
+             judgement=dict(boot, direction=direction, unit=unit,
                             a=[float(x) for x in np.ravel(a)], b=[float(x) for x in np.ravel(b)]))
   if basis:
     row["basis"] = basis
   if a_by_seed is not None:
-    seeds = stats.judge(a_by_seed, b_by_seed, paired=True, direction="greater")
+    seeds = stats.judge(a_by_seed, b_by_seed, paired=True, direction=direction)
     row["judgement_seeds"] = dict(seeds, a=[float(x) for x in a_by_seed], b=[float(x) for x in b_by_seed])
     seed_note = (f"per split ({seeds['n']} re-splits of one pool, paired): {name_a} "
                  f"{stats.fmt_mean_se(seeds['mean_a'], seeds['se_a'])} vs {name_b} "
@@ -163,18 +164,24 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
       source = "SmolLM2 samples" if config.scorer == "smollm2" else "pool replies (fake scorer)"
       exp = (f"best-of-n on HH prompts ({config.bon.num_prompts} prompts x {config.bon.n} {source}), PM A / "
              f"PM B on disjoint halves")
-      rows.append(stats.compare_row(
-          paper=P, experiment=exp, metric=f"A/B pick agreement at n={n_max}", a=ag["CPM"], b=ag["standard PM"],
-          name_a="CPM", name_b="standard PM",
+      # Judged over the prompts (each prompt's value averaged over the half-splits), as the HH accuracy over pairs.
+      per_prompt = {m: {k: np.mean(np.asarray(bon[k][m], np.float64), axis=0) for k in ag}
+                    for m in ("agree_prompt", "gap_prompt")}
+      rows.append(paired_bootstrap_row(
+          experiment=exp, metric=f"A/B pick agreement at n={n_max}", a=per_prompt["agree_prompt"]["CPM"],
+          b=per_prompt["agree_prompt"]["standard PM"], name_a="CPM", name_b="standard PM", unit="prompts",
           paper_value="CPMs are more robust to over-optimisation than standard PMs", kind="claim",
           basis="'CPMs ... are more robust to overoptimization than standard PMs' (abstract)",
           notes=("corr(A, B) over samples: CPM " + stats.fmt_mean_se(*stats.mean_se(bon["CPM"]["corr"]))
-                 + ", PM " + stats.fmt_mean_se(*stats.mean_se(bon["standard PM"]["corr"])))))
-      rows.append(stats.compare_row(
-          paper=P, experiment=exp, metric=f"A-B score gap of the pick at n={n_max} (z-scored)", a=gap["CPM"],
-          b=gap["standard PM"], name_a="CPM", name_b="standard PM", direction="less",
+                 + ", PM " + stats.fmt_mean_se(*stats.mean_se(bon["standard PM"]["corr"]))),
+          a_by_seed=ag["CPM"], b_by_seed=ag["standard PM"]))
+      rows.append(paired_bootstrap_row(
+          experiment=exp, metric=f"A-B score gap of the pick at n={n_max} (z-scored)",
+          a=per_prompt["gap_prompt"]["CPM"], b=per_prompt["gap_prompt"]["standard PM"], name_a="CPM",
+          name_b="standard PM", unit="prompts", direction="less",
           paper_value="the PM-B score of PM-A's pick lags less behind for CPMs (Fig. 2)", kind="claim",
-          basis="'CPMs ... are more robust to overoptimization than standard PMs' (abstract; Fig. 2)"))
+          basis="'CPMs ... are more robust to overoptimization than standard PMs' (abstract; Fig. 2)",
+          a_by_seed=gap["CPM"], b_by_seed=gap["standard PM"]))
     bj = res.get("bon_judge")
     if bj and "standard PM" in bj["win"]:
       win = {k: np.asarray(v, np.float64) for k, v in bj["win"].items()}
