@@ -3,11 +3,16 @@ PM-A / PM-B best-of-n agreement, a synthetic run with known weights), `benchmark
 
 Studies:
   preference  held-out accuracy of CPM / standard PM / length only / CPM without length / each single feature,
-              over `seeds` random train/test re-splits of the scored pairs (paired by seed), with a 95%
-              bootstrap interval over the test pairs of the first split.
+              over `seeds` random train/test re-splits of the scored pairs (paired by seed); each pair's
+              correctness averaged over the splits that test it (the unit of a paired bootstrap over pairs).
   bon         best-of-n robustness (paper Sec. 4.1, official `reward_scaling_lll.best_of_n`): PM A and PM B are
               fitted on disjoint halves of the pairs; n samples per prompt are picked by A and scored by B
-              (both z-scored over the samples); the A-B gap of the pick and the A/B pick agreement vs n.
+              (both z-scored over the samples); the A-B gap of the pick and the A/B pick agreement vs n, and
+              per prompt at n = all samples.
+  bon_judge   best-of-n quality (official `bon_candidate.py` + `claude_eval.py`): the CPM's and the standard PM's
+              best-of-n picks, each compared with the prompt's first sample by a judge LM (SmolLM2-135M through
+              `lm.SmolLMJudge`, both presentation orders, option log-probabilities, cached), plus the CPM pick vs
+              the PM pick, and the judge's agreement with the human labels of scored pairs.
   synthetic   features with known weights and a known Bradley-Terry reward: weight recovery, accuracy against
               the Bayes accuracy of the true reward, CPM vs a PM on a noisy high-dimensional embedding, and the
               true reward of best-of-n picks.
