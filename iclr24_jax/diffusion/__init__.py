@@ -14,7 +14,7 @@ from iclr24_jax.diffusion.samplers import (Transition, classifier_free_guidance,
 from iclr24_jax.diffusion.schedules import (ContinuousSchedule, DiscreteSchedule, cosine_beta_schedule, discretize,
                                             linear_beta_schedule, make_schedule, resolution_shift, shift_schedule,
                                             squaredcos_cap_v2)
-from iclr24_jax.diffusion.training import (diffusion_loss, init, init_state, loss_weight, make_denoiser,
+from iclr24_jax.diffusion.training import (diffusion_loss, init, loss_weight, make_denoiser,
                                           make_train_step)
 from iclr24_jax.diffusion.unet import MLPDenoiser, UNet, create_model, timestep_embedding, unet_flops
 
@@ -28,7 +28,7 @@ __all__ = [
     "sampling_grid", "split_sampler_keys",
     "ContinuousSchedule", "DiscreteSchedule", "cosine_beta_schedule", "discretize", "linear_beta_schedule",
     "make_schedule", "resolution_shift", "shift_schedule", "squaredcos_cap_v2",
-    "diffusion_loss", "init", "init_state", "loss_weight", "make_denoiser", "make_train_step",
+    "diffusion_loss", "init", "loss_weight", "make_denoiser", "make_train_step",
     "MLPDenoiser", "UNet", "create_model", "timestep_embedding", "unet_flops",
 ]
 

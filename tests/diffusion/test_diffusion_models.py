@@ -68,7 +68,7 @@ def cond_unet():
   """A tiny fully-conditioned UNet (class labels, vector cond, cross-attention, a nested inner module), its state,
   perturbed params and a compiled forward fwd(params, x, t, kw) -> (out, top-level features)."""
   model = unet.UNet(num_classes=10, out_channels=1, inner=_Inner(), **TINY_UNET)
-  init = _fast_jit(lambda k: training.init_state(k, model, (8, 8, 1), optax.adam(3e-3), ema=True,
+  init = _fast_jit(lambda k: training.init(k, model, (8, 8, 1), optax.adam(3e-3), ema=True,
                                                  **_cond_batch(1)), jax.random.key(0))
   state = init(jax.random.key(0))
   kw = {**_cond_batch(2), "inject": jnp.zeros((2, 8, 8, 8))}
@@ -130,7 +130,7 @@ def mlp_setup():
   rng = np.random.default_rng(0)
   batch = {"x": rng.standard_normal((16, 2, 3)).astype(np.float32), "y": (np.arange(16) % 3).astype(np.int32),
            "cond": rng.standard_normal((16, 2)).astype(np.float32)}
-  st = _fast_jit(lambda k: training.init_state(k, model, (2, 3), optax.adam(1e-2), class_labels=jnp.zeros((1,), int),
+  st = _fast_jit(lambda k: training.init(k, model, (2, 3), optax.adam(1e-2), class_labels=jnp.zeros((1,), int),
                                                cond=jnp.zeros((1, 2))), jax.random.key(0))(jax.random.key(0))
   return model, st, batch
 

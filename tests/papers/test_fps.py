@@ -643,7 +643,7 @@ def test_prior_train_step_lowers_loss():
   model = unet.create_model(cfg.model)
   x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (16, 16, 16, 1)), jnp.float32)
   tx = optax.adam(3e-3)
-  state0 = jax.jit(lambda k: training.init_state(k, model, (16, 16, 1), tx))(jax.random.key(0))
+  state0 = jax.jit(lambda k: training.init(k, model, (16, 16, 1), tx))(jax.random.key(0))
   traced_step = chex.assert_max_traces(training.make_train_step(model, SCHED), n=1)
   # one compile at XLA level 0 (compile-bound on CPU; values agree with the default level to rounding)
   step = runs.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))

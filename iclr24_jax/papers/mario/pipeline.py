@@ -160,8 +160,6 @@ def init(models: Models, config: Any, key: jax.Array, base: Any = None):
   return init_fn(key)
 
 
-init_state = init  # Deprecated alias, kept one release.
-
 
 def _compiled(models: Models, name: str, build: Callable[[], Callable]) -> Callable:
   if name not in models.cache:

@@ -103,8 +103,6 @@ def make_train_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0
   return step
 
 
-make_step = make_train_step  # Deprecated alias, kept one release.
-
 
 def train_step(state: AdversarialState, source_batches: Any, target_batch: Any, key: jax.Array, *, nets: Networks,
                adv_weight: float = 1.0) -> tuple[AdversarialState, dict]:
