@@ -1,6 +1,6 @@
 """Every registered experiment's modules import, and name what the main job and the benchmark call.
 
-Moving code between a paper's modules (issue 31) can leave a study calling a name that no longer lives where it
+Moving code between a paper's modules can leave a study calling a name that no longer lives where it
 looks; these checks catch it without running the (long) studies: each study module imports and exposes
 `reproduce(workdir, fast=...)` and `benchmark(quick=...)`, and the library has no undefined names (pyflakes,
 when installed).

@@ -316,7 +316,7 @@ def test_digits_unet_learns_recognisable_samples(tmp_path):
 
 
 def test_unet_inner_contributing_zeros_reproduces_the_plain_unet():
-  """Nesting hook (issue 19): an inner network whose contribution is zero leaves the outer UNet exactly the plain
+  """Nesting hook (mdm nests UNets): an inner network whose contribution is zero leaves the outer UNet exactly the plain
   UNet with the same params, hands back its low-resolution prediction, and changes the output once it is not 0."""
   cfg = dict(TINY_UNET, num_classes=10, scale_shift=True)
   plain = unet.UNet(**cfg)

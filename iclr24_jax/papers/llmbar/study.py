@@ -15,10 +15,10 @@ from iclr24_jax.papers.llmbar import scoring as scoring_lib
 from iclr24_jax.papers.llmbar.experiment import PAPER, PAPER_FOR, plot_subsets, run
 
 
-# The reproduction's sample and budgets (issue 21), log-probability judging: Vanilla on all 419 pairs; Rules+Metrics+
+# The reproduction's sample and budgets, log-probability judging: Vanilla on all 419 pairs; Rules+Metrics+
 # Reference on the first 20 pairs of each subset (100 pairs, file order), paired with Vanilla on the same pairs.
-# Deviation: issue 21 asks for all 419 pairs of RMR too; its generated metrics + reference and ~790-token prompts cost
-# ~4x Vanilla's scoring (README: cost), which the main job's 75-minute budget (issue 30) cannot hold on 2 cores.
+# Deviation: the paper runs RMR on all 419 pairs too; its generated metrics + reference and ~790-token prompts cost
+# ~4x Vanilla's scoring (README: cost), which the main job's 75-minute budget cannot hold on 2 cores.
 # REPRO_RMR_FIRST = 0 runs RMR on all 419 (cached and resumable).
 REPRO_PER_SUBSET = 0  # pairs per subset; 0 = all 419; k > 0: a stratified k per subset
 # Rules+Metrics+Reference on the first REPRO_RMR_FIRST of Vanilla's pairs per subset; 0 = the same pairs as Vanilla.
@@ -74,7 +74,7 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
     workdir: output folder (each strategy's cache lives in it, so a rerun resumes).
     fast: a stratified 2 pairs per subset (10 of 419), a smoke run.
     per_subset: pairs per subset for both strategies (0 = all 419). Default: REPRO_PER_SUBSET (0: all 419, as
-      issue 21 asks) and Rules+Metrics+Reference on the first REPRO_RMR_FIRST of them (0: the same pairs).
+      the paper does) and Rules+Metrics+Reference on the first REPRO_RMR_FIRST of them (0: the same pairs).
 
   Returns:
     Reproduction rows (paper, experiment, metric, ours, paper_value, holds, notes, plots).

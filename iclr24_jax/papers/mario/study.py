@@ -182,8 +182,8 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
     rows.append({"paper": PAPER, "experiment": f"(c) {_reference_row(config)}, same {n_eval} questions",
                  "metric": n, "ours": f"{np.mean(silver[n]):.3f} [{lo:.3f}, {hi:.3f}]", "paper_value": None,
                  "holds": None, "notes": REFERENCE_NOTE})
-  # One training seed: the intervals are over questions only, so no row here judges the claim (issue 30); the
-  # verdicts are those of the seeded study (`reproduce_seeds`, recorded as mario_seeds).
+  # One training seed: the intervals are over questions only, so no row here judges the claim (one seed cannot show a
+  # training effect); the verdicts are those of the seeded study (`reproduce_seeds`, recorded as mario_seeds).
   for r in rows:
     r["kind"] = "measurement"
     if r.get("holds") is not None:

@@ -163,7 +163,9 @@ REFERENCES = ("references that rule out a bug in the nesting and the progressive
 
 
 def qualify(rows: list[dict], num_classes: int, budget_steps: int) -> list[dict]:
-  """Applies the reproduction rule (issue 30) to the comparison rows once every arm's numbers are in.
+  """Applies the reproduction rule to the comparison rows once every arm's numbers are in.
+
+  A claim is judged only where the run could show it:
 
   * Sample-quality rows (classifier accuracy, feature sliced W2) are 'inconclusive' when no arm's samples are
     recognisable digits (every arm's mean accuracy below 2 / num_classes, i.e. within twice chance): a difference

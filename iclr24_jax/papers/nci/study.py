@@ -120,7 +120,7 @@ PRETRAINED_ARMS = ("erm", "dann", "nci_0.1/K", "nci_1/K")
 
 
 def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
-  """The paper's setting in miniature: fine-tune a pretrained featurizer at a low learning rate (issue 30).
+  """The paper's setting in miniature: fine-tune a pretrained featurizer at a low learning rate.
 
   1. Pool: `data.split_pool` holds out 25% of every domain (all five styles, the target's included, as ImageNet
      covers the styles of the DA benchmarks) as a labelled pool that the leave-one-out runs never see.
@@ -188,7 +188,7 @@ def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
       notes=f"same data (pool held out), steps and batches; scratch at lr 1e-3. {setting}"))
   ck = float(np.mean([ckpt[t] for t in targets]))
   for r in rows:
-    if r["holds"] == "no":  # issue 30: a 'no' names the references that rule out a bug
+    if r["holds"] == "no":  # a 'no' names the references that rule out a bug
       r["notes"] += (f". 'no' after these references (tests/papers/test_nci.py): NCI's and DANN's gradients equal "
                      f"independently written reference losses, a flipped adversarial sign fails the direction test, "
                      f"fine-tuning starts exactly from the pretrained params; likely cause: the pool covers the "

@@ -21,7 +21,7 @@ from iclr24_jax.papers.safeguards import propagation
 from iclr24_jax.papers.safeguards.experiment import plot_coverage, run
 
 PAPER = "safeguards"
-MID_BUDGETS = (0.3, 0.5)   # the budgets where the two budget rules can disagree (issue 30)
+MID_BUDGETS = (0.3, 0.5)   # the budgets where the two budget rules can disagree
 
 
 # ----------------------------------------------------------------------------------------------- reproduce
