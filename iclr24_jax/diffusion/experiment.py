@@ -26,7 +26,7 @@ from iclr24_jax.common import sharding
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import metrics as dm
-from iclr24_jax.diffusion import samplers, schedules, training, unet
+from iclr24_jax.diffusion import samplers, schedules, train, unet
 
 CHANCE = 0.1  # ten digit classes
 
@@ -152,13 +152,13 @@ def make_sample_fn(model, schedule, cfg: Any, num_classes: int):
     kw = dict(method=s.method, num_steps=int(s.num_steps), eta=float(s.eta), prediction=cfg.diffusion.prediction,
               clip_x0=(float(s.clip_x0) if s.get("clip_x0") else None))
     if num_classes:
-      den = training.make_denoiser(model, params, cond_name="class_labels")
+      den = train.make_denoiser(model, params, cond_name="class_labels")
       if s.get("guidance_scale") is not None:
         return samplers.sample(den, schedule, shape, key, cond=labels,
                                null_cond=jnp.full_like(labels, num_classes), guidance_scale=float(s.guidance_scale),
                                **kw)
       return samplers.sample(den, schedule, shape, key, cond=labels, **kw)
-    return samplers.sample(training.make_denoiser(model, params), schedule, shape, key, **kw)
+    return samplers.sample(train.make_denoiser(model, params), schedule, shape, key, **kw)
 
   return sample_fn
 
@@ -191,8 +191,8 @@ def run(config: Any, workdir: str) -> dict:
   d = config.diffusion
   ema = float(d.get("ema_decay", 0.0)) > 0
   example = {"class_labels": jnp.zeros((1,), jnp.int32)} if num_classes else {}
-  init_fn = functools.partial(training.init, model=model, x_shape=x_train.shape[1:], tx=tx, ema=ema, **example)
-  step = training.make_train_step(model, schedule, prediction=d.prediction, weighting=d.weighting,
+  init_fn = functools.partial(train.init, model=model, x_shape=x_train.shape[1:], tx=tx, ema=ema, **example)
+  step = train.make_train_step(model, schedule, prediction=d.prediction, weighting=d.weighting,
                                   min_snr_gamma=float(d.min_snr_gamma), cond_drop_prob=float(d.cond_drop_prob),
                                   ema_decay=float(d.get("ema_decay", 0.0)))
   arrays = {"x": x_train, "y": ds.train.y} if num_classes else {"x": x_train}
@@ -371,7 +371,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   model = unet.create_model({**cfg.model.to_dict(), "num_classes": 0})
   schedule = schedules.from_config(cfg.schedule)
   tx = make_optimizer(cfg.optimizer, 1000)
-  step = training.make_train_step(model, schedule)
+  step = train.make_train_step(model, schedule)
   batch_size, sample_steps = 64, 10
   rows = []
   for n_dev in sorted({1, jax.device_count()}):
@@ -379,7 +379,7 @@ def benchmark(quick: bool = True) -> list[dict]:
     rep = sharding.replicated_sharding(mesh)
     for size in (8, 16) if quick else (16, 32):
       shape = (batch_size, size, size, 1)
-      state = jax.jit(lambda k: training.init(k, model, shape[1:], tx), out_shardings=rep)(jax.random.key(0))
+      state = jax.jit(lambda k: train.init(k, model, shape[1:], tx), out_shardings=rep)(jax.random.key(0))
       params = jax.tree.map(jnp.copy, state.params)  # the timed train step donates (deletes) `state`
       batch = sharding.shard_batch({"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}, mesh)
       fn = loop_lib.compile_step(step, mesh)
@@ -388,7 +388,7 @@ def benchmark(quick: bool = True) -> list[dict]:
                                 batch=batch_size, mesh_devices=n_dev))
 
       def sample_images(params, x_T, key):
-        den = training.make_denoiser(model, params)
+        den = train.make_denoiser(model, params)
         return samplers.sample(den, schedule, x_T.shape, key, method="ddim", num_steps=sample_steps, x_T=x_T)
 
       sample_jit = jax.jit(sample_images, in_shardings=(rep, sharding.data_sharding(mesh), rep),
