@@ -15,7 +15,7 @@ from iclr24_jax.diffusion.schedules import (ContinuousSchedule, DiscreteSchedule
                                             linear_beta_schedule, make_schedule, resolution_shift, shift_schedule,
                                             squaredcos_cap_v2)
 from iclr24_jax.diffusion.train import (diffusion_loss, init, loss_weight, make_denoiser,
-                                          make_train_step)
+                                        make_train_step)
 from iclr24_jax.diffusion.unet import MLPDenoiser, UNet, create_model, timestep_embedding, unet_flops
 
 __all__ = [

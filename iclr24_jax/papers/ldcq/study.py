@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 
 from iclr24_jax.common import metrics, stats
-from iclr24_jax.papers.ldcq import algorithm as alg
+from iclr24_jax.papers.ldcq import train as alg
 from iclr24_jax.papers.ldcq.model import twin_q_init
 from iclr24_jax.papers.ldcq.experiment import METHODS, plot_latents, plot_scores, build_spec, pipeline, q_config
 
@@ -275,7 +275,7 @@ def vae_flops(state_dim: int, action_dim: int, z_dim: int, hidden: int, gru_laye
 def scale_program(config, mesh):
   """The paper-size step for `experiments.scale` (`configs/ldcq.py:paper`: antmaze-large-diverse-v2 sizes).
 
-  `config.scale.program` picks the step: 'q' (default: `algorithm.q_train_step`, the batch-constrained double-Q
+  `config.scale.program` picks the step: 'q' (default: `train.q_train_step`, the batch-constrained double-Q
   update drawing its batch of 128 from the prioritised buffer of the whole Q data set: 971,000 segments, each
   with 1,000 latents pre-sampled from the diffusion prior at s_H, 62 GB in float32, split over 'data'), 'vae'
   (one Adam step of the skill VAE's `losses.vae_loss` on 128 segments of H = 30) or 'diffusion' (one step of

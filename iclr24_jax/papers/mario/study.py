@@ -23,7 +23,7 @@ from iclr24_jax.common import bench, sharding, stats
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.lm import t5
 from iclr24_jax.lm import train as lm_train
-from iclr24_jax.papers.mario import pipeline, quark
+from iclr24_jax.papers.mario import quark, train
 
 PAPER = "mario"
 # Paper, Sec. 4.2 (StrategyQA, T5-large): MaRio improves accuracy and every rationale property over SFT.
@@ -138,15 +138,15 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
     config.sft_steps, config.quark_steps_per_round, config.samples_per_round = 4, 4, 16
     config.data.num_eval = 16
   data_dir = config.data.get("data_dir") or None
-  train_items = pipeline.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
+  train_items = train.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
                                     silver_only=True, seed=int(config.seed))
-  test_items = pipeline.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
+  test_items = train.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
                                    seed=int(config.seed) + 1)
-  models = pipeline.load_models(config, [it["question"] + " " + it["rationale"] for it in train_items])
-  train_items = pipeline.short_items(models, train_items, int(config.data.max_response_tokens))
-  out = pipeline.train_mario(config, models, train_items)
+  models = train.load_models(config, [it["question"] + " " + it["rationale"] for it in train_items])
+  train_items = train.short_items(models, train_items, int(config.data.max_response_tokens))
+  out = train.train_mario(config, models, train_items)
   evals = _evaluate_arms(models, config, out, test_items)
-  silver = pipeline.score_silver(models, config, test_items)
+  silver = train.score_silver(models, config, test_items)
   names = tuple(config.rewards) + ("accuracy",)
   n_eval = len(test_items)
   model = "SmolLM2-135M-Instruct" if config.model.name == "smollm2" else "tiny random Llama"
@@ -205,11 +205,11 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
 def _evaluate_arms(models, config, out: dict, test_items) -> dict:
   """SFT (no codes), MaRio (best codes), MaRio (worst codes) and, when trained, the budget-matched SFT on the test
   items: {arm: evaluate(...) dict}."""
-  evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
-           "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
-           "worst": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
+  evals = {"sft": train.evaluate(models, config, out["sft"], test_items, None),
+           "mario": train.evaluate(models, config, out["mario"], test_items, models.codes.best()),
+           "worst": train.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
   if out.get("sft_matched") is not None:
-    evals["sft_matched"] = pipeline.evaluate(models, config, out["sft_matched"], test_items, None)
+    evals["sft_matched"] = train.evaluate(models, config, out["sft_matched"], test_items, None)
   return evals
 
 
@@ -242,13 +242,13 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
   t_start, cpu_start = time.time(), time.process_time()
   config = cfg_mod.get_config(variant + (",tiny" if fast else ""))
   data_dir = config.data.get("data_dir") or None
-  test_items = pipeline.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
+  test_items = train.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
                                    seed=int(config.test_subset_seed))
-  train_all = pipeline.load_items(config.data.name, "train", data_dir, silver_only=True)
-  models = pipeline.load_models(config, [it["question"] + " " + it["rationale"] for it in train_all])
+  train_all = train.load_items(config.data.name, "train", data_dir, silver_only=True)
+  models = train.load_models(config, [it["question"] + " " + it["rationale"] for it in train_all])
   # QuaRel's test rationales are the string "dummy": no silver reference row there.
   has_silver = all(it.get("has_rationale", it["rationale"] != "dummy") for it in test_items)
-  silver = pipeline.score_silver(models, config, test_items) if has_silver else None
+  silver = train.score_silver(models, config, test_items) if has_silver else None
   names = tuple(config.rewards) + ("accuracy",)
   seeds = int(config.num_seeds)
   per_seed: list[dict] = []        # {arm: {reward: mean}} per seed
@@ -258,11 +258,11 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
   for s in range(seeds):
     cfg = cfg_mod.get_config(variant + (",tiny" if fast else ""))
     cfg.seed = s
-    train_items = pipeline.load_items(cfg.data.name, "train", data_dir, limit=int(cfg.data.num_train),
+    train_items = train.load_items(cfg.data.name, "train", data_dir, limit=int(cfg.data.num_train),
                                       silver_only=True, seed=s)
-    train_items = pipeline.short_items(models, train_items, int(cfg.data.max_response_tokens))
+    train_items = train.short_items(models, train_items, int(cfg.data.max_response_tokens))
     t0 = time.time()
-    out = pipeline.train_mario(cfg, models, train_items)
+    out = train.train_mario(cfg, models, train_items)
     evals = _evaluate_arms(models, cfg, out, test_items)
     per_seed.append({arm: {n: float(np.mean(ev[n])) for n in names + ("valid",)} for arm, ev in evals.items()})
     for arm, ev in evals.items():

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from iclr24_jax.papers.motif import annotation, intrinsic, pipeline, reward_model, toy
+from iclr24_jax.papers.motif import annotation, intrinsic, reward_model, toy, train
 from iclr24_jax.papers.motif.annotators import annotate, cache_path
 from iclr24_jax.rl import nethack, ppo_host
 
@@ -203,13 +203,13 @@ def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
     col = collect_messages(int(nh.num_envs), int(nh.collect_steps), pol, int(config.seed), max_steps)
     data += col["messages"]
     rates[pol] = col["steps_per_s"]
-  pairs = pipeline.sample_pairs(data, int(nh.num_pairs), int(config.seed))
+  pairs = train.sample_pairs(data, int(nh.num_pairs), int(config.seed))
   path = cache_path(config, workdir, "nethack_" + judge_name.replace("/", "_"))
   t0 = time.perf_counter()
   records = annotate(config, pairs, annotation.GOALS.get(nh.goal, nh.goal), judge, judge_name, path,
                      max_unique=int(nh.max_unique_pairs))
   annotate_s = time.perf_counter() - t0
-  fitted = pipeline.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False)
+  fitted = train.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False)
   fit = fitted["fit"]
   agent_cfg = agent_config(config)
   hooks = {kind: dict(reward_fn=message_reward_fn(fit["params"], fitted["model"]), mu=fit["mu"],
