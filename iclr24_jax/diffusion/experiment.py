@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -328,20 +328,20 @@ def _gmm_rows(workdir: str, fast: bool) -> list[dict]:
   return rows
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """GMM exactness of DDPM / DDIM (with a wrong-schedule control) and the digits model's recognisability.
 
   Args:
     workdir: output folder (created).
     fast: fewer GMM samples and the 'tiny' digits config.
+    get_config: `get_config(variant)` of configs/diffusion.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import diffusion as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   rows = _gmm_rows(workdir, fast)
-  cfg = cfg_mod.get_config("tiny" if fast else "")
+  cfg = get_config("tiny" if fast else "")
   run_dir = os.path.join(workdir, "digits")
   res = run(cfg, run_dir)
   acc = res["samples_accuracy"]
@@ -364,10 +364,9 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 # -------------------------------------------------------------------------------------- benchmark
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """UNet train step/s and DDIM sampler images/s at two image sizes, on 1 and all devices."""
-  from iclr24_jax.configs import diffusion as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   model = unet.create_model({**cfg.model.to_dict(), "num_classes": 0})
   schedule = schedules.from_config(cfg.schedule)
   tx = make_optimizer(cfg.optimizer, 1000)

@@ -14,7 +14,7 @@ import os
 import pathlib
 import shutil
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -194,13 +194,14 @@ def _decode_speed(params, cfg, batch: int, prompt_len: int, new_tokens: int, rep
           "overall_tok_s": batch * new_tokens / out[new_tokens]}
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """SmolLM2 sanity figures (Paris, natural vs shuffled, long paragraph, rope layout), MiniLM paraphrases,
   speed against llama.cpp (notes), and a LoRA finetuning check.
 
   Args:
     workdir: output folder (created).
     fast: skip the wrong-rope and speed rows and finetune the 'tiny' config variant.
+    get_config: `get_config(variant)` of configs/lm.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts (paper 'lm', experiment, metric, ours, paper_value, holds, notes, plots).
@@ -262,8 +263,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
         holds=bool(r["items_per_s"] >= 2 * NOTES["llamacpp_prompt_tok_s"]),
         notes=f"sequence_logprob, float32; 1-min load average {os.getloadavg()[0]:.1f} during the run")
 
-  from iclr24_jax.configs import lm as cfg_mod
-  c = cfg_mod.get_config("tiny" if fast else "")
+  c = get_config("tiny" if fast else "")
   res = run(c, os.path.join(workdir, "finetune"))
   shutil.rmtree(os.path.join(workdir, "finetune", "checkpoints"), ignore_errors=True)  # SmolLM2 base: 0.3 GB
   row(experiment=f"{'LoRA' if c.lora.enabled else 'full'} finetuning ({c.model.name}, {c.num_steps} steps)", metric="held-out loss before -> after",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -147,8 +147,8 @@ def _plot_returns(rows: list[dict], path: str, title: str) -> str:
 
 
 # --- reproduction ---------------------------------------------------------------------------------------------
-def _cartpole(workdir: str, fast: bool) -> dict:
-  c = ppo.preset_config("cartpole")
+def _cartpole(workdir: str, fast: bool, get_config: Callable[[str], Any]) -> dict:
+  c = get_config("cartpole")
   num_seeds = 1 if fast else 4
   if fast:
     c.num_steps = 30
@@ -184,11 +184,11 @@ def _cartpole(workdir: str, fast: bool) -> dict:
                    f"{np.round(sto, 1).tolist()}; {secs:.0f} s incl. compile", "plots": [plot]}
 
 
-def _brax_and_data(workdir: str, fast: bool) -> list[dict]:
+def _brax_and_data(workdir: str, fast: bool, get_config: Callable[[str], Any]) -> list[dict]:
   rows = []
   env_name = "brax/inverted_pendulum"
   cache = os.path.join(workdir, "offline_cache")
-  cfg = ppo.preset_config("inverted_pendulum")
+  cfg = get_config("inverted_pendulum")
   if fast:
     cfg.num_steps = 10
   t0 = time.perf_counter()
@@ -280,25 +280,26 @@ def _recorded_rows() -> list[dict]:
   return rows
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """CartPole solved, inverted_pendulum well above random, offline data sets, reference returns.
 
   Args:
     workdir: output folder (created).
     fast: shorter runs; the brax rows (inverted_pendulum, its offline data sets) are replaced by one
       'skipped' row.
+    get_config: `get_config(variant)` of configs/ppo.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts (paper, experiment, metric, ours, paper_value, holds, notes).
   """
   os.makedirs(workdir, exist_ok=True)
-  rows = [_cartpole(workdir, fast)]
+  rows = [_cartpole(workdir, fast, get_config)]
   if fast:  # brax compiles take tens of seconds on CPU: the fast smoke run leaves them out
     rows.append({"paper": "ppo", "experiment": "brax inverted_pendulum + its offline data sets", "metric": "-",
                  "ours": None, "paper_value": "well above random", "holds": None, "kind": "measurement",
                  "notes": "skipped with --fast (brax compilation alone exceeds the fast budget on CPU)"})
   else:
-    rows += _brax_and_data(workdir, fast)
+    rows += _brax_and_data(workdir, fast, get_config)
   rows += _maze_rows(workdir, fast)
   rows += _recorded_rows()
   return rows
@@ -313,7 +314,7 @@ def _rollout_fn(env, model, num_steps):
   return fn
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Rollout env-steps/s (gymnax CartPole, brax inverted_pendulum; actor-critic policy) on 1 and all devices,
   and PPO update steps/s (CartPole; one update = rollout + GAE + epochs of minibatch SGD)."""
   rows = []
@@ -347,7 +348,7 @@ def benchmark(quick: bool = True) -> list[dict]:
           row["backend"] = f"{jax.default_backend()} (brax {env.backend})"
         rows.append(row)
   for preset in ("cartpole",) if quick else ("cartpole", "inverted_pendulum"):
-    c = ppo.preset_config(preset)
+    c = get_config(preset)
     agent = ppo.PPO(c)
     runner = jax.jit(agent.init)(jax.random.key(0))
     upd = jax.jit(agent.update, donate_argnums=(0,))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -43,18 +43,18 @@ def run(config: Any, workdir: str) -> dict:
   return results
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Digits CNN (default config) test accuracy vs the >= 95% the foundation promises.
 
   Args:
     workdir: output folder (the run goes to workdir/classify).
     fast: train the 'tiny' config variant; the row's holds is then None.
+    get_config: `get_config(variant)` of configs/classify.py (the runners pass it; tests pass the module's).
 
   Returns:
     one reproduction row dict in a list.
   """
-  from iclr24_jax.configs import classify as cfg_mod
-  cfg = cfg_mod.get_config("tiny" if fast else "")
+  cfg = get_config("tiny" if fast else "")
   res = run(cfg, os.path.join(workdir, "classify"))
   acc = res["test_accuracy"]
   return [{"paper": "classify", "experiment": f"digits CNN, {cfg.num_steps} steps", "metric": "test accuracy",
@@ -63,10 +63,9 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
            "plots": [os.path.join(workdir, "classify", "curves.png")]}]
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Classifier train step/s on 1 and all devices, at two batch sizes."""
-  from iclr24_jax.configs import classify as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   ds = data_lib.load_digits()
   model = classify.create_model(cfg.model, ds.num_classes)
   tx = classify.make_optimizer(cfg.optimizer, cfg.num_steps)

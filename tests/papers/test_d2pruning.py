@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import graph as graph_lib
+from iclr24_jax.configs import d2pruning as cfg_mod
 from iclr24_jax.papers import d2pruning
 from iclr24_jax.papers.d2pruning import scores as scores_lib, selection
 
@@ -491,5 +492,5 @@ def test_text_embedder_optional():
 @pytest.mark.slow
 def test_reproduce_fast_rows(tmp_path):
   from iclr24_jax.papers.d2pruning import study
-  rows = study.reproduce(str(tmp_path), fast=True)
+  rows = study.reproduce(str(tmp_path), fast=True, get_config=cfg_mod.get_config)
   assert rows and all({"paper", "experiment", "metric", "ours", "paper_value", "holds"} <= set(r) for r in rows)

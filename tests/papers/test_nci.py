@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from iclr24_jax.configs import nci as nci_config
 from iclr24_jax.papers import nci
 from iclr24_jax.papers.nci import model as model_lib, train as train_lib
 
@@ -293,7 +294,7 @@ def test_pretrained_config_fine_tunes_at_a_tenth_of_the_lr():
 @pytest.mark.slow
 def test_reproduce_pretrained_fast(tmp_path):
   from iclr24_jax.papers.nci import study
-  rows = study.reproduce_pretrained(str(tmp_path), fast=True)
+  rows = study.reproduce_pretrained(str(tmp_path), fast=True, get_config=nci_config.get_config)
   assert len(rows) == 1 + 4 + 1 + 1
   assert all(r["holds"] is None for r in rows)
   assert rows[0]["ours"].startswith("checkpoint ")

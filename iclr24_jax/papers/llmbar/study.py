@@ -6,6 +6,7 @@ that the paper's claims are checked with (experiments/reproduce.py and experimen
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 from iclr24_jax.common import bench, stats
 from iclr24_jax.papers.llmbar import data as data_lib
@@ -46,9 +47,8 @@ NOT_RUN = [
 ]
 
 
-def _repro_config(strategy: str, per_subset: int, take_first: int = 0):
-  from iclr24_jax.configs import llmbar as cfg_mod
-  c = cfg_mod.get_config(strategy)
+def _repro_config(strategy: str, per_subset: int, take_first: int = 0, *, get_config: Callable[[str], Any]):
+  c = get_config(strategy)
   c.data.per_subset = per_subset
   c.data.take_first = take_first
   c.max_new_tokens = dict(REPRO_MAX_NEW_TOKENS)
@@ -61,7 +61,8 @@ def _ci(t: dict) -> str:
   return f"{t['accuracy']:.1f} [{t['ci'][0]:.1f}, {t['ci'][1]:.1f}]"
 
 
-def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None,
+              *, get_config: Callable[[str], Any]) -> list[dict]:
   """SmolLM2-135M-Instruct as a log-probability judge, Vanilla and Rules+Metrics+Reference, vs the paper.
 
   Both strategies run in 'logprob' mode (order-debiased log-odds of "Output (a)" vs "Output (b)", ties below
@@ -75,6 +76,7 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
     fast: a stratified 2 pairs per subset (10 of 419), a smoke run.
     per_subset: pairs per subset for both strategies (0 = all 419). Default: REPRO_PER_SUBSET (0: all 419, as
       the paper does) and Rules+Metrics+Reference on the first REPRO_RMR_FIRST of them (0: the same pairs).
+    get_config: `get_config(variant)` of configs/llmbar.py (the runners pass it; tests pass the module's).
 
   Returns:
     Reproduction rows (paper, experiment, metric, ours, paper_value, holds, notes, plots).
@@ -89,7 +91,7 @@ def reproduce(workdir: str, fast: bool = False, per_subset: int | None = None) -
   for strategy in ("vanilla", "rules_metrics_reference"):
     sample = samples[strategy]
     take = first if strategy == "rules_metrics_reference" else 0
-    res = run(_repro_config(strategy, k, take), os.path.join(workdir, strategy))
+    res = run(_repro_config(strategy, k, take, get_config=get_config), os.path.join(workdir, strategy))
     res_by[strategy] = res
     t = res["subsets"]
     tables[f"SmolLM2 {strategy} (logprob)"] = t

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -121,19 +122,20 @@ def _bar_plot(evals: dict, silver: dict | None, names: tuple, path: str) -> str:
   return metrics_lib.save_figure(fig, path)
 
 
-def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa",
+              *, get_config: Callable[[str], Any]) -> list[dict]:
   """SFT vs MaRio and the controllability check on StrategyQA (see the module docstring).
 
   Args:
     workdir: output folder (plot, mario_details.json).
     fast: smaller settings (4 + 4 steps, 16 samples, 16 questions).
     variant: the config variant ('strategyqa'; 'strategyqa,tiny' runs the whole study on the tiny model).
+    get_config: `get_config(variant)` of configs/mario.py (the runners pass it; tests pass the module's).
   """
-  from iclr24_jax.configs import mario as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   cpu_start = time.process_time()
-  config = cfg_mod.get_config(variant)
+  config = get_config(variant)
   if fast and config.model.name != "tiny":
     config.sft_steps, config.quark_steps_per_round, config.samples_per_round = 4, 4, 16
     config.data.num_eval = 16
@@ -222,7 +224,8 @@ def _no_to_inconclusive(row: dict) -> dict:
   return row
 
 
-def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa,seeds") -> list[dict]:
+def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa,seeds",
+                    *, get_config: Callable[[str], Any]) -> list[dict]:
   """The seeded study (outside the main job: `python -m experiments.reproduce --only mario_seeds`).
 
   config.num_seeds training seeds (each its own training subset, SFT, Quark rounds and sampling noise) on one
@@ -233,14 +236,14 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
     workdir: output folder (plot, mario_seeds_details.json, rewritten after every seed).
     fast: the 'tiny' model at tiny sizes (a smoke test of the whole study).
     variant: the config variant ('strategyqa,seeds' by default; 'strategyqa,full' is the issue's scale).
+    get_config: `get_config(variant)` of configs/mario.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import mario as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start, cpu_start = time.time(), time.process_time()
-  config = cfg_mod.get_config(variant + (",tiny" if fast else ""))
+  config = get_config(variant + (",tiny" if fast else ""))
   data_dir = config.data.get("data_dir") or None
   test_items = train.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
                                    seed=int(config.test_subset_seed))
@@ -256,7 +259,7 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
   items: dict = {arm: {n: [] for n in names + ("valid",)} for arm in arms}
   details: dict = {"config": config.to_dict(), "seeds": []}
   for s in range(seeds):
-    cfg = cfg_mod.get_config(variant + (",tiny" if fast else ""))
+    cfg = get_config(variant + (",tiny" if fast else ""))
     cfg.seed = s
     train_items = train.load_items(cfg.data.name, "train", data_dir, limit=int(cfg.data.num_train),
                                       silver_only=True, seed=s)

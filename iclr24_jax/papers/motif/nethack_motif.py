@@ -110,7 +110,7 @@ def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int
   params and the same games (the environment's seed streams restart).
 
   Args:
-    config: a PPO config (ppo.default_config() layout).
+    config: a PPO config (the configs/ppo.py `ppo_defaults()` layout).
     hooks: setting name -> MotifRewardHook keyword arguments except num_envs (reward_fn, mu, sigma, eps, beta,
       alpha_ext, alpha_int).
     num_updates: PPO updates per setting; seed: games and params; num_envs: games.
@@ -160,17 +160,16 @@ def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int
 
 
 def agent_config(config: Any) -> Any:
-  """The HostPPO config of the NetHack agents: ppo.default_config() with the nethack block's budget.
+  """The HostPPO config of the NetHack agents: config.nethack.agent with the nethack block's budget.
 
   Args:
-    config: the motif ConfigDict (nethack: updates, rollout_steps).
+    config: the motif ConfigDict (nethack: updates, rollout_steps, agent).
 
   Returns:
-    a PPO ConfigDict (ppo.default_config() layout).
+    a PPO ConfigDict (the configs/ppo.py `ppo_defaults()` layout), a copy.
   """
-  from iclr24_jax.rl import ppo
   nh = config.nethack
-  c = ppo.default_config()
+  c = nh.agent.copy_and_resolve_references()
   c.num_steps = int(nh.updates)
   # Official --reward_scale 0.1 on the game reward only (the hook's intrinsic term is not scaled) and
   # sample-factory's default --reward_clip 10, which the official run keeps.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -61,15 +62,14 @@ def rank_note(fitted: dict) -> str:
   return ", ".join(f"{e} {v:+.2f}" for e, v in sorted(ev.items(), key=lambda kv: -kv[1])) + f" (eps {f['eps']:+.2f})"
 
 
-def _config(fast: bool):
-  from iclr24_jax.configs import motif as cfg_mod
-  c = cfg_mod.get_config("tiny" if fast else "")
+def _config(fast: bool, *, get_config: Callable[[str], Any]):
+  c = get_config("tiny" if fast else "")
   if fast:
     c.num_seeds = 3
   return c
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models, (c) toy
   success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels, and with the oracle's
   values used directly as r_phi without a learned model (claims judged on paired seeds), (d) NetHack measurements
@@ -78,12 +78,13 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   Args:
     workdir: output folder (created).
     fast: the 'tiny' config, no LM (the keyword source is labelled by the oracle): a smoke test.
+    get_config: `get_config(variant)` of configs/motif.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
   os.makedirs(workdir, exist_ok=True)
-  c = _config(fast)
+  c = _config(fast, get_config=get_config)
   t_start = time.time()
   key = jax.random.key(int(c.seed))
   k_data, k_reward, k_agents = jax.random.split(key, 3)
@@ -228,14 +229,13 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Reward-model training pairs/s (official sizes), SmolLM2 annotations/s (both orders), env steps/s with
   the Motif reward in the loop (toy PPO, jitted; NetHack, host)."""
-  from iclr24_jax.configs import motif as cfg_mod
   from iclr24_jax.papers.motif import annotation, reward_model
   import optax
   rows = []
-  c = cfg_mod.get_config("")
+  c = get_config("")
   model = train.reward_net(c)
   # 1) reward-model training step (pairs of distinct 256-byte messages, official batch 1024 in the full run).
   rng = np.random.default_rng(0)
@@ -281,7 +281,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   from iclr24_jax.rl import nethack, ppo_host
   venv = nethack.NetHackVecEnv(num_envs=4, seed=0)
   hook = intrinsic.MotifRewardHook(nethack_motif.message_reward_fn(fresh()[0], model), 0.0, 1.0, 0.0, 4)
-  host_cfg = ppo.default_config()
+  host_cfg = c.nethack.agent.copy_and_resolve_references()
   host_cfg.ppo.rollout_steps = 64
   host = ppo_host.HostPPO(host_cfg, venv, nethack.NetHackNet(venv.num_actions))
   st = host.init(jax.random.key(0))
