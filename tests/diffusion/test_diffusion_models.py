@@ -290,9 +290,10 @@ def test_configs():
 
 def test_experiment_smoke_run(tmp_path):
   from iclr24_jax.configs import diffusion as cfg_mod
-  from iclr24_jax.diffusion import experiment
-  res = experiment.run(cfg_mod.get_config("tiny"), str(tmp_path))
-  for f in ("metrics.jsonl", "results.json", "samples.png", "data.png", "loss.png"):
+  from iclr24_jax.diffusion import experiment, study
+  cfg = cfg_mod.get_config("tiny")
+  res = {**experiment.run(cfg, str(tmp_path)), **study.judge_run(str(tmp_path), cfg)}
+  for f in ("metrics.jsonl", "results.json", "samples.npz", "samples.png", "data.png", "loss.png"):
     assert os.path.exists(tmp_path / f), f
   with open(tmp_path / "results.json") as fh:
     saved = json.load(fh)
@@ -307,9 +308,9 @@ def test_digits_unet_learns_recognisable_samples(tmp_path):
   With n = 200 samples, chance accuracy 0.1 has binomial SE sqrt(0.1 * 0.9 / 200) = 0.021; we require 3 SE above.
   """
   from iclr24_jax.configs import diffusion as cfg_mod
-  from iclr24_jax.diffusion import experiment
+  from iclr24_jax.diffusion import experiment, study
   cfg = cfg_mod.get_config("")
-  res = experiment.run(cfg, str(tmp_path))
+  res = {**experiment.run(cfg, str(tmp_path)), **study.judge_run(str(tmp_path), cfg)}
   assert res["final_loss"] < 0.7 * res["first_loss"], res
   n = cfg.sampler.num_samples
   assert res["samples_accuracy"] > 0.1 + 3 * np.sqrt(0.09 / n), res
