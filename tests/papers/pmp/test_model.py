@@ -1,30 +1,22 @@
-"""PMP (Zhuo et al., ICLR 2024): layer algebra, padding / label-leak invariances, metrics vs scikit-learn,
-train step, 1 vs 8 devices, the loaders, and a smoke run of the tiny experiment."""
+"""PMP layer and model (`papers/pmp/model.py`): the layer by hand, the reduction to GraphSAGE, padding and
+label-leak invariances, clear errors."""
 import functools
-import json
-import os
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-from sklearn import metrics as skm
 
 from iclr24_jax.common import graph as graph_lib
-from iclr24_jax.common import sharding
-from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers import pmp
 from iclr24_jax.papers.pmp import data as data_lib
-from iclr24_jax.papers.pmp import metrics as pmp_metrics
-from iclr24_jax.papers.pmp import train as train_lib
+from .helpers import _init_params
 
 
 # Compiled once per static setting (eager calls would compile every primitive separately).
 _partition = jax.jit(pmp.partition_messages, static_argnames=("num_classes", "aggregation", "activation"))
 _sage = jax.jit(pmp.sage_messages, static_argnames=("aggregation", "activation"))
-_init_params = jax.jit(pmp.init_params, static_argnums=(1, 2, 3))
 
 
 def _random_graph(rng, n=12, e=40):
@@ -123,11 +115,6 @@ def test_partition_follows_the_label_state():
 
 
 @pytest.fixture(scope="module")
-def tiny_graph():
-  return pmp.make_fraud_graph(num_nodes=200, feature_dim=8, avg_degree=(4.0, 6.0, 8.0), fraud_ratio=0.15, seed=3)
-
-
-@pytest.fixture(scope="module")
 def pmp_model_and_params(tiny_graph):
   model = pmp.PMP(hidden=16)
   params = _init_params(jax.random.key(0), model, 3, tiny_graph.x.shape[1])
@@ -177,166 +164,6 @@ def test_val_test_labels_never_enter(tiny_graph, pmp_model_and_params):
 
 
 # --------------------------------------------------------------------------------------------------------
-# Metrics against scikit-learn.
-
-
-def _fixed_predictions():
-  rng = np.random.default_rng(0)
-  labels = (rng.random(500) < 0.12).astype(np.int32)
-  scores = np.round(np.clip(0.3 * labels + rng.normal(0.3, 0.2, 500), 0, 1), 2).astype(np.float32)  # with ties
-  return scores, labels
-
-
-def test_metrics_equal_sklearn():
-  scores, labels = _fixed_predictions()
-  thr = 0.45
-  preds = (scores >= thr).astype(int)
-  got = pmp.evaluate(jnp.asarray(scores), jnp.asarray(labels), threshold=thr)
-  assert set(got) == {"auc", "f1_macro", "gmean"}
-  np.testing.assert_allclose(float(got["auc"]), skm.roc_auc_score(labels, scores), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(float(got["f1_macro"]), skm.f1_score(labels, preds, average="macro"), rtol=1e-5,
-                             atol=1e-6)
-  tn, fp, fn, tp = skm.confusion_matrix(labels, preds).ravel()
-  np.testing.assert_allclose(float(got["gmean"]), np.sqrt(tp * tn / ((tp + fn) * (tn + fp))), rtol=1e-5, atol=1e-6)
-  # A mask equals evaluating the selected entries only (inside jit too).
-  mask = np.random.default_rng(1).random(500) < 0.5
-  masked = jax.jit(pmp.evaluate)(jnp.asarray(scores), jnp.asarray(labels), jnp.asarray(mask), thr)
-  np.testing.assert_allclose(float(masked["auc"]), skm.roc_auc_score(labels[mask], scores[mask]), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(float(masked["f1_macro"]),
-                             skm.f1_score(labels[mask], preds[mask], average="macro"), rtol=1e-5, atol=1e-6)
-
-
-def test_best_f1_threshold_matches_official_rule():
-  scores, labels = _fixed_predictions()
-  precision, recall, thresholds = skm.precision_recall_curve(labels, scores)
-  with np.errstate(invalid="ignore", divide="ignore"):
-    f1 = np.nan_to_num(2 * precision * recall / (precision + recall))
-  want = thresholds[np.argmax(f1)]
-  assert pmp.best_f1_threshold(scores, labels) == pytest.approx(float(want))
-  with pytest.raises(ValueError, match="no positive"):
-    pmp.best_f1_threshold(scores, np.zeros_like(labels))
-
-
-def test_multiclass_auc_equals_sklearn_ovr():
-  rng = np.random.default_rng(2)
-  labels = rng.integers(0, 4, 300)
-  probs = jax.nn.softmax(jnp.asarray(rng.normal(size=(300, 4)) + 0.8 * np.eye(4)[labels]), -1)
-  np.testing.assert_allclose(pmp_metrics.multiclass_auc(np.asarray(probs), labels),
-                             skm.roc_auc_score(labels, np.asarray(probs, np.float64), multi_class="ovr"), rtol=1e-5)
-  np.testing.assert_allclose(pmp_metrics.multiclass_f1_macro(np.asarray(probs), labels),
-                             skm.f1_score(labels, np.argmax(probs, -1), average="macro"), rtol=1e-6)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Training.
-
-
-def test_train_step_lowers_loss_and_traces_once(tiny_graph):
-  model = pmp.PMP(hidden=16)
-  tx = optax.adam(0.01)
-  state = TrainState.create(_init_params(jax.random.key(0), model, 3, tiny_graph.x.shape[1]), tx)
-  batch = jax.tree.map(jnp.asarray, pmp.make_batch(tiny_graph)[0])
-  step = jax.jit(chex.assert_max_traces(pmp.make_train_step(model), n=1))
-  eval_loss = jax.jit(lambda p, b: pmp.loss_fn(p, model, b, None, train=False)[0])
-  loss0 = eval_loss(state.params, batch)
-  # Hand check of the loss at init: masked mean of the per-node cross-entropy over training nodes.
-  logits = pmp.make_predict(model)(state.params, batch)
-  ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"])
-  m = np.asarray(batch["train_mask"])
-  np.testing.assert_allclose(float(loss0), float(np.sum(np.asarray(ce) * m) / m.sum()), atol=1e-4)
-  for _ in range(15):
-    state, metrics = step(state, batch, jax.random.key(1))
-  loss1 = eval_loss(state.params, batch)
-  assert float(loss1) < float(loss0) - 0.05
-  assert int(state.step) == 15
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-  """The tiny experiment, run once (default mesh: all 8 simulated devices)."""
-  from iclr24_jax.configs import pmp as cfg_mod
-  from iclr24_jax.papers.pmp import experiment
-  cfg = cfg_mod.get_config("tiny")
-  workdir = tmp_path_factory.mktemp("pmp_tiny")
-  return cfg, workdir, experiment.run(cfg, str(workdir))
-
-
-def test_tiny_experiment_smoke(tiny_run):
-  _, workdir, res = tiny_run
-  for f in ("results.json", "metrics.jsonl", "val_curves.png", "test_scores.png"):
-    assert os.path.exists(workdir / f), f
-  saved = json.load(open(workdir / "results.json"))
-  assert set(saved["baselines"]) == {"sage", "gcn"}
-  for k in ("auc", "f1_macro", "gmean"):
-    assert 0.0 <= res["test"][k] <= 1.0
-  assert res["data"]["nodes"] == 300
-
-
-def test_one_and_eight_devices_agree(tiny_run):
-  from iclr24_jax.common.metrics import read_jsonl
-  from iclr24_jax.papers.pmp import experiment
-  cfg, workdir, res8 = tiny_run
-  data = experiment.load_graph(cfg.data, seed=cfg.seed)
-  res1 = train_lib.fit(cfg, data, mesh=sharding.make_mesh(devices=jax.devices()[:1]))
-  l1 = [r["train/loss"] for r in res1["history"] if "train/loss" in r]
-  l8 = [r["train/loss"] for r in read_jsonl(str(workdir / "metrics.jsonl")) if "train/loss" in r]
-  assert len(l1) == len(l8) == cfg.num_steps // cfg.log_every
-  np.testing.assert_allclose(l1, l8, rtol=1e-4, atol=1e-5)
-  np.testing.assert_allclose(res1["test"]["auc"], res8["test"]["auc"], atol=1e-4)
-
-
-# --------------------------------------------------------------------------------------------------------
-# Data.
-
-
-def test_generator_is_imbalanced_and_fraud_heterophilic():
-  d = pmp.make_fraud_graph(num_nodes=2000, seed=0)
-  desc = d.describe()
-  assert 0.05 <= desc["fraud_ratio"] <= 0.15
-  assert len(d.relations) == 3
-  for rel, (benign_h, fraud_h) in desc["class_homophily"].items():
-    assert fraud_h < 0.5 < benign_h, rel
-  for s, r in d.relations:   # undirected, no self-loops
-    assert not np.any(s == r)
-    fwd = set(zip(s.tolist(), r.tolist()))
-    assert fwd == set(zip(r.tolist(), s.tolist()))
-  assert len(np.intersect1d(d.train_idx, d.test_idx)) == 0
-  assert len(d.train_idx) == pytest.approx(0.4 * 2000, abs=2)
-
-
-def test_fraud_mat_loader(tmp_path):
-  import scipy.io
-  import scipy.sparse as sp
-  rng = np.random.default_rng(0)
-  n = 3400
-  def rel(e):
-    s, r = rng.integers(0, n, e), rng.integers(0, n, e)
-    return sp.coo_matrix((np.ones(e), (s, r)), shape=(n, n)).tocsc()
-  rels = {k: rel(500) for k in ("net_upu", "net_usu", "net_uvu")}
-  scipy.io.savemat(tmp_path / "Amazon.mat", {"features": rng.random((n, 5)), "label": (rng.random((1, n)) < 0.1) * 1.0,
-                                             "homo": rel(10), **rels})
-  d = pmp.load_fraud_mat("amazon", tmp_path)
-  assert len(d.relations) == 3            # the official run trains the three relations (its homo flag is unread)
-  split = np.concatenate([d.train_idx, d.val_idx, d.test_idx])
-  assert split.min() >= 3305 and len(split) == n - 3305                 # unlabelled users excluded
-  assert len(d.train_idx) == int(0.4 * (n - 3305))
-  assert np.all(d.x.sum(1) < 1.0)                                        # x / (row sum + 0.01)
-  d1 = pmp.load_fraud_mat("amazon", tmp_path, homo=True)
-  assert d1.relation_names == ("homo",) and len(d1.relations) == 1
-  assert len(d1.relations[0][0]) == sum(len(s) for s, _ in d.relations)   # merged, duplicates kept
-  with pytest.raises(FileNotFoundError, match="CARE-GNN"):
-    pmp.load_fraud_mat("yelpchi", tmp_path)
-
-
-def test_geom_gcn_loader(shared_data):
-  d = pmp.load_geom_gcn("texas", root=shared_data / "geom_gcn")
-  assert d.num_nodes == 183 and d.num_classes == 5 and d.x.shape == (183, 1703)
-  s, r = d.relations[0]
-  assert set(zip(s.tolist(), r.tolist())) == set(zip(r.tolist(), s.tolist()))
-  assert set(np.unique(d.label_state())) <= set(range(6))
-
-
-# --------------------------------------------------------------------------------------------------------
 # Clear errors.
 
 
@@ -360,23 +187,3 @@ def test_clear_errors(tiny_graph):
     experiment.load_graph(cfg_mod.get_config("yelpchi").data)
   with pytest.raises(ValueError, match="fraud_ratio"):
     pmp.make_fraud_graph(fraud_ratio=0.7)
-
-
-def test_neighbour_label_counts_hand_example():
-  from iclr24_jax.papers.pmp import data as data_lib
-  # 4 nodes, train = {0 (benign), 1 (fraud)}; relation 0: 0->2, 1->2, 2->3; relation 1: 1->3, 3->0.
-  x = np.zeros((4, 2), np.float32)
-  rels = ((np.array([0, 1, 2]), np.array([2, 2, 3])), (np.array([1, 3]), np.array([3, 0])))
-  d = data_lib.GraphData("hand", x, np.array([0, 1, 1, 0], np.int32), rels, ("a", "b"), np.array([0, 1]),
-                         np.array([2]), np.array([3]), 2)
-  c = data_lib.neighbour_label_counts(d)       # columns: rel a (benign, fraud, unknown), rel b (same)
-  np.testing.assert_array_equal(c, [[0, 0, 0, 0, 0, 1],      # node 0 hears node 3 (unknown) in b
-                                    [0, 0, 0, 0, 0, 0],
-                                    [1, 1, 0, 0, 0, 0],      # node 2 hears 0 (benign) and 1 (fraud) in a
-                                    [0, 0, 1, 0, 1, 0]])     # node 3 hears 2 (unknown: val) in a, 1 (fraud) in b
-  d2 = data_lib.with_neighbour_labels(d)
-  assert d2.x.shape == (4, 8) and d2.labels is d.labels
-  # the val/test labels never enter: flipping them leaves the counts unchanged
-  d3 = data_lib.GraphData("hand", x, np.array([0, 1, 0, 1], np.int32), rels, ("a", "b"), d.train_idx, d.val_idx,
-                          d.test_idx, 2)
-  np.testing.assert_array_equal(data_lib.neighbour_label_counts(d3), c)
