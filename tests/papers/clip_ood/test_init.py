@@ -1,4 +1,5 @@
-"""CLIP OOD package API (`papers/clip_ood/__init__.py`): the vision CLIP is re-exported, every name in __all__ exists."""
+"""CLIP OOD package API (`papers/clip_ood/__init__.py`): the vision CLIP is re-exported, every name in __all__
+exists."""
 import jax.numpy as jnp
 import numpy as np
 
