@@ -420,11 +420,11 @@ def test_tiny_run(tmp_path, shared_data):
 def test_preference_study_pair_means_add_up_to_the_split_accuracies():
   from iclr24_jax.configs import cpm as cfg_mod
   from iclr24_jax.papers.cpm import data as data_lib
-  from iclr24_jax.papers.cpm import experiment
+  from iclr24_jax.papers.cpm import evaluation
   d = data_lib.make_synthetic(0, 48, cfg_mod.SYN_WEIGHTS, embed_dim=8)   # 13 "LM features" + length
   cv = cfg_mod.get_config("tiny").cv
   seeds = (0, 1, 2)
-  out = experiment.preference_study(d["fa"], d["fb"], None, None, d["labels"], 24, seeds, cv)
+  out = evaluation.preference_study(d["fa"], d["fb"], None, None, d["labels"], 24, seeds, cv)
   # Each split tests the 24 pairs after its permutation's first 24 (the study's split rule, re-drawn here).
   count = np.zeros(48, int)
   for s in seeds:
@@ -472,31 +472,31 @@ def _prefers_good(prompt: str, option: str) -> float:
 
 def test_judge_preferences_are_order_debiased_and_cached(tmp_path):
   from iclr24_jax import lm
-  from iclr24_jax.papers.cpm import experiment
+  from iclr24_jax.papers.cpm import evaluation
   hist = ["Human: hi", "Human: help"]
   judge = lm.FakeJudge(preference=_prefers_good, noise=0.0)
   cache = lm.GenerationCache(str(tmp_path / "judge.jsonl"))
-  pref = experiment.judge_preferences(judge, hist, ["GOOD one", "bad one"], ["bad two", "GOOD two"], cache=cache)
+  pref = evaluation.judge_preferences(judge, hist, ["GOOD one", "bad one"], ["bad two", "GOOD two"], cache=cache)
   # Order ab: log-softmax(2, 0) -> log-odds 2 for the first answer; order ba: the same 2 for it -> mean 2.
   np.testing.assert_allclose(pref, [2.0, -2.0], atol=1e-6)
   n_calls = len(judge.calls)
-  again = experiment.judge_preferences(judge, hist, ["GOOD one", "bad one"], ["bad two", "GOOD two"],
+  again = evaluation.judge_preferences(judge, hist, ["GOOD one", "bad one"], ["bad two", "GOOD two"],
                                        cache=lm.GenerationCache(str(tmp_path / "judge.jsonl")))
   np.testing.assert_allclose(again, pref)
   assert len(judge.calls) == n_calls                       # read back from the file, the judge not called
   positional = lm.FakeJudge(preference=lambda p, o: 3.0 if o == "Assistant 1" else 0.0, noise=0.0)
-  pos = experiment.judge_preferences(positional, hist, ["GOOD one", "bad one"], ["bad two", "GOOD two"])
+  pos = evaluation.judge_preferences(positional, hist, ["GOOD one", "bad one"], ["bad two", "GOOD two"])
   np.testing.assert_allclose(pos, 0.0, atol=1e-6)          # a purely positional judge cancels exactly
-  np.testing.assert_array_equal(experiment.pairwise_wins(np.array([2.0, -2.0, 0.0, 5.0]),
+  np.testing.assert_array_equal(evaluation.pairwise_wins(np.array([2.0, -2.0, 0.0, 5.0]),
                                                          np.array([False, False, False, True])), [1.0, 0.0, 0.5, 0.5])
   with pytest.raises(ValueError, match="one first and one second answer per history"):
-    experiment.judge_preferences(judge, hist, ["a"], ["b", "c"])
+    evaluation.judge_preferences(judge, hist, ["a"], ["b", "c"])
 
 
 def test_bon_judge_study_by_hand():
   from iclr24_jax import lm
   from iclr24_jax.configs import cpm as cfg_mod
-  from iclr24_jax.papers.cpm import experiment
+  from iclr24_jax.papers.cpm import evaluation
   rng = np.random.default_rng(0)
   fa, fb = rng.normal(size=(64, 14)), rng.normal(size=(64, 14))
   y = (fa[:, 0] > fb[:, 0]).astype(np.int32)          # only feature 0 matters: both models weight it > 0
@@ -508,7 +508,7 @@ def test_bon_judge_study_by_hand():
   good = {(0, 2), (1, 0), (2, 0)}
   samples = [[("GOOD" if (i, j) in good else "bad") + f" {i}{j}" for j in range(4)] for i in range(3)]
   judge = lm.FakeJudge(preference=_prefers_good, noise=0.0)
-  out = experiment.bon_judge_study(fa, fb, fa, fb, y, sf, se, ["Human: q"] * 3, samples, judge,
+  out = evaluation.bon_judge_study(fa, fb, fa, fb, y, sf, se, ["Human: q"] * 3, samples, judge,
                                    cfg_mod.get_config("tiny").cv)
   np.testing.assert_array_equal(out["picks"]["CPM"], [2, 0, 3])
   np.testing.assert_array_equal(out["picks"]["standard PM"], [1, 2, 0])
