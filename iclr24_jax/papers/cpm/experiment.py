@@ -248,6 +248,7 @@ def run(config: Any, workdir: str, log=print) -> dict:
     t1, c1, tok0 = time.perf_counter(), time.process_time(), scorer.num_tokens
     sc = score_pairs(scorer, pairs, cache, mode=config.mode, log=log)
     score_s, score_cpu = time.perf_counter() - t1, time.process_time() - c1
+    pair_tokens = scorer.num_tokens - tok0   # the pairs' alone (the best-of-n samples are scored later)
     keep = sc["complete"]
     fa, fb, y = sc["fa"][keep], sc["fb"][keep], sc["labels"][keep]
     ea = None if sc["ea"] is None else sc["ea"][keep]
@@ -335,9 +336,8 @@ def run(config: Any, workdir: str, log=print) -> dict:
                                         f"best-of-n: PM A picks, PM B judges ({p} prompts x {n} SmolLM2 samples, "
                                         f"{len(seeds)} half-splits)"))
     results["timing"] = {"scorer_load_s": load_s, "score_s": score_s, "score_cpu_s": score_cpu,
-                         "tokens": scorer.num_tokens - tok0,
-                         "features_per_s": (2 * n_pool * len(feat.FEATURES) / score_s
-                                            if scorer.num_tokens > tok0 else None),
+                         "tokens": pair_tokens,
+                         "features_per_s": (2 * n_pool * len(feat.FEATURES) / score_s if pair_tokens else None),
                          "fit_s": fit_s, "bon_generation_s": bon_gen_s, "bon_generation_cpu_s": bon_gen_cpu,
                          "bon_score_cpu_s": bon_score_cpu, "bon_total_s": bon_s, "judge_s": judge_s}
   elif config.data.name != "synthetic":
