@@ -79,7 +79,9 @@ def paired_bootstrap_row(*, experiment: str, metric: str, a, b, name_a: str, nam
     seed_note = (f"per split ({seeds['n']} re-splits of one pool, paired): {name_a} "
                  f"{stats.fmt_mean_se(seeds['mean_a'], seeds['se_a'])} vs {name_b} "
                  f"{stats.fmt_mean_se(seeds['mean_b'], seeds['se_b'])}, diff {seeds['diff']:+.3f}+-"
-                 f"{seeds['se_diff']:.2g} ({seeds['holds']} by 2 SE; that SE leaves out the pool's sampling error)")
+                 f"{seeds['se_diff']:.2g}"
+                 + ("" if kind == "measurement" else f" ({seeds['holds']} by 2 SE; that SE leaves out the pool's "
+                                                     "sampling error)"))
     row["notes"] = f"{notes}; {seed_note}" if notes else seed_note
   row.update(extra)
   return row
@@ -144,7 +146,9 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
     tested = [i for i, c in enumerate(pref["test_count"]) if c > 0]
     per_pair = {k: np.asarray([v[i] for i in tested], np.float64) for k, v in pm_.items()}
     pool = (f"{len(tested)} of {pref['num_pairs']} pairs tested by at least one of {len(acc['CPM']['per_seed'])} "
-            f"random {pref['num_train']}/{pref['num_test']} re-splits")
+            f"random {pref['num_train']}/{pref['num_test']} re-splits; the bootstrap resamples pairs with the splits' "
+            "fitted models held fixed, so the fits' variance over training sets enters only through the average "
+            "over splits")
     if "standard PM" in acc:
       rows.append(paired_bootstrap_row(
           experiment=setting, metric="held-out preference accuracy", a=per_pair["CPM"], b=per_pair["standard PM"],
