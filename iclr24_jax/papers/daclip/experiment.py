@@ -126,6 +126,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
     config: the daclip ConfigDict (`configs/daclip.py`); restoration=False skips stage 2.
     workdir: output folder (created).
     progress: print progress lines.
+
+  Returns:
+    the results dict above.
+
+  Raises:
+    ValueError: `restore_conditions` names a condition that is not in `conditions`.
   """
   if config.data.name in daclip_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
     daclip_data.load(config.data)                  # naming the layout and source when absent)
@@ -137,6 +143,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
   key_clip, key_ctrl, key_rest, key_sample = jax.random.split(key, 4)
   key_eval = jax.random.fold_in(key, 5)          # the held-out draws: shared by every restorer, no training key
   conditions = tuple(config.conditions)
+  restored_conditions = tuple(config.restore_conditions)
+  unknown = [c for c in restored_conditions if c not in conditions]
+  if unknown:                                    # checked before any training: a typo must not cost a run
+    raise ValueError(f"restore_conditions {unknown} are not among the trained conditions {conditions}; pick them "
+                     "from config.conditions.")
   data = load_data(config)
   timings = {}
 
@@ -203,10 +214,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
                    "per_type": {name: per_image[:, test["type"] == k].mean(1).tolist()
                                 for k, name in enumerate(deg.DEGRADATIONS)}}
     t = time.time()
-    restored_conditions = tuple(config.restore_conditions)
-    unknown = [c for c in restored_conditions if c not in conditions]
-    if unknown:
-      raise ValueError(f"restore_conditions {unknown} are not among the trained conditions {conditions}.")
     mean, first = restore_all(config, net, sde, states.params, test, cond_te, ctx_te, key_sample,
                               conditions=[conditions.index(c) for c in restored_conditions],
                               num_samples=int(config.restore_samples))

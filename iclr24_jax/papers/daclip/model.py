@@ -34,7 +34,7 @@ from iclr24_jax.vision import clip
 
 __all__ = ["DaClip", "daclip_from_clip", "init_daclip_params", "controller_loss", "make_controller_optimizer",
            "make_controller_train_step", "degradation_logits", "create_restorer", "predict_noise", "restoration_loss",
-           "make_restoration_train_step", "trainable_mask", "restore", "noise_fn_for"]
+           "make_restoration_train_step", "trainable_mask", "restore", "noise_fn_for", "heldout_matching_loss"]
 
 
 class DaClip(nn.Module):
