@@ -33,6 +33,7 @@ The pieces (`train_loop` is their composition; a paper with its own driver uses 
   StopCheck       SIGTERM / SIGINT (`stop_on_signals`) seen at a step boundary, one agreed step on multi-host
   Preempted       raised once the checkpoint of that boundary is saved; the launcher turns it into one line
   ResumableLoop   the pieces above put together for an own driver's loop (one per stage of a staged driver)
+  Stages          a staged driver's ResumableLoops, one folder per stage (`stage_loop`)
 
 An own driver (say, a chunked loop whose batches are drawn on device from a key; `papers/cdgm/train.py:fit` is
 the worked example) reads:
@@ -923,6 +924,50 @@ class ResumableLoop:
     stop = self.stop or self._check(step)
     if stop:
       raise Preempted(step, stop, self.where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+  """Where a staged driver's loops save and how often: stage `name` is a `ResumableLoop` in `workdir/name`
+  (its `checkpoints/` and `metrics.jsonl`), so a killed run resumes inside the stage it was in and skips the
+  finished ones.
+
+  Attributes:
+    workdir: the run's folder (None: nothing written; the loops still log in memory and stop on signals).
+    every_steps: save every N steps of a stage (its own unit), at its boundaries; 0: not by steps.
+    every_secs: also save when this many wall seconds passed since the stage's last save (0: not by time).
+    config: recorded beside each stage's checkpoints.
+    progress: print a progress line per stage.
+    label: the progress lines' prefix (the paper's slug).
+  """
+
+  workdir: str | None
+  every_steps: int = 0
+  every_secs: float = 0.0
+  config: Any = None
+  progress: bool = False
+  label: str = ""
+
+  @classmethod
+  def from_config(cls, config: Any, workdir: str | None, label: str = "") -> "Stages":
+    """`checkpoint_options(config)`'s intervals, the config recorded, progress unless `config.progress` is False."""
+    opts = checkpoint_options(config)
+    return cls(workdir, every_steps=opts["checkpoint_every"], every_secs=opts["checkpoint_every_secs"],
+               config=config, progress=bool(config.get("progress", True)) and jax.process_index() == 0,
+               label=label)
+
+  def loop(self, name: str, num_steps: int) -> ResumableLoop:
+    """The ResumableLoop of stage `name` (`num_steps` of them)."""
+    import os
+    where = None if self.workdir is None else os.path.join(self.workdir, name)
+    return ResumableLoop(where, num_steps=num_steps, name=f"{self.label} {name}".strip(),
+                         every_steps=self.every_steps, every_secs=self.every_secs, config=self.config,
+                         progress=self.progress and where is not None)
+
+
+def stage_loop(stages: Stages | None, name: str, num_steps: int) -> ResumableLoop:
+  """`stages.loop(name, num_steps)`, or a loop that writes nothing when `stages` is None."""
+  return (stages or Stages(None)).loop(name, num_steps)
 
 
 # ----------------------------------------------------------------------------------------------------------------

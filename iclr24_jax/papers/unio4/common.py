@@ -2,8 +2,6 @@
 stages save (`Checkpoints`), and the chunked supervised loop of the critic and BC stages."""
 from __future__ import annotations
 
-import dataclasses
-import os
 from typing import Any, Callable
 
 import jax
@@ -46,39 +44,15 @@ def ensemble_apply_gradients(state: TrainState, grads: Any, **changes: Any) -> T
                        **changes)
 
 
-@dataclasses.dataclass(frozen=True)
-class Checkpoints:
-  """Where the pipeline's stages save and how often: stage `name` keeps `checkpoints/` and `metrics.jsonl` in
-  `workdir/name` (a `common.loop.ResumableLoop`), so a killed run resumes inside the stage it was in and skips
-  the finished ones.
-
-  Attributes:
-    workdir: the run's folder.
-    every_steps: save every N steps of a stage (its own unit: critic / dynamics / BC / improvement steps, online
-      PPO updates), at its chunk ends; 0: not by steps.
-    every_secs: also save when this many wall seconds passed since the stage's last save (0: not by time).
-    config: recorded beside each stage's checkpoints.
-    progress: print a progress line per stage.
-  """
-
-  workdir: str
-  every_steps: int = 0
-  every_secs: float = 0.0
-  config: Any = None
-  progress: bool = False
-
-  def loop(self, name: str, num_steps: int) -> loop_lib.ResumableLoop:
-    """The ResumableLoop of stage `name` (`num_steps` of them)."""
-    return loop_lib.ResumableLoop(os.path.join(self.workdir, name), num_steps=num_steps, name=f"unio4 {name}",
-                                  every_steps=self.every_steps, every_secs=self.every_secs, config=self.config,
-                                  progress=self.progress)
+# Where the pipeline's stages save and how often: stage `name` keeps `checkpoints/` and `metrics.jsonl` in
+# `workdir/name` (`common.loop.Stages`); every_steps counts each stage's own unit (critic / dynamics / BC /
+# improvement steps, online PPO updates).
+Checkpoints = loop_lib.Stages
 
 
 def stage_loop(checkpoints: Checkpoints | None, name: str, num_steps: int) -> loop_lib.ResumableLoop:
   """`checkpoints.loop(name, num_steps)`, or a loop that writes nothing when `checkpoints` is None."""
-  if checkpoints is None:
-    return loop_lib.ResumableLoop(None, num_steps=num_steps, name=f"unio4 {name}")
-  return checkpoints.loop(name, num_steps)
+  return loop_lib.stage_loop(checkpoints, name, num_steps)
 
 
 def run_in_chunks(chunk: Callable, init: Callable[[], Any], data: Any, key: jax.Array, num_steps: int,

@@ -76,9 +76,7 @@ def checkpoints(config: Any, workdir: str) -> common.Checkpoints:
   Returns:
     common.Checkpoints.
   """
-  return common.Checkpoints(workdir, every_steps=int(config.get("checkpoint_every", 0) or 0),
-                            every_secs=float(config.get("checkpoint_every_secs", 0.0) or 0.0), config=config,
-                            progress=bool(config.get("progress", True)) and jax.process_index() == 0)
+  return common.Checkpoints.from_config(config, workdir, label="unio4")
 
 
 def run(config: Any, workdir: str) -> dict:
