@@ -22,7 +22,7 @@ import numpy as np
 
 from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics
-from iclr24_jax.papers.unio4 import algorithm, bc as bc_lib
+from iclr24_jax.papers.unio4 import bc as bc_lib, train
 from iclr24_jax.papers.unio4 import improvement
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.rl import normalization
@@ -58,7 +58,7 @@ def _stats(config: Any, ds: dict) -> normalization.RunningStats:
 def _evaluator(config: Any, env: Any, ds: dict, key: jax.Array):
   policy = bc_lib.make_policy(env.spec.action_dim, config.model)
   stats = _stats(config, ds)
-  return lambda params: algorithm.evaluate_members(env, policy, params, stats, key, int(config.eval_episodes))
+  return lambda params: train.evaluate_members(env, policy, params, stats, key, int(config.eval_episodes))
 
 
 def _save_final(workdir: str, config: Any, off: dict) -> str:
@@ -85,7 +85,7 @@ def run(config: Any, workdir: str) -> dict:
   writer = metrics.MetricWriter(workdir)
   env_name = config.data.name
   ds = dataset(config)
-  env = algorithm.get_env(env_name)
+  env = train.get_env(env_name)
   key = jax.random.key(int(config.seed))
   k_off, k_eval, k_on, k_scr = jax.random.split(key, 4)
   progress = metrics.Progress(int(config.num_steps), name="unio4 improve")
@@ -97,7 +97,7 @@ def run(config: Any, workdir: str) -> dict:
 
   # eval_episodes = 0: no real-environment evaluation (the OPE alone picks the member; no offline plot)
   evaluate_fn = _evaluator(config, env, ds, k_eval) if int(config.eval_episodes) > 0 else None
-  off = algorithm.run_offline(config, ds, k_off, evaluate_fn=evaluate_fn, callback=callback)
+  off = train.run_offline(config, ds, k_off, evaluate_fn=evaluate_fn, callback=callback)
   results = {"env": env_name, "data_kind": config.data.kind, "best_ope": off["best_ope"].tolist(),
              "last_ope": off["last_ope"].tolist(), "replacements": off["replacements"], "seconds": off["seconds"]}
   plots = []
@@ -115,15 +115,15 @@ def run(config: Any, workdir: str) -> dict:
     sel = off["selected"]
     results["selected"] = sel
   if int(config.online.num_steps) > 0:
-    init = algorithm.online_init(off, bc_lib.members(off["params"])[sel], config)
+    init = train.online_init(off, bc_lib.members(off["params"])[sel], config)
     cb = lambda stage, step, row: writer.write(step, {"stage": "online", **row})
-    on = algorithm.run_online(config.online, env, init, k_on, callback=cb)
+    on = train.run_online(config.online, env, init, k_on, callback=cb)
     curves = {"PPO from Uni-O4": on}
     results["online_eval_return"] = on["eval_return"].tolist()
     results["online_env_steps"] = on["env_steps"].tolist()
     if bool(config.online.compare_scratch):
       cb = lambda stage, step, row: writer.write(step, {"stage": "online_scratch", **row})
-      scr = algorithm.run_online(config.scratch, env, None, k_scr, callback=cb)
+      scr = train.run_online(config.scratch, env, None, k_scr, callback=cb)
       curves["PPO from scratch"] = scr
       results["scratch_eval_return"] = scr["eval_return"].tolist()
       results["scratch_env_steps"] = scr["env_steps"].tolist()

@@ -19,7 +19,7 @@ import optax
 
 from iclr24_jax.common import optim
 from iclr24_jax.papers.unio4 import bc as bc_lib
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import critics as critics_lib
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4 import dynamics as dyn_lib
@@ -122,15 +122,15 @@ _PROGRAM_KEYS = ("batch_size", "ope_batch", "ope_horizon", "clip_eps", "omega")
 @functools.lru_cache(maxsize=16)
 def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple, num_steps: int, obs_dim: int,
                       act_dim: int, obs_clip: float):
-  pcfg, icfg = common.thaw(frozen_policy), common.thaw(frozen_imp)
+  pcfg, icfg = stages.thaw(frozen_policy), stages.thaw(frozen_imp)
   policy = bc_lib.make_policy(act_dim, pcfg)
-  tx = optim.make_optimizer(ml_collections.ConfigDict(common.thaw(frozen_opt)), num_steps)
+  tx = optim.make_optimizer(ml_collections.ConfigDict(stages.thaw(frozen_opt)), num_steps)
   batch_size, ope_batch, horizon = int(icfg["batch_size"]), int(icfg["ope_batch"]), int(icfg["ope_horizon"])
   kw = dict(policy=policy, clip_eps=float(icfg["clip_eps"]), omega=float(icfg["omega"]), obs_clip=obs_clip)
 
   @jax.jit
   def init(params):
-    return common.ensemble_state(params, tx, extra={"behaviour": params})
+    return stages.ensemble_state(params, tx, extra={"behaviour": params})
 
   @functools.partial(jax.jit, static_argnums=4)
   def chunk(state, data, critics, key, n):
@@ -181,8 +181,8 @@ def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple
 
 def _programs(config: Any, data: data_lib.OfflineData):
   icfg = config.improve
-  frozen_imp = common.freeze({k: icfg[k] for k in _PROGRAM_KEYS})
-  return _improve_programs(common.freeze(config.model), common.freeze(config.optimizer), frozen_imp,
+  frozen_imp = stages.freeze({k: icfg[k] for k in _PROGRAM_KEYS})
+  return _improve_programs(stages.freeze(config.model), stages.freeze(config.optimizer), frozen_imp,
                            int(config.num_steps), data.obs_dim, data.action_dim, float(config.obs_clip))
 
 
