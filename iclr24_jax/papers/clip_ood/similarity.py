@@ -104,7 +104,7 @@ def topk_similarity(queries: jax.Array, keys: jax.Array, k: int, chunk: int = 10
 
   Raises:
     ContractError: on shape mismatches, k out of range, chunk < 1, or NaN/inf in readable inputs (under jit
-    NaN/inf inputs give NaN values and -1 indices).
+      NaN/inf inputs give NaN values and -1 indices).
   """
   where = "clip_ood.topk_similarity"
   ok = checks.all_ok(check_embeddings("queries", queries, where=where),
