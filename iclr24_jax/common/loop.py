@@ -105,7 +105,7 @@ def loop_grads_are_slow(backend: str | None = None) -> bool:
   """True where gradients of convolutions run far slower inside a compiled loop than in a plain jitted call.
 
   On XLA:CPU the backward convolutions (their dimension numbers are not channel-last) lose the fast Eigen path
-  inside a while-loop body (jax issue 12868, still open). Measured here with jax 0.9.2 on 2 cores: a 3-layer CNN
+  inside a while-loop body (jax-ml/jax#12868, open). Measured here with jax 0.9.2 on 2 cores: a 3-layer CNN
   step 6.6 ms plain vs 133 ms per step under `lax.scan` (20x); DA-CLIP's restorer UNet 67 ms vs 573 ms (8.5x);
   the forward pass alone is as fast in a loop. Papers whose train step contains a convolution therefore run
   steps as a host loop of one jitted step on CPU, and as a `lax.scan` on accelerators.

@@ -382,13 +382,13 @@ def _fake_real_run():
 
 def test_real_text_rows_signed_contrasts_and_arms():
   from iclr24_jax.common import stats
-  from iclr24_jax.papers.finetune_dissect import real
-  rows = real.rows_from_run(_fake_real_run())
+  from iclr24_jax.papers.finetune_dissect import study
+  rows = study.rows_from_run(_fake_real_run())
   for r in rows:
     stats.row_kind(r)
   cmp = [r for r in rows if r["metric"].startswith("style vs factual")]
   assert len(cmp) == 2 and not any(r["metric"].startswith("topic vs") for r in rows)   # no topic pairs
-  held, in_set = (next(r for r in cmp if real.ARM_LABEL[a] in r["experiment"]) for a in ("held_out", "in_set"))
+  held, in_set = (next(r for r in cmp if study.ARM_LABEL[a] in r["experiment"]) for a in ("held_out", "in_set"))
   assert held["kind"] == "claim" and in_set["kind"] == "measurement" and in_set["holds"] is None
   # Signed means over the 5 documents with both versions: style (0.4 - 0.4 + 0.4 - 0.4 + 0.1) / 5 = 0.02, factual
   # 0.2: diff -0.18 (the mean of absolute contrasts, 0.34, would have put style above factual).
@@ -398,7 +398,7 @@ def test_real_text_rows_signed_contrasts_and_arms():
   # the style version gets + eps, so its contrast gets - eps: seed means 0.02 + 0.01, 0.02, 0.02 - 0.01
   assert held["judgement_seeds"]["a"] == pytest.approx([0.03, 0.02, 0.01])
   # Factual share: total 1.0 and factual 0.2 on every kept document: total / 2 - factual = 0.3 with no spread.
-  share = next(r for r in rows if r["metric"].startswith("factual share") and real.ARM_LABEL["held_out"]
+  share = next(r for r in rows if r["metric"].startswith("factual share") and study.ARM_LABEL["held_out"]
                in r["experiment"])
   assert share["kind"] == "claim" and share["holds"] == "yes" and share["judgement"]["diff"] == pytest.approx(0.3)
   assert "factual / total = 0.20" in share["notes"]

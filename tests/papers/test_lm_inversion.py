@@ -154,7 +154,7 @@ def test_train_step_lowers_loss_and_compiles_once():
   labels = rng.integers(3, 32, size=(8, 6)).astype(np.int32)
   labels[:, -1] = 2
   batch = {"logprobs": jnp.asarray(logprobs), "labels": jnp.asarray(labels), "label_mask": jnp.ones((8, 6), bool)}
-  state = li.init_state(jax.random.key(0), inv, optax.adam(1e-2), 40)
+  state = li.init(jax.random.key(0), inv, optax.adam(1e-2), 40)
   step = jax.jit(chex.assert_max_traces(li.make_train_step(inv), n=1))
   losses = []
   for _ in range(40):
@@ -180,7 +180,7 @@ def test_multi_train_step_equals_separate_steps():
   batch = {"logprobs": jnp.asarray(lp), "labels": jnp.asarray(labels), "label_mask": jnp.ones((4, 2, 5), bool)}
   tx = optax.adam(1e-2)
   keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in (3, 4)])
-  states = jax.vmap(lambda k: li.init_state(jax.random.wrap_key_data(k), inv, tx, 40))(keys)
+  states = jax.vmap(lambda k: li.init(jax.random.wrap_key_data(k), inv, tx, 40))(keys)
   step = li.make_train_step(inv)
   new, m = jax.jit(li.make_multi_train_step(step, 2))(states, batch, jax.random.key(7))
   for i in range(2):

@@ -275,7 +275,7 @@ def test_qualify_applies_the_reproduction_rule():
 def test_arm_host_loop_equals_the_fori_loop(nested):
   """Arm.train on CPU (a host loop of one jitted step) runs the same steps, batches and keys as the fori_loop
   program used on accelerators."""
-  from iclr24_jax.papers.mdm.pipeline import Arm
+  from iclr24_jax.papers.mdm.programs import Arm
   model, scheds, params = nested
   rng = np.random.default_rng(3)
   arrays = {"x": jnp.asarray(rng.uniform(-1, 1, (32, 16, 16, 1)), jnp.float32), "y": jnp.arange(32) % 10}

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from iclr24_jax.papers import unio4
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.rl import normalization
 
@@ -99,7 +99,7 @@ def bc_runs():
     go = jax.jit(lambda state, alpha=alpha: jax.lax.scan(
         lambda st, _: unio4.bc_step(st, batch, policy=policy, alpha=alpha), state, None, length=150))
     for identical, p in ((False, params), (True, same)):  # one compile per alpha
-      state, m = go(common.ensemble_state(p, tx))
+      state, m = go(stages.ensemble_state(p, tx))
       out[(identical, alpha)] = (state.params, float(unio4.pairwise_disagreement(state.params, policy, batch["obs"])),
                                  m)
   return out
@@ -321,7 +321,7 @@ def test_offline_ppo_step_lowers_its_loss(ppo_setup):
   policy, params, critics, obs = ppo_setup
   stats = normalization.init((3,))
   tx = optax.adam(1e-3)
-  state = common.ensemble_state(params, tx, extra={"behaviour": params})
+  state = stages.ensemble_state(params, tx, extra={"behaviour": params})
   key = jax.random.key(7)
 
   @jax.jit
@@ -397,7 +397,7 @@ def test_multi_step_improvement_moves_further_than_one_step_under_a_known_critic
       beh = jax.tree.map(lambda b, old: jnp.where(replace, b, old), beh, st.extra["behaviour"])
       return st.replace(extra={"behaviour": beh, "best": best}), None
 
-    st = common.ensemble_state(params, tx, extra={"behaviour": params, "best": -dist(params)})
+    st = stages.ensemble_state(params, tx, extra={"behaviour": params, "best": -dist(params)})
     return jax.lax.scan(outer, st, None, length=8)[0].params
 
   d0, d_one, d_multi = np.asarray(dist(params)), np.asarray(dist(train(params, False))), \
@@ -416,7 +416,7 @@ def test_offline_ppo_step_one_vs_eight_devices(ppo_setup):
   for n in (1, 8):
     mesh = sharding.make_mesh(devices=jax.devices()[:n])
     rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
-    state = jax.device_put(common.ensemble_state(params, tx, extra={"behaviour": params}), rep)
+    state = jax.device_put(stages.ensemble_state(params, tx, extra={"behaviour": params}), rep)
     fn = jax.jit(lambda s, o, k: unio4.offline_ppo_step(s, o, k, policy=policy, critics=critics, obs_stats=stats),
                  in_shardings=(rep, dat, rep), out_shardings=(rep, rep))
     outs.append(jax.device_get(fn(state, jax.device_put(obs, dat), jax.random.key(9))[0].params))

@@ -237,7 +237,7 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
 
     def make_case(mesh, size, inverter=inverter):
       tx = make_optimizer(config.optimizer, 100)
-      state = jax.jit(lambda k: model_lib.init_state(k, inverter, tx, v),
+      state = jax.jit(lambda k: model_lib.init(k, inverter, tx, v),
                       out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
       rng = np.random.default_rng(0)
       logits = rng.normal(size=(size, v)).astype(np.float32)
@@ -276,7 +276,7 @@ def scale_program(config, mesh):
   inverter = model_lib.Inverter(t5_config, width=int(m.width), num_chunks=chunks, bottleneck=int(m.bottleneck),
                                 dropout_rate=float(m.dropout_rate))
   tx = make_optimizer(config.optimizer, config.num_steps)
-  state = jax.eval_shape(lambda: model_lib.init_state(jax.random.key(0), inverter, tx, vocab))
+  state = jax.eval_shape(lambda: model_lib.init(jax.random.key(0), inverter, tx, vocab))
   rep = NamedSharding(mesh, P())
   params_sh = {"projection": scale_lib.fsdp_shardings(state.params["projection"], mesh),
                "t5": lm_scale.param_shardings(state.params["t5"], mesh)}

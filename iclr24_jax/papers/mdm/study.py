@@ -19,10 +19,10 @@ from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding, stats
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.mdm import training
+from iclr24_jax.papers.mdm import train
 from iclr24_jax.papers.mdm.experiment import ARM_NAMES, ARMS, PAPER
 from iclr24_jax.papers.mdm.judge import train_judge
-from iclr24_jax.papers.mdm.pipeline import Arm, build, inner_kwargs, load_images, loss_kwargs, step_flops
+from iclr24_jax.papers.mdm.programs import Arm, build, inner_kwargs, load_images, loss_kwargs, step_flops
 
 
 # The paper sentences the claim rows test.
@@ -72,7 +72,7 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
   nets = build(cfg)
   nested, inner, single = nets["nested"], nets["inner"], nets["single"]
   shape = nets["image_shape"]
-  low_shape = training.level_shapes(nested, 1, shape)[1][1:]
+  low_shape = train.level_shapes(nested, 1, shape)[1][1:]
   seeds = [int(s) for s in rp.seeds]
   b = int(cfg.batch_size)
   lkw, ikw = loss_kwargs(cfg), inner_kwargs(cfg)
@@ -100,7 +100,7 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
   sample_kw = dict(guidance_scale=s.guidance_scale, num_steps=int(rp.sample_steps), method=s.method,
                    eta=float(s.eta), prediction=cfg.diffusion.prediction, clip_x0=s.clip_x0)
   train_arrays = {"x": jnp.asarray(arrays["x_train"]), "y": jnp.asarray(arrays["y_train"])}
-  low_arrays = {"x": training.model_pyramid(nested, train_arrays["x"])[1], "y": train_arrays["y"]}
+  low_arrays = {"x": train.model_pyramid(nested, train_arrays["x"])[1], "y": train_arrays["y"]}
 
   arm_nested = Arm(nested, nets["schedules"]["nested"], shape, b, tx, lkw, sample_kw, eval_kw)
   arm_single = Arm(single, nets["schedules"]["single"], shape, b, tx, lkw, sample_kw, eval_kw)
@@ -326,9 +326,9 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
     batch = sharding.shard_batch({"x": x, "y": y}, mesh)
     for name in ("nested", "single"):
       model, scheds = nets[name], nets["schedules"][name]
-      state = jax.jit(lambda k, m=model: TrainState.create(training.init_params(k, m, nets["image_shape"]), tx),
+      state = jax.jit(lambda k, m=model: TrainState.create(train.init_params(k, m, nets["image_shape"]), tx),
                       out_shardings=rep)(jax.random.key(0))
-      fn = loop_lib.compile_step(training.make_train_step(model, scheds, **lkw), mesh)
+      fn = loop_lib.compile_step(train.make_train_step(model, scheds, **lkw), mesh)
       rows.append(bench.time_fn(fn, state, batch, jax.random.key(1), carry=True, repeats=3 if quick else 10,
                                 items=batch_size, name=f"mdm/{name}_train_step", size="32x32" + (
                                     "+8x8" if name == "nested" else ""), batch=batch_size, mesh_devices=n_dev))
@@ -348,7 +348,7 @@ def scale_program(config, mesh):
     mesh: the ('data', 'model') mesh.
 
   Returns:
-    common.scale.Program of `training.make_train_step` (state, {'x', 'y'}, key) -> (state, metrics).
+    common.scale.Program of `train.make_train_step` (state, {'x', 'y'}, key) -> (state, metrics).
   """
   from jax.sharding import NamedSharding, PartitionSpec as P
   from iclr24_jax.common import scale as scale_lib
@@ -359,7 +359,7 @@ def scale_program(config, mesh):
   size = int(config.data.image_size)
   image_shape = (size, size, 3)                      # ImageNet colour images (build()'s shape is the study's grey)
   tx = make_optimizer(config.optimizer, int(config.num_steps))
-  state = jax.eval_shape(lambda: TrainState.create(training.init_params(jax.random.key(0), model, image_shape), tx))
+  state = jax.eval_shape(lambda: TrainState.create(train.init_params(jax.random.key(0), model, image_shape), tx))
   state_sh = scale_lib.train_state_shardings(state, scale_lib.fsdp_shardings(state.params, mesh), mesh)
   b = int(s.batch_size)
   batch = {"x": jax.ShapeDtypeStruct((b,) + image_shape, jnp.float32), "y": jax.ShapeDtypeStruct((b,), jnp.int32)}
@@ -378,7 +378,7 @@ def scale_program(config, mesh):
   state_abs = scale_lib.abstract(state, state_sh)
   return scale_lib.Program(
       name="MDM NestedUNet 256x256 train step (ImageNet, mixed ratio 2:1)",
-      fn=training.make_train_step(model, scheds, **loss_kw),
+      fn=train.make_train_step(model, scheds, **loss_kw),
       args=(state_abs, scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh)), key),
       out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True, params=scale_lib.num_elements(state.params),
       items_per_step=b, item="images", hand_flops=3.0 * forward, kind="train", abstract_params=state_abs.params,

@@ -23,7 +23,7 @@ import optax
 
 from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4.model import QNetwork
 from iclr24_jax.rl import networks, normalization
@@ -168,7 +168,7 @@ def critic_modules(spec: dict) -> tuple[nn.Module, nn.Module]:
 @functools.lru_cache(maxsize=32)
 def _programs(frozen_spec: tuple, obs_dim: int, act_dim: int) -> tuple[Callable, Callable]:
   """Jitted (init, chunk) of the supervised stage for one configuration (cached: reused across data sets)."""
-  spec = common.thaw(frozen_spec)
+  spec = stages.thaw(frozen_spec)
   v_module, q_module = critic_modules(spec)
   tx_v, tx_q = optax.adam(float(spec["v_lr"])), optax.adam(float(spec["q_lr"]))
   kw = dict(v_module=v_module, q_module=q_module, mode=spec["mode"], gamma=float(spec["gamma"]),
@@ -215,7 +215,7 @@ def critic_spec(config: Any) -> dict:
 
 def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any, log_every: int = 0,
                         callback: Callable[[int, dict], None] | None = None,
-                        checkpoints: common.Checkpoints | None = None) -> tuple[Critics, list[dict]]:
+                        checkpoints: stages.Checkpoints | None = None) -> tuple[Critics, list[dict]]:
   """Fits V and Q on the offline data (the supervised stage of Uni-O4).
 
   Args:
@@ -237,9 +237,9 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
   num_steps = int(config["num_steps"])
   if num_steps < 1:
     raise ValueError(f"unio4 critic.num_steps must be >= 1, got {num_steps}.")
-  init, chunk = _programs(common.freeze(spec), data.obs_dim, data.action_dim)
+  init, chunk = _programs(stages.freeze(spec), data.obs_dim, data.action_dim)
   k_init, k_train = jax.random.split(key)
-  state, history = common.run_in_chunks(chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
+  state, history = stages.run_in_chunks(chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
                                         lambda m: {k: float(v) for k, v in m.items()}, callback, checkpoints,
                                         "critic")
   v_module, q_module = critic_modules(spec)

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4.model import DynamicsMember, soft_clamp
 
@@ -133,7 +133,7 @@ def dynamics_loss(params: Any, inputs: jax.Array, targets: jax.Array, *, module:
 
 @functools.lru_cache(maxsize=16)
 def _programs(frozen_cfg: tuple, obs_dim: int, act_dim: int):
-  cfg = common.thaw(frozen_cfg)
+  cfg = stages.thaw(frozen_cfg)
   hidden = tuple(cfg["hidden"])
   wds = tuple(float(w) for w in cfg["weight_decays"])
   if len(wds) != len(hidden) + 1:
@@ -177,7 +177,7 @@ def _programs(frozen_cfg: tuple, obs_dim: int, act_dim: int):
 
 def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, termination: str = "none",
                    callback: Callable[[int, dict], None] | None = None,
-                   checkpoints: common.Checkpoints | None = None) -> tuple[Dynamics, list[dict]]:
+                   checkpoints: stages.Checkpoints | None = None) -> tuple[Dynamics, list[dict]]:
   """Fits the dynamics ensemble with hold-out early stopping and elite selection.
 
   Args:
@@ -203,7 +203,7 @@ def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, term
   e, n_el = int(config["num_members"]), int(config["num_elites"])
   if not 1 <= n_el <= e:
     raise ValueError(f"unio4 dynamics: need 1 <= num_elites ({n_el}) <= num_members ({e}).")
-  module, init, chunk, holdout_mse, keep_improved = _programs(common.freeze(config), data.obs_dim, data.action_dim)
+  module, init, chunk, holdout_mse, keep_improved = _programs(stages.freeze(config), data.obs_dim, data.action_dim)
   n = int(data.num_rows)
   obs = np.asarray(data.observations[:n])
   act = np.asarray(data.actions[:n])
@@ -225,7 +225,7 @@ def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, term
   train_idx = jnp.asarray(np.resize(train, pad), jnp.int32)
   max_steps, every, patience = int(config["max_steps"]), int(config["eval_every"]), int(config["patience"])
   hold_in, hold_t = inputs_std[hold], targets_j[hold]
-  with common.stage_loop(checkpoints, "dynamics", max_steps) as lp:
+  with stages.stage_loop(checkpoints, "dynamics", max_steps) as lp:
     # The state holds the training state and the best members; the early-stopping decisions (each member's best
     # hold-out error, checks since the last improvement) go into the loop state's extra as JSON.
     state, run = lp.start(lambda: (lambda st: {"train": st, "best": st.params})(init(k_init)))

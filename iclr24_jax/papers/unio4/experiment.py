@@ -8,7 +8,7 @@ with on-device minibatches drawn from the resident data set), and the improvemen
 `improve.eval_every` steps by an OPE in a learned model that can *replace the behaviour policy* inside the state:
 a decision train_loop's eval/keep_best (which only copies parameters out) cannot make. Online PPO is `rl.ppo`'s own
 compiled `train_chunk`. Each stage still runs on `common.loop`'s pieces (one `ResumableLoop` per stage, through
-`common.Checkpoints`): checkpoints, metrics.jsonl, preemption and exact resume.
+`stages.Checkpoints`): checkpoints, metrics.jsonl, preemption and exact resume.
 
   python -m experiments.main --config=configs/unio4.py:tiny --workdir=runs/unio4
 """
@@ -23,7 +23,7 @@ import numpy as np
 
 from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics
-from iclr24_jax.papers.unio4 import algorithm, bc as bc_lib, common
+from iclr24_jax.papers.unio4 import bc as bc_lib, stages, train
 from iclr24_jax.papers.unio4 import improvement
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.rl import normalization
@@ -62,10 +62,10 @@ def _stats(config: Any, ds: dict) -> normalization.RunningStats:
 def _evaluator(config: Any, env: Any, ds: dict, key: jax.Array):
   policy = bc_lib.make_policy(env.spec.action_dim, config.model)
   stats = _stats(config, ds)
-  return lambda params: algorithm.evaluate_members(env, policy, params, stats, key, int(config.eval_episodes))
+  return lambda params: train.evaluate_members(env, policy, params, stats, key, int(config.eval_episodes))
 
 
-def checkpoints(config: Any, workdir: str) -> common.Checkpoints:
+def checkpoints(config: Any, workdir: str) -> stages.Checkpoints:
   """Where and how often the run's stages save: `workdir/<stage>`, every config.checkpoint_every steps of the
   stage and/or config.checkpoint_every_secs seconds (both 0: only each stage's final save).
 
@@ -74,9 +74,9 @@ def checkpoints(config: Any, workdir: str) -> common.Checkpoints:
     workdir: the run's folder.
 
   Returns:
-    common.Checkpoints.
+    stages.Checkpoints.
   """
-  return common.Checkpoints.from_config(config, workdir, label="unio4")
+  return stages.Checkpoints.from_config(config, workdir, label="unio4")
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -109,12 +109,12 @@ def run(config: Any, workdir: str) -> dict:
   ckpt = checkpoints(config, workdir)
   env_name = config.data.name
   ds = dataset(config)
-  env = algorithm.get_env(env_name)
+  env = train.get_env(env_name)
   key = jax.random.key(int(config.seed))
   k_off, k_eval, k_on, k_scr = jax.random.split(key, 4)
   # eval_episodes = 0: no real-environment evaluation (the OPE alone picks the member; no offline plot)
   evaluate_fn = _evaluator(config, env, ds, k_eval) if int(config.eval_episodes) > 0 else None
-  off = algorithm.run_offline(config, ds, k_off, evaluate_fn=evaluate_fn, checkpoints=ckpt)
+  off = train.run_offline(config, ds, k_off, evaluate_fn=evaluate_fn, checkpoints=ckpt)
   results = {"env": env_name, "data_kind": config.data.kind, "best_ope": off["best_ope"].tolist(),
              "last_ope": off["last_ope"].tolist(), "replacements": off["replacements"], "seconds": off["seconds"]}
   plots = []
@@ -132,13 +132,13 @@ def run(config: Any, workdir: str) -> dict:
     sel = off["selected"]
     results["selected"] = sel
   if int(config.online.num_steps) > 0:
-    init = algorithm.online_init(off, bc_lib.members(off["params"])[sel], config)
-    on = algorithm.run_online(config.online, env, init, k_on, checkpoints=ckpt, name="online")
+    init = train.online_init(off, bc_lib.members(off["params"])[sel], config)
+    on = train.run_online(config.online, env, init, k_on, checkpoints=ckpt, name="online")
     curves = {"PPO from Uni-O4": on}
     results["online_eval_return"] = on["eval_return"].tolist()
     results["online_env_steps"] = on["env_steps"].tolist()
     if bool(config.online.compare_scratch):
-      scr = algorithm.run_online(config.scratch, env, None, k_scr, checkpoints=ckpt, name="online_scratch")
+      scr = train.run_online(config.scratch, env, None, k_scr, checkpoints=ckpt, name="online_scratch")
       curves["PPO from scratch"] = scr
       results["scratch_eval_return"] = scr["eval_return"].tolist()
       results["scratch_env_steps"] = scr["env_steps"].tolist()

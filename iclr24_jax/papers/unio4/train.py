@@ -19,7 +19,7 @@ import optax
 
 from iclr24_jax.common import optim
 from iclr24_jax.papers.unio4 import bc as bc_lib
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import critics as critics_lib
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4 import dynamics as dyn_lib
@@ -86,7 +86,7 @@ def critic_config(config: Any) -> dict:
 
 
 def pretrain(config: Any, data: data_lib.OfflineData, key: jax.Array, callback: Callback | None = None,
-             checkpoints: common.Checkpoints | None = None) -> dict:
+             checkpoints: stages.Checkpoints | None = None) -> dict:
   """The stages before policy improvement: V/Q fitting, the dynamics ensemble, ensemble BC.
 
   Args:
@@ -133,15 +133,15 @@ _PROGRAM_KEYS = ("batch_size", "ope_batch", "ope_horizon", "clip_eps", "omega")
 @functools.lru_cache(maxsize=16)
 def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple, num_steps: int, obs_dim: int,
                       act_dim: int, obs_clip: float):
-  pcfg, icfg = common.thaw(frozen_policy), common.thaw(frozen_imp)
+  pcfg, icfg = stages.thaw(frozen_policy), stages.thaw(frozen_imp)
   policy = bc_lib.make_policy(act_dim, pcfg)
-  tx = optim.make_optimizer(ml_collections.ConfigDict(common.thaw(frozen_opt)), num_steps)
+  tx = optim.make_optimizer(ml_collections.ConfigDict(stages.thaw(frozen_opt)), num_steps)
   batch_size, ope_batch, horizon = int(icfg["batch_size"]), int(icfg["ope_batch"]), int(icfg["ope_horizon"])
   kw = dict(policy=policy, clip_eps=float(icfg["clip_eps"]), omega=float(icfg["omega"]), obs_clip=obs_clip)
 
   @jax.jit
   def init(params):
-    return common.ensemble_state(params, tx, extra={"behaviour": params})
+    return stages.ensemble_state(params, tx, extra={"behaviour": params})
 
   @functools.partial(jax.jit, static_argnums=4)
   def chunk(state, data, critics, key, n):
@@ -192,8 +192,8 @@ def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple
 
 def _programs(config: Any, data: data_lib.OfflineData):
   icfg = config.improve
-  frozen_imp = common.freeze({k: icfg[k] for k in _PROGRAM_KEYS})
-  return _improve_programs(common.freeze(config.model), common.freeze(config.optimizer), frozen_imp,
+  frozen_imp = stages.freeze({k: icfg[k] for k in _PROGRAM_KEYS})
+  return _improve_programs(stages.freeze(config.model), stages.freeze(config.optimizer), frozen_imp,
                            int(config.num_steps), data.obs_dim, data.action_dim, float(config.obs_clip))
 
 
@@ -216,7 +216,7 @@ def score_policies(config: Any, pre: dict, data: data_lib.OfflineData, params: A
 
 def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, replace: bool | None = None,
             evaluate_fn: Callable[[Any], np.ndarray] | None = None, callback: Callback | None = None,
-            checkpoints: common.Checkpoints | None = None, name: str = "improve") -> dict:
+            checkpoints: stages.Checkpoints | None = None, name: str = "improve") -> dict:
   """Offline multi-step policy improvement of the BC ensemble with OPE-gated behaviour replacement.
 
   Args:
@@ -260,7 +260,7 @@ def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, 
     best = ope(st.params, data, critics, dynamics, jax.random.fold_in(k_ope, 0))
     return {"state": st, "best": best, "last": best}
 
-  with common.stage_loop(checkpoints, name, num_steps) as lp:
+  with stages.stage_loop(checkpoints, name, num_steps) as lp:
     # The state pytree holds the policies, the behaviour policies the gate replaced, and the best and last OPE
     # scores [K]; the count of accepted replacements and the real-environment returns go into the loop state's
     # extra (JSON), so a resumed stage makes the same decisions as an uninterrupted one.
@@ -310,7 +310,7 @@ def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, 
 
 def run_offline(config: Any, dataset: dict, key: jax.Array | None = None,
                 evaluate_fn: Callable[[Any], np.ndarray] | None = None, callback: Callback | None = None,
-                checkpoints: common.Checkpoints | None = None) -> dict:
+                checkpoints: stages.Checkpoints | None = None) -> dict:
   """The whole offline phase of Uni-O4 on a D4RL-style data set.
 
   Args:
@@ -363,7 +363,7 @@ class FineTunePPO(ppo.PPO):
 
 
 def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array | None = None,
-               callback: Callback | None = None, mesh: Any = None, checkpoints: common.Checkpoints | None = None,
+               callback: Callback | None = None, mesh: Any = None, checkpoints: stages.Checkpoints | None = None,
                name: str = "online") -> dict:
   """Online PPO: fine-tuning from the offline policy and V (init given) or PPO from scratch (init None).
 
@@ -413,7 +413,7 @@ def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array
   batch = agent.num_envs * agent.rollout_steps
   t0 = time.time()
   ev = lambda r, i: float(go(r.train_state.params["policy"], stats_of(r), jax.random.fold_in(k_eval, i))["return"])
-  with common.stage_loop(checkpoints, name, num_updates) as lp:
+  with stages.stage_loop(checkpoints, name, num_updates) as lp:
     # The saved state is PPO's whole RunnerState (train state, the environments' states, the key, the update
     # count): a resumed stage continues the same episodes. The evaluations and per-update metrics go into the loop
     # state's extra (JSON).

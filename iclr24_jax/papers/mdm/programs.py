@@ -4,7 +4,7 @@
 the single-resolution UNet with their level schedules), `loss_kwargs` / `inner_kwargs`, `heldout_mse` (per-level
 eps-MSE at fixed times and noise), `fast_compile`, `step_flops` (XLA FLOPs of one train step) and `Arm` (one model
 type's compiled init / train-n-steps / evaluate-and-sample programs). The model is in `model.py`, the losses,
-steps and samplers in `training.py`, the sample judge in `judge.py`; `experiment.run` trains one arm; the study is
+steps and samplers in `train.py`, the sample judge in `judge.py`; `experiment.run` trains one arm; the study is
 in `study.py`.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.diffusion import schedules as schedules_lib
 from iclr24_jax.papers.mdm import model as model_lib
-from iclr24_jax.papers.mdm import training
+from iclr24_jax.papers.mdm import train
 
 
 def load_images(data_cfg: Any) -> tuple[data_lib.Dataset, dict[str, np.ndarray]]:
@@ -69,7 +69,7 @@ def build(config: Any) -> dict[str, Any]:
   d = config.diffusion
   base = schedules_lib.make_schedule(d.schedule, int(d.num_timesteps))
   levels = model_lib.num_levels(nested)
-  factors = training.level_factors(nested)
+  factors = train.level_factors(nested)
   if len(set(factors)) != 1:
     raise ValueError(f"the reproduction expects one factor between levels, got {factors}.")
   scheds = model_lib.level_schedules(base, levels, factors[0], float(d.power))
@@ -79,7 +79,7 @@ def build(config: Any) -> dict[str, Any]:
 
 
 def loss_kwargs(config: Any) -> dict[str, Any]:
-  """The `training.loss_fn` keyword arguments from config.diffusion.
+  """The `train.loss_fn` keyword arguments from config.diffusion.
 
   Args:
     config: the mdm ConfigDict (diffusion: prediction, loss_target, level_weights, mixed_ratio, cond_drop_prob).
@@ -118,10 +118,10 @@ def heldout_mse(model, params, scheds, x, y, key, loss_kw):
   kw = {k: v for k, v in loss_kw.items() if k not in ("cond_drop_prob", "mixed_ratio")}
   k_t, k_n = jax.random.split(key)
   t = scheds[0].sample_time(k_t, (x.shape[0],))
-  xs = training.model_pyramid(model, x)
+  xs = train.model_pyramid(model, x)
   # Level r's noise from fold_in(k_n, r): the 32x32 noise is the same for the nested and the single model.
   noise = [jax.random.normal(jax.random.fold_in(k_n, r), v.shape) for r, v in enumerate(xs)]
-  _, aux = training.loss_fn(params, {"x": x, "y": y}, key, model=model, schedules=scheds, train=False, t=t,
+  _, aux = train.loss_fn(params, {"x": x, "y": y}, key, model=model, schedules=scheds, train=False, t=t,
                             noise=noise, **kw)
   return aux["mse"]
 
@@ -144,13 +144,13 @@ def step_flops(model, scheds, image_shape, batch_size, tx, loss_kw) -> float:
     image_shape: (H, W, C) of the highest level.
     batch_size: B.
     tx: the optimizer.
-    loss_kw: `training.loss_fn` keyword arguments.
+    loss_kw: `train.loss_fn` keyword arguments.
 
   Returns:
     float FLOPs (from the lowered program's cost analysis; nothing is run).
   """
-  step = training.make_train_step(model, scheds, **loss_kw)
-  state = jax.eval_shape(lambda k: TrainState.create(training.init_params(k, model, image_shape), tx),
+  step = train.make_train_step(model, scheds, **loss_kw)
+  state = jax.eval_shape(lambda k: TrainState.create(train.init_params(k, model, image_shape), tx),
                          jax.random.key(0))
   batch = {"x": jax.ShapeDtypeStruct((batch_size,) + tuple(image_shape), jnp.float32),
            "y": jax.ShapeDtypeStruct((batch_size,), jnp.int32)}
@@ -168,7 +168,7 @@ class Arm:
 
   def __init__(self, model, scheds, image_shape, batch_size, tx, loss_kw, sample_kw, eval_kw):
     self.model, self.scheds, self.image_shape, self.tx = model, scheds, image_shape, tx
-    step = training.make_train_step(model, scheds, **loss_kw)
+    step = train.make_train_step(model, scheds, **loss_kw)
 
     def one(st, i, key, x, y):
       del i   # the batch and noise follow st.step
@@ -185,9 +185,9 @@ class Arm:
 
     def evaluate(params, key, x, y, labels):
       mse = heldout_mse(model, params, scheds, x, y, jax.random.key(123), loss_kw)  # same (t, noise) for all
-      levels = training.sample(key, params, model=model, schedules=scheds, image_shape=image_shape, labels=labels,
+      levels = train.sample(key, params, model=model, schedules=scheds, image_shape=image_shape, labels=labels,
                                **sample_kw)
-      cons = training.consistency(levels, model) if len(levels) > 1 else jnp.zeros(labels.shape[0])
+      cons = train.consistency(levels, model) if len(levels) > 1 else jnp.zeros(labels.shape[0])
       return mse, levels, cons
 
     self._eval = jax.jit(evaluate)
@@ -197,7 +197,7 @@ class Arm:
   def init(self, key, inner_params=None):
     """A TrainState for one seed: fresh params (key), with `inner_params` loaded into the inner network if given."""
     def one(k, ip):
-      p = training.init_params(k, self.model, self.image_shape)
+      p = train.init_params(k, self.model, self.image_shape)
       if ip is not None:
         p = model_lib.load_inner(p, ip)
       return TrainState.create(p, self.tx)
