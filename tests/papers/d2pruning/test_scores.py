@@ -40,7 +40,7 @@ def test_train_step_lowers_loss_compiled_once(digits_small):
   from iclr24_jax.vision import classify
   cfg = _tiny_cfg()
   model, tx = model_lib.create_classifier(cfg, 10, 100)
-  state = classify.init_state(jax.random.key(0), model, digits_small.input_shape, tx)
+  state = classify.init(jax.random.key(0), model, digits_small.input_shape, tx)
   batch = {"x": jnp.asarray(digits_small.train.x[:64]), "y": jnp.asarray(digits_small.train.y[:64]),
            "mask": jnp.ones(64)}
   step = jax.jit(chex.assert_max_traces(scores_lib.make_train_step(model), n=1))

@@ -13,7 +13,7 @@ from .helpers import _bat
 
 
 def _init(model, batch, tx, node_embedding=None, relation_embedding=None):
-  return jax.jit(lambda k: graphcare.init_state(k, model, batch, tx, node_embedding, relation_embedding))(
+  return jax.jit(lambda k: graphcare.init(k, model, batch, tx, node_embedding, relation_embedding))(
       jax.random.key(0))
 
 

@@ -33,7 +33,7 @@ def test_model_loss_adds_lambda_times_target_ce(setup):
   nets, state, src, tgt = setup
   disc = _biased_disc(state, [0.0, 1.0, 2.0])
   erm, _ = nci.erm_model_loss(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
-  nci_loss, m = nci.model_loss(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
+  nci_loss, m = nci.loss_fn(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
   # adversarial CE towards label 0 with logits b: lse(b) - 0 = 2.40760596; lambda = 0.5.
   np.testing.assert_allclose(float(m["adv"]), 2.40760596, atol=1e-4)
   np.testing.assert_allclose(float(nci_loss - erm), 0.5 * 2.40760596, atol=1e-4)
@@ -66,7 +66,7 @@ def _ref_losses(nets, params, disc, src, tgt, lam):
 def test_model_gradients_match_independent_references(setup):
   nets, state, src, tgt = setup
   params, disc = state.params["model"], _random_disc(state)
-  for fn, which in ((nci.model_loss, 0), (nci.dann_model_loss, 1)):
+  for fn, which in ((nci.loss_fn, 0), (nci.dann_model_loss, 1)):
     got = jax.grad(lambda p: fn(p, disc, nets, src["x"], src["y"], tgt, 0.7)[0])(params)
     want = jax.grad(lambda p: _ref_losses(nets, p, disc, src, tgt, 0.7)[which])(params)
     chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-6)
@@ -92,5 +92,5 @@ def test_adversarial_updates_move_features_the_right_way(setup):
     return float(_ref_ce(nets.domain_logits(disc, fs), 0)), float(d)
 
   nci_before, d_before = adv_terms(params)
-  assert adv_terms(sgd(nci.model_loss))[0] < nci_before
+  assert adv_terms(sgd(nci.loss_fn))[0] < nci_before
   assert adv_terms(sgd(nci.dann_model_loss))[1] > d_before

@@ -16,9 +16,9 @@ def test_ramp_schedule_applies_to_nci_when_asked(setup):
   import ml_collections
   nets, state, src, tgt = setup
   # At step 0 the ramp is 0: NCI on the ramp makes exactly ERM's model update; at a constant lambda it does not.
-  erm = jax.jit(train_lib.make_step(nets, "erm", 0.5))(state, src, tgt, jax.random.key(0))[0]
-  ramped = jax.jit(train_lib.make_step(nets, "nci", 0.5, ramp_steps=100))(state, src, tgt, jax.random.key(0))[0]
-  const = jax.jit(train_lib.make_step(nets, "nci", 0.5))(state, src, tgt, jax.random.key(0))[0]
+  erm = jax.jit(train_lib.make_train_step(nets, "erm", 0.5))(state, src, tgt, jax.random.key(0))[0]
+  ramped = jax.jit(train_lib.make_train_step(nets, "nci", 0.5, ramp_steps=100))(state, src, tgt, jax.random.key(0))[0]
+  const = jax.jit(train_lib.make_train_step(nets, "nci", 0.5))(state, src, tgt, jax.random.key(0))[0]
   chex.assert_trees_all_close(ramped.params["model"], erm.params["model"], rtol=1e-6, atol=1e-7)
   assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), const.params["model"],
                                           erm.params["model"]))) > 0.0
@@ -35,7 +35,7 @@ def test_ramp_schedule_applies_to_nci_when_asked(setup):
 
 def test_methods_share_everything_but_the_model_loss(setup):
   nets, state, src, tgt = setup
-  out = {m: jax.jit(train_lib.make_step(nets, m, 0.5))(state, src, tgt, jax.random.key(0))[0]
+  out = {m: jax.jit(train_lib.make_train_step(nets, m, 0.5))(state, src, tgt, jax.random.key(0))[0]
          for m in ("erm", "nci", "dann")}
   # the discriminator update comes first and sees the same frozen features in every method
   chex.assert_trees_all_close(out["erm"].params["disc"], out["nci"].params["disc"], out["dann"].params["disc"])
@@ -54,7 +54,7 @@ def test_list_of_domain_batches_equals_stacked(setup):
 
 def test_train_step_lowers_loss_and_compiles_once(setup):
   nets, state, src, tgt = setup
-  step = jax.jit(chex.assert_max_traces(train_lib.make_step(nets, "nci", 0.5), n=1))
+  step = jax.jit(chex.assert_max_traces(train_lib.make_train_step(nets, "nci", 0.5), n=1))
   first = None
   for _ in range(15):
     state, m = step(state, src, tgt, jax.random.key(0))
@@ -76,7 +76,7 @@ def test_bad_shapes_are_named(setup):
   with pytest.raises(ValueError, match="target_x must be"):
     nci.train_step(state, src, tgt[:, :4], jax.random.key(0), nets=nets)
   with pytest.raises(ValueError, match="unknown method"):
-    train_lib.make_step(nets, "coral")
+    train_lib.make_train_step(nets, "coral")
 
 
 def test_fine_tuning_starts_from_the_pretrained_params():

@@ -1,9 +1,9 @@
-"""Motif pipeline (`papers/motif/pipeline.py`): arrays and splits, the oracle-values arm."""
+"""Motif training (`papers/motif/train.py`): arrays and splits, the oracle-values arm."""
 import numpy as np
 import pytest
 
 from iclr24_jax.papers import motif
-from iclr24_jax.papers.motif import pipeline, toy
+from iclr24_jax.papers.motif import toy, train
 
 
 def test_pipeline_arrays_and_split():
@@ -39,7 +39,7 @@ def test_oracle_values_arm_without_a_reward_model():
   f = arm["fit"]
   np.testing.assert_allclose([f["mu"], f["sigma"], f["eps"]], [0.75, 1.479020, -0.169031], rtol=1e-5)
   fits = {"values": arm}
-  st = pipeline.toy_settings(c, fits, [("values", "intrinsic"), ("values", "both")])
+  st = train.toy_settings(c, fits, [("values", "intrinsic"), ("values", "both")])
   np.testing.assert_array_equal(st["caption_rewards"][0], toy.caption_values())
   np.testing.assert_allclose(st["alpha_ext"], [0.0, c.intrinsic.alpha_ext])
   with pytest.raises(ValueError, match="not a toy caption"):
