@@ -188,3 +188,16 @@ def test_progress_rate_starts_after_the_first_update():
   prog._ref = (prog._ref[0] - 2.0, 10)       # 2 s ago at step 10
   line = prog.line(30)                       # 20 steps in 2 s: 10 steps/s, 70 left -> 7 s
   assert "10.00 steps/s" in line and "ETA 7s" in line
+
+
+def test_compile_fast_matches_jit_and_keeps_shardings():
+  from iclr24_jax.common import sharding
+  x = jnp.asarray(X[:8])
+  f = lambda a: jnp.tanh(a) @ a.T   # noqa: E731
+  np.testing.assert_allclose(loop.compile_fast(f, x)(x), jax.jit(f)(x), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(loop.compile_fast(f, x, options={"xla_backend_optimization_level": 1})(x),
+                             jax.jit(f)(x), rtol=1e-6, atol=1e-7)
+  mesh = sharding.make_mesh()
+  jitted = jax.jit(f, out_shardings=sharding.replicated_sharding(mesh))   # a jitted fn keeps its shardings
+  out = loop.compile_fast(jitted, x, cpu_only=True)(x)
+  assert out.sharding.is_equivalent_to(sharding.replicated_sharding(mesh), out.ndim)

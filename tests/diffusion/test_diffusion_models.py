@@ -29,9 +29,7 @@ def _perturb(params, key, scale=0.1):
   return unravel(flat + scale * jax.random.normal(key, flat.shape))
 
 
-def _fast_jit(fn, *args):
-  """Compiles fn(*args) once with XLA's backend optimisations off (init runs once; its compile dominates on CPU)."""
-  return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+_fast_jit = loop_lib.compile_fast   # one-shot programs: compile time dominates them on CPU
 
 
 def _cond_batch(b):

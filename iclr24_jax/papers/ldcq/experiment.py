@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import data as common_data
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics, stats
 from iclr24_jax.diffusion import metrics as diff_metrics
 from iclr24_jax.diffusion.unet import MLPDenoiser
@@ -121,7 +122,7 @@ def compiled(fn, fast_compile: bool = False):
   jitted = jax.jit(fn)
   if not fast_compile or jax.default_backend() != "cpu":
     return jitted
-  return lambda *args: jitted.lower(*args).compile({"xla_backend_optimization_level": 0})(*args)
+  return lambda *args: loop_lib.compile_fast(jitted, *args, cpu_only=True)(*args)
 
 
 def _sub(segs: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, jax.Array]:
