@@ -18,6 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from iclr24_jax.common import bench
 from iclr24_jax.common import checkpoint as ckpt_lib
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.rl import envs as envs_lib
@@ -69,7 +70,7 @@ def run(config: Any, workdir: str) -> dict:
     restored = checkpointer.restore(target)
     runner = runner.replace(train_state=restored["train_state"], update=restored["update"])
     start = int(restored["update"])
-  writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None)
+  writer = metrics_lib.open_writer(workdir, start)
   chunk_fns: dict[int, Any] = {}
   random_policy = rollout_lib.random_policy(agent.env)
 
@@ -95,7 +96,7 @@ def run(config: Any, workdir: str) -> dict:
     run_s += time.perf_counter() - tr
     steps_done += n
     u += n
-    row = {f"train/{k}": float(np.mean(v)) for k, v in m.items()}
+    row = loop_lib.prefix_keys({k: float(np.mean(v)) for k, v in m.items()}, "train")
     row["train/last_episode_return"] = float(np.asarray(m["last_episode_return"])[-1])
     row["train/env_steps"] = float(np.asarray(m["env_steps"])[-1])
     if u % eval_every == 0 or u == agent.num_updates:
@@ -114,6 +115,7 @@ def run(config: Any, workdir: str) -> dict:
     ts = runner.train_state
     final_eval = jax.device_get(eval_fn(ts.params, ts.extra, jax.random.fold_in(key_eval, u)))
   env_steps = agent.num_updates * agent.num_envs * agent.rollout_steps
+  writer.close()
   rows = metrics_lib.read_jsonl(writer.path)
   results = {"env": agent.env.spec.name, "eval_return": float(final_eval["return"]),
              "eval_return_std": float(final_eval["return_std"]), "random_return": float(final_eval["random_return"]),
@@ -317,7 +319,6 @@ def benchmark(quick: bool = True) -> list[dict]:
   """Rollout env-steps/s (gymnax CartPole, brax inverted_pendulum; actor-critic policy) on 1 and all devices,
   and PPO update steps/s (CartPole; one update = rollout + GAE + epochs of minibatch SGD)."""
   rows = []
-  n_dev_all = jax.device_count()
   num_steps = 32
   cases = [("gymnax/CartPole-v1", (64, 1024) if quick else (64, 1024, 8192)),
            ("brax/inverted_pendulum", (64,) if quick else (64, 1024))]
@@ -329,23 +330,18 @@ def benchmark(quick: bool = True) -> list[dict]:
     model = networks.make_actor_critic(env.spec.discrete, env.spec.action_dim)
     params = model.init(jax.random.key(0), jnp.zeros((1,) + env.spec.obs_shape))["params"]
     fn = _rollout_fn(env, model, num_steps)
-    for n_dev in sorted({1, n_dev_all}):
-      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
+    state_first = lambda env_state, p, key, fn=fn: fn(p, env_state, key)  # noqa: E731  (carry feeds args[0])
+
+    def make_case(mesh, b, env=env, env_name=env_name, params=params, state_first=state_first):
       rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-      jfn = jax.jit(fn, in_shardings=(rep, dat, rep), out_shardings=(dat, rep), donate_argnums=(1,))
-      for b in sizes:
-        state = jax.jit(lambda k: env.reset_batch(k, b), out_shardings=dat)(jax.random.key(1))
-        p = jax.device_put(params, rep)
-        tc = time.perf_counter()
-        compiled = jfn.lower(p, state, jax.random.key(2)).compile()
-        comp = time.perf_counter() - tc
-        row = bench.time_fn(lambda st: compiled(p, st, jax.random.key(2)), state, repeats=3 if quick else 10,
-                            carry=True, items=b * num_steps, name=f"ppo/rollout {env_name}", size=f"T={num_steps}",
-                            batch=b, mesh_devices=n_dev)
-        row["compile_s"] = comp
-        if isinstance(env, envs_lib.BraxEnv):
-          row["backend"] = f"{jax.default_backend()} (brax {env.backend})"
-        rows.append(row)
+      jfn = jax.jit(state_first, in_shardings=(dat, rep, rep), out_shardings=(dat, rep), donate_argnums=(0,))
+      state = jax.jit(lambda k: env.reset_batch(k, b), out_shardings=dat)(jax.random.key(1))
+      cols = dict(items=b * num_steps, name=f"ppo/rollout {env_name}", size=f"T={num_steps}", batch=b)
+      if isinstance(env, envs_lib.BraxEnv):
+        cols["backend"] = f"{jax.default_backend()} (brax {env.backend})"
+      return jfn, (state, jax.device_put(params, rep), jax.random.key(2)), cols
+
+    rows += bench.across_devices(make_case, sizes=sizes, carry=True, repeats=3 if quick else 10)
   for preset in ("cartpole",) if quick else ("cartpole", "inverted_pendulum"):
     c = ppo.preset_config(preset)
     agent = ppo.PPO(c)

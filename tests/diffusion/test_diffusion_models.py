@@ -251,8 +251,7 @@ def test_train_step_same_on_1_and_8_devices(mlp_setup):
   sched = schedules.ContinuousSchedule("cosine")
   step = training.make_train_step(model, sched, prediction="v", weighting="min_snr")
   outs = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     with jax.set_mesh(mesh):
       st = sharding.replicate(st0, mesh)
       fn = loop_lib.compile_step(step, mesh, donate=False)  # st0 is reused for the second mesh

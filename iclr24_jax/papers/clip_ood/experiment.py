@@ -346,10 +346,10 @@ def run(config: Any, workdir: str) -> dict:
     results["steps_per_s"][cond] = sps[-1] if sps else None
 
   # logs and plots
-  writer = metrics_lib.MetricWriter(workdir)
-  for cond in states:
-    for h in histories[cond]:
-      writer.write(h["step"], {f"{cond}/{k}": v for k, v in h.items() if k != "step"})
+  with metrics_lib.open_writer(workdir) as writer:
+    for cond in states:
+      for h in histories[cond]:
+        writer.write(h["step"], {f"{cond}/{k}": v for k, v in h.items() if k != "step"})
   plots = []
   if jax.process_index() == 0:
     bench_names = list(bench.tests)

@@ -640,7 +640,7 @@ def _epochs(method: Method, comp: Compiled, state: FitState, run: Any, log: Any,
       for prefix, ms in (("synth", g_metrics), ("weights", w_metrics), ("kd", kd_metrics)):
         if ms:
           ms = jax.device_get(ms)
-          row.update({f"{prefix}/{k}": float(np.mean([mm[k] for mm in ms])) for k in ms[-1]})
+          row.update(loop_lib.prefix_keys({k: float(np.mean([mm[k] for mm in ms])) for k in ms[-1]}, prefix))
       w_now = np.asarray(jax.device_get(teacher["weights"]))
       row["time/synthesis_s"] = t_synth
       row["time/distill_s"] = time.perf_counter() - t1

@@ -87,7 +87,7 @@ def train_scan(step_fn: Callable | None, sample_fn: Callable | None, state: Any,
     n = min(chunk, num_steps - done)
     state, m = run_chunk(state, data, done, n)
     done += n
-    row = {f"{prefix}/{k}": float(np.mean(v)) for k, v in jax.device_get(m).items()}
+    row = loop_lib.prefix_keys({k: float(np.mean(v)) for k, v in jax.device_get(m).items()}, prefix)
     rows.append({"step": done, **row})
     if writer is not None:
       writer.write(done, row)

@@ -128,7 +128,7 @@ def run(config: Any, workdir: str) -> dict:
 
   def eval_fn(state):
     m = train_lib.evaluate(model, state.params, val_batches, task, mesh)
-    return {f"val/{k}": v for k, v in m.items()}
+    return loop_lib.prefix_keys(m, "val")
 
   res = loop_lib.train_loop(init_fn=init_fn, train_step=train_lib.make_train_step(model, task),
                             batches=batcher.train_batches(train_idx, int(config.seed)), num_steps=int(config.num_steps),

@@ -374,8 +374,8 @@ def _log_history(writer: metrics.MetricWriter, hist: dict, every: int) -> None:
   for stage, h in hist.items():
     n = len(next(iter(h.values())))
     for i in range(0, n, max(1, every)):
-      writer.write(i, {"stage": stage, **{f"train/{k}": float(np.mean(v[:, i])) for k, v in h.items()
-                                          if np.ndim(v) == 2}})
+      writer.write(i, {"stage": stage, **loop_lib.prefix_keys({k: float(np.mean(v[:, i])) for k, v in h.items()
+                                                               if np.ndim(v) == 2}, "train")})
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -395,9 +395,9 @@ def run(config: Any, workdir: str) -> dict:
     raise common_data.paper_data_not_wired("ldcq", config.data)   # run() does not train on it yet
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
-  writer = metrics.MetricWriter(workdir)
   res = pipeline(config)
-  _log_history(writer, res["hist"], int(config.log_every))
+  with metrics.open_writer(workdir) as writer:
+    _log_history(writer, res["hist"], int(config.log_every))
   results = {"env": config.data.name, "data_kind": config.data.kind, "num_seeds": res["num_seeds"],
              "methods": _summary(res), "seconds": res["seconds"]}
   plots = []

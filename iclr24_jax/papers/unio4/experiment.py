@@ -82,7 +82,7 @@ def run(config: Any, workdir: str) -> dict:
     raise common_data.paper_data_not_wired("unio4", config.data)   # run() does not train on it yet
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
-  writer = metrics.MetricWriter(workdir)
+  writer = metrics.open_writer(workdir)
   env_name = config.data.name
   ds = dataset(config)
   env = algorithm.get_env(env_name)
@@ -128,6 +128,7 @@ def run(config: Any, workdir: str) -> dict:
       results["scratch_eval_return"] = scr["eval_return"].tolist()
       results["scratch_env_steps"] = scr["env_steps"].tolist()
     plots.append(plot_online(os.path.join(workdir, "online_curves.png"), env_name, curves))
+  writer.close()
   if int(config.checkpoint_every) >= 0:
     results["checkpoint"] = _save_final(workdir, config, off)
   results["plots"] = plots
