@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import signal
 import sys
 import threading
@@ -95,8 +96,41 @@ def compile_step(step_fn: TrainStep, mesh: Mesh, state_sharding: Any = None, bat
   rep = sharding.replicated_sharding(mesh)
   state_sh = rep if state_sharding is None else state_sharding
   batch_sh = sharding.data_sharding(mesh) if batch_sharding is None else batch_sharding
-  return jax.jit(step_fn, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep),
-                 donate_argnums=(0,) if donate else ())
+  return _jit(step_fn, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep),
+              donate_argnums=(0,) if donate else ())
+
+
+# One jitted function per (function, jit options), so a second run with equal settings reuses the first run's
+# compilations. A `functools.partial` of hashable arguments (a top-level step or init with its model, sizes and
+# optimizer bound) is keyed by value: every run builds a new partial object, and jit keys its own cache by the
+# function's identity. Equal optimizers are the same object (`common.optim`), so equal configs give equal keys.
+_JITTED: dict[Any, Callable] = {}
+_JITTED_MAX = 256
+
+
+def _fn_key(fn: Callable) -> Any:
+  if isinstance(fn, functools.partial):
+    key = (fn.func, fn.args, tuple(sorted(fn.keywords.items())))
+    try:
+      hash(key)
+      return key
+    except TypeError:   # an unhashable bound argument (an array): the partial's own identity
+      pass
+  return fn
+
+
+def _jit(fn: Callable, **jit_kwargs: Any) -> Callable:
+  """`jax.jit(fn, **jit_kwargs)`, the same object for the same function (by value for a partial) and options."""
+  key = (_fn_key(fn), tuple(sorted(jit_kwargs.items())))
+  try:
+    hit = _JITTED.get(key)
+  except TypeError:   # options that do not hash (a pytree of shardings): jit as usual
+    return jax.jit(fn, **jit_kwargs)
+  if hit is None:
+    if len(_JITTED) >= _JITTED_MAX:
+      _JITTED.pop(next(iter(_JITTED)))   # the oldest: a long study does not hold every program forever
+    hit = _JITTED[key] = jax.jit(fn, **jit_kwargs)
+  return hit
 
 
 def loop_grads_are_slow(backend: str | None = None) -> bool:
@@ -227,7 +261,7 @@ def init_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: A
   Returns:
     the state pytree, its arrays placed on `shardings`.
   """
-  return compile_fast(jax.jit(init_fn, out_shardings=shardings), key)(key)
+  return compile_fast(_jit(init_fn, out_shardings=shardings), key)(key)
 
 
 def abstract_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: Any) -> Any:

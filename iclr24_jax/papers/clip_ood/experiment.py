@@ -144,7 +144,7 @@ def train_split(config: Any, name: str, model: clip.CLIP, init_fn, images: np.nd
       config=config, progress=progress, name=name, **loop_lib.checkpoint_options(config))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _similarity_fns(mesh, chunk: int, num_candidates: int | None):
   prune = jax.jit(functools.partial(sim_lib.similarity_prune, chunk=chunk, mesh=mesh, num_candidates=num_candidates))
   split = jax.jit(sim_lib.similarity_split, static_argnames=("size", "keep", "chunk", "mesh"))

@@ -91,7 +91,7 @@ def suffix_digit_logprobs(params, config, prefix_ids: jax.Array, prefix_mask: ja
   return options.reshape(b, s, 10), hidden_last, hidden_mean
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _jitted_core(config):
   return jax.jit(lambda params, pi, pm, si, sm, d: suffix_digit_logprobs(params, config, pi, pm, si, sm, d))
 

@@ -213,7 +213,7 @@ def train_controller(cfg: Any, clip_model: clip.CLIP, clip_params: Any, data: di
   return dac, state.params
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _embed_fn(dac: model_lib.DaClip):
   return jax.jit(lambda p, x: dac.apply({"params": p}, x) + (dac.apply({"params": p}, x, method="encode_frozen"),))
 

@@ -33,7 +33,7 @@ _fit_front_end = jax.jit(sg_model.fit_front_end, static_argnames=("num_iters",))
 
 
 # ----------------------------------------------------------------------------------------------- training
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _forward(model):
   return jax.jit(lambda params, extra, x: classify.apply_model(model, params, extra, x, train=False)[0])
 
