@@ -100,31 +100,24 @@ def compile_step(step_fn: TrainStep, mesh: Mesh, state_sharding: Any = None, bat
               donate_argnums=(0,) if donate else ())
 
 
-# One jitted function per (function, jit options), so a second run with equal settings reuses the first run's
+# One jitted function per (partial, jit options), so a second run with equal settings reuses the first run's
 # compilations. A `functools.partial` of hashable arguments (a top-level step or init with its model, sizes and
 # optimizer bound) is keyed by value: every run builds a new partial object, and jit keys its own cache by the
 # function's identity. Equal optimizers are the same object (`common.optim`), so equal configs give equal keys.
+# Anything else (a closure, a partial holding arrays) goes to jax.jit as it is: jit's own cache holds functions
+# weakly, and a closure may hold large arrays that this cache must not keep alive.
 _JITTED: dict[Any, Callable] = {}
 _JITTED_MAX = 256
 
 
-def _fn_key(fn: Callable) -> Any:
-  if isinstance(fn, functools.partial):
-    key = (fn.func, fn.args, tuple(sorted(fn.keywords.items())))
-    try:
-      hash(key)
-      return key
-    except TypeError:   # an unhashable bound argument (an array): the partial's own identity
-      pass
-  return fn
-
-
 def _jit(fn: Callable, **jit_kwargs: Any) -> Callable:
-  """`jax.jit(fn, **jit_kwargs)`, the same object for the same function (by value for a partial) and options."""
-  key = (_fn_key(fn), tuple(sorted(jit_kwargs.items())))
+  """`jax.jit(fn, **jit_kwargs)`; the same object for partials of equal hashable arguments and equal options."""
+  if not isinstance(fn, functools.partial):
+    return jax.jit(fn, **jit_kwargs)
+  key = (fn.func, fn.args, tuple(sorted(fn.keywords.items())), tuple(sorted(jit_kwargs.items())))
   try:
     hit = _JITTED.get(key)
-  except TypeError:   # options that do not hash (a pytree of shardings): jit as usual
+  except TypeError:   # an argument or option that does not hash (an array, a pytree of shardings)
     return jax.jit(fn, **jit_kwargs)
   if hit is None:
     if len(_JITTED) >= _JITTED_MAX:
