@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     stamp, load = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
     try:
-      new = module.benchmark(quick=not args.full)
+      new = module.benchmark(quick=not args.full, **registry.study_kwargs(module.benchmark, name))
     except Exception as e:  # keep going; report the failure in the table
       failures.append(name)
       new = [{"name": f"{name} (failed: {type(e).__name__}: {str(e)[:120]})"}]

@@ -32,7 +32,7 @@ def small_world():
 
 
 def _init(model, batch, tx, node_embedding=None, relation_embedding=None):
-  return jax.jit(lambda k: graphcare.init_state(k, model, batch, tx, node_embedding, relation_embedding))(
+  return jax.jit(lambda k: graphcare.init(k, model, batch, tx, node_embedding, relation_embedding))(
       jax.random.key(0))
 
 
@@ -253,7 +253,7 @@ def test_model_variants_run(small_world, kw):
   _, ckg, _, batcher = small_world
   batch = batcher.batch(np.arange(16))
   model = _bat(ckg, **kw)
-  state = graphcare.init_state(jax.random.key(0), model, batch, optax.adam(1e-3), ckg.node_embedding,
+  state = graphcare.init(jax.random.key(0), model, batch, optax.adam(1e-3), ckg.node_embedding,
                                ckg.relation_embedding)
   logits = graphcare.apply_batch(model, state.params, batch)   # eager: eight compiles would cost more
   chex.assert_shape(logits, (8, 3, 1))                           # 8 shards x (2 patients + padding graph)
@@ -264,7 +264,7 @@ def test_ehr_gru_baseline_ignores_the_kg(small_world):
   _, ckg, _, batcher = small_world
   batch = batcher.batch(np.arange(16))
   model = graphcare.EHRGRU(num_nodes=ckg.num_nodes, out_dim=1, embedding_dim=ckg.embedding_dim, hidden_dim=8)
-  state = graphcare.init_state(jax.random.key(0), model, batch, optax.adam(1e-3))
+  state = graphcare.init(jax.random.key(0), model, batch, optax.adam(1e-3))
   apply = lambda p, b: graphcare.apply_batch(model, p, b)
   out = apply(state.params, batch)
   cut = dict(batch, graph=batch["graph"]._replace(senders=np.zeros_like(batch["graph"].senders)))
@@ -430,7 +430,7 @@ def test_baselines_see_relation_types_only_with_edge_types(small_world, gnn):
   flipped["graph"] = g._replace(edges={"relation": (np.asarray(g.edges["relation"]) + 1) % ckg.num_relations})
   for edge_types in (False, True):
     model = _bat(ckg, gnn=gnn, edge_types=edge_types)
-    state = graphcare.init_state(jax.random.key(0), model, batch, optax.adam(1e-3), ckg.node_embedding,
+    state = graphcare.init(jax.random.key(0), model, batch, optax.adam(1e-3), ckg.node_embedding,
                                  ckg.relation_embedding)
     a = np.asarray(graphcare.apply_batch(model, state.params, batch))
     b = np.asarray(graphcare.apply_batch(model, state.params, flipped))

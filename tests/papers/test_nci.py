@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+from iclr24_jax.configs import nci as nci_config
 from iclr24_jax.papers import nci
 from iclr24_jax.papers.nci import model as model_lib, train as train_lib
 
@@ -53,7 +54,7 @@ def test_model_loss_adds_lambda_times_target_ce(setup):
   nets, state, src, tgt = setup
   disc = _biased_disc(state, [0.0, 1.0, 2.0])
   erm, _ = nci.erm_model_loss(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
-  nci_loss, m = nci.model_loss(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
+  nci_loss, m = nci.loss_fn(state.params["model"], disc, nets, src["x"], src["y"], tgt, 0.5)
   # adversarial CE towards label 0 with logits b: lse(b) - 0 = 2.40760596; lambda = 0.5.
   np.testing.assert_allclose(float(m["adv"]), 2.40760596, atol=1e-4)
   np.testing.assert_allclose(float(nci_loss - erm), 0.5 * 2.40760596, atol=1e-4)
@@ -86,7 +87,7 @@ def _ref_losses(nets, params, disc, src, tgt, lam):
 def test_model_gradients_match_independent_references(setup):
   nets, state, src, tgt = setup
   params, disc = state.params["model"], _random_disc(state)
-  for fn, which in ((nci.model_loss, 0), (nci.dann_model_loss, 1)):
+  for fn, which in ((nci.loss_fn, 0), (nci.dann_model_loss, 1)):
     got = jax.grad(lambda p: fn(p, disc, nets, src["x"], src["y"], tgt, 0.7)[0])(params)
     want = jax.grad(lambda p: _ref_losses(nets, p, disc, src, tgt, 0.7)[which])(params)
     chex.assert_trees_all_close(got, want, rtol=1e-4, atol=1e-6)
@@ -112,7 +113,7 @@ def test_adversarial_updates_move_features_the_right_way(setup):
     return float(_ref_ce(nets.domain_logits(disc, fs), 0)), float(d)
 
   nci_before, d_before = adv_terms(params)
-  assert adv_terms(sgd(nci.model_loss))[0] < nci_before
+  assert adv_terms(sgd(nci.loss_fn))[0] < nci_before
   assert adv_terms(sgd(nci.dann_model_loss))[1] > d_before
 
 
@@ -120,9 +121,9 @@ def test_ramp_schedule_applies_to_nci_when_asked(setup):
   import ml_collections
   nets, state, src, tgt = setup
   # At step 0 the ramp is 0: NCI on the ramp makes exactly ERM's model update; at a constant lambda it does not.
-  erm = jax.jit(train_lib.make_step(nets, "erm", 0.5))(state, src, tgt, jax.random.key(0))[0]
-  ramped = jax.jit(train_lib.make_step(nets, "nci", 0.5, ramp_steps=100))(state, src, tgt, jax.random.key(0))[0]
-  const = jax.jit(train_lib.make_step(nets, "nci", 0.5))(state, src, tgt, jax.random.key(0))[0]
+  erm = jax.jit(train_lib.make_train_step(nets, "erm", 0.5))(state, src, tgt, jax.random.key(0))[0]
+  ramped = jax.jit(train_lib.make_train_step(nets, "nci", 0.5, ramp_steps=100))(state, src, tgt, jax.random.key(0))[0]
+  const = jax.jit(train_lib.make_train_step(nets, "nci", 0.5))(state, src, tgt, jax.random.key(0))[0]
   chex.assert_trees_all_close(ramped.params["model"], erm.params["model"], rtol=1e-6, atol=1e-7)
   assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.max(jnp.abs(a - b))), const.params["model"],
                                           erm.params["model"]))) > 0.0
@@ -139,7 +140,7 @@ def test_ramp_schedule_applies_to_nci_when_asked(setup):
 
 def test_methods_share_everything_but_the_model_loss(setup):
   nets, state, src, tgt = setup
-  out = {m: jax.jit(train_lib.make_step(nets, m, 0.5))(state, src, tgt, jax.random.key(0))[0]
+  out = {m: jax.jit(train_lib.make_train_step(nets, m, 0.5))(state, src, tgt, jax.random.key(0))[0]
          for m in ("erm", "nci", "dann")}
   # the discriminator update comes first and sees the same frozen features in every method
   chex.assert_trees_all_close(out["erm"].params["disc"], out["nci"].params["disc"], out["dann"].params["disc"])
@@ -158,7 +159,7 @@ def test_list_of_domain_batches_equals_stacked(setup):
 
 def test_train_step_lowers_loss_and_compiles_once(setup):
   nets, state, src, tgt = setup
-  step = jax.jit(chex.assert_max_traces(train_lib.make_step(nets, "nci", 0.5), n=1))
+  step = jax.jit(chex.assert_max_traces(train_lib.make_train_step(nets, "nci", 0.5), n=1))
   first = None
   for _ in range(15):
     state, m = step(state, src, tgt, jax.random.key(0))
@@ -180,7 +181,7 @@ def test_bad_shapes_are_named(setup):
   with pytest.raises(ValueError, match="target_x must be"):
     nci.train_step(state, src, tgt[:, :4], jax.random.key(0), nets=nets)
   with pytest.raises(ValueError, match="unknown method"):
-    train_lib.make_step(nets, "coral")
+    train_lib.make_train_step(nets, "coral")
 
 
 def test_domains_are_disjoint_and_styled():
@@ -293,7 +294,7 @@ def test_pretrained_config_fine_tunes_at_a_tenth_of_the_lr():
 @pytest.mark.slow
 def test_reproduce_pretrained_fast(tmp_path):
   from iclr24_jax.papers.nci import study
-  rows = study.reproduce_pretrained(str(tmp_path), fast=True)
+  rows = study.reproduce_pretrained(str(tmp_path), fast=True, get_config=nci_config.get_config)
   assert len(rows) == 1 + 4 + 1 + 1
   assert all(r["holds"] is None for r in rows)
   assert rows[0]["ours"].startswith("checkpoint ")
