@@ -676,7 +676,7 @@ def make_train_step(model: CLIP, logit_scale_max: float = LOGIT_SCALE_MAX) -> Ca
   return train_step
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one jitted function per static value: jit caches by function identity
 def _compiled_encoder(model: CLIP, which: str) -> Callable:
   def fwd(params, x):
     if which == "image":

@@ -476,8 +476,8 @@ def test_sharded_images_match_one_device():
   ys = jnp.linspace(-1.0, 1.0, 8)[:, None]
   keys = jax.random.split(jax.random.key(0), 8)
   outs = []
-  for n_dev in (1, 8):
-    data = sharding.data_sharding(sharding.make_mesh(devices=jax.devices()[:n_dev]))
+  for mesh in sharding.device_meshes((1, 8)):
+    data = sharding.data_sharding(mesh)
     fn = jax.jit(jax.vmap(lambda k, y: fps.sample(k, DEN, SCHED, op, y, 0.3, 4, 6, resampling="systematic")),
                  in_shardings=(data, data), out_shardings=data)
     outs.append(np.asarray(fn(jax.device_put(keys, data), jax.device_put(ys, data))))

@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.diffusion import schedules
 from iclr24_jax.diffusion.unet import UNet
@@ -22,9 +23,7 @@ OUTER = dict(base_channels=4, channel_mults=(1, 2), **BLOCK)      # 16x16 -> bot
 INNER = dict(base_channels=8, channel_mults=(1, 2), **BLOCK)      # 8x8 -> 4x4
 
 
-def _fast_jit(fn, *args):
-  """Compiles fn(*args) once at XLA backend optimisation level 0 (compile time dominates these tiny programs)."""
-  return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+_fast_jit = loop_lib.compile_fast   # one-shot programs: compile time dominates them on CPU
 
 
 def _perturb(params, key, scale=0.1):

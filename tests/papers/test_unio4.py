@@ -413,8 +413,7 @@ def test_offline_ppo_step_one_vs_eight_devices(ppo_setup):
   stats = normalization.init((3,))
   tx = optax.adam(1e-3)
   outs = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
     state = jax.device_put(stages.ensemble_state(params, tx, extra={"behaviour": params}), rep)
     fn = jax.jit(lambda s, o, k: unio4.offline_ppo_step(s, o, k, policy=policy, critics=critics, obs_stats=stats),

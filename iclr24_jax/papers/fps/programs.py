@@ -9,15 +9,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.diffusion import samplers
 from iclr24_jax.papers.fps import baselines, smc
 
 
 def compile_call(fn, *args, fast_compile: bool = True):
-  """Lowers and compiles a jitted `fn` for `args`; on CPU with `fast_compile`, at XLA backend optimisation level 0.
-
-  The image study's programs run for about a second and took 8-13 s to compile at the default level on this
-  2-core machine; level 0 compiles 3-4x faster and runs about 2x slower, a net win for one-shot calls.
+  """Lowers and compiles a jitted `fn` for `args`; on CPU with `fast_compile`, at XLA backend optimisation level 0
+  (`common.loop.compile_fast`: the image study's programs run about a second and compile 3-4x faster there).
 
   Args:
     fn: a jax.jit-wrapped function.
@@ -27,13 +26,7 @@ def compile_call(fn, *args, fast_compile: bool = True):
   Returns:
     the compiled executable; call it with arguments like `args`.
   """
-  lowered = fn.lower(*args)
-  if fast_compile and jax.default_backend() == "cpu":
-    try:
-      return lowered.compile({"xla_backend_optimization_level": 0})
-    except Exception:  # pragma: no cover - an XLA without the option
-      pass
-  return lowered.compile()
+  return loop_lib.compile_fast(fn, *args, cpu_only=True) if fast_compile else fn.lower(*args).compile()
 
 
 def fps_runs_fn(denoiser, schedule, operator, num_particles: int, num_steps: int, clip_x0=None,

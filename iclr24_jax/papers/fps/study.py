@@ -331,31 +331,29 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   cfg = get_config("")
   sched = schedules.from_config(cfg.schedule)
   steps = 10 if quick else 50
-  rows = []
   sizes = (16, 32) if quick else (16, 32, 64)
   particles = (1, 8, 64, 256) if quick else (1, 8, 64, 256, 1024)
   model = unet.create_model(ml_collections.ConfigDict({**cfg.model.to_dict()}))
-  for size in sizes:
-    shape = (size, size, 1)
-    params = model.init(jax.random.key(0), jnp.zeros((1,) + shape), jnp.zeros((1,)))["params"]
-    den = lambda x, t, p=params: model.apply({"params": p}, x, t)  # noqa: E731
+  params_of = {s: model.init(jax.random.key(0), jnp.zeros((1, s, s, 1)), jnp.zeros((1,)))["params"] for s in sizes}
+
+  def make_case(mesh, size_m):
+    size, m = size_m
+    shape, n_dev, params = (size, size, 1), mesh.devices.size, params_of[size]
+    den = lambda x, t: model.apply({"params": params}, x, t)  # noqa: E731
     op = operators.GaussianBlur(5, 1.0, shape)
-    for n_dev in sorted({1, jax.device_count()}):
-      if n_dev > 1 and size != sizes[0]:
-        continue
-      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-      data = sharding.data_sharding(mesh)
-      for m in particles:
-        if n_dev > 1 and m != particles[-1]:
-          continue
-        fn = jax.jit(jax.vmap(lambda k, y, m=m: smc.sample(k, den, sched, op, y, 0.05, m, steps)),
-                     in_shardings=(data, data), out_shardings=data)
-        keys = jax.device_put(jax.random.split(jax.random.key(1), n_dev), data)
-        ys = jax.device_put(jnp.zeros((n_dev,) + op.y_shape), data)
-        rows.append(bench.time_fn(fn, keys, ys, repeats=3 if quick else 5, items=n_dev * m * steps,
-                                  name="fps/sample (items = particle-steps)", size=f"{size}x{size}, M={m}",
-                                  batch=n_dev, particles=m, num_steps=steps, mesh_devices=n_dev))
-  return rows
+    data = sharding.data_sharding(mesh)
+    fn = jax.jit(jax.vmap(lambda k, y: smc.sample(k, den, sched, op, y, 0.05, m, steps)),
+                 in_shardings=(data, data), out_shardings=data)
+    keys = jax.device_put(jax.random.split(jax.random.key(1), n_dev), data)
+    ys = jax.device_put(jnp.zeros((n_dev,) + op.y_shape), data)
+    return fn, (keys, ys), dict(items=n_dev * m * steps, name="fps/sample (items = particle-steps)",
+                                size=f"{size}x{size}, M={m}", batch=n_dev, particles=m, num_steps=steps)
+
+  repeats = 3 if quick else 5
+  rows = bench.across_devices(make_case, sizes=[(s, m) for s in sizes for m in particles], counts=(1,),
+                              repeats=repeats)
+  more = [n for n in bench.device_counts() if n > 1]   # all devices: the smallest image, the most particles
+  return rows + bench.across_devices(make_case, sizes=[(sizes[0], particles[-1])], counts=more, repeats=repeats)
 
 
 def scale_program(config, mesh):

@@ -129,7 +129,7 @@ def compiled(fn, fast_compile: bool = False):
     leaves, tree = jax.tree.flatten(args)
     sig = (tree, tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves))
     if sig not in cache:
-      cache[sig] = jitted.lower(*args).compile({"xla_backend_optimization_level": 0})
+      cache[sig] = loop.compile_fast(jitted, *args, cpu_only=True)
     return cache[sig](*args)
 
   return call

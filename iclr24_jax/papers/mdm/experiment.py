@@ -35,7 +35,7 @@ from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.mdm import model as model_lib
 from iclr24_jax.papers.mdm import train
 from iclr24_jax.papers.mdm.judge import train_judge
-from iclr24_jax.papers.mdm.programs import build, fast_compile, heldout_mse, inner_kwargs, load_images, loss_kwargs
+from iclr24_jax.papers.mdm.programs import build, heldout_mse, inner_kwargs, load_images, loss_kwargs
 from iclr24_jax.papers.mdm import data as mdm_data
 
 PAPER = "mdm"
@@ -116,7 +116,7 @@ def run(config: Any, workdir: str) -> dict:
   losses = [r["train/loss"] for r in res.history if "train/loss" in r]
   results.update(first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
                  steps_per_s=res.steps_per_s)
-  compile_ = fast_compile if config.get("fast_compile", False) else lambda f, *a: jax.jit(f)
+  compile_ = loop_lib.compile_fast if config.get("fast_compile", False) else lambda f, *a: jax.jit(f)
   n_eval = min(256, arrays["x_eval"].shape[0])
   ev = (params, jnp.asarray(arrays["x_eval"][:n_eval]), jnp.asarray(arrays["y_eval"][:n_eval]))
   mse_fn = lambda p, x, y: heldout_mse(model, p, scheds, x, y, jax.random.key(123), lkw)  # noqa: E731

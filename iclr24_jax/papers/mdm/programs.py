@@ -2,7 +2,7 @@
 
 `load_images` (MNIST-5k at 32x32 or the tiny digits, in [-1, 1]), `build` (the NestedUNet, its inner network and
 the single-resolution UNet with their level schedules), `loss_kwargs` / `inner_kwargs`, `heldout_mse` (per-level
-eps-MSE at fixed times and noise), `fast_compile`, `step_flops` (XLA FLOPs of one train step) and `Arm` (one model
+eps-MSE at fixed times and noise), `step_flops` (XLA FLOPs of one train step) and `Arm` (one model
 type's compiled init / train-n-steps / evaluate-and-sample programs). The model is in `model.py`, the losses,
 steps and samplers in `train.py`, the sample judge in `judge.py`; `experiment.run` trains one arm; the study is
 in `study.py`.
@@ -126,15 +126,6 @@ def heldout_mse(model, params, scheds, x, y, key, loss_kw):
   return aux["mse"]
 
 
-def fast_compile(fn, *args):
-  """jit + compile at XLA backend optimisation level 0 (init programs: compile time dominates on CPU)."""
-  lowered = jax.jit(fn).lower(*args)
-  try:
-    return lowered.compile({"xla_backend_optimization_level": 0})
-  except Exception:  # a backend without that option
-    return lowered.compile()
-
-
 def step_flops(model, scheds, image_shape, batch_size, tx, loss_kw) -> float:
   """XLA's FLOP count of one train step (forward + backward + update) at this batch size.
 
@@ -203,7 +194,7 @@ class Arm:
       return TrainState.create(p, self.tx)
     tag = inner_params is None
     if tag not in self._init:
-      self._init[tag] = fast_compile(one, key, inner_params)
+      self._init[tag] = loop_lib.compile_fast(one, key, inner_params)
     return self._init[tag](key, inner_params)
 
   def train(self, state, key, arrays, n):

@@ -316,23 +316,20 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   lkw = loss_kwargs(cfg)
   tx = make_optimizer(cfg.optimizer, 1000)
   batch_size = 32 if quick else 128
-  rows = []
   rng = np.random.default_rng(0)
   x = rng.uniform(-1, 1, (batch_size,) + nets["image_shape"]).astype(np.float32)
   y = (np.arange(batch_size) % 10).astype(np.int32)
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    rep = sharding.replicated_sharding(mesh)
-    batch = sharding.shard_batch({"x": x, "y": y}, mesh)
-    for name in ("nested", "single"):
-      model, scheds = nets[name], nets["schedules"][name]
-      state = jax.jit(lambda k, m=model: TrainState.create(train.init_params(k, m, nets["image_shape"]), tx),
-                      out_shardings=rep)(jax.random.key(0))
-      fn = loop_lib.compile_step(train.make_train_step(model, scheds, **lkw), mesh)
-      rows.append(bench.time_fn(fn, state, batch, jax.random.key(1), carry=True, repeats=3 if quick else 10,
-                                items=batch_size, name=f"mdm/{name}_train_step", size="32x32" + (
-                                    "+8x8" if name == "nested" else ""), batch=batch_size, mesh_devices=n_dev))
-  return rows
+
+  def make_case(mesh, name):
+    model, scheds = nets[name], nets["schedules"][name]
+    state = jax.jit(lambda k: TrainState.create(train.init_params(k, model, nets["image_shape"]), tx),
+                    out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
+    fn = loop_lib.compile_step(train.make_train_step(model, scheds, **lkw), mesh)
+    return (fn, (state, sharding.shard_batch({"x": x, "y": y}, mesh), jax.random.key(1)),
+            dict(items=batch_size, name=f"mdm/{name}_train_step", size="32x32" + ("+8x8" if name == "nested" else ""),
+                 batch=batch_size))
+
+  return bench.across_devices(make_case, sizes=("nested", "single"), carry=True, repeats=3 if quick else 10)
 
 
 def scale_program(config, mesh):

@@ -78,10 +78,10 @@ def run(config: Any, workdir: str) -> dict:
                        "'generate' or 'keywords' for NetHack.")
     judge, name = annotators.make_judge(config)
     res = nethack_motif.nethack_pipeline(config, workdir, judge, name)
-    writer = metrics_lib.MetricWriter(workdir)
-    for kind_, r in res["runs"].items():
-      for h in r["history"]:
-        writer.write(int(h["update"]), {f"{kind_}/{k}": v for k, v in h.items() if isinstance(v, (int, float))})
+    with metrics_lib.open_writer(workdir) as writer:
+      for kind_, r in res["runs"].items():
+        for h in r["history"]:
+          writer.write(int(h["update"]), {f"{kind_}/{k}": v for k, v in h.items() if isinstance(v, (int, float))})
     results = {k: v for k, v in res.items() if k != "runs"}
     results["runs"] = {k: {kk: vv for kk, vv in r.items() if kk != "history"} for k, r in res["runs"].items()}
     metrics_lib.write_results(workdir, metrics_lib.to_python(results))
@@ -99,11 +99,11 @@ def run(config: Any, workdir: str) -> dict:
   settings = [(name, s) for s in config.intrinsic.settings]
   agents = train.toy_agents(config, env, train.toy_settings(config, {name: fitted}, settings), k_agents, int(config.num_seeds))
   names = [s for _, s in settings]
-  writer = metrics_lib.MetricWriter(workdir)
   curves = agents["curves"]["episode_return"].mean(1)
-  for u in range(curves.shape[1]):
-    if (u + 1) % max(1, int(config.log_every)) == 0 or u + 1 == curves.shape[1]:
-      writer.write(u + 1, {f"train/{n}/episode_return": float(curves[i, u]) for i, n in enumerate(names)})
+  with metrics_lib.open_writer(workdir) as writer:
+    for u in range(curves.shape[1]):
+      if (u + 1) % max(1, int(config.log_every)) == 0 or u + 1 == curves.shape[1]:
+        writer.write(u + 1, {f"train/{n}/episode_return": float(curves[i, u]) for i, n in enumerate(names)})
   plot = plot_toy(agents, names, os.path.join(workdir, "toy_success.png"), f"toy world, labels: {name}")
   fit = fitted["fit"]
   results = {

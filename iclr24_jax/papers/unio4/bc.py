@@ -86,7 +86,7 @@ def make_policy(action_dim: int, config: Any) -> GaussianPolicy:
                         tuple(config["log_std_bounds"]))
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # the jitted programs of one configuration
 def _programs(frozen_policy: tuple, frozen_bc: tuple, obs_dim: int, act_dim: int):
   pcfg, bcfg = stages.thaw(frozen_policy), stages.thaw(frozen_bc)
   policy = make_policy(act_dim, pcfg)

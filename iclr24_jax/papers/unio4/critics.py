@@ -165,7 +165,7 @@ def critic_modules(spec: dict) -> tuple[nn.Module, nn.Module]:
   return v_module, q_module
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # the jitted programs of one configuration
 def _programs(frozen_spec: tuple, obs_dim: int, act_dim: int) -> tuple[Callable, Callable]:
   """Jitted (init, chunk) of the supervised stage for one configuration (cached: reused across data sets)."""
   spec = stages.thaw(frozen_spec)

@@ -131,7 +131,7 @@ def dynamics_loss(params: Any, inputs: jax.Array, targets: jax.Array, *, module:
   return loss, jax.lax.stop_gradient(jnp.mean(jnp.square(mean - targets), axis=(1, 2)))
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # the jitted programs of one configuration
 def _programs(frozen_cfg: tuple, obs_dim: int, act_dim: int):
   cfg = stages.thaw(frozen_cfg)
   hidden = tuple(cfg["hidden"])

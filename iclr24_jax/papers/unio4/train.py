@@ -33,14 +33,14 @@ Callback = Callable[[str, int, dict], None]
 
 
 # --- environments and evaluation --------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)   # one Env object per name: programs jitted for it are reused
 def get_env(name: str) -> envs_lib.Env:
   """One shared Env object per name (so jitted evaluation programs are reused)."""
   from iclr24_jax.rl import offline
   return offline.make_data_env(name)
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # one jitted function per static value: jit caches by function identity
 def evaluation_program(env: envs_lib.Env, policy_module: nn.Module, num_envs: int, obs_clip: float = 10.0):
   """A jitted `(policy_params, obs_stats, key) -> rl.rollout.evaluate(...)` dict with the deterministic policy
   (the mean action, clipped by the distribution's `to_env`), one program per (env, module, num_envs)."""
@@ -130,7 +130,7 @@ def improvement_optimizer(config: Any) -> optax.GradientTransformation:
 _PROGRAM_KEYS = ("batch_size", "ope_batch", "ope_horizon", "clip_eps", "omega")
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # the jitted programs of one configuration
 def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple, num_steps: int, obs_dim: int,
                       act_dim: int, obs_clip: float):
   pcfg, icfg = stages.thaw(frozen_policy), stages.thaw(frozen_imp)

@@ -92,8 +92,7 @@ def test_distill_step_same_on_1_and_8_devices(mlp_method):
   teacher = {"clients": params, "weights": jnp.asarray([0.2, 0.3, 0.5])}
   x = np.asarray(jax.random.uniform(jax.random.key(0), (16, S, S, 1)))
   outs = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     state = sharding.replicate(coboosting.init(method, jax.random.key(5), (S, S, 1)), mesh)
     fn = jax.jit(lambda st, b: coboosting.distill_step(method, st, teacher, b, jax.random.key(1), 0.05))
     state, _ = fn(state, sharding.shard_batch({"x": x}, mesh))
