@@ -3,6 +3,7 @@ real (per-device parameter bytes fall as 1/devices), and every paper's `paper` c
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -406,3 +407,34 @@ def test_unet_flops_by_hand_match_xla_on_the_new_options():
   hand = unet.unet_flops(model, 32, 32, 3)
   assert jaxpr == pytest.approx(hand, rel=1e-6)   # every conv and matmul of the module, counted the same way
   assert abs(xla - hand) <= 0.05 * hand, (xla, hand)   # XLA adds the elementwise work, drops the padding taps
+
+
+# ----------------------------------------------------------------------------- the table: every paper, cited
+
+# A cited official file and line, e.g. 'config/train_full.yaml:2-22' or 'README.md:18'.
+SOURCE_LINE = re.compile(r"[\w./-]+\.(?:py|sh|ya?ml|json|md|MD|txt):\d+")
+# The keys other code reads from results/scale/<slug>.json (binding: issue 39).
+ROW_KEYS = ("devices", "params", "argument_bytes", "temp_bytes", "output_bytes", "flops", "compile_s", "step_s_h100",
+            "step_s_v5e")
+
+
+def test_every_paper_has_a_cited_paper_variant_and_table_rows():
+  # Every paper is in one of the compile tests above, so none can drop out of them unnoticed.
+  compiled = set(LM_PAPERS) | {slug for slug, _ in OTHER_PAPERS} | set(VISION_PAPERS)
+  assert compiled == set(registry.PAPERS), compiled ^ set(registry.PAPERS)
+  with open(os.path.join(ROOT, "results", "SCALE.md")) as f:
+    table = f.read()
+  assert "## Not tabled yet" not in table
+  for slug in registry.PAPERS:
+    config = importlib.import_module(f"iclr24_jax.configs.{slug}").get_config("paper")
+    assert SOURCE_LINE.search(str(config.scale.source)), (slug, config.scale.source)
+    assert config.scale.paper_hardware and config.scale.paper_time, slug
+    with open(os.path.join(ROOT, "results", "scale", f"{slug}.json")) as f:
+      rows = json.load(f)
+    for row in rows:
+      assert all(k in row for k in ROW_KEYS), (slug, [k for k in ROW_KEYS if k not in row])
+      assert row["flops"] > 0 and row["compile_s"] > 0 and "failed" not in row["program"], (slug, row["program"])
+    devices = {row["devices"] for row in rows}
+    assert devices >= ({8, 64} if slug in LM_PAPERS else {8}), (slug, devices)
+    # The table quotes the config's hardware / time (rebuilt from it), one line per row.
+    assert table.count(f"| {config.scale.paper_hardware}; time: {config.scale.paper_time} |") == len(rows), slug
