@@ -33,10 +33,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.data = ml_collections.ConfigDict(dict(
       name="digits_pool", data_dir="", pool_size=20000, reference_size=2500, test_size=50, lowres_test_size=50,
       duplicate_fraction=0.1, contamination=0.02, class_free_prob=0.08, wrong_label_prob=0.04,
-      # Calibrated to the paper's ratios (issue 30): test points / reference set = 6 x 50 / 2500 = 0.12 (the paper's
-      # ~166k benchmark images / 1.28M ImageNet-train = 0.13), and the reference holds each digit style in the
-      # pool's proportions (the pool's shares without 'photo'), so no benchmark style (V2's stand-in 'lowres'
-      # included) is rarer in the reference than in the pool. MNIST-5k bases left for the pool: 5000-2500-50.
+      # Calibrated to the paper's ratios (so nearest-neighbour similarities mean what they do at scale): test points /
+      # reference set = 6 x 50 / 2500 = 0.12 (the paper's ~166k benchmark images / 1.28M ImageNet-train = 0.13), and the
+      # reference holds each digit style in the pool's proportions (the pool's shares without 'photo'), so no benchmark
+      # style (V2's stand-in 'lowres' included) is rarer in the reference than in the pool. MNIST-5k bases left for the
+      # pool: 5000-2500-50.
       reference_style_rates=dict(clean=0.18, rotated=0.08, inverted=0.05, bold=0.05, small=0.04, noisy=0.06,
                                  blurry=0.04, sketch=0.06, lowres=0.09)))
   c.model = ml_collections.ConfigDict(dict(

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"=== {name} ===", flush=True)
     t0 = time.time()
     try:
-      new = module.benchmark(quick=not args.full)
+      new = module.benchmark(quick=not args.full, **registry.study_kwargs(module.benchmark, name))
     except Exception as e:  # keep going; report the failure in the table
       failures.append(name)
       new = [{"name": f"{name} (failed: {type(e).__name__}: {str(e)[:120]})"}]

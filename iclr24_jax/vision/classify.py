@@ -41,8 +41,6 @@ def init(key: jax.Array, model: nn.Module, input_shape: tuple[int, ...], tx: opt
   return TrainState.create(params, tx, extra=extra)
 
 
-init_state = init  # Deprecated alias, kept one release.
-
 
 def apply_model(model: nn.Module, params: Any, extra: Any, x: jax.Array, train: bool, key: jax.Array | None = None,
                 return_features: bool = False):

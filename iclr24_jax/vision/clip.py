@@ -54,7 +54,7 @@ LOGIT_SCALE_MAX = 100.0                   # CLIP / OpenCLIP clamp of exp(logit_s
 __all__ = ["LOGIT_SCALE_INIT", "LOGIT_SCALE_MAX", "WordTokenizer", "TransformerBlock", "ViT", "TextTransformer",
            "FeatureTextTower", "CLIP", "create_image_encoder", "create_text_encoder", "create_clip", "l2_normalize",
            "clip_logits", "clip_loss", "clamp_logit_scale", "zero_shot_classifier", "zero_shot_logits",
-           "zero_shot_accuracy", "init", "init_state", "loss_fn", "make_train_step", "make_optimizer", "encode_images",
+           "zero_shot_accuracy", "init", "loss_fn", "make_train_step", "make_optimizer", "encode_images",
            "encode_texts"]
 
 
@@ -626,8 +626,6 @@ def init(key: jax.Array, model: CLIP, image_shape: Sequence[int], text_shape: Se
   params = model.init({"params": key}, images, texts)["params"]
   return TrainState.create(params, tx)
 
-
-init_state = init  # Deprecated alias, kept one release.
 
 
 def loss_fn(params: Any, model: CLIP, batch: dict, key: jax.Array | None = None):

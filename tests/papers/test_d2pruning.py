@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import graph as graph_lib
+from iclr24_jax.configs import d2pruning as cfg_mod
 from iclr24_jax.papers import d2pruning
 from iclr24_jax.papers.d2pruning import scores as scores_lib, selection
 
@@ -378,7 +379,7 @@ def test_train_step_lowers_loss_compiled_once(digits_small):
   from iclr24_jax.vision import classify
   cfg = _tiny_cfg()
   model, tx = model_lib.create_classifier(cfg, 10, 100)
-  state = classify.init_state(jax.random.key(0), model, digits_small.input_shape, tx)
+  state = classify.init(jax.random.key(0), model, digits_small.input_shape, tx)
   batch = {"x": jnp.asarray(digits_small.train.x[:64]), "y": jnp.asarray(digits_small.train.y[:64]),
            "mask": jnp.ones(64)}
   step = jax.jit(chex.assert_max_traces(scores_lib.make_train_step(model), n=1))
@@ -491,5 +492,5 @@ def test_text_embedder_optional():
 @pytest.mark.slow
 def test_reproduce_fast_rows(tmp_path):
   from iclr24_jax.papers.d2pruning import study
-  rows = study.reproduce(str(tmp_path), fast=True)
+  rows = study.reproduce(str(tmp_path), fast=True, get_config=cfg_mod.get_config)
   assert rows and all({"paper", "experiment", "metric", "ours", "paper_value", "holds"} <= set(r) for r in rows)

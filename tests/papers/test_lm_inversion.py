@@ -10,6 +10,7 @@ import pytest
 
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.configs import lm_inversion as cfg_mod
 from iclr24_jax.lm import t5
 from iclr24_jax.papers import lm_inversion as li
 from iclr24_jax.papers.lm_inversion import data as li_data
@@ -309,7 +310,7 @@ def test_study_fast_rows(tmp_path, monkeypatch):
   """The whole study on the tiny config: every arm trains and the rows carry seed-judged verdicts."""
   from iclr24_jax.papers.lm_inversion import study
   monkeypatch.setenv("ICLR24_LM_INVERSION_CACHE", str(tmp_path / "cache"))
-  rows = study.reproduce(str(tmp_path / "study"), fast=True)
+  rows = study.reproduce(str(tmp_path / "study"), fast=True, get_config=cfg_mod.get_config)
   compared = [r for r in rows if r.get("judgement")]   # 8 seed comparisons: 4 claims, 4 measurements
   assert len(compared) == 8 and all(r["judgement"]["n"] == 3 for r in compared)
   assert all(r["holds"] in ("yes", "no", "inconclusive") for r in compared if r["kind"] == "claim")

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from iclr24_jax.configs import mario as cfg_mod
 from iclr24_jax.lm import llama, lora, scoring, t5
 from iclr24_jax.lm import tokenizer as tok_lib
 from iclr24_jax.lm import train as lm_train
@@ -419,7 +420,7 @@ def test_valid_accuracy_and_majority_baseline():
 @pytest.mark.slow
 def test_study_rows_on_the_tiny_model(tmp_path):
   from iclr24_jax.papers.mario import study
-  rows = study.reproduce(str(tmp_path), fast=True, variant="strategyqa,tiny")
+  rows = study.reproduce(str(tmp_path), fast=True, variant="strategyqa,tiny", get_config=cfg_mod.get_config)
   assert len(rows) == 12 and rows[0]["plots"] and os.path.exists(rows[0]["plots"][0])
   for r in rows[:8]:   # one seed: measurements, the bootstrap's word in the notes, never 'no' without a reference
     assert r["holds"] is None and "mario_seeds" in r["notes"] and "'no'" not in r["notes"]
@@ -432,7 +433,7 @@ def test_study_rows_on_the_tiny_model(tmp_path):
 def test_seeded_study_on_the_tiny_model(tmp_path):
   """reproduce_seeds: 3 training seeds on one test subset, every comparison judged on per-seed means."""
   from iclr24_jax.papers.mario import study
-  rows = study.reproduce_seeds(str(tmp_path), fast=True)
+  rows = study.reproduce_seeds(str(tmp_path), fast=True, get_config=cfg_mod.get_config)
   # (a) 4 + (b) 4 + budget-matched SFT (the seeds variant's sft_matched='pool') 4 + the reference row 4
   assert len(rows) == 16 and os.path.exists(rows[0]["plots"][0])
   for r in rows[:12]:

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from iclr24_jax.common import checks, sharding
 from iclr24_jax.papers import motif
-from iclr24_jax.papers.motif import annotation, experiment, intrinsic, pipeline, reward_model, toy
+from iclr24_jax.papers.motif import annotation, experiment, intrinsic, reward_model, toy, train
 from iclr24_jax.rl import ppo
 from iclr24_jax.rl import rollout as rollout_lib
 
@@ -504,7 +504,7 @@ def test_oracle_values_arm_without_a_reward_model():
   f = arm["fit"]
   np.testing.assert_allclose([f["mu"], f["sigma"], f["eps"]], [0.75, 1.479020, -0.169031], rtol=1e-5)
   fits = {"values": arm}
-  st = pipeline.toy_settings(c, fits, [("values", "intrinsic"), ("values", "both")])
+  st = train.toy_settings(c, fits, [("values", "intrinsic"), ("values", "both")])
   np.testing.assert_array_equal(st["caption_rewards"][0], toy.caption_values())
   np.testing.assert_allclose(st["alpha_ext"], [0.0, c.intrinsic.alpha_ext])
   with pytest.raises(ValueError, match="not a toy caption"):

@@ -354,8 +354,6 @@ def init(method: Method, key: jax.Array, input_shape: tuple[int, ...]) -> TrainS
   return TrainState.create(variables["params"], method.server_tx(), extra=extra)
 
 
-init_server = init  # Deprecated alias, kept one release.
-
 
 def distill_step(method: Method, state: TrainState, teacher: Teacher, batch: dict, key: jax.Array,
                  learning_rate: jax.Array | float, knob: dict | None = None) -> tuple[TrainState, dict]:

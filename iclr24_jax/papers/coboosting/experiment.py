@@ -192,7 +192,7 @@ def run(config: Any, workdir: str | None = None) -> dict:
               "eval/weighted_ensemble_accuracy": _accuracy(t_logits, y_test)}
 
     # Paired by seed: Co-Boosting and the DENSE-like baseline draw the same server-init, generator and
-    # distillation keys, so their difference is the method's, not the draw's (issue 30).
+    # distillation keys, so their difference is the method's, not the draw's.
     res = coboost.fit(method, cparams, key=key_server,
                       input_shape=ds.input_shape, epochs=int(config.num_epochs),
                       g_steps=int(config.coboost.g_steps), batch_size=int(config.batch_size),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -252,18 +253,19 @@ def synthetic_rows(study: dict, plots: list[str]) -> list[dict]:
   return rows
 
 
-def reproduce(workdir: str, fast: bool = False, real_text: bool = True) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, real_text: bool = True,
+              *, get_config: Callable[[str], Any]) -> list[dict]:
   """(a) the closed-form check, (b) the synthetic study, (c) real text (module docstring).
 
   Args:
     workdir: output folder for plots (created).
     fast: a shorter synthetic study (160 finetuning and 300 pretraining steps) and no real text.
     real_text: run (c) (ignored when `fast`: it needs SmolLM2 and MiniLM).
+    get_config: `get_config(variant)` of configs/finetune_dissect.py (the runners pass it; tests pass the module's).
 
   Returns:
     Row dicts (paper, experiment, metric, ours, paper_value, holds, notes[, plots]).
   """
-  from iclr24_jax.configs import finetune_dissect as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   rows: list[dict] = []
   err = analytic_recovery_error()
@@ -272,7 +274,7 @@ def reproduce(workdir: str, fast: bool = False, real_text: bool = True) -> list[
                    paper_value="(check) the estimator recovers known changes", holds="yes" if err < 1e-5 else "no",
                    kind="check", basis="verifies the estimator against the grammar's closed form",
                    notes="reference: the closed form of the grammar (the changes' log-odds); tolerance 1e-5"))
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   if fast:
     cfg.num_steps = 160
     cfg.pretrain.steps = 300
@@ -288,14 +290,13 @@ def reproduce(workdir: str, fast: bool = False, real_text: bool = True) -> list[
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Finetuning tokens/s, full vs LoRA (rank 8), for the synthetic study's tiny Llama on 1 and all devices (batch
   sharded over the mesh)."""
   from iclr24_jax.common import sharding
   from iclr24_jax.common.loop import compile_step
-  from iclr24_jax.configs import finetune_dissect as cfg_mod
   from iclr24_jax.lm import train as lm_train
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   spec = finetune.spec_from_config(cfg.data)
   mcfg = finetune.model_config(spec, cfg.model)
   tables = grammar.fact_tables(jax.random.key(0), spec)

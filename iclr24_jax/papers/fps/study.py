@@ -7,6 +7,7 @@ this module runs them at the reproduction's settings and turns their results int
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +92,7 @@ def _seeds_str(values) -> str:
   return f"{stats.fmt_mean_se(m, se)} ({len(values)} seeds)"
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """The exactness table (2-D / 8-D, FPS's and the telescoping weights), the Gaussian M -> infinity limit (FPS's
   HMM, the noise-tracking Kalman filter, the telescoping limit), and the digits image tasks.
 
@@ -103,13 +104,13 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   Args:
     workdir: output folder (created).
     fast: a smoke run (2 particle counts, 30 steps, one image task on 4 images, 200 prior steps); verdicts None.
+    get_config: `get_config(variant)` of configs/fps.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import fps as cfg_mod
   os.makedirs(workdir, exist_ok=True)
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   cfg.task = "both"
   if fast:
     cfg.exactness.update(dict(particles=(1, 50), num_runs=(128, 64), num_steps=30, rates=(0.95,),
@@ -319,7 +320,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Particles x steps per second of `fps.sample` vs the number of particles M and the image size.
 
   The denoiser is the image tasks' MLP with random weights (the cost per particle is what is timed), the operator
@@ -327,8 +328,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   the mesh's 'data' axis (each runs its own filter): one image on 1 device, and (largest M, smallest size) one
   image per device on all devices. items = images x M x steps.
   """
-  from iclr24_jax.configs import fps as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   sched = schedules.from_config(cfg.schedule)
   steps = 10 if quick else 50
   rows = []

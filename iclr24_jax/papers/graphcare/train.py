@@ -166,8 +166,6 @@ def init(key: jax.Array, model: nn.Module, sample_batch: dict, tx: optax.Gradien
   return TrainState.create(params, tx)
 
 
-init_state = init  # Deprecated alias, kept one release.
-
 
 def compiled_predict(model: nn.Module, task: str, mesh=None) -> Callable:
   """jit(predict_step) over the mesh (params replicated, batch sharded on its shard axis)."""

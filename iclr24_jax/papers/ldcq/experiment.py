@@ -17,7 +17,7 @@ from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics, stats
 from iclr24_jax.diffusion import metrics as diff_metrics
 from iclr24_jax.diffusion.unet import MLPDenoiser
-from iclr24_jax.papers.ldcq import algorithm as alg
+from iclr24_jax.papers.ldcq import train as alg
 from iclr24_jax.papers.ldcq import data as data_lib
 from iclr24_jax.papers.ldcq.model import BCPolicy, QNetwork, SkillVAE
 from iclr24_jax.rl import offline as offline_lib

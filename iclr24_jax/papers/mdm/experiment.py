@@ -43,12 +43,6 @@ ARMS = ("progressive", "nested", "single")
 ARM_NAMES = {"progressive": "nested+progressive", "nested": "nested (scratch)", "single": "single-res 32x32"}
 
 
-def get_config(arg: str):
-  """The packaged config `iclr24_jax.configs.mdm` for a variant string (e.g. 'tiny', 'nested')."""
-  from iclr24_jax.configs import mdm as cfg_mod
-  return cfg_mod.get_config(arg)
-
-
 # ------------------------------------------------------------------------------------------------ run
 
 

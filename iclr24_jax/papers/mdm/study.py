@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,7 @@ from iclr24_jax.common import sharding, stats
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.mdm import training
-from iclr24_jax.papers.mdm.experiment import ARM_NAMES, ARMS, PAPER, get_config
+from iclr24_jax.papers.mdm.experiment import ARM_NAMES, ARMS, PAPER
 from iclr24_jax.papers.mdm.judge import train_judge
 from iclr24_jax.papers.mdm.pipeline import Arm, build, inner_kwargs, load_images, loss_kwargs, step_flops
 
@@ -52,12 +53,13 @@ NOT_RUN = [
 ]
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Nested + progressive vs nested from scratch vs single resolution at equal compute (3 seeds).
 
   Args:
     workdir: output folder (created).
     fast: run the 'tiny' config variant without the judge.
+    get_config: `get_config(variant)` of configs/mdm.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
@@ -163,7 +165,9 @@ REFERENCES = ("references that rule out a bug in the nesting and the progressive
 
 
 def qualify(rows: list[dict], num_classes: int, budget_steps: int) -> list[dict]:
-  """Applies the reproduction rule (issue 30) to the comparison rows once every arm's numbers are in.
+  """Applies the reproduction rule to the comparison rows once every arm's numbers are in.
+
+  A claim is judged only where the run could show it:
 
   * Sample-quality rows (classifier accuracy, feature sliced W2) are 'inconclusive' when no arm's samples are
     recognisable digits (every arm's mean accuracy below 2 / num_classes, i.e. within twice chance): a difference
@@ -305,7 +309,7 @@ def _plot_arms(samples_last, labels, path, per_class=2):
                                      title="seed 0, full budget; rows: " + " / ".join(ARM_NAMES[a] for a in ARMS))
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Train step/s of the NestedUNet vs the single-resolution UNet (same outer size), on 1 and all devices."""
   cfg = get_config("")
   nets = build(cfg)

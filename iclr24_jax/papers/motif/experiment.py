@@ -2,7 +2,7 @@
 captions -> annotated pairs -> reward model -> intrinsic reward -> PPO agents for each reward setting, vmapped
 over seeds) or on NetHack (variant 'nethack').
 
-The pieces it composes, and `study.reproduce` with it: `pipeline.py` (`toy_env`, `toy_dataset`, `fit_from_records`,
+The pieces it composes, and `study.reproduce` with it: `train.py` (`toy_env`, `toy_dataset`, `fit_from_records`,
 `toy_settings`, `toy_agents`), `annotators.py` (`make_judge`, `annotate`, `cache_path`, `label_agreement`) and
 `nethack_motif.py` (`nethack_pipeline`). This module keeps `run` and its plot `plot_toy`.
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
-from iclr24_jax.papers.motif import annotators, nethack_motif, pipeline, toy
+from iclr24_jax.papers.motif import annotators, nethack_motif, toy, train
 from iclr24_jax.papers.motif import data as motif_data
 
 
@@ -88,16 +88,16 @@ def run(config: Any, workdir: str) -> dict:
     return metrics_lib.to_python(results)
   if config.env.name != "toy":
     raise ValueError(f"unknown env.name '{config.env.name}'; choose 'toy' or 'nethack'.")
-  env = pipeline.toy_env(config)
-  captions = pipeline.toy_dataset(config, env, k_data)
-  pairs = pipeline.sample_pairs(captions, int(config.data.num_pairs), int(config.seed))
+  env = train.toy_env(config)
+  captions = train.toy_dataset(config, env, k_data)
+  pairs = train.sample_pairs(captions, int(config.data.num_pairs), int(config.seed))
   judge, name = annotators.make_judge(config)
   task = config.annotation.task or toy.TASK
   records = annotators.annotate(config, pairs, task, judge, name, annotators.cache_path(config, workdir, name.replace("/", "_")))
   agree = annotators.label_agreement(records)
-  fitted = pipeline.fit_from_records(config, records, k_reward)
+  fitted = train.fit_from_records(config, records, k_reward)
   settings = [(name, s) for s in config.intrinsic.settings]
-  agents = pipeline.toy_agents(config, env, pipeline.toy_settings(config, {name: fitted}, settings), k_agents, int(config.num_seeds))
+  agents = train.toy_agents(config, env, train.toy_settings(config, {name: fitted}, settings), k_agents, int(config.num_seeds))
   names = [s for _, s in settings]
   writer = metrics_lib.MetricWriter(workdir)
   curves = agents["curves"]["episode_return"].mean(1)

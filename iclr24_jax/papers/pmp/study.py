@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -36,12 +37,11 @@ BASIS_HETEROPHILY = ("'demonstrates the capability of PMP to handle heterophily-
                      "number in the paper)")
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """PMP vs GraphSAGE vs GCN (same wrapper, same loop, same data) on the synthetic fraud graph (3 seeds) and the
   four geom_gcn graphs (3 splits), next to the paper's YelpChi / Amazon / T-Finance AUC; plus the label-access
   control (GraphSAGE with the neighbours' training labels as features). Comparison rows are judged with
   `common.stats.compare_row` (paired by seed / split, 2 standard errors)."""
-  from iclr24_jax.configs import pmp as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   seeds = (0,) if fast else (0, 1, 2)
@@ -50,7 +50,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
 
   # 1) The embedded synthetic fraud graph. Every arm sees the same graph and split per seed (paired by seed).
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   if fast:
     cfg.num_steps = 60
     cfg.data.num_nodes = 1500
@@ -122,7 +122,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     geom = ()
   acc_table: dict[str, dict[str, list]] = {}
   for name in geom:
-    gcfg = cfg_mod.get_config(name)
+    gcfg = get_config(name)
     acc = {m: {"accuracy": [], "auc": []} for m in ("pmp", "sage", "gcn")}
     for seed in seeds:
       gcfg.seed = seed
@@ -155,7 +155,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
            "variant": f"configs/pmp.py:{name} with --config.data.data_dir (the .mat files), judged over seeds"}
     if fraud_dir and not fast:
       try:
-        c = cfg_mod.get_config(name)
+        c = get_config(name)
         c.data.data_dir = fraud_dir
         data = load_graph(c.data, seed=0)
         out = train_lib.fit(c, data, mesh=mesh)
@@ -203,12 +203,11 @@ def random_graph(num_edges: int, num_relations: int = 3, avg_degree: float = 10.
   return data_lib.GraphData("random", x, labels, rels, tuple(f"rel{r}" for r in range(num_relations)), tr, va, te, 2)
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Full-graph train step/s vs number of edges (1e4, 1e5; 1e6 when quick=False), PMP and GraphSAGE, on 1 and
   all devices. Node and edge arrays are split over the mesh's 'data' axis (params replicated); XLA's SPMD
   partitioner inserts the gathers/reductions that the sharded segment_sum needs."""
-  from iclr24_jax.configs import pmp as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
   rows = []
   for n_edges in sizes:

@@ -80,8 +80,6 @@ def init(key: jax.Array, model: RelationalGNN, num_relations: int, feature_dim: 
   return TrainState.create(init_params(key, model, num_relations, feature_dim), tx)
 
 
-init_state = init  # Deprecated alias, kept one release.
-
 
 def loss_fn(params: Any, model: RelationalGNN, batch: dict, key: jax.Array | None, train: bool = True,
             weighted_loss: bool = False) -> tuple[jax.Array, dict]:

@@ -3,7 +3,7 @@ shares (data set, normalised score, plots).
 
 The reproduction (the paper's claims at a CPU scale, 3 seeds) and the benchmark are in `study.py`.
 
-Why not `common.loop.train_loop` (issue 31): every stage already runs K steps per compiled call (lax.scan chunks
+Why not `common.loop.train_loop`: every stage already runs K steps per compiled call (lax.scan chunks
 with on-device minibatches drawn from the resident data set), and the improvement stage is gated every
 `improve.eval_every` steps by an OPE in a learned model that can *replace the behaviour policy* inside the state:
 a decision train_loop's eval/keep_best (which only copies parameters out) cannot make. Online PPO is `rl.ppo`'s own

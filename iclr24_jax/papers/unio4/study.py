@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -57,10 +58,9 @@ NOT_RUN = [
 ]
 
 
-def reproduction_config(fast: bool = False):
+def reproduction_config(fast: bool = False, *, get_config: Callable[[str], Any]):
   """The CPU-scale settings of `reproduce` (configs/unio4.py 'reproduce' / 'reproduce_fast')."""
-  from iclr24_jax.configs import unio4 as cfg_mod
-  return cfg_mod.get_config("reproduce_fast" if fast else "reproduce")
+  return get_config("reproduce_fast" if fast else "reproduce")
 
 
 def ope_rank_correlation(runs: list[dict]) -> float:
@@ -159,13 +159,13 @@ def run_seed(c, data, env, seed: int, online: bool) -> dict:
   return out
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Offline on brax inverted_pendulum 'medium': BC vs one-step vs multi-step (official gate) vs multi-step (paired
   gate), the OPE's rank correlation with the real return and its noise; offline-to-online: PPO fine-tuning from
   the Uni-O4 policy and V vs PPO from scratch. 3 seeds, paired; normalised returns (rl.offline references)."""
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
-  c = reproduction_config(fast)
+  c = reproduction_config(fast, get_config=get_config)
   env_name = c.data.name
   env = algorithm.get_env(env_name)
   seeds = tuple(range(int(c.study.seeds)))
@@ -287,11 +287,10 @@ def _synthetic_critics(obs_dim: int, act_dim: int, spec: dict, key: jax.Array) -
   return Critics(vp, qp, normalization.init((obs_dim,)), v_module, q_module)
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Offline improvement step (K = 4 policies, hopper sizes, official widths) at two batch sizes and online PPO
   fine-tuning updates (brax inverted_pendulum) on 1 and all devices (batch / environments split over 'data')."""
-  from iclr24_jax.configs import unio4 as cfg_mod
-  c = cfg_mod.get_config("")
+  c = get_config("")
   obs_dim, act_dim, k = 11, 3, int(c.bc.num_policies)
   crit_spec = algorithm.critic_config(c)
   key = jax.random.key(0)
@@ -317,7 +316,7 @@ def benchmark(quick: bool = True) -> list[dict]:
                               repeats=5 if quick else 20)
   # online: PPO fine-tuning updates on brax inverted_pendulum
   env = algorithm.get_env("brax/inverted_pendulum")
-  on = cfg_mod.get_config("").online
+  on = get_config("").online
   on.num_steps = 10
   on.ppo.update(dict(update_epochs=2, num_minibatches=4))
   ip_policy = bc_lib.make_policy(1, c.model)

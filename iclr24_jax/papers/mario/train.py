@@ -4,9 +4,9 @@ Everything that runs on the device is one of three compiled programs with fixed 
 step ([batch, max_len] rows) and the sampler ([batch, prompt_width + K] prompts, `max_new_tokens`), so a run
 compiles each once (plus one greedy sampler for evaluation and the scorers' `choice_logprobs` programs).
 
-  models = mario.pipeline.load_models(config)               # policy base, tokenizer, scorer
-  out = mario.pipeline.train_mario(config, models, train_items)   # {'sft': state, 'mario': state, 'history': ...}
-  ev = mario.pipeline.evaluate(models, config, out['mario'], test_items, bins=models.codes.best())
+  models = mario.train.load_models(config)               # policy base, tokenizer, scorer
+  out = mario.train.train_mario(config, models, train_items)   # {'sft': state, 'mario': state, 'history': ...}
+  ev = mario.train.evaluate(models, config, out['mario'], test_items, bins=models.codes.best())
 """
 from __future__ import annotations
 
@@ -159,8 +159,6 @@ def init(models: Models, config: Any, key: jax.Array, base: Any = None):
                                                         lora_config=models.lora_config, key=k))
   return init_fn(key)
 
-
-init_state = init  # Deprecated alias, kept one release.
 
 
 def _compiled(models: Models, name: str, build: Callable[[], Callable]) -> Callable:

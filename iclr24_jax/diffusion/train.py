@@ -132,8 +132,6 @@ def init(key: jax.Array, model: nn.Module, x_shape: tuple[int, ...], tx: optax.G
   return TrainState.create(params, tx, extra={"ema_params": params} if ema else {})
 
 
-init_state = init  # Deprecated alias, kept one release.
-
 
 def make_train_step(model: nn.Module, schedule: Schedule, *, prediction: str = "eps", weighting: str = "none",
                     min_snr_gamma: float = 5.0, cond_drop_prob: float = 0.0, ema_decay: float = 0.0) -> Callable:

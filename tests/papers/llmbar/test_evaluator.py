@@ -1,26 +1,14 @@
-"""Tests for iclr24_jax.papers.llmbar: parsing, scoring, prompts, swap mapping, cache, evaluation, experiment."""
-import functools
-import hashlib
-import json
-import os
+"""LLMBar evaluator (`papers/llmbar/evaluator.py`): prompts per strategy, swap and synthesis, oracle judges,
+ratings, the generation cache and resume, the log-probability mode."""
 import re
 
 import numpy as np
 import pytest
 
 from iclr24_jax.papers import llmbar
-from iclr24_jax.papers.llmbar import data as data_lib
-from iclr24_jax.papers.llmbar import evaluator, model, prompts
+from iclr24_jax.papers.llmbar import evaluator
 from iclr24_jax.papers.llmbar import scoring as scoring_lib
-
-GOOD, BAD = "GOOD answer that follows the instruction", "bad answer"
-_gen_eval = functools.partial(llmbar.evaluate, judge_mode="generate")  # the paper's protocol: parsed text
-
-
-def _inst(label: int, i: int = 0, subset: str = "Natural") -> llmbar.Instance:
-  o1, o2 = (GOOD, BAD) if label == 1 else (BAD, GOOD)
-  return llmbar.Instance(input=f"Do task number {i}.", output_1=o1 + f" #{i}", output_2=o2 + f" #{i}", label=label,
-                         subset=subset, index=i)
+from .helpers import INST, _gen_eval, _inst
 
 
 def _shown(prompt: str) -> tuple[str, str]:
@@ -55,136 +43,6 @@ class OracleJudge:
     return out
 
 
-# ---------------------------------------------------------------------------------------------- parsing
-
-
-@pytest.mark.parametrize("text,expected", [
-    ("Output (a)", 1), ("Output (b)", 2), ("  Output (b)\n", 2), (" Output (a) is better", 1),
-    ("Sure.\nOutput (b)", 2), ("Sure.\n Output (a)", 1),
-    ("Output (a)\nOutput (b)", 1),  # both present: label 1's pattern is tried first (official order)
-])
-def test_parse_answer_well_formed(text, expected):
-  assert llmbar.parse_answer(text) == expected
-
-
-@pytest.mark.parametrize("text", [
-    "", "output (a)", "Output(a)", "Output (c)", "The better one is Output (a)", "Both are good.", "(a)",
-    "  - Output (b)", "Output  (a)",
-])
-def test_parse_answer_malformed(text):
-  assert llmbar.parse_answer(text) is None
-
-
-def test_parse_answer_cot():
-  assert llmbar.parse_answer("Output (a) misses a point. Therefore, Output (b) is better.", "cot") == 2
-  assert llmbar.parse_answer("Therefore, Output (a) is better.", "cot") == 1
-  assert llmbar.parse_answer("Output (a)", "cot") is None  # a bare direct answer is not a CoT conclusion
-  assert llmbar.parse_answer("Therefore, Output (a) is better", "cot") is None  # the regex needs a character after
-  with pytest.raises(ValueError, match="mode"):
-    llmbar.parse_answer("Output (a)", "json")
-  with pytest.raises(TypeError):
-    llmbar.parse_answer(None)
-
-
-@pytest.mark.parametrize("text,strict,expected", [
-    ("7", True, 7), (" 8\n", True, 8), ("10", True, 10), ("0", True, 0), ("Score: 7", True, None),
-    ("Score: 7", False, 7), ("7/9", False, 7), ("seven", False, None), ("", True, None), ("7.5", True, None),
-])
-def test_parse_rating(text, strict, expected):
-  assert llmbar.parse_rating(text, strict) == expected
-
-
-# ---------------------------------------------------------------------------------------------- scoring
-
-
-def test_score_hand_worked():
-  # labels          1  2  1  2
-  # original        1  1  0  2   -> correct T F F T = 2
-  # swapped (back)  1  2  2  0   -> correct T T F F = 2
-  # accuracy = (2 + 2) / (2 * 4) = 0.5; agreement: only instance 0 picks the same output in both orders = 1/4;
-  # correct_both = 1/4; failures = 2 zeros of 8 judgements = 0.25.
-  r = llmbar.score([1, 2, 1, 2], [1, 1, 0, 2], [1, 2, 2, 0])
-  assert r["accuracy"] == 0.5 and r["agreement"] == 0.25
-  assert r["accuracy_original"] == 0.5 and r["accuracy_swapped"] == 0.5
-  assert r["correct_both"] == 0.25 and r["failure_rate"] == 0.25 and r["n"] == 4
-  # Two failures: not an agreement for us (1 - 1 = 0 of 1), but 'equal' in the official script.
-  assert llmbar.score([1], [0], [0])["agreement"] == 0.0
-  assert llmbar.score([1], [0], [0], count_failures_as_agreement=True)["agreement"] == 1.0
-
-
-def test_always_a_judge_is_exactly_half_and_never_agrees():
-  # "Output (a)" in both orders -> original pick 1, swapped pick (a) = output_2 -> mapped back 2. Every instance
-  # is right in exactly one order (label 1: the original, label 2: the swapped), so accuracy = N / (2N) = 0.5
-  # whatever the label mix, and the two orders never pick the same output: agreement = 0 / N = 0.
-  rng = np.random.default_rng(0)
-  labels = rng.integers(1, 3, size=101)
-  w_orig = np.full(101, llmbar.map_back(llmbar.parse_answer("Output (a)"), 0))
-  w_swap = np.full(101, llmbar.map_back(llmbar.parse_answer("Output (a)"), 1))
-  r = llmbar.score(labels, w_orig, w_swap)
-  assert r["accuracy"] == 0.5 and r["agreement"] == 0.0
-  # The same through evaluate with a constant judge on instances of both labels.
-  insts = [_inst(1 + (i % 3 == 0), i) for i in range(9)]
-  res = _gen_eval(llmbar.ConstantJudge("Output (a)"), insts, "vanilla")
-  assert res["accuracy"] == 0.5 and res["agreement"] == 0.0 and res["position_a_rate"] == 1.0
-  np.testing.assert_array_equal(res["winners_original"], 1)
-  np.testing.assert_array_equal(res["winners_swapped"], 2)
-
-
-def test_random_judge_is_near_half_half():
-  # Independent uniform picks in both orders: E[accuracy] = 0.5, E[agreement] = P(same) = 0.5. With N = 20000 the
-  # standard errors are sqrt(.25 / 40000) = 0.0025 and sqrt(.25 / 20000) = 0.0035; 0.02 is > 5 of them.
-  rng = np.random.default_rng(0)
-  n = 20000
-  r = llmbar.score(rng.integers(1, 3, n), rng.integers(1, 3, n), rng.integers(1, 3, n))
-  assert abs(r["accuracy"] - 0.5) < 0.02 and abs(r["agreement"] - 0.5) < 0.02
-
-
-def test_score_errors():
-  with pytest.raises(ValueError, match="same length"):
-    llmbar.score([1, 2], [1], [1, 2])
-  with pytest.raises(ValueError, match="labels must be 1 or 2"):
-    llmbar.score([3], [1], [1])
-  with pytest.raises(ValueError, match="winners_swapped"):
-    llmbar.score([1], [1], [5])
-  with pytest.raises(ValueError, match="N = 0"):
-    llmbar.score([], [], [])
-  with pytest.raises(ValueError, match="1-D"):
-    llmbar.score([[1]], [[1]], [[1]])
-
-
-def test_score_subsets_adversarial_is_mean_of_subsets():
-  # Neighbor: 1 of 2 right in both orders -> 0.5; GPTInst: all right -> 1.0; the paper's 'Adversarial' is the
-  # unweighted mean (0.5 + 1.0) / 2 = 0.75, not the pooled 3/4 of instances... here also 0.75 by coincidence,
-  # so give GPTInst 4 instances: pooled (2 + 8) / 12 = 0.833 but the mean stays 0.75.
-  per = {"Natural": dict(labels=[1], winners_original=[1], winners_swapped=[1]),
-         "Neighbor": dict(labels=[1, 2], winners_original=[1, 1], winners_swapped=[1, 1]),
-         "GPTInst": dict(labels=[1, 2, 1, 2], winners_original=[1, 2, 1, 2], winners_swapped=[1, 2, 1, 2])}
-  out = llmbar.score_subsets(per)
-  assert out["Neighbor"]["accuracy"] == 0.5 and out["GPTInst"]["accuracy"] == 1.0
-  assert out["Adversarial"]["accuracy"] == 0.75 and out["Adversarial"]["n"] == 6
-
-
-# ---------------------------------------------------------------------------------------------- prompts
-
-# SHA-256 (first 16 hex) of each template; equal to the official princeton-nlp/LLMBar prompt files @ caa7bee
-# (checked character for character when the templates were written). Guards the wording, which is the method.
-TEMPLATE_DIGESTS = {
-    "vanilla": "c5759aaedc9df7d9", "rules": "77a3a8f354472bc3", "rules_metrics": "75b5fd4c8b24bbb1",
-    "rules_reference": "5e0f2645cd41c94a", "rules_metrics_reference": "a75730d4a3e76bab", "cot": "fe8768534e491481",
-    "aux_metrics": "582d0cdf593c47fd", "aux_reference": "8403681024047a91", "swap_synthesize": "cefbd81e8adfd6f5",
-    "swap_cot_synthesize": "4f74f144f3dcc670", "rating_norules": "4ee7762365503ced", "rating": "4c1fbf0c857ea706",
-    "rating_metrics": "8b6133dac7908fca", "rating_reference": "ba2029222833f32b",
-    "rating_metrics_reference": "90630ec0ef0a7992",
-}
-
-
-def test_templates_match_official_files():
-  assert set(prompts.TEMPLATES) == set(TEMPLATE_DIGESTS)
-  for k, v in prompts.TEMPLATES.items():
-    assert hashlib.sha256(v.encode()).hexdigest()[:16] == TEMPLATE_DIGESTS[k], k
-
-
-INST = llmbar.Instance(input="INSTR_X {output_2}", output_1="OUT_ONE", output_2="OUT_TWO", label=1)
 AUX = {"metrics": "METRIC_QS", "reference": "REF_OUT"}
 RULE = "Here are some rules of the evaluation:"
 
@@ -235,26 +93,6 @@ def test_build_prompt_errors_and_aux_prompts():
   assert r.endswith("<|im_start|>user\nINSTR_X {output_2}\n<|im_end|>")
 
 
-def test_chatml_to_messages():
-  msgs = model.chatml_to_messages(llmbar.build_prompt("vanilla", INST, 0))
-  assert [m["role"] for m in msgs] == ["system", "user"]
-  assert msgs[0]["content"].endswith("select the best output for the given instruction.")
-  assert msgs[1]["content"].startswith("Select the Output (a)") and msgs[1]["content"].endswith('"Output (b)":')
-  assert model.chatml_to_messages("  plain text ") == [{"role": "user", "content": "plain text"}]
-
-
-# ---------------------------------------------------------------------------------------------- swap
-
-
-def test_map_back_and_relabel():
-  assert [llmbar.map_back(w, 0) for w in (1, 2, None, 0)] == [1, 2, 0, 0]
-  assert [llmbar.map_back(w, 1) for w in (1, 2, None, 0)] == [2, 1, 0, 0]
-  text = "Output (a) is better than output (b); Output (a) wins. (a) alone stays."
-  swapped = llmbar.swap_output_labels(text)
-  assert swapped == "Output (b) is better than output (a); Output (b) wins. (a) alone stays."
-  assert llmbar.swap_output_labels(swapped) == text
-
-
 def test_synthesis_explanations_relabel_to_the_shown_order():
   # Stage 1: original order said (a) = output_1 -> winner 1; swapped order said (a) = output_2 -> mapped back 2.
   comps = ("ORIG: Output (a) is better.", "SWAP: Output (a) is better.")
@@ -294,9 +132,6 @@ def test_swap_and_synthesize_resolves_conflicts(name):
   assert all(r["stage1_winners"] == [1, 2] for r in res["records"])
   assert res["accuracy"] == 1.0 and res["agreement"] == 1.0
   assert judge.calls[0] == ("stage1", 6) and judge.calls[1] == ("direct" if name == "swap" else "cot", 6)
-
-
-# ---------------------------------------------------------------------------------------------- evaluate
 
 
 @pytest.mark.parametrize("name", sorted(llmbar.STRATEGIES))
@@ -341,22 +176,6 @@ def test_rating_ties_and_failures():
   assert _gen_eval(bad, insts, "rating", rating_ties="official")["accuracy"] == 0.5
   with pytest.raises(ValueError, match="rating_ties"):
     _gen_eval(tie, insts, "rating", rating_ties="coin")
-
-
-def test_fake_judge_is_deterministic_and_bad_judges_fail_clearly():
-  insts = [_inst(1 + (i % 2), i) for i in range(10)]
-  a = _gen_eval(llmbar.FakeJudge(seed=3), insts, "cot")
-  b = _gen_eval(llmbar.FakeJudge(seed=3), insts, "cot")
-  np.testing.assert_array_equal(a["winners_original"], b["winners_original"])
-  np.testing.assert_array_equal(a["winners_swapped"], b["winners_swapped"])
-  assert a["failure_rate"] == 0.0
-  with pytest.raises(ValueError, match="list of 2 strings"):
-    llmbar.evaluate(lambda p, n: ["Output (a)"], insts[:1], "vanilla")
-  with pytest.raises(ValueError, match="at least one instance"):
-    llmbar.evaluate(llmbar.FakeJudge(), [], "vanilla")
-
-
-# ---------------------------------------------------------------------------------------------- cache
 
 
 def test_cache_key_and_file_roundtrip(tmp_path):
@@ -405,9 +224,6 @@ def test_evaluate_cache_reuse_and_resume(tmp_path):
   np.testing.assert_array_equal(resumed["winners_swapped"], direct["winners_swapped"])
   with pytest.raises(ValueError, match="model id"):
     llmbar.evaluate(lambda p, n: ["Output (a)"] * len(p), insts[:1], "vanilla", cache=cache)
-
-
-# ------------------------------------------------------------------------------- log-probability mode
 
 
 class OracleScorer(OracleJudge):
@@ -537,143 +353,3 @@ def test_cot_explanation_and_choice_cache(tmp_path):
                           cache=llmbar.GenerationCache(tmp_path / "c.jsonl"))
   assert judge.calls == [] and judge.scored == []  # explanations and scores both come from the cache
   np.testing.assert_array_equal(first["preference"], again["preference"])
-
-
-def test_logprob_margin_is_the_difference_of_lm_choice_logprobs(tiny_judge):
-  from iclr24_jax import lm
-  insts = [_inst(1, 0), _inst(2, 1), _inst(1, 2)]
-  res = llmbar.evaluate(tiny_judge, insts, "vanilla", judge_mode="logprob")
-  prompts = [tiny_judge.render(llmbar.build_prompt("vanilla", inst, o)) for o in (0, 1) for inst in insts]
-  lp = lm.choice_logprobs(tiny_judge.params, tiny_judge.config, tiny_judge.tokenizer, prompts,
-                          ["Output (a)", "Output (b)"], share_prefix=False)
-  m = lp[:, 0] - lp[:, 1]
-  np.testing.assert_allclose(res["margins"], np.stack([m[:3], m[3:]], 1), atol=1e-4)
-  np.testing.assert_allclose(res["preference"], (m[:3] - m[3:]) / 2, atol=1e-4)
-
-
-def test_intervals_hand_values():
-  from iclr24_jax.papers.llmbar import scoring as sc
-  # credit = (right original + right swapped) / 2
-  np.testing.assert_array_equal(sc.item_correctness([1, 2, 1], [1, 1, 0], [1, 2, 2]), [1.0, 0.5, 0.0])
-  assert sc.first_position_rate([1, 2, 1], [2, 2, 1]) == pytest.approx(4 / 6)  # (a): 2 original + 2 swapped
-  ones, zeros = np.ones(10), np.zeros(12)
-  per = {"Natural": ones, "Neighbor": zeros, "GPTInst": ones, "GPTOut": zeros, "Manual": zeros}
-  ci = sc.subset_bootstrap(per)
-  assert ci["Natural"] == (1.0, 1.0) and ci["Adversarial"] == (0.25, 0.25)  # mean of 4 subsets, no spread
-  gap = sc.bootstrap_gap(per, "Natural", per, "Adversarial", paired=False)
-  assert gap["diff"] == pytest.approx(0.75) and gap["holds"] == "yes" and gap["lo"] == pytest.approx(0.75)
-  assert sc.bootstrap_gap(per, "Adversarial", per, "Natural", paired=False)["holds"] == "no"
-  rng = np.random.default_rng(0)
-  coin = {"Natural": rng.integers(0, 2, 40).astype(float)}
-  same = sc.bootstrap_gap(coin, "Natural", coin, "Natural", paired=True)
-  assert same["diff"] == 0.0 and same["lo"] == 0.0 == same["hi"] and same["holds"] == "inconclusive"
-  noisy = sc.bootstrap_gap(coin, "Natural", {"Natural": rng.integers(0, 2, 40).astype(float)}, "Natural",
-                           paired=True)
-  assert noisy["lo"] < 0 < noisy["hi"] and noisy["holds"] == "inconclusive"  # two coins: no difference
-
-
-# ---------------------------------------------------------------------------------------------- data
-
-
-def test_load_real_data(shared_data):
-  data = llmbar.load(shared_data / "llmbar")
-  assert {k: len(v) for k, v in data.items()} == data_lib.SUBSET_SIZES
-  assert sum(len(v) for v in data.values()) == 419
-  assert all(x.label in (1, 2) and x.input and x.subset == k for k, v in data.items() for x in v)
-  sub = llmbar.stratified_subset(data, 3, seed=0)
-  assert {k: len(v) for k, v in sub.items()} == {k: 3 for k in data}
-  assert [x.uid for x in sub["Manual"]] == [x.uid for x in llmbar.stratified_subset(data, 3, seed=0)["Manual"]]
-  assert llmbar.stratified_subset(data, 0) == data
-
-
-def test_load_errors(tmp_path):
-  with pytest.raises(FileNotFoundError, match="does not exist"):
-    llmbar.load(tmp_path / "nowhere")
-  with pytest.raises(FileNotFoundError, match="Natural/dataset.json"):
-    llmbar.load(tmp_path)
-  with pytest.raises(ValueError, match="unknown LLMBar subsets"):
-    llmbar.load(tmp_path, ["Natural", "Hard"])
-  (tmp_path / "Natural").mkdir()
-  (tmp_path / "Natural" / "dataset.json").write_text(json.dumps([{"input": "x", "output_1": "a", "output_2": "b",
-                                                                  "label": 3}]))
-  with pytest.raises(ValueError, match="label must be 1 or 2"):
-    llmbar.load(tmp_path, ["Natural"])
-
-
-# ---------------------------------------------------------------------------------------------- judges
-
-
-@pytest.fixture(scope="module")
-def tiny_judge():
-  """A random tiny Llama with SmolLM2's tokenizer: exercises SmolLMJudge's plumbing without the 135M model."""
-  import jax
-  from iclr24_jax import lm
-  tok = lm.load_smollm2_tokenizer()
-  cfg = lm.tiny_config(vocab_size=tok.vocab_size, max_seq_len=1024)
-  params = lm.init_params(jax.random.key(0), cfg)
-  return model.SmolLMJudge(params, cfg, tok, batch_size=4, widths=(256, 512, 1024), model_id="tiny-random")
-
-
-def test_logit_bias_maps_official_words_onto_the_tokenizer(tiny_judge):
-  tok = tiny_judge.tokenizer
-  bias = llmbar.logit_bias_for(tok, "direct")
-  favored = set(tok.encode("Output (a)")) | set(tok.encode("Output (b)"))
-  assert {i for i, b in bias.items() if b == 7.0} == favored
-  assert bias[tok.encode("Both")[0]] == -100.0 and bias[tok.encode(" Neither")[0]] == -100.0
-  assert all(bias.get(i) != -100.0 for i in tok.encode("depends"))  # two tokens: skipped, as officially
-  cot = llmbar.logit_bias_for(tok, "cot")
-  assert set(cot.values()) == {-100.0}
-  assert llmbar.logit_bias_for(tok, "metrics") is None
-
-
-def test_smollm_judge_batches_in_order_and_applies_the_bias(tiny_judge):
-  insts = [_inst(1 + (i % 2), i) for i in range(5)]
-  insts[2] = llmbar.Instance("Write a long essay. " * 30, "x", "y", 1)  # a longer prompt: a second width
-  ps = [llmbar.build_prompt("vanilla", inst, 0) for inst in insts]
-  batched = tiny_judge(ps, 4, kind="direct")
-  single = [tiny_judge([p], 4, kind="direct")[0] for p in ps]
-  assert batched == single  # sorting, padding and dummy rows never change an answer or its position
-  favored = set(tiny_judge.tokenizer.encode("Output (a)")) | set(tiny_judge.tokenizer.encode("Output (b)"))
-  enc = [tiny_judge.tokenizer.encode(tiny_judge.render(p)) for p in ps]
-  ids = tiny_judge.generate_ids(enc, 4, llmbar.logit_bias_for(tiny_judge.tokenizer, "direct"))
-  assert all(set(x) <= favored for x in ids)  # +7 dominates a random model's small logits
-  rendered = tiny_judge.render(ps[0])
-  assert rendered.startswith("<|im_start|>system\nYou are a helpful assistant in evaluating")
-  assert rendered.endswith('"Output (b)":<|im_end|>\n<|im_start|>assistant\n')
-  m = tiny_judge.answer_margins(ps[:2])
-  assert m.shape == (2,) and np.all(np.isfinite(m))
-
-
-# ---------------------------------------------------------------------------------------------- experiment
-
-
-def test_config_variants():
-  from iclr24_jax.configs import llmbar as cfg_mod
-  assert cfg_mod.get_config().strategy == "vanilla" and cfg_mod.get_config().model.name == "smollm2"
-  for name in cfg_mod.STRATEGIES:
-    assert cfg_mod.get_config(name).strategy == name
-    assert name in llmbar.STRATEGIES
-  with pytest.raises(ValueError, match="unknown variant"):
-    cfg_mod.get_config("gpt4")
-
-
-def test_experiment_run_tiny(tmp_path, shared_data):
-  from iclr24_jax.configs import llmbar as cfg_mod
-  from iclr24_jax.papers.llmbar import experiment
-  cfg = cfg_mod.get_config("tiny")
-  cfg.data.data_dir = str(shared_data / "llmbar")
-  res = experiment.run(cfg, str(tmp_path))
-  assert res["n"] == 10 and 0.0 <= res["accuracy"] <= 1.0 and res["num_generations"] == 20
-  assert set(res["subsets"]) == {"Natural", "Neighbor", "GPTInst", "GPTOut", "Manual", "Adversarial"}
-  assert os.path.exists(tmp_path / "results.json") and os.path.exists(res["plot"])
-  again = experiment.run(cfg, str(tmp_path))  # resumes entirely from the cache
-  assert again["cache_hits"] == 20 and again["accuracy"] == res["accuracy"]
-
-
-@pytest.mark.slow
-def test_smollm2_judge_answers_in_format(shared_data):
-  """SmolLM2-135M with the official bias answers 'Output (a)'/'Output (b)' (parseable) on real prompts."""
-  judge = llmbar.SmolLMJudge()
-  data = llmbar.load(shared_data / "llmbar", ["Natural"])["Natural"][:4]
-  res = llmbar.evaluate(judge, data, "vanilla", max_new_tokens={"direct": 5})
-  assert res["failure_rate"] == 0.0

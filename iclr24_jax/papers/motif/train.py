@@ -243,7 +243,7 @@ def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracl
     oracle: also score against the toy oracle (toy world only).
 
   Returns:
-    dict: fit (pipeline.fit_reward output), train / heldout arrays, heldout_accuracy (vs the annotator's
+    dict: fit (`fit_reward` output), train / heldout arrays, heldout_accuracy (vs the annotator's
     labels), heldout_oracle_accuracy (toy only), train_accuracy, caption_rewards [NUM_CAPTIONS] (toy only).
   """
   data = to_arrays(records)
@@ -301,7 +301,7 @@ def oracle_values_fit(config: Any, records: Sequence[dict]) -> dict[str, Any]:
 
 
 def toy_settings(config: Any, fits: dict[str, dict], settings: Sequence[tuple[str, str]]) -> dict[str, jax.Array]:
-  """Stacked reward settings for `pipeline.make_toy_train`: one row per (label source, kind), kind in
+  """Stacked reward settings for `make_toy_train`: one row per (label source, kind), kind in
   'intrinsic' (alpha_ext 0), 'extrinsic' (alpha_int 0) or 'both'.
 
   Args:
