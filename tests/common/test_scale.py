@@ -413,7 +413,7 @@ def test_unet_flops_by_hand_match_xla_on_the_new_options():
 
 # A cited official file and line, e.g. 'config/train_full.yaml:2-22' or 'README.md:18'.
 SOURCE_LINE = re.compile(r"[\w./-]+\.(?:py|sh|ya?ml|json|md|MD|txt):\d+")
-# The keys other code reads from results/scale/<slug>.json (binding: issue 39).
+# The keys other code reads from results/scale/<slug>.json.
 ROW_KEYS = ("devices", "params", "argument_bytes", "temp_bytes", "output_bytes", "flops", "compile_s", "step_s_h100",
             "step_s_v5e")
 
