@@ -408,8 +408,8 @@ def test_paper_size_models_have_the_official_parameter_counts():
   from iclr24_jax.diffusion import unet
   from iclr24_jax.vision import models
 
-  def count(module, shape):
-    v = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1,) + shape))["params"])
+  def count(module, shape, *extra):   # extra: further call arguments (a UNet's timesteps)
+    v = jax.eval_shape(lambda: module.init(jax.random.key(0), jnp.zeros((1,) + shape), *extra)["params"])
     return scale.num_elements(v)
 
   # torchvision: resnet50 25,557,032; inception_v3 27,161,264 with its auxiliary classifier, whose
@@ -425,7 +425,7 @@ def test_paper_size_models_have_the_official_parameter_counts():
   # ADM's 128, so the first time-embedding layer has 128 x 512 more weights.
   adm = unet.create_model(ml_collections.ConfigDict(
       dict(importlib.import_module("iclr24_jax.configs.fps").get_config("paper").model)))
-  assert count(adm, (256, 256, 3)) == 93_629_446
+  assert count(adm, (256, 256, 3), jnp.zeros((1,))) == 93_629_446
 
 
 @pytest.mark.slow
