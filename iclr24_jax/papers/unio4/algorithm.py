@@ -85,8 +85,16 @@ def critic_config(config: Any) -> dict:
   return c
 
 
-def pretrain(config: Any, data: data_lib.OfflineData, key: jax.Array, callback: Callback | None = None) -> dict:
+def pretrain(config: Any, data: data_lib.OfflineData, key: jax.Array, callback: Callback | None = None,
+             checkpoints: common.Checkpoints | None = None) -> dict:
   """The stages before policy improvement: V/Q fitting, the dynamics ensemble, ensemble BC.
+
+  Args:
+    config: the unio4 config (critic, dynamics, model, bc, gamma, data.name).
+    data: OfflineData.
+    key: PRNG key (split into the three stages' keys).
+    callback: optional callback(stage, step, row) for logging.
+    checkpoints: each stage resumable in `checkpoints.workdir/{critic, dynamics, bc}` (None: nothing saved).
 
   Returns:
     dict with 'critics' (Critics), 'dynamics' (Dynamics), 'bc_params' (stacked [K, ...]), 'policy' (module),
@@ -96,13 +104,16 @@ def pretrain(config: Any, data: data_lib.OfflineData, key: jax.Array, callback: 
   cb = (lambda stage: (lambda s, row: callback(stage, s, row))) if callback else (lambda stage: None)
   t0 = time.time()
   critics, h_c = critics_lib.fit_value_functions(k_critic, data, critic_config(config),
-                                                 log_every=int(config.critic.log_every), callback=cb("critic"))
+                                                 log_every=int(config.critic.log_every), callback=cb("critic"),
+                                                 checkpoints=checkpoints)
   t1 = time.time()
   term = config.dynamics.get("termination", "") or dyn_lib.termination_for_env(config.data.name)
-  dynamics, h_d = dyn_lib.train_dynamics(k_dyn, data, config.dynamics, term, callback=cb("dynamics"))
+  dynamics, h_d = dyn_lib.train_dynamics(k_dyn, data, config.dynamics, term, callback=cb("dynamics"),
+                                         checkpoints=checkpoints)
   t2 = time.time()
   bc_params, policy, h_b = bc_lib.fit_bc_ensemble(k_bc, data, config.model, config.bc,
-                                                  log_every=int(config.bc.log_every), callback=cb("bc"))
+                                                  log_every=int(config.bc.log_every), callback=cb("bc"),
+                                                  checkpoints=checkpoints)
   t3 = time.time()
   return {"critics": critics, "dynamics": dynamics, "bc_params": bc_params, "policy": policy,
           "history": {"critic": h_c, "dynamics": h_d, "bc": h_b},
@@ -204,7 +215,8 @@ def score_policies(config: Any, pre: dict, data: data_lib.OfflineData, params: A
 
 
 def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, replace: bool | None = None,
-            evaluate_fn: Callable[[Any], np.ndarray] | None = None, callback: Callback | None = None) -> dict:
+            evaluate_fn: Callable[[Any], np.ndarray] | None = None, callback: Callback | None = None,
+            checkpoints: common.Checkpoints | None = None, name: str = "improve") -> dict:
   """Offline multi-step policy improvement of the BC ensemble with OPE-gated behaviour replacement.
 
   Args:
@@ -218,10 +230,16 @@ def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, 
     replace: override config.improve.replace (False = one-step: the behaviour policies stay the BC policies).
     evaluate_fn: optional stacked_params -> returns [K] in the real environment, called at step 0, every
       improve.env_eval_every steps (0: never in between) and at the end.
+    callback: called as callback('improve', step, row) after each OPE check.
+    checkpoints: resumable in `checkpoints.workdir/<name>` (None: nothing saved); saves at OPE checks.
+    name: the stage's folder name.
 
   Returns:
     dict with 'params' (final current policies [K]), 'behaviour' ([K]), 'best_ope' [K], 'last_ope' [K],
     'replacements' (total accepted), 'history' (rows per OPE check), 'env_returns' (list of (step, [K])).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   icfg = config.improve
   replace = bool(icfg.replace) if replace is None else bool(replace)
@@ -235,51 +253,64 @@ def improve(config: Any, pre: dict, data: data_lib.OfflineData, key: jax.Array, 
   policy, init, chunk, ope, repl, repl_paired = _programs(config, data)
   critics, dynamics = pre["critics"], pre["dynamics"]
   k_train, k_ope = jax.random.split(key)
-  state = init(pre["bc_params"])
-  best = ope(state.params, data, critics, dynamics, jax.random.fold_in(k_ope, 0))
-  last = best
   env_every = int(_get(icfg, "env_eval_every", 0) or 0)
-  env_returns = []
-  if evaluate_fn is not None:
-    env_returns.append((0, np.asarray(evaluate_fn(state.params))))
-  history = [{"step": 0, "ope_best": np.asarray(best).tolist(), "ope": np.asarray(best).tolist(), "accepted": [],
-              "replacements": 0}]
-  total_acc, done = 0, 0
-  while done < num_steps:
-    n = min(every, num_steps - done)
-    state, m = chunk(state, data, critics, k_train, n)
-    done += n
-    k_check = jax.random.fold_in(k_ope, done)
-    extra = {}
-    if replace and rule == "paired":
-      state, last, acc, d_mean, d_se = repl_paired(state, data, critics, dynamics, k_check, z)
-      best = jnp.where(acc, last, best)
-      extra = {"paired_diff": np.asarray(d_mean).tolist(), "paired_se": np.asarray(d_se).tolist()}
-    else:
-      last = ope(state.params, data, critics, dynamics, k_check)
-      acc = None
-      if replace:
-        state, best, acc = repl(state, best, last)
-    accepted = np.zeros(len(np.asarray(last)), bool) if acc is None else np.asarray(acc)
-    total_acc += int(accepted.sum())
-    m = jax.device_get(m)
-    row = {"step": done, "ope": np.asarray(last).tolist(), "ope_best": np.asarray(best).tolist(),
-           "accepted": accepted.astype(int).tolist(), "replacements": total_acc,
-           "loss": float(np.mean(m["loss"])), "approx_kl": float(np.mean(m["approx_kl"])),
-           "clip_fraction": float(np.mean(m["clip_fraction"])), **extra}
-    if evaluate_fn is not None and ((env_every and done % env_every == 0) or done == num_steps):
-      env_returns.append((done, np.asarray(evaluate_fn(state.params))))
-      row["env_return_mean"] = float(np.mean(env_returns[-1][1]))
-    history.append(row)
-    if callback:
-      callback("improve", done, row)
+
+  def fresh():
+    st = init(pre["bc_params"])
+    best = ope(st.params, data, critics, dynamics, jax.random.fold_in(k_ope, 0))
+    return {"state": st, "best": best, "last": best}
+
+  with common.stage_loop(checkpoints, name, num_steps) as lp:
+    # The state pytree holds the policies, the behaviour policies the gate replaced, and the best and last OPE
+    # scores [K]; the count of accepted replacements and the real-environment returns go into the loop state's
+    # extra (JSON), so a resumed stage makes the same decisions as an uninterrupted one.
+    tree, run = lp.start(fresh)
+    state, best, last = tree["state"], tree["best"], tree["last"]
+    if not lp.finished and run.step == 0:
+      env0 = [] if evaluate_fn is None else [[0, np.asarray(evaluate_fn(state.params)).tolist()]]
+      run.extra.update(total_acc=0, env_returns=env0)
+      lp.write(0, {"ope_best": np.asarray(best).tolist(), "ope": np.asarray(best).tolist(), "accepted": [],
+                   "replacements": 0}, show=False)
+    total_acc = int(run.extra.get("total_acc", 0))
+    while not lp.finished and run.step < num_steps:
+      n = min(every, num_steps - run.step)
+      state, m = chunk(state, data, critics, k_train, n)
+      done = run.step + n
+      k_check = jax.random.fold_in(k_ope, done)
+      extra = {}
+      if replace and rule == "paired":
+        state, last, acc, d_mean, d_se = repl_paired(state, data, critics, dynamics, k_check, z)
+        best = jnp.where(acc, last, best)
+        extra = {"paired_diff": np.asarray(d_mean).tolist(), "paired_se": np.asarray(d_se).tolist()}
+      else:
+        last = ope(state.params, data, critics, dynamics, k_check)
+        acc = None
+        if replace:
+          state, best, acc = repl(state, best, last)
+      accepted = np.zeros(len(np.asarray(last)), bool) if acc is None else np.asarray(acc)
+      total_acc += int(accepted.sum())
+      m = jax.device_get(m)
+      row = {"ope": np.asarray(last).tolist(), "ope_best": np.asarray(best).tolist(),
+             "accepted": accepted.astype(int).tolist(), "replacements": total_acc,
+             "loss": float(np.mean(m["loss"])), "approx_kl": float(np.mean(m["approx_kl"])),
+             "clip_fraction": float(np.mean(m["clip_fraction"])), **extra}
+      if evaluate_fn is not None and ((env_every and done % env_every == 0) or done == num_steps):
+        run.extra["env_returns"].append([done, np.asarray(evaluate_fn(state.params)).tolist()])
+        row["env_return_mean"] = float(np.mean(run.extra["env_returns"][-1][1]))
+      run.extra["total_acc"] = total_acc
+      lp.boundary(done, {"state": state, "best": best, "last": last}, row, loss_key="loss")
+      if callback:
+        callback("improve", done, {"step": done, **row})
+    lp.finish({"state": state, "best": best, "last": last})
+  env_returns = [(int(s), np.asarray(r, np.float64)) for s, r in run.extra.get("env_returns", [])]
   return {"params": state.params, "behaviour": state.extra["behaviour"], "best_ope": np.asarray(best),
-          "last_ope": np.asarray(last), "replacements": total_acc, "history": history, "env_returns": env_returns,
-          "policy": policy}
+          "last_ope": np.asarray(last), "replacements": int(run.extra.get("total_acc", 0)), "history": run.history,
+          "env_returns": env_returns, "policy": policy}
 
 
 def run_offline(config: Any, dataset: dict, key: jax.Array | None = None,
-                evaluate_fn: Callable[[Any], np.ndarray] | None = None, callback: Callback | None = None) -> dict:
+                evaluate_fn: Callable[[Any], np.ndarray] | None = None, callback: Callback | None = None,
+                checkpoints: common.Checkpoints | None = None) -> dict:
   """The whole offline phase of Uni-O4 on a D4RL-style data set.
 
   Args:
@@ -288,6 +319,7 @@ def run_offline(config: Any, dataset: dict, key: jax.Array | None = None,
     key: PRNG key (default: jax.random.key(config.seed)).
     evaluate_fn: optional stacked policy params -> real-environment returns [K] (for curves).
     callback: optional callback(stage, step, row) for logging.
+    checkpoints: every stage resumable in `checkpoints.workdir/<stage>` (None: nothing saved).
 
   Returns:
     dict with 'data' (OfflineData), everything from `pretrain` and `improve` ('critics', 'dynamics', 'bc_params',
@@ -296,9 +328,9 @@ def run_offline(config: Any, dataset: dict, key: jax.Array | None = None,
   key = jax.random.key(int(config.seed)) if key is None else key
   k_pre, k_imp = jax.random.split(key)
   data = prepare_data(config, dataset)
-  pre = pretrain(config, data, k_pre, callback)
+  pre = pretrain(config, data, k_pre, callback, checkpoints)
   t0 = time.time()
-  imp = improve(config, pre, data, k_imp, evaluate_fn=evaluate_fn, callback=callback)
+  imp = improve(config, pre, data, k_imp, evaluate_fn=evaluate_fn, callback=callback, checkpoints=checkpoints)
   out = {**pre, **imp, "data": data, "history": {**pre["history"], "improve": imp["history"]}}
   out["seconds"] = {**pre["seconds"], "improve": time.time() - t0}
   out["selected"] = improvement.select_policy(imp["last_ope"], None, int(_get(config.improve, "select_top_k", 3)))
@@ -331,7 +363,8 @@ class FineTunePPO(ppo.PPO):
 
 
 def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array | None = None,
-               callback: Callback | None = None, mesh: Any = None) -> dict:
+               callback: Callback | None = None, mesh: Any = None, checkpoints: common.Checkpoints | None = None,
+               name: str = "online") -> dict:
   """Online PPO: fine-tuning from the offline policy and V (init given) or PPO from scratch (init None).
 
   Args:
@@ -344,10 +377,17 @@ def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array
       'policy_module': nn.Module, 'value_module': nn.Module, 'obs_stats': RunningStats or None}. With
       ppo.normalize_obs the given statistics are used (and, being frozen by their count, kept).
     key: PRNG key (default jax.random.key(config.seed)).
+    callback: optional callback('online', update, row) after every evaluation.
+    mesh: the device mesh of the PPO agent (None: one device).
+    checkpoints: resumable in `checkpoints.workdir/<name>` (None: nothing saved); saves at evaluations.
+    name: the stage's folder name ('online', 'online_scratch').
 
   Returns:
     dict with 'env_steps' [E], 'eval_return' [E] (deterministic, starting at update 0), 'updates' [E],
     'train' (per-update metrics), 'params', 'obs_stats', 'seconds'.
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   if "ppo" not in config and "online" in config:  # the whole unio4 config was passed
     config = config.online if init is not None else config.scratch
@@ -366,7 +406,6 @@ def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array
   if every < 1:
     raise ValueError(f"run_online: eval_every must be >= 1, got {every}.")
   k_run, k_eval = jax.random.split(key)
-  runner = jax.jit(agent.init)(k_run)
   chunk = jax.jit(agent.train_chunk, static_argnums=1)
   go = evaluation_program(env, policy_module, int(config.eval_episodes), float(agent.p.obs_clip))
   empty = normalization.init(env.spec.obs_shape)
@@ -374,25 +413,35 @@ def run_online(config: Any, env: envs_lib.Env, init: dict | None, key: jax.Array
   batch = agent.num_envs * agent.rollout_steps
   t0 = time.time()
   ev = lambda r, i: float(go(r.train_state.params["policy"], stats_of(r), jax.random.fold_in(k_eval, i))["return"])
-  steps, rets, ups, train = [0], [ev(runner, 0)], [0], []
-  if callback:
-    callback("online", 0, {"env_steps": 0, "eval_return": rets[0]})
-  done = 0
-  while done < num_updates:
-    n = min(every, num_updates - done)
-    runner, m = chunk(runner, n)
-    done += n
-    m = jax.device_get(m)
-    train.extend({k: float(v[i]) for k, v in m.items()} for i in range(n))
-    ups.append(done)
-    steps.append(done * batch)
-    rets.append(ev(runner, done))
-    if callback:
-      callback("online", done, {"env_steps": steps[-1], "eval_return": rets[-1],
-                                "episode_return": float(np.mean(m["episode_return"]))})
-  return {"env_steps": np.asarray(steps), "eval_return": np.asarray(rets), "updates": np.asarray(ups),
-          "train": train, "params": runner.train_state.params, "obs_stats": stats_of(runner),
-          "seconds": time.time() - t0}
+  with common.stage_loop(checkpoints, name, num_updates) as lp:
+    # The saved state is PPO's whole RunnerState (train state, the environments' states, the key, the update
+    # count): a resumed stage continues the same episodes. The evaluations and per-update metrics go into the loop
+    # state's extra (JSON).
+    runner, run = lp.start(lambda: jax.jit(agent.init)(k_run))
+    if not lp.finished and run.step == 0:
+      run.extra.update(env_steps=[0], eval_return=[ev(runner, 0)], updates=[0], train=[])
+      lp.write(0, {"env_steps": 0, "eval_return": run.extra["eval_return"][0]}, show=False)
+      if callback:
+        callback("online", 0, {"env_steps": 0, "eval_return": run.extra["eval_return"][0]})
+    x = run.extra
+    while not lp.finished and run.step < num_updates:
+      n = min(every, num_updates - run.step)
+      runner, m = chunk(runner, n)
+      done = run.step + n
+      m = jax.device_get(m)
+      x["train"].extend({k: float(v[i]) for k, v in m.items()} for i in range(n))
+      x["updates"].append(done)
+      x["env_steps"].append(done * batch)
+      x["eval_return"].append(ev(runner, done))
+      row = {"env_steps": x["env_steps"][-1], "eval_return": x["eval_return"][-1],
+             "episode_return": float(np.mean(m["episode_return"]))}
+      lp.boundary(done, runner, row)
+      if callback:
+        callback("online", done, row)
+    lp.finish(runner)
+  return {"env_steps": np.asarray(run.extra["env_steps"]), "eval_return": np.asarray(run.extra["eval_return"]),
+          "updates": np.asarray(run.extra["updates"]), "train": run.extra["train"],
+          "params": runner.train_state.params, "obs_stats": stats_of(runner), "seconds": time.time() - t0}
 
 
 def online_init(pre_or_offline: dict, params: Any, config: Any) -> dict:

@@ -113,8 +113,8 @@ def _programs(frozen_policy: tuple, frozen_bc: tuple, obs_dim: int, act_dim: int
 
 
 def fit_bc_ensemble(key: jax.Array, data: data_lib.OfflineData, policy_config: Any, bc_config: Any,
-                    log_every: int = 0, callback: Callable[[int, dict], None] | None = None
-                    ) -> tuple[Any, GaussianPolicy, list[dict]]:
+                    log_every: int = 0, callback: Callable[[int, dict], None] | None = None,
+                    checkpoints: common.Checkpoints | None = None) -> tuple[Any, GaussianPolicy, list[dict]]:
   """Trains the K behaviour policies jointly (the BC stage).
 
   Args:
@@ -122,9 +122,14 @@ def fit_bc_ensemble(key: jax.Array, data: data_lib.OfflineData, policy_config: A
     policy_config: hidden, activation, log_std_bounds.
     bc_config: num_policies (K), alpha, lr, batch_size, num_steps, identical_init (optional).
     log_every: steps per compiled chunk / logged row.
+    callback: called as callback(step, row) after each chunk.
+    checkpoints: resumable in `checkpoints.workdir/bc` (None: nothing saved).
 
   Returns:
-    (stacked params [K, ...], policy module, history rows {'step', 'loss', 'nll_<i>' ...}).
+    (stacked params [K, ...], policy module, history rows {'step', 'loss', 'nll_mean'}).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   if int(bc_config["num_policies"]) < 1:
     raise ValueError(f"unio4 bc.num_policies must be >= 1, got {bc_config['num_policies']}.")
@@ -133,8 +138,8 @@ def fit_bc_ensemble(key: jax.Array, data: data_lib.OfflineData, policy_config: A
   num_steps = int(bc_config["num_steps"])
   k_init, k_train = jax.random.split(key)
   state, history = common.run_in_chunks(
-      chunk, init(k_init), data, k_train, num_steps, log_every,
-      lambda m: {"loss": float(m["loss"]), "nll_mean": float(m["nll"].mean())}, callback)
+      chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
+      lambda m: {"loss": float(m["loss"]), "nll_mean": float(m["nll"].mean())}, callback, checkpoints, "bc")
   return state.params, policy, history
 
 

@@ -214,7 +214,8 @@ def critic_spec(config: Any) -> dict:
 
 
 def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any, log_every: int = 0,
-                        callback: Callable[[int, dict], None] | None = None) -> tuple[Critics, list[dict]]:
+                        callback: Callable[[int, dict], None] | None = None,
+                        checkpoints: common.Checkpoints | None = None) -> tuple[Critics, list[dict]]:
   """Fits V and Q on the offline data (the supervised stage of Uni-O4).
 
   Args:
@@ -224,9 +225,13 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
       batch_size, num_steps, gamma, tau, target_update_freq, expectile.
     log_every: steps per compiled chunk / logged row (default: num_steps / 10).
     callback: called as callback(step, metrics) after each chunk.
+    checkpoints: resumable in `checkpoints.workdir/critic` (None: nothing saved).
 
   Returns:
     (Critics, history: list of {'step', 'v_loss', 'q_loss'} rows).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   spec = critic_spec(config)
   num_steps = int(config["num_steps"])
@@ -234,7 +239,8 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
     raise ValueError(f"unio4 critic.num_steps must be >= 1, got {num_steps}.")
   init, chunk = _programs(common.freeze(spec), data.obs_dim, data.action_dim)
   k_init, k_train = jax.random.split(key)
-  state, history = common.run_in_chunks(chunk, init(k_init), data, k_train, num_steps, log_every,
-                                        lambda m: {k: float(v) for k, v in m.items()}, callback)
+  state, history = common.run_in_chunks(chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
+                                        lambda m: {k: float(v) for k, v in m.items()}, callback, checkpoints,
+                                        "critic")
   v_module, q_module = critic_modules(spec)
   return Critics(state.v.params, state.q.params, data.obs_stats, v_module, q_module), history
