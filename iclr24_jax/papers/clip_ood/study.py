@@ -181,7 +181,7 @@ def scale_program(config, mesh):
   """The paper-size step for `experiments.scale`: one OpenCLIP ViT-B/32 training step at batch 33,600.
 
   `vision.clip.make_train_step` on 224 x 224 images and 77-token captions (the BPE vocabulary's 49,408 ids),
-  bfloat16 compute with rematerialised blocks, float32 parameters and AdamW moments FSDP-sharded over 'data',
+  bfloat16 compute with scanned, rematerialised blocks, float32 parameters and AdamW moments FSDP-sharded over 'data',
   the batch over 'data'; the [B, B] similarity matrix is computed in the global view (each device its rows
   against the gathered text embeddings) (`configs/clip_ood.py:paper`).
 
@@ -227,6 +227,7 @@ def scale_program(config, mesh):
       args=(state_abs, scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh)), key),
       out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True, params=scale_lib.num_elements(state.params),
       items_per_step=b, item="image-text pairs", hand_flops=hand, kind="train", abstract_params=state_abs.params,
-      notes="bfloat16 compute with float32 parameters and AdamW moments, every transformer block rematerialised "
-            "(OpenCLIP's --precision amp_bf16 --grad-checkpointing); GELU for OpenAI's QuickGELU.",
+      notes="bfloat16 compute with float32 parameters and AdamW moments, the transformer blocks scanned and "
+            "rematerialised (OpenCLIP's --precision amp_bf16 --grad-checkpointing); XLA:CPU widens bfloat16 "
+            "activations to float32, so temporaries are over-estimated; GELU for OpenAI's QuickGELU.",
       paper_hardware=s.paper_hardware, paper_time=s.paper_time)
