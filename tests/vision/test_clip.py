@@ -269,3 +269,17 @@ def test_mixed_precision_and_remat_keep_the_loss(tiny):
   assert emb.dtype == jnp.float32                                 # the loss and its [B, B] logits run in float32
   with pytest.raises(ValueError, match="tower dtype 'float16'"):
     _vit_clip("float16", False)
+
+
+def test_scanned_vit_matches_unrolled_with_controls_and_hidden():
+  x = jnp.asarray(np.random.default_rng(2).random((2, 8, 8, 1)), jnp.float32)
+  plain, scanned = clip.ViT(num_classes=6, width=16, depth=3, heads=2), clip.ViT(num_classes=6, width=16, depth=3,
+                                                                                 heads=2, scan=True)
+  params = plain.init(jax.random.key(0), x)["params"]
+  stacked = _stack_blocks(params, 3)
+  controls = list(jnp.asarray(np.random.default_rng(3).normal(size=(3, 2, 5, 16)), jnp.float32))
+  want, want_hidden = plain.apply({"params": params}, x, controls=controls, return_hidden=True)
+  got, got_hidden = scanned.apply({"params": stacked}, x, controls=controls, return_hidden=True)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+  for g, w in zip(got_hidden, want_hidden, strict=True):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
