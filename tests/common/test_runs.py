@@ -281,7 +281,8 @@ def test_headline_flattens_nested_numbers():
 LOOP_CONFIGS = [("classify", "tiny"), ("pmp", "tiny"), ("graphcare", "tiny"), ("nci", "tiny"), ("cdgm", "tiny"),
                 ("diffusion", "tiny"), ("lm", "tiny"), ("lm", "tiny_lora"), ("safeguards", "tiny"), ("mdm", "tiny"),
                 ("clip_ood", "tiny"), ("lm_inversion", "tiny"), ("coboosting", "tiny"),
-                ("unio4", "tiny"), ("ldcq", "tiny"), ("ppo", "tiny"), ("d2pruning", "tiny"), ("motif", "tiny")]
+                ("unio4", "tiny"), ("ldcq", "tiny"), ("ppo", "tiny"), ("d2pruning", "tiny"), ("motif", "tiny"),
+                ("mario", "tiny")]
 
 
 @pytest.mark.slow
