@@ -82,7 +82,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # on a quiet machine extend it, e.g. (300, 600, 1000, 2000, 3000, 4500, 6000) (~+400 CPU-s).
   c.repro = ml_collections.ConfigDict(dict(
       seeds=(0, 1, 2), high_res_steps=150, inner_fraction=0.25, checkpoints=3, eval_examples=128,
-      samples_per_seed=30, sample_steps=16, curve_steps=(300, 600, 1000, 2000), curve_samples=100))
+      samples_per_seed=30, sample_steps=16, curve_steps=(300, 600, 1000, 2000, 3000, 4500, 6000),
+      curve_samples=100))
 
   if "p2" in parts:
     c.diffusion.power = 2.0

@@ -269,6 +269,16 @@ def test_qualify_applies_the_reproduction_rule():
   assert study.qualify(q, num_classes=10, budget_steps=150) == q
   digits = rows([0.6, 0.7, 0.65], [0.81, 0.82, 0.815])             # real digits: the sample verdicts stand
   assert [r["holds"] for r in study.qualify(digits, num_classes=10, budget_steps=150)] == ["no", "no", "no"]
+  # A claim measured 'inconclusive' is marked so at this budget; a sample row at chance also says why.
+  level = [stats.compare_row(paper="mdm", experiment="e", metric=m, a=[0.06, 0.08, 0.07], b=[0.07, 0.06, 0.08],
+                             name_a="p", name_b="s", direction=d, notes="n", kind="claim", basis="b")
+           for m, d in (("held-out high-res eps-MSE", "less"), ("MNIST-CNN accuracy on samples of the digit", "greater"))]
+  assert [r["holds"] for r in level] == ["inconclusive", "inconclusive"]
+  q = study.qualify(level, num_classes=10, budget_steps=150, curve_note="curve. ")
+  assert all(r["notes"].startswith("# inconclusive at this budget: ") and "150 high-res steps" in r["notes"]
+             and "curve. n" in r["notes"] for r in q)
+  assert "digits yet" in q[1]["notes"] and "digits yet" not in q[0]["notes"]
+  assert study.qualify(q, num_classes=10, budget_steps=150) == q
 
 
 @pytest.mark.slow   # ~70 s: compiles the step twice (host loop and fori_loop)

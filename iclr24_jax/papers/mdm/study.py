@@ -279,6 +279,7 @@ def _curve_summary(curve: list[dict], num_classes: int, plan: dict, num_seeds: i
 
 
 SAMPLE_METRICS = ("MNIST-CNN accuracy on samples", "sliced W2 of CNN features")
+QUALIFIED = ("# judged", "# 'no' at this budget", "# inconclusive at this budget")   # `qualify`'s note prefixes
 REFERENCES = ("references that rule out a bug in the nesting and the progressive load (tests/papers/test_mdm.py): "
               "with zero-initialised adapters and a trained inner UNet loaded by load_inner, the NestedUNet's "
               "low-resolution output equals the standalone inner UNet's exactly; the joint loss matches a hand "
@@ -286,12 +287,13 @@ REFERENCES = ("references that rule out a bug in the nesting and the progressive
 
 
 def qualify(rows: list[dict], num_classes: int, budget_steps: int, curve_note: str = "") -> list[dict]:
-  """Applies the reproduction rule (issue 30) to the comparison rows once every arm's numbers are in.
+  """Applies the reproduction rule to the comparison rows once every arm's numbers are in.
 
   * Sample-quality rows (classifier accuracy, feature sliced W2) are 'inconclusive' when no arm's samples are
     recognisable digits (every arm's mean accuracy below 2 / num_classes, i.e. within twice chance): a difference
     between noise images says nothing about the paper's sample-quality claim.
   * A 'no' that stands names the references that ruled out a bug and the budget it was measured at.
+  * A claim measured 'inconclusive' says it is so at this budget, and (sample rows at chance) why.
 
   Args:
     rows: the rows of `_rows` (dicts with metric, holds, notes and, where compared, judgement['mean_a' / 'mean_b']).
@@ -306,10 +308,12 @@ def qualify(rows: list[dict], num_classes: int, budget_steps: int, curve_note: s
   accs = [r for r in rows if r["metric"].startswith("MNIST-CNN accuracy on samples")]
   best = max([max(r["judgement"]["mean_a"], r["judgement"]["mean_b"]) for r in accs] or [1.0])
   at_chance = best < 2.0 / num_classes
+  budget = (f"Budget: {budget_steps} high-res steps per arm and seed (the progressive arm's 8x8 pre-training on "
+            "top), the first phase of training (the paper trains for hundreds of thousands of steps). ")
   out = []
   for r in rows:
     r = dict(r)
-    if (r.get("notes") or "").startswith(("# judged", "# 'no' at this budget")):   # qualified already
+    if (r.get("notes") or "").startswith(QUALIFIED):   # qualified already
       out.append(r)
       continue
     if at_chance and r["metric"].startswith(SAMPLE_METRICS) and r.get("holds") in ("yes", "no"):
@@ -318,9 +322,12 @@ def qualify(rows: list[dict], num_classes: int, budget_steps: int, curve_note: s
                     "the claim at this budget. " + curve_note + (r.get("notes") or ""))
       r["holds"] = "inconclusive"
     elif r.get("holds") == "no":
-      r["notes"] = ("# 'no' at this budget only: " + REFERENCES + f"Budget: {budget_steps} high-res steps per arm "
-                    "and seed (the progressive arm's 8x8 pre-training on top), the first phase of training (the "
-                    "paper trains for hundreds of thousands of steps). " + curve_note + (r.get("notes") or ""))
+      r["notes"] = ("# 'no' at this budget only: " + REFERENCES + budget + curve_note + (r.get("notes") or ""))
+    elif r.get("holds") == "inconclusive" and r.get("kind") == "claim":
+      why = (f"no arm's samples are digits yet (best mean accuracy {best:.2f}, chance {1.0 / num_classes:.2f}), so "
+             "the sample metrics cannot judge the claim here. " if at_chance and r["metric"].startswith(SAMPLE_METRICS)
+             else "")
+      r["notes"] = "# inconclusive at this budget: " + why + budget + curve_note + (r.get("notes") or "")
     out.append(r)
   return out
 
@@ -427,7 +434,7 @@ def _rows(cfg, results, plan, flops, timing, judge, workdir, samples_last, label
         paper_value="(the budget at which the sample-quality rows can judge the claim; no claim)", holds=None,
         kind="measurement",
         notes=(_curve_summary(curve, cfg.model.num_classes, plan, len(cfg.repro.seeds))
-               + f"the same run continued past its {plan['eval_steps']['single'][-1]} study steps (same batches, "
+               + f"The same run continued past its {plan['eval_steps']['single'][-1]} study steps (same batches, "
                "optimiser and sampler); the "
                f"CNN scores {judge.test_accuracy:.3f} on real held-out digits; feature SW floor "
                f"{np.mean([c['feature_sw_floor'] for c in curve]):.3g}"),
