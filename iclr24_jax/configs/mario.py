@@ -53,8 +53,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.top_p = 0.7
   c.eval_temperature = 0.0       # 0 = greedy (official); > 0 samples with top_p
   c.expert_rollouts = True       # silver rationales join the pool (official ReferenceDataPool)
-  # A budget-matched SFT baseline (ours, issue 41): '' off; 'pool' continues SFT for the Quark steps on the rows
-  # each Quark round trains on (without codes); 'silver' on the silver rationales of the training questions.
+  # A budget-matched SFT baseline (ours: it separates Quark's gain from the extra training steps it gets): '' off;
+  # 'pool' continues SFT for the Quark steps on the rows each Quark round trains on (without codes); 'silver' on the
+  # silver rationales of the training questions.
   c.sft_matched = ""
   c.sft_steps = 10
   c.quark_rounds = 1

@@ -143,7 +143,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # What experiments.scale compiles: the NestedUNet train step (float32, as yaml:117 fp16 0), parameters and
     # Adam moments sharded over 'data' (FSDP), the batch over 'data'.
     c.scale = ml_collections.ConfigDict(dict(
-        batch_size=192, paper_hardware="8x A100 (paper Sec. 5 / App.: ImageNet)",
+        batch_size=192, paper_hardware="8 A100s for ImageNet (the paper's training details)",
         paper_time="not stated in the official code",
         source="apple/ml-mdm@de8cde2 ml-mdm-matryoshka/configs/models/cc12m_256x256.yaml:12-79,107-117, "
                "ml_mdm/diffusion.py:309-313, ml_mdm/clis/train_parallel.py:120-133; batch 192 = yaml:107's "

@@ -15,6 +15,7 @@ unit), 'tiny' (seconds), 'paper' (the official Llama-2-70B annotator's sizes, co
 """
 import ml_collections
 
+from iclr24_jax.configs import ppo as ppo_config
 from iclr24_jax.configs import variants
 
 VARIANTS = ("", "tiny", "oracle", "generate", "nethack", "staircase_weights", "paper")
@@ -34,7 +35,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   Raises:
     ValueError: unknown variant.
   """
-  from iclr24_jax.rl.ppo import default_config
   parts = variants.parse(arg, VARIANTS, name="motif")
   c = ml_collections.ConfigDict()
   c.paper = "motif"
@@ -62,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.num_seeds = 8
   c.eval_envs = 64
   # The agent: PPO (PureJaxRL-style, one jitted program vmapped over seeds and reward settings).
-  agent = default_config()
+  agent = ppo_config.ppo_defaults()
   agent.num_steps = 100
   agent.model = ml_collections.ConfigDict(dict(policy_hidden=(64, 64), value_hidden=(64, 64), activation="tanh"))
   agent.optimizer.learning_rate = 1e-3
@@ -75,6 +75,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       task="NetHackScore-v0", num_envs=4, collect_steps=250, num_pairs=300, max_unique_pairs=24,
       updates=4, rollout_steps=64, max_episode_steps=0, goal="defaultgoal",
       alpha_ext=0.1, alpha_int=0.1))  # official NetHackScore weights
+  # The NetHack agents (host-loop PPO) start from the PPO defaults; `nethack_motif.agent_config` sets the budget
+  # above and the official reward scale and clip.
+  c.nethack.agent = ppo_config.ppo_defaults()
   c.log_every = 10
   c.eval_every = 0
   c.checkpoint_every = 0

@@ -41,8 +41,6 @@ def init(key: jax.Array, model: nn.Module, input_shape: tuple[int, ...], tx: opt
   return TrainState.create(params, tx, extra=extra)
 
 
-init_state = init  # Deprecated alias, kept one release.
-
 
 def apply_model(model: nn.Module, params: Any, extra: Any, x: jax.Array, train: bool, key: jax.Array | None = None,
                 return_features: bool = False):
@@ -171,14 +169,14 @@ def evaluate(model: nn.Module, state: TrainState, split: data_lib.Split, batch_s
   return {"accuracy": tot["correct"] / max(tot["count"], 1), "loss": tot["loss_sum"] / max(tot["count"], 1)}
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # one jitted function per static value: jit caches by function identity
 def _compiled_eval(model: nn.Module, mesh) -> Callable:
   rep = sharding.replicated_sharding(mesh)
   dat = sharding.data_sharding(mesh)
   return jax.jit(make_eval_step(model), in_shardings=(rep, dat, dat), out_shardings=rep)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one jitted function per static value: jit caches by function identity
 def _forward_fn(model: nn.Module, return_features: bool) -> Callable:
   """One jitted eval forward per (model, return_features): repeated `predict` calls reuse its compilations."""
   def fwd(params, extra, xb):

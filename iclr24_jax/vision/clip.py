@@ -54,7 +54,7 @@ LOGIT_SCALE_MAX = 100.0                   # CLIP / OpenCLIP clamp of exp(logit_s
 __all__ = ["LOGIT_SCALE_INIT", "LOGIT_SCALE_MAX", "WordTokenizer", "TransformerBlock", "ViT", "TextTransformer",
            "FeatureTextTower", "CLIP", "create_image_encoder", "create_text_encoder", "create_clip", "l2_normalize",
            "clip_logits", "clip_loss", "clamp_logit_scale", "zero_shot_classifier", "zero_shot_logits",
-           "zero_shot_accuracy", "init", "init_state", "loss_fn", "make_train_step", "make_optimizer", "encode_images",
+           "zero_shot_accuracy", "init", "loss_fn", "make_train_step", "make_optimizer", "encode_images",
            "encode_texts"]
 
 
@@ -627,8 +627,6 @@ def init(key: jax.Array, model: CLIP, image_shape: Sequence[int], text_shape: Se
   return TrainState.create(params, tx)
 
 
-init_state = init  # Deprecated alias, kept one release.
-
 
 def loss_fn(params: Any, model: CLIP, batch: dict, key: jax.Array | None = None):
   """CLIP loss of a batch {'image': [B, H, W, C], 'text': [B, T] ids or [B, F]} -> (loss, metrics).
@@ -678,7 +676,7 @@ def make_train_step(model: CLIP, logit_scale_max: float = LOGIT_SCALE_MAX) -> Ca
   return train_step
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one jitted function per static value: jit caches by function identity
 def _compiled_encoder(model: CLIP, which: str) -> Callable:
   def fwd(params, x):
     if which == "image":

@@ -13,7 +13,7 @@ from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, runs, smc, study_exactness, study_images
+from iclr24_jax.papers.fps import experiment, programs, smc, study_exactness, study_images
 
 SCHED = schedules.linear_beta_schedule()
 
@@ -476,8 +476,8 @@ def test_sharded_images_match_one_device():
   ys = jnp.linspace(-1.0, 1.0, 8)[:, None]
   keys = jax.random.split(jax.random.key(0), 8)
   outs = []
-  for n_dev in (1, 8):
-    data = sharding.data_sharding(sharding.make_mesh(devices=jax.devices()[:n_dev]))
+  for mesh in sharding.device_meshes((1, 8)):
+    data = sharding.data_sharding(mesh)
     fn = jax.jit(jax.vmap(lambda k, y: fps.sample(k, DEN, SCHED, op, y, 0.3, 4, 6, resampling="systematic")),
                  in_shardings=(data, data), out_shardings=data)
     outs.append(np.asarray(fn(jax.device_put(keys, data), jax.device_put(ys, data))))
@@ -502,7 +502,7 @@ def test_sample_on_image_operators(name):
   x0 = jax.random.normal(jax.random.key(0), (8, 8, 1))
   y = op.measure(jax.random.key(1), x0[None], 0.05)[0]
   fn = jax.jit(lambda k: fps.sample(k, _unit_gaussian_denoiser, SCHED, op, y, 0.05, 3, 6))
-  x = runs.compile_call(fn, jax.random.key(2))(jax.random.key(2))   # XLA level 0: compile-bound
+  x = programs.compile_call(fn, jax.random.key(2))(jax.random.key(2))   # XLA level 0: compile-bound
   chex.assert_shape(x, (3, 8, 8, 1))
   chex.assert_tree_all_finite(x)
   # the samples explain the measurement far better than the prior mean 0 does
@@ -638,22 +638,22 @@ def test_config_variants():
 
 def test_prior_train_step_lowers_loss():
   import optax
-  from iclr24_jax.diffusion import training, unet
+  from iclr24_jax.diffusion import train, unet
   cfg = fps_config.get_config("tiny_images")
   model = unet.create_model(cfg.model)
   x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (16, 16, 16, 1)), jnp.float32)
   tx = optax.adam(3e-3)
-  state0 = jax.jit(lambda k: training.init_state(k, model, (16, 16, 1), tx))(jax.random.key(0))
-  traced_step = chex.assert_max_traces(training.make_train_step(model, SCHED), n=1)
+  state0 = jax.jit(lambda k: train.init(k, model, (16, 16, 1), tx))(jax.random.key(0))
+  traced_step = chex.assert_max_traces(train.make_train_step(model, SCHED), n=1)
   # one compile at XLA level 0 (compile-bound on CPU; values agree with the default level to rounding)
-  step = runs.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
+  step = programs.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
   state = state0
   for _ in range(20):
     state, _ = step(state, {"x": x}, jax.random.key(1))   # the step folds state.step into the key
   # the same fixed (t, eps) draw before and after training
-  loss_fn = jax.jit(lambda p: training.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
+  loss_fn = jax.jit(lambda p: train.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
                                                       jax.random.key(9), SCHED)[0])
-  loss = runs.compile_call(loss_fn, state0.params)
+  loss = programs.compile_call(loss_fn, state0.params)
   assert float(loss(state.params)) < float(loss(state0.params))
 
 

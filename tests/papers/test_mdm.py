@@ -12,6 +12,7 @@ import numpy as np
 import optax
 import pytest
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.diffusion import schedules
 from iclr24_jax.diffusion.unet import UNet
@@ -22,9 +23,7 @@ OUTER = dict(base_channels=4, channel_mults=(1, 2), **BLOCK)      # 16x16 -> bot
 INNER = dict(base_channels=8, channel_mults=(1, 2), **BLOCK)      # 8x8 -> 4x4
 
 
-def _fast_jit(fn, *args):
-  """Compiles fn(*args) once at XLA backend optimisation level 0 (compile time dominates these tiny programs)."""
-  return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+_fast_jit = loop_lib.compile_fast   # one-shot programs: compile time dominates them on CPU
 
 
 def _perturb(params, key, scale=0.1):
@@ -285,7 +284,7 @@ def test_qualify_applies_the_reproduction_rule():
 def test_arm_host_loop_equals_the_fori_loop(nested):
   """Arm.train on CPU (a host loop of one jitted step) runs the same steps, batches and keys as the fori_loop
   program used on accelerators."""
-  from iclr24_jax.papers.mdm.pipeline import Arm
+  from iclr24_jax.papers.mdm.programs import Arm
   model, scheds, params = nested
   rng = np.random.default_rng(3)
   arrays = {"x": jnp.asarray(rng.uniform(-1, 1, (32, 16, 16, 1)), jnp.float32), "y": jnp.arange(32) % 10}
@@ -334,15 +333,14 @@ def test_sample_curve_needs_increasing_steps_past_the_study():
 
 
 @pytest.mark.slow   # ~3-4 min CPU: the judged path of study.reproduce (judge, curve, qualify) on the tiny digits
-def test_reproduce_judged_path_on_tiny(tmp_path, monkeypatch):
+def test_reproduce_judged_path_on_tiny(tmp_path):
   """The full (non-fast) reproduction path, judge and sample curve included, on the tiny config: every claim row
   has its kind and basis, the curve row its points."""
   from iclr24_jax.configs import mdm as cfg_mod
   from iclr24_jax.papers.mdm import study
   cfg = cfg_mod.get_config("tiny")
   cfg.repro.curve_steps = (12, 14)   # past the single arm's equal-FLOPs point (8)
-  monkeypatch.setattr(study, "get_config", lambda arg=None: cfg)
-  rows = study.reproduce(str(tmp_path), fast=False)
+  rows = study.reproduce(str(tmp_path), fast=False, get_config=lambda arg: cfg)
   claims = [r for r in rows if r["kind"] == "claim"]
   assert len(claims) == 6 and all(r["basis"] and r["holds"] in ("yes", "no", "inconclusive") for r in claims)
   assert all(r["holds"] is None for r in rows if r["kind"] == "measurement")

@@ -14,7 +14,7 @@ import optax
 import pytest
 
 from iclr24_jax.papers import unio4
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.rl import normalization
 
@@ -99,7 +99,7 @@ def bc_runs():
     go = jax.jit(lambda state, alpha=alpha: jax.lax.scan(
         lambda st, _: unio4.bc_step(st, batch, policy=policy, alpha=alpha), state, None, length=150))
     for identical, p in ((False, params), (True, same)):  # one compile per alpha
-      state, m = go(common.ensemble_state(p, tx))
+      state, m = go(stages.ensemble_state(p, tx))
       out[(identical, alpha)] = (state.params, float(unio4.pairwise_disagreement(state.params, policy, batch["obs"])),
                                  m)
   return out
@@ -321,7 +321,7 @@ def test_offline_ppo_step_lowers_its_loss(ppo_setup):
   policy, params, critics, obs = ppo_setup
   stats = normalization.init((3,))
   tx = optax.adam(1e-3)
-  state = common.ensemble_state(params, tx, extra={"behaviour": params})
+  state = stages.ensemble_state(params, tx, extra={"behaviour": params})
   key = jax.random.key(7)
 
   @jax.jit
@@ -397,7 +397,7 @@ def test_multi_step_improvement_moves_further_than_one_step_under_a_known_critic
       beh = jax.tree.map(lambda b, old: jnp.where(replace, b, old), beh, st.extra["behaviour"])
       return st.replace(extra={"behaviour": beh, "best": best}), None
 
-    st = common.ensemble_state(params, tx, extra={"behaviour": params, "best": -dist(params)})
+    st = stages.ensemble_state(params, tx, extra={"behaviour": params, "best": -dist(params)})
     return jax.lax.scan(outer, st, None, length=8)[0].params
 
   d0, d_one, d_multi = np.asarray(dist(params)), np.asarray(dist(train(params, False))), \
@@ -413,10 +413,9 @@ def test_offline_ppo_step_one_vs_eight_devices(ppo_setup):
   stats = normalization.init((3,))
   tx = optax.adam(1e-3)
   outs = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
-    state = jax.device_put(common.ensemble_state(params, tx, extra={"behaviour": params}), rep)
+    state = jax.device_put(stages.ensemble_state(params, tx, extra={"behaviour": params}), rep)
     fn = jax.jit(lambda s, o, k: unio4.offline_ppo_step(s, o, k, policy=policy, critics=critics, obs_stats=stats),
                  in_shardings=(rep, dat, rep), out_shardings=(rep, rep))
     outs.append(jax.device_get(fn(state, jax.device_put(obs, dat), jax.random.key(9))[0].params))
@@ -446,30 +445,91 @@ def test_config_variants_and_errors():
                            0.1)
 
 
-def _run_tiny(tmp_path, full: bool, replace_rule: str = "best"):
+def _tiny_config(full: bool, replace_rule: str = "best"):
   from iclr24_jax.configs import unio4 as cfg_mod
-  from iclr24_jax.papers.unio4 import experiment
   cfg = cfg_mod.get_config("tiny")
   cfg.improve.replace_rule = replace_rule
+  cfg.progress = False
   if not full:  # the brax programs (evaluation ~10 s, PPO ~15 s of CPU to compile) run in the slow test below
     cfg.online.num_steps = 0
     cfg.eval_episodes = 0
+  return cfg
+
+
+def _stage_rows(workdir) -> dict:
+  """stage -> its metrics.jsonl rows."""
+  return {st: [json.loads(line) for line in open(os.path.join(workdir, st, "metrics.jsonl"))]
+          for st in ("critic", "dynamics", "bc", "improve", "online") if os.path.exists(os.path.join(workdir, st,
+                                                                                                   "metrics.jsonl"))}
+
+
+def _run_tiny(tmp_path, full: bool, replace_rule: str = "best"):
+  from iclr24_jax.papers.unio4 import experiment
+  cfg = _tiny_config(full, replace_rule)
   out = experiment.run(cfg, str(tmp_path))
-  assert os.path.exists(tmp_path / "results.json") and os.path.exists(tmp_path / "metrics.jsonl")
+  assert os.path.exists(tmp_path / "results.json")
   res = json.load(open(tmp_path / "results.json"))
   assert len(res["last_ope"]) == cfg.bc.num_policies and np.all(np.isfinite(res["last_ope"]))
   assert 0 <= res["selected"] < cfg.bc.num_policies
-  assert os.path.isdir(out["checkpoint"])
-  stages = {json.loads(line)["stage"] for line in open(tmp_path / "metrics.jsonl")}
+  assert os.path.isdir(out["checkpoints"]["improve"]) and os.path.isdir(out["checkpoints"]["critic"])
+  stages = set(_stage_rows(tmp_path))
   assert {"critic", "dynamics", "bc", "improve"} <= stages
   return cfg, res, stages
 
 
-def test_experiment_run_tiny(tmp_path):
-  _run_tiny(tmp_path, full=False, replace_rule="paired")
-  rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
-  checks = [r for r in rows if r.get("stage") == "improve"]
-  assert checks and all(len(r["paired_diff"]) == 4 and np.all(np.asarray(r["paired_se"]) >= 0) for r in checks)
+@pytest.fixture(scope="module")
+def tiny_paired(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("unio4_tiny")
+  return wd, _run_tiny(wd, full=False, replace_rule="paired")
+
+
+def test_experiment_run_tiny(tiny_paired):
+  wd, _ = tiny_paired
+  checks = _stage_rows(wd)["improve"]
+  assert [r["step"] for r in checks] == [0, 10, 20]   # the step-0 OPE, then every improve.eval_every steps
+  assert all(len(r["paired_diff"]) == 4 and np.all(np.asarray(r["paired_se"]) >= 0) for r in checks[1:])
+
+
+class _Crash(Exception):
+  """Stands for a process killed without warning (nothing saved at the kill)."""
+
+
+def test_kills_inside_stages_then_resume_equal_the_uninterrupted_run(tiny_paired, tmp_path):
+  """Stopped three times: a real SIGTERM in the critic stage at step 20 (saved there, Preempted, exit code 143);
+  killed without a save in the dynamics stage after its step-20 checkpoint (early-stopping state in the loop state's
+  extra) and in the improvement stage after its step-10 checkpoint (the gate's best OPE scores and behaviour
+  policies in the state); every rerun skips the finished stages and resumes inside the one it was in. The results
+  and every stage's metrics.jsonl equal the uninterrupted run's, bit for bit (same programs)."""
+  import signal
+  from iclr24_jax.common import loop
+  from iclr24_jax.papers.unio4 import experiment
+  full_wd, (_, full, _) = tiny_paired
+  cfg = _tiny_config(False, "paired")
+  cfg.checkpoint_every = 10   # improve (eval_every 10) saves at 10; critic / dynamics / BC chunks end at 20, 40
+  wd = str(tmp_path / "killed")
+
+  def kill_at(stage_key, step, how):
+    def fn(s, row):
+      if s == step and stage_key in row:
+        if how == "sigterm":
+          os.kill(os.getpid(), signal.SIGTERM)   # the real signal, seen by the stage's loop at this boundary
+        else:
+          raise _Crash(s)
+    return fn
+
+  with loop.observe(kill_at("v_loss", 20, "sigterm")), pytest.raises(loop.Preempted) as stopped:
+    experiment.run(cfg, wd)
+  assert stopped.value.step == 20 and stopped.value.exit_code == 143 and loop.stop_requested() is None
+  assert stopped.value.where == os.path.join(wd, "critic", "checkpoints")
+  for stage_key, step in (("holdout_mse", 40), ("ope", 20)):
+    with loop.observe(kill_at(stage_key, step, "crash")), pytest.raises(_Crash):
+      experiment.run(cfg, wd)
+  assert sorted(os.listdir(os.path.join(wd, "improve", "checkpoints"))) == ["10", "config.json"]
+  resumed = experiment.run(cfg, wd)
+  drop = lambda r: {k: v for k, v in r.items() if k not in ("seconds", "wall_seconds", "checkpoints", "plots")}
+  assert drop(json.load(open(os.path.join(wd, "results.json")))) == drop(full)
+  assert resumed["best_ope"] == full["best_ope"] and resumed["replacements"] == full["replacements"]
+  assert _stage_rows(wd) == _stage_rows(full_wd)
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ def tiny():
   """A tiny CLIP, its state and a fixed batch of 16 image-caption pairs (shared by the tests below)."""
   model = clip.create_clip(TINY, VOCAB)
   tx = clip.make_optimizer(OPT, 100)
-  state = jax.jit(lambda k: clip.init_state(k, model, (8, 8, 1), (6,), jnp.int32, tx))(jax.random.key(0))
+  state = jax.jit(lambda k: clip.init(k, model, (8, 8, 1), (6,), jnp.int32, tx))(jax.random.key(0))
   rng = np.random.default_rng(0)
   ids = np.zeros((16, 6), np.int32)
   ids[:, 0] = clip.WordTokenizer.SOT

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -30,18 +31,17 @@ def _above_chance_retention(acc: float, ref_acc: float, chance: float = 0.1) -> 
   return (acc - chance) / (ref_acc - chance)
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """The paper's claims on the calibrated digits analogue: the default config with seeds 0, 1, 2 ('tiny', seed 0,
   if fast); every comparison judged over seeds, paired (one seed = one draw of the data, dedup and inits).
 
   Each seed redraws the data (pool, reference set, benchmarks), the dedup clustering, the random split and
   the CLIP initialisations; a seed's splits share its draw, so the comparisons are paired by seed.
   """
-  from iclr24_jax.configs import clip_ood as cfg_mod
   seeds = (0,) if fast else (0, 1, 2)
   runs = []
   for seed in seeds:
-    cfg = cfg_mod.get_config("tiny" if fast else "")
+    cfg = get_config("tiny" if fast else "")
     with cfg.unlocked():
       cfg.seed = seed
       cfg.progress = False
@@ -137,7 +137,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Top-k similarity (queries x keys per second) vs pool size on 1 and all devices; CLIP train step/s."""
   rng = np.random.default_rng(0)
   d, q, k = 64, 512, 10
@@ -156,8 +156,7 @@ def benchmark(quick: bool = True) -> list[dict]:
                                                     k=k, dim=d, unit="query-key pairs/s")
 
   rows = bench_lib.across_devices(topk_case, sizes=sizes, repeats=3 if quick else 10, min_time_s=0.5)
-  from iclr24_jax.configs import clip_ood as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   vocab = 64
   model = model_lib.create_model(cfg.model, vocab)
   tx = clip.make_optimizer(cfg.optimizer, cfg.num_steps)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,18 +36,18 @@ def _ms(d: dict) -> str:
   return stats.fmt_mean_se(d["mean"], d["se"])
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """The reproduction rows (see the module docstring); `fast` runs the tiny config (fake scorer).
 
   Args:
     workdir: output folder.
     fast: run the 'tiny' config instead of 'repro'.
+    get_config: `get_config(variant)` of configs/cpm.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import cpm as cfg_mod
-  config = cfg_mod.get_config("tiny" if fast else "repro")
+  config = get_config("tiny" if fast else "repro")
   res = run(config, workdir)
   P = "cpm"
   rows: list[dict] = []

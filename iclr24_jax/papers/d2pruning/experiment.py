@@ -208,7 +208,7 @@ def run(config: Any, workdir: str) -> dict:
   key_scores, key_select, key_train = jax.random.split(key, 3)
   ds = load_data(config, workdir)
   sc = compute_scores(config, ds, key_scores)
-  writer = metrics_lib.MetricWriter(workdir)
+  writer = metrics_lib.open_writer(workdir)
   for e in range(config.dynamics.epochs):
     if (e + 1) % max(int(config.log_every), 1) == 0 or e + 1 == config.dynamics.epochs:
       writer.write((e + 1) * sc["steps_per_epoch"], {"score_model/train_loss": sc["curves"]["loss"][e],
@@ -243,6 +243,7 @@ def run(config: Any, workdir: str) -> dict:
     writer.write(config.num_steps, {f"coreset/{v}/{rate}/seed{r['seed']}/test_accuracy": float(acc[i]),
                                     f"coreset/{v}/{rate}/seed{r['seed']}/val_accuracy": float(val[i]),
                                     f"coreset/{v}/{rate}/seed{r['seed']}/final_loss": float(out['final_loss'][i])})
+  writer.close()
   for v in by_variant.values():
     for d in v.values():
       d["mean"], d["std"] = float(np.mean(d["per_seed"])), float(np.std(d["per_seed"]))

@@ -100,7 +100,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
     raise common_data.paper_data_not_wired("daclip", config.data)   # run() does not train on it yet
   t0 = time.time()
   os.makedirs(workdir, exist_ok=True)
-  writer = metrics_lib.MetricWriter(workdir)
+  writer = metrics_lib.open_writer(workdir)
   key = jax.random.key(int(config.seed))
   key_clip, key_ctrl, key_rest, key_sample = jax.random.split(key, 4)
   conditions = tuple(config.conditions)
@@ -157,6 +157,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
     results["plots"] = [plot_examples(data["test"], restored, conditions, int(config.num_seeds),
                                       os.path.join(workdir, "restorations.png")),
                         plot_psnr_by_type(scores, conditions, os.path.join(workdir, "psnr_by_degradation.png"))]
+  writer.close()
   results["wall_s"] = time.time() - t0
   metrics_lib.write_results(workdir, results)
   return results

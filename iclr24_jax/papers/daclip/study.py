@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -52,7 +53,8 @@ def _item_row(experiment_name: str, metric: str, a, b, name_a: str, name_b: str,
               kind="claim" if claim else "measurement", **extra)
 
 
-def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
+              *, get_config: Callable[[str], Any]) -> list[dict]:
   """DA-CLIP on the 7-type degradation suite of 32x32 MNIST-5k digits (see README.md for the setting).
 
   (a) degradation-type accuracy of e_d (zero-shot: nearest degradation-name embedding) on held-out degraded
@@ -64,12 +66,12 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> lis
     workdir: output folder (the run goes to workdir/run).
     fast: the 'tiny' config variant.
     restoration: also run (b).
+    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import daclip as cfg_mod
-  cfg = cfg_mod.get_config("tiny" if fast else "")
+  cfg = get_config("tiny" if fast else "")
   cfg.restoration = bool(restoration)
   t0 = time.time()
   res = experiment.run(cfg, os.path.join(workdir, "run"), progress=not fast)
@@ -152,13 +154,12 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> lis
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Controller train steps/s and restoration images/s (full T = 100 reverse-SDE chain) at 32x32 and 64x64.
 
   Random weights (the cost is what is timed); the reproduction's model sizes (configs/daclip.py).
   """
-  from iclr24_jax.configs import daclip as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   rows = []
   clip_cfg = cfg.clip.model
   for size in (32, 64):

@@ -87,7 +87,7 @@ def train_scan(step_fn: Callable | None, sample_fn: Callable | None, state: Any,
     n = min(chunk, num_steps - done)
     state, m = run_chunk(state, data, done, n)
     done += n
-    row = {f"{prefix}/{k}": float(np.mean(v)) for k, v in jax.device_get(m).items()}
+    row = loop_lib.prefix_keys({k: float(np.mean(v)) for k, v in jax.device_get(m).items()}, prefix)
     rows.append({"step": done, **row})
     if writer is not None:
       writer.write(done, row)
@@ -213,7 +213,7 @@ def train_controller(cfg: Any, clip_model: clip.CLIP, clip_params: Any, data: di
   return dac, state.params
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _embed_fn(dac: model_lib.DaClip):
   return jax.jit(lambda p, x: dac.apply({"params": p}, x) + (dac.apply({"params": p}, x, method="encode_frozen"),))
 

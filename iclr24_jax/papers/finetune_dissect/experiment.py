@@ -115,10 +115,11 @@ def run(config: Any, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   study = finetune.synthetic_study(config, progress=print)
   results = summarise(study)
-  writer = metrics_lib.MetricWriter(workdir)
-  for i, step in enumerate(study["steps"]):
-    row = {f"{m}/{k}": float(np.mean(c[k][:, i])) for m, c in study["methods"].items() for k in (*COMPONENTS, "total")}
-    writer.write(int(step), row)
+  with metrics_lib.open_writer(workdir) as writer:
+    for i, step in enumerate(study["steps"]):
+      row = {f"{m}/{k}": float(np.mean(c[k][:, i])) for m, c in study["methods"].items()
+             for k in (*COMPONENTS, "total")}
+      writer.write(int(step), row)
   if jax.process_index() == 0:
     results["plots"] = [plot_curves(study, os.path.join(workdir, "components.png")),
                         plot_positions(study, os.path.join(workdir, "by_position.png"))]

@@ -7,6 +7,7 @@ this module runs them at the reproduction's settings and turns their results int
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -91,7 +92,7 @@ def _seeds_str(values) -> str:
   return f"{stats.fmt_mean_se(m, se)} ({len(values)} seeds)"
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """The exactness table (2-D / 8-D, FPS's and the telescoping weights), the Gaussian M -> infinity limit (FPS's
   HMM, the noise-tracking Kalman filter, the telescoping limit), and the digits image tasks.
 
@@ -103,13 +104,13 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   Args:
     workdir: output folder (created).
     fast: a smoke run (2 particle counts, 30 steps, one image task on 4 images, 200 prior steps); verdicts None.
+    get_config: `get_config(variant)` of configs/fps.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import fps as cfg_mod
   os.makedirs(workdir, exist_ok=True)
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   cfg.task = "both"
   if fast:
     cfg.exactness.update(dict(particles=(1, 50), num_runs=(128, 64), num_steps=30, rates=(0.95,),
@@ -329,7 +330,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Particles x steps per second of `fps.sample` vs the number of particles M and the image size.
 
   The denoiser is the image tasks' MLP with random weights (the cost per particle is what is timed), the operator
@@ -337,35 +338,32 @@ def benchmark(quick: bool = True) -> list[dict]:
   the mesh's 'data' axis (each runs its own filter): one image on 1 device, and (largest M, smallest size) one
   image per device on all devices. items = images x M x steps.
   """
-  from iclr24_jax.configs import fps as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   sched = schedules.from_config(cfg.schedule)
   steps = 10 if quick else 50
-  rows = []
   sizes = (16, 32) if quick else (16, 32, 64)
   particles = (1, 8, 64, 256) if quick else (1, 8, 64, 256, 1024)
   model = unet.create_model(ml_collections.ConfigDict({**cfg.model.to_dict()}))
-  for size in sizes:
-    shape = (size, size, 1)
-    params = model.init(jax.random.key(0), jnp.zeros((1,) + shape), jnp.zeros((1,)))["params"]
-    den = lambda x, t, p=params: model.apply({"params": p}, x, t)  # noqa: E731
+  params_of = {s: model.init(jax.random.key(0), jnp.zeros((1, s, s, 1)), jnp.zeros((1,)))["params"] for s in sizes}
+
+  def make_case(mesh, size_m):
+    size, m = size_m
+    shape, n_dev, params = (size, size, 1), mesh.devices.size, params_of[size]
+    den = lambda x, t: model.apply({"params": params}, x, t)  # noqa: E731
     op = operators.GaussianBlur(5, 1.0, shape)
-    for n_dev in sorted({1, jax.device_count()}):
-      if n_dev > 1 and size != sizes[0]:
-        continue
-      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-      data = sharding.data_sharding(mesh)
-      for m in particles:
-        if n_dev > 1 and m != particles[-1]:
-          continue
-        fn = jax.jit(jax.vmap(lambda k, y, m=m: smc.sample(k, den, sched, op, y, 0.05, m, steps)),
-                     in_shardings=(data, data), out_shardings=data)
-        keys = jax.device_put(jax.random.split(jax.random.key(1), n_dev), data)
-        ys = jax.device_put(jnp.zeros((n_dev,) + op.y_shape), data)
-        rows.append(bench.time_fn(fn, keys, ys, repeats=3 if quick else 5, items=n_dev * m * steps,
-                                  name="fps/sample (items = particle-steps)", size=f"{size}x{size}, M={m}",
-                                  batch=n_dev, particles=m, num_steps=steps, mesh_devices=n_dev))
-  return rows
+    data = sharding.data_sharding(mesh)
+    fn = jax.jit(jax.vmap(lambda k, y: smc.sample(k, den, sched, op, y, 0.05, m, steps)),
+                 in_shardings=(data, data), out_shardings=data)
+    keys = jax.device_put(jax.random.split(jax.random.key(1), n_dev), data)
+    ys = jax.device_put(jnp.zeros((n_dev,) + op.y_shape), data)
+    return fn, (keys, ys), dict(items=n_dev * m * steps, name="fps/sample (items = particle-steps)",
+                                size=f"{size}x{size}, M={m}", batch=n_dev, particles=m, num_steps=steps)
+
+  repeats = 3 if quick else 5
+  rows = bench.across_devices(make_case, sizes=[(s, m) for s in sizes for m in particles], counts=(1,),
+                              repeats=repeats)
+  more = [n for n in bench.device_counts() if n > 1]   # all devices: the smallest image, the most particles
+  return rows + bench.across_devices(make_case, sizes=[(sizes[0], particles[-1])], counts=more, repeats=repeats)
 
 
 def scale_program(config, mesh):

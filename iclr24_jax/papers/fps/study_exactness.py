@@ -5,7 +5,7 @@ and DPS with the exact GMM denoiser against the exact GMM posterior (`gmm_proble
 `posterior_metrics`, `seed_metrics`, `group_floor`; plots `plot_exactness`, `plot_samples_2d`).
 `gaussian_limit_study`: what FPS samples with infinitely many particles for a Gaussian prior (exact Kalman filters).
 `experiment.run` calls both (config.task 'exactness' / 'both'); `study.reproduce` turns them into rows. This module
-imports only method modules (`runs.py`, `exact.py`, `operators.py`, `smc.py`, ...), never `experiment` or `study`.
+imports only method modules (`programs.py`, `exact.py`, `operators.py`, `smc.py`, ...), never `experiment` or `study`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import metrics as dm
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers.fps import exact, operators, smc
-from iclr24_jax.papers.fps.runs import compile_call, dps_runs_fn, fps_runs_fn
+from iclr24_jax.papers.fps.programs import compile_call, dps_runs_fn, fps_runs_fn
 
 _sliced_w2 = jax.jit(dm.sliced_wasserstein, static_argnames=("num_projections", "p"))
 NUM_PROJECTIONS = 256

@@ -14,7 +14,7 @@ import numpy as np
 
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.mario import data as mario_data
-from iclr24_jax.papers.mario import pipeline
+from iclr24_jax.papers.mario import train
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -33,20 +33,20 @@ def run(config: Any, workdir: str) -> dict:
   os.makedirs(workdir, exist_ok=True)
   mario_data.load(config.data)   # fail fast with the layout and source before any model is loaded
   data_dir = config.data.get("data_dir") or None
-  train_items = pipeline.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
+  train_items = train.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
                                     silver_only=True, seed=int(config.seed))
-  test_items = pipeline.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
+  test_items = train.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
                                    seed=int(config.seed) + 1)
   texts = [it["question"] + " " + it["rationale"] for it in train_items]
-  models = pipeline.load_models(config, texts)
-  train_items = pipeline.short_items(models, train_items, int(config.data.get("max_response_tokens", 0)))
-  out = pipeline.train_mario(config, models, train_items)
+  models = train.load_models(config, texts)
+  train_items = train.short_items(models, train_items, int(config.data.get("max_response_tokens", 0)))
+  out = train.train_mario(config, models, train_items)
   names = tuple(config.rewards) + ("accuracy",)
-  evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
-           "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
-           "mario_worst": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
+  evals = {"sft": train.evaluate(models, config, out["sft"], test_items, None),
+           "mario": train.evaluate(models, config, out["mario"], test_items, models.codes.best()),
+           "mario_worst": train.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
   if out.get("sft_matched") is not None:   # config.sft_matched: SFT given the Quark steps too
-    evals["sft_matched"] = pipeline.evaluate(models, config, out["sft_matched"], test_items, None)
+    evals["sft_matched"] = train.evaluate(models, config, out["sft_matched"], test_items, None)
   with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
     for row in out["history"]:
       f.write(json.dumps(metrics_lib.to_python(row)) + "\n")
