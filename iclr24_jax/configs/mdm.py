@@ -78,8 +78,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # The reproduction (papers/mdm/study.py reproduce, budget_plan): three arms, 3 seeds, equal high-res steps; the
   # progressive arm's 8x8 pre-training (inner_fraction of the nested arm's high-res FLOPs) comes on top.
   # curve_steps: the single arm of the first seed trains on to these steps, its samples judged each time
-  # (curve_samples of them): the budget at which samples become digits. Each 1,000 steps cost ~70-100 CPU-s here;
-  # on a quiet machine extend it, e.g. (300, 600, 1000, 2000, 3000, 4500, 6000) (~+400 CPU-s).
+  # (curve_samples of them): the budget at which samples become digits (~90 CPU-s per 1,000 steps on 2 cores;
+  # the whole curve ~530 CPU-s).
   c.repro = ml_collections.ConfigDict(dict(
       seeds=(0, 1, 2), high_res_steps=150, inner_fraction=0.25, checkpoints=3, eval_examples=128,
       samples_per_seed=30, sample_steps=16, curve_steps=(300, 600, 1000, 2000, 3000, 4500, 6000),
