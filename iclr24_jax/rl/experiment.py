@@ -116,7 +116,7 @@ def run(config: Any, workdir: str) -> dict:
       x["train_s"] += time.perf_counter() - tr
       x["timed_updates"] += n
       u = run.step + n
-      row = {f"train/{k}": float(np.mean(v)) for k, v in m.items()}
+      row = loop.prefix_keys({k: float(np.mean(v)) for k, v in m.items()}, "train")
       row["train/last_episode_return"] = float(np.asarray(m["last_episode_return"])[-1])
       row["train/env_steps"] = float(np.asarray(m["env_steps"])[-1])
       if u % eval_every == 0 or u == agent.num_updates:

@@ -183,7 +183,7 @@ def train_stage(stages: loop.Stages | None, name: str, init: Any, init_args: tup
     while not lp.finished and run.step < num_steps:
       n = min(every, num_steps - run.step)
       state, m = chunk(state, keys[:, run.step:run.step + n], data)
-      row = {f"train/{k}": float(np.mean(v)) for k, v in jax.device_get(m).items()}
+      row = loop.prefix_keys({k: float(np.mean(v)) for k, v in jax.device_get(m).items()}, "train")
       lp.boundary(run.step + n, state, row)
     lp.finish(state)
   return state, run.history
