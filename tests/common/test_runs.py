@@ -242,7 +242,7 @@ def test_cli_sigterm_exits_with_one_line_and_resumes(uninterrupted, tmp_path):
 
 
 NO_TRAINING = {"cpm", "llmbar"}   # convex fits to tolerance; an LM judge with its own JSON-lines cache
-OWN_DRIVERS = {"coboosting", "unio4", "ldcq", "d2pruning", "daclip", "mario", "motif", "finetune_dissect"}
+OWN_DRIVERS = {"coboosting", "unio4", "ldcq", "daclip", "motif", "finetune_dissect"}
 
 
 def test_every_training_config_checkpoints_by_default():
@@ -281,7 +281,8 @@ def test_headline_flattens_nested_numbers():
 LOOP_CONFIGS = [("classify", "tiny"), ("pmp", "tiny"), ("graphcare", "tiny"), ("nci", "tiny"), ("cdgm", "tiny"),
                 ("diffusion", "tiny"), ("lm", "tiny"), ("lm", "tiny_lora"), ("safeguards", "tiny"), ("mdm", "tiny"),
                 ("clip_ood", "tiny"), ("lm_inversion", "tiny"), ("coboosting", "tiny"),
-                ("unio4", "tiny"), ("ldcq", "tiny"), ("ppo", "tiny")]
+                ("unio4", "tiny"), ("ldcq", "tiny"), ("ppo", "tiny"), ("d2pruning", "tiny"), ("motif", "tiny"),
+                ("mario", "tiny")]
 
 
 @pytest.mark.slow
