@@ -78,9 +78,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.heldout_times = 10
   c.log_every = 100
   c.eval_every = 0              # evaluation at the end only
-  c.checkpoint_every = 0
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # Each stage (clip, controller, controller_s<k>, restorer_<condition>_s<seed>) saves in workdir/<stage> every
+  # checkpoint_every of its own steps and when checkpoint_every_secs passed since its last save, at its chunk ends
+  # (every log_every steps); each stage's final state is saved when it ends. A stage's blocking save measured 0.15-0.8 s
+  # (tiny, 2-core CPU at load ~9): at 200 the default run saves ~28 times (12 restorers at step 200, 16 final
+  # states), ~11 s of a run of ~1,700 CPU-s.
+  c.checkpoint_every = 200
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
 
@@ -102,6 +105,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.batch_size = 8
     c.num_seeds = 2
     c.log_every = 1
+    c.checkpoint_every = 2      # mid-stage saves (every stage runs 3-4 steps), so a resume test cuts a stage
     c.restore_conditions = ("none", "daclip", "shuffled", "oracle")
     c.restore_samples = 2
     c.heldout_times = 2
