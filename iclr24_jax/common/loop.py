@@ -1008,18 +1008,20 @@ class Stages:
                config=config, progress=bool(config.get("progress", True)) and jax.process_index() == 0,
                label=label)
 
-  def loop(self, name: str, num_steps: int) -> ResumableLoop:
-    """The ResumableLoop of stage `name` (`num_steps` of them)."""
+  def loop(self, name: str, num_steps: int, every_steps: int | None = None) -> ResumableLoop:
+    """The ResumableLoop of stage `name` (`num_steps` of them); `every_steps` overrides the step interval for a
+    stage counted in another unit (say, epochs)."""
     import os
     where = None if self.workdir is None else os.path.join(self.workdir, name)
+    every = self.every_steps if every_steps is None else int(every_steps)
     return ResumableLoop(where, num_steps=num_steps, name=f"{self.label} {name}".strip(),
-                         every_steps=self.every_steps, every_secs=self.every_secs, config=self.config,
+                         every_steps=every, every_secs=self.every_secs, config=self.config,
                          progress=self.progress and where is not None)
 
 
-def stage_loop(stages: Stages | None, name: str, num_steps: int) -> ResumableLoop:
-  """`stages.loop(name, num_steps)`, or a loop that writes nothing when `stages` is None."""
-  return (stages or Stages(None)).loop(name, num_steps)
+def stage_loop(stages: Stages | None, name: str, num_steps: int, every_steps: int | None = None) -> ResumableLoop:
+  """`stages.loop(name, num_steps, every_steps)`, or a loop that writes nothing when `stages` is None."""
+  return (stages or Stages(None)).loop(name, num_steps, every_steps)
 
 
 # ----------------------------------------------------------------------------------------------------------------

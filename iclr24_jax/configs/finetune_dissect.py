@@ -69,9 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                           targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                    "up_proj", "down_proj")))
   c.log_every = 20
-  c.checkpoint_every = 0
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # Saves of the stages 'pretrain' and 'finetune_<method>' (experiment.run): every N optimizer steps of each stage (a
+  # multiple of log_every and eval_every: saves happen at chunk boundaries), and every N wall seconds.
+  c.checkpoint_every = 200
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
 

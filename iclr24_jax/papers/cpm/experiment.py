@@ -20,7 +20,8 @@ from iclr24_jax.papers.cpm import data as data_lib
 from iclr24_jax.papers.cpm import features as feat
 from iclr24_jax.papers.cpm import model as model_lib
 from iclr24_jax.papers.cpm import scoring
-from iclr24_jax.papers.cpm.evaluation import bon_study, preference_study, synthetic_study
+from iclr24_jax.papers.cpm.evaluation import (BASELINE_SAMPLE, bon_judge_study, bon_study, judge_preferences,
+                                             pairwise_wins, preference_study, synthetic_study)
 
 
 # ------------------------------------------------------------------------------------------------ scoring
@@ -45,6 +46,28 @@ def make_scorer(config: Any):
   if config.scorer == "smollm2":
     return scoring.SmolLMScorer(template=config.template, batch_size=config.score_batch)
   raise ValueError(f"unknown config.scorer {config.scorer!r}; choose 'smollm2' or 'fake'.")
+
+
+def judge_cache_file(config: Any) -> str | None:
+  """The judge's cache (`lm.GenerationCache`): judge.jsonl beside the score cache; None when the cache is off."""
+  path = cache_file(config)
+  return None if path is None else os.path.join(os.path.dirname(path), "judge.jsonl")
+
+
+def make_judge(config: Any, scorer=None):
+  """The judge LM config.bon.judge names: 'smollm2' (`lm.SmolLMJudge`, sharing a SmolLM2 scorer's weights),
+  'fake' (`lm.FakeJudge`, chance level: a hash of the prompt and option), or None for ''."""
+  from iclr24_jax import lm
+  name = config.bon.get("judge", "")
+  if not name:
+    return None
+  if name == "fake":
+    return lm.FakeJudge(seed=config.seed)
+  if name == "smollm2":
+    if isinstance(scorer, scoring.SmolLMScorer):
+      return lm.SmolLMJudge(scorer.params, scorer.config, scorer.tokenizer, batch_size=config.bon.judge_batch)
+    return lm.SmolLMJudge(batch_size=config.bon.judge_batch)
+  raise ValueError(f"unknown config.bon.judge {name!r}; choose 'smollm2', 'fake' or '' (no judge).")
 
 
 def score_pairs(scorer, pairs: list[dict], cache: scoring.ScoreCache, mode: str = "expected",
@@ -248,7 +271,13 @@ def run(config: Any, workdir: str, log=print) -> dict:
     results["preference"] = {
         "num_pairs": int(keep.sum()), "dropped_incomplete": int((~keep).sum()), "num_train": num_train,
         "num_test": pref["num_test"], "acc": {k: _summarise(v) for k, v in pref["acc"].items()},
-        "ci95_first_split": boot, "weights_mean": pref["weights"].mean(0).tolist(),
+        "ci95_first_split": boot,
+        # Each pair's correctness averaged over the splits that test it (None: never tested), the unit of the
+        # paired bootstrap over pairs the study judges CPM vs the standard PM with.
+        "pair_mean": {k: [None if np.isnan(x) else float(x) for x in v] for k, v in pref["pair_mean"].items()
+                      if not k.startswith("feature: ")},
+        "test_count": pref["test_count"].tolist(),
+        "weights_mean": pref["weights"].mean(0).tolist(),
         "weights_names": list(feat.ALL_FEATURES), "cv_choice": pref["cv"],
         "chosen_vs_rejected_mean_features": {
             "chosen": np.where(y[:, None] == 1, fa, fb).mean(0).tolist(),
@@ -260,17 +289,19 @@ def run(config: Any, workdir: str, log=print) -> dict:
                                           "CPM coefficients (HH-RLHF, mean over splits)"))
     log("accuracy: " + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in pref["acc"].items()
                                  if not k.startswith("feature")))
-    bon_s = bon_gen_s = 0.0
+    bon_s = bon_gen_s = judge_s = bon_gen_cpu = bon_score_cpu = 0.0
     if config.bon.enabled:
-      t3 = time.perf_counter()
+      t3, c3 = time.perf_counter(), time.process_time()
       prompt_pairs = data_lib.load_pairs(config.bon.num_prompts, seed=config.data.seed,
                                          max_chars=config.data.max_chars, data_dir=config.data.data_dir or None,
                                          skip=n_pool)
       hist, samples = bon_samples(config, prompt_pairs, cache, scorer, log=log)
-      bon_gen_s = time.perf_counter() - t3
+      bon_gen_s, bon_gen_cpu = time.perf_counter() - t3, time.process_time() - c3
       flat_h = [h for h, ss in zip(hist, samples) for _ in ss]
       flat_r = [r for ss in samples for r in ss]
+      c5 = time.process_time()
       out = scoring.score_features(scorer, flat_h, flat_r, cache=cache, mode=config.mode)
+      bon_score_cpu = time.process_time() - c5
       sf = feat.feature_matrix({k: out["scores"][:, j] for j, k in enumerate(feat.FEATURES)}, flat_r)
       if np.isnan(sf).any():   # parse mode: a missing feature of a sample -> its column mean (logged)
         log(f"  {int(np.isnan(sf).any(1).sum())} samples with a missing feature: filled with the column mean")
@@ -281,8 +312,34 @@ def run(config: Any, workdir: str, log=print) -> dict:
       bon_s = time.perf_counter() - t3
       results["bon"] = {k: {"n": list(map(int, v["curves"][0]["n"])),
                             **{m: [c[m].tolist() for c in v["curves"]] for m in ("score_a", "score_b", "agreement")},
-                            "corr": v["corr"]} for k, v in bon.items()}
+                            "corr": v["corr"], "agree_prompt": np.asarray(v["agree_prompt"]).tolist(),
+                            "gap_prompt": np.asarray(v["gap_prompt"]).tolist()} for k, v in bon.items()}
       results["bon"]["example"] = {"history": hist[0], "samples": samples[0][:4]}
+      judge = make_judge(config, scorer)
+      if judge is not None:
+        t4, c4 = time.perf_counter(), time.process_time()
+        jpath = judge_cache_file(config)
+        from iclr24_jax import lm
+        jcache = None if jpath is None else lm.GenerationCache(jpath)
+        jd = bon_judge_study(fa, fb, ea, eb, y, sf.reshape(p, n, -1), se, hist, samples, judge, config.cv,
+                             cache=jcache)
+        results["bon_judge"] = {
+            "judge": judge.model_id, "baseline_sample": BASELINE_SAMPLE, "num_prompts": p, "n": n,
+            "num_judged": jd["num_judged"],
+            **{k: {m: np.asarray(v[m]).tolist() for m in v} for k, v in jd.items() if isinstance(v, dict)},
+            **({"head_to_head": jd["head_to_head"].tolist()} if "head_to_head" in jd else {})}
+        # The judge against the human labels of the scored pairs (chosen vs rejected): how much its verdicts
+        # can say at all.
+        k = min(int(config.bon.get("judge_check_pairs", 0)), len(pairs))
+        if k:
+          chosen = [p_["reply_a"] if p_["label"] == 1 else p_["reply_b"] for p_ in pairs[:k]]
+          rejected = [p_["reply_b"] if p_["label"] == 1 else p_["reply_a"] for p_ in pairs[:k]]
+          pref_h = judge_preferences(judge, [p_["history"] for p_ in pairs[:k]], chosen, rejected, cache=jcache)
+          results["bon_judge"]["human_agreement"] = pairwise_wins(pref_h, np.zeros(k, bool)).tolist()
+        results["bon_judge"]["cpu_s"] = time.process_time() - c4
+        judge_s = results["bon_judge"]["seconds"] = time.perf_counter() - t4
+        log("judge: win rate over the baseline sample " + ", ".join(
+            f"{k} {np.mean(v):.3f}" for k, v in jd["win"].items()))
       results["plots"].append(_bon_plot(bon, os.path.join(workdir, "best_of_n.png"),
                                         f"best-of-n: PM A picks, PM B judges ({p} prompts x {n} SmolLM2 samples, "
                                         f"{len(seeds)} half-splits)"))
@@ -290,7 +347,8 @@ def run(config: Any, workdir: str, log=print) -> dict:
                          "tokens": scorer.num_tokens - tok0,
                          "features_per_s": (2 * n_pool * len(feat.FEATURES) / score_s
                                             if scorer.num_tokens > tok0 else None),
-                         "fit_s": fit_s, "bon_generation_s": bon_gen_s, "bon_total_s": bon_s}
+                         "fit_s": fit_s, "bon_generation_s": bon_gen_s, "bon_generation_cpu_s": bon_gen_cpu,
+                         "bon_score_cpu_s": bon_score_cpu, "bon_total_s": bon_s, "judge_s": judge_s}
   elif config.data.name != "synthetic":
     raise ValueError(f"unknown config.data.name {config.data.name!r}; choose 'hh_rlhf' or 'synthetic'.")
   results["timing"] = dict(results.get("timing", {}), wall_s=time.perf_counter() - t_start,

@@ -135,8 +135,9 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
     ms = sorted(main)
     lo, hi = ms[0], ms[-1]
     floor = r["floor"]["main"]
-    best = r["dps"]["main"]["best_zeta"]
-    dps, dps_s = r["dps"]["main"]["best"], r["dps"]["main"]["best_seeds"]
+    dps_r = r["dps"]["main"]
+    best = dps_r["zeta"]
+    dps, dps_s = dps_r["test"], dps_r["test_seeds"]
     n_s = r["num_seeds"]
     common = (f"{r['description']}, sigma={r['sigmas']['main']}, {r['num_steps']} DDPM steps, {r['runs']} runs "
               f"(= {n_s} seeds of {r['runs'] // n_s}){_indexing_note(r['num_steps'])}")
@@ -168,7 +169,8 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
                    "notes": (f"criterion {lo_c}-{hi_c} (mean +- 2 se over seeds inside / outside); pooled ratio "
                              f"{_fps_line(per_m, 'obs_var_ratio')}; SW/floor {_fps_line(per_m, 'sw_ratio')}; "
                              f"weight TV {_fps_line(per_m, 'weight_tv')}; mean ESS/M {_fps_line(per_m, 'mean_ess_fraction')}; "
-                             f"exact-vs-exact draw {floor['obs_var_ratio']:.3f}; DPS (zeta {best}) {dps['obs_var_ratio']:.3g}"
+                             f"exact-vs-exact draw {floor['obs_var_ratio']:.3f}; DPS (zeta {best:g}, from "
+                             f"validation runs) {dps['obs_var_ratio']:.3g}"
                              + (f"; {ref_note}" if verdict == "no" and "paper" in name else "")
                              + ("; finite-M error: the telescoping increments have infinite variance where the "
                                 "kernel variance exceeds abar_t sigma^2 (every early step: abar_T sigma^2 ~ 1e-5), so "
@@ -187,15 +189,23 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
         plots=plots_ex)
     row["holds"] = judge(row["holds"])
     rows.append(_with_reference(row, ref_note))
+    # DPS's official configs fix zeta per image task; on the GMMs it is chosen from a grid on validation runs.
+    zeta_val = ", ".join(f"{z:g}: {v:.3g}" for z, v in dps_r["val_sw_by_zeta"].items())
+    zeta_test = ", ".join(f"{z:g}: {v:.3g}" for z, v in dps_r["test_sw_ratio_by_zeta"].items())
     row = stats.compare_row(
-        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (best zeta={best})",
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (zeta={best:g}, chosen on validation runs)",
         metric="sliced W2 / floor (per seed)", a=main_s[hi]["sw_ratio"], b=dps_s["sw_ratio"],
         name_a=f"FPS M={hi}", name_b="DPS", direction="less", paired=False,
         paper_value="FPS is more accurate than DPS-style guidance", kind="claim", basis=BETTER,
-        notes=(f"DPS pooled SW/floor {dps['sw_ratio']:.3g}, weight TV {dps['weight_tv']:.3f}, rel. cov err "
-               f"{dps['cov_err']:.3f}, Var(A x)/exact {dps['obs_var_ratio']:.3g}; zeta grid "
-               f"{list(cfg.exactness.dps_zetas)} chosen by SW to the exact posterior (an oracle choice that favours "
-               f"DPS); telescoping M={hi}: {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}"),
+        notes=(f"FPS and DPS both run {r['num_steps']} steps (official 1000) with the exact denoiser; DPS's zeta "
+               f"chosen from {list(cfg.exactness.dps_zetas)} by sliced W2 on {r['runs']} validation runs (their own "
+               f"keys) against 2 independent exact draws, then scored on {r['runs']} test runs (other keys) against "
+               f"FPS's exact draws: validation SW by zeta {zeta_val}; test SW/floor by zeta (never used for the "
+               f"choice) {zeta_test}; DPS test pooled SW/floor {dps['sw_ratio']:.3g}, weight TV "
+               f"{dps['weight_tv']:.3f}, rel. cov err {dps['cov_err']:.3f}, Var(A x)/exact "
+               f"{dps['obs_var_ratio']:.3g}; the tuning is per observation (the same y as the test runs), which "
+               "still favours DPS over a step size carried across problems; "
+               f"telescoping M={hi}: {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}"),
         plots=plots_ex)
     row["holds"] = judge(row["holds"])
     rows.append(_with_reference(row, ref_note))

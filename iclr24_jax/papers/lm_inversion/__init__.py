@@ -10,8 +10,8 @@ estimate) is unrolled into pseudo-embeddings, projected, and read by a T5 encode
   out = lm_inversion.invert(params, logprobs, unigram, inverter=inverter, max_len=64)
   lm_inversion.metrics(predictions, references)                    # bleu, token_f1, exact_match
 """
-from iclr24_jax.papers.lm_inversion.data import (bag_of_top_tokens, load_prompts, nearest_by_kl, split_prompts,
-                                                 target_distributions, target_samples)
+from iclr24_jax.papers.lm_inversion.data import (bag_of_top_tokens, derangement, load_prompts, nearest_by_kl,
+                                                 split_prompts, target_distributions, target_samples)
 from iclr24_jax.papers.lm_inversion.evaluation import metrics, per_example, sentence_bleu, token_f1
 from iclr24_jax.papers.lm_inversion.model import (Inverter, Projection, embed, init, init_params, init_sample_state,
                                                   invert, invert_samples, loss_fn, make_multi_train_step,
@@ -32,7 +32,7 @@ BIBTEX = """@inproceedings{morris2024language,
 __all__ = [
     "unroll", "update_unigram", "num_chunks", "topk_access", "Inverter", "Projection", "init", "init_params", "embed",
     "loss_fn", "make_train_step", "invert", "metrics", "per_example", "sentence_bleu", "token_f1", "load_prompts",
-    "split_prompts", "target_distributions", "target_samples", "bag_of_top_tokens", "nearest_by_kl",
+    "split_prompts", "target_distributions", "target_samples", "bag_of_top_tokens", "nearest_by_kl", "derangement",
     "make_multi_train_step", "sample_loss_fn", "make_sample_train_step", "init_sample_state", "invert_samples",
     "TITLE", "URL", "CODE", "BIBTEX",
 ]

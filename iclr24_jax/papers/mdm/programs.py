@@ -202,6 +202,16 @@ class Arm:
     state, m = self._run[not self._host_loop](state, 0, int(n), key, arrays["x"], arrays["y"])
     return state, m["loss"]
 
-  def evaluate(self, params, key):
-    """(held-out eps-MSE per level [R], sampled levels, cross-level consistency [B]) on the host."""
-    return jax.device_get(self._eval(params, key, *self.eval_kw))
+  def evaluate(self, params, key, labels=None):
+    """(held-out eps-MSE per level [R], sampled levels, cross-level consistency [B]) on the host.
+
+    Args:
+      params: the model's params.
+      key: the sampler's key.
+      labels: optional [B'] int digits to sample instead of eval_kw's (a new B' compiles the program once more).
+
+    Returns:
+      (mse [R], list of L sampled levels [B, H_r, W_r, C], consistency [B]) as numpy arrays.
+    """
+    x, y, default_labels = self.eval_kw
+    return jax.device_get(self._eval(params, key, x, y, default_labels if labels is None else labels))

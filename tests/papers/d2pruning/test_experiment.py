@@ -39,7 +39,9 @@ def test_experiment_tiny_run(tmp_path):
   res = experiment.run(_tiny_cfg(), str(tmp_path))
   assert set(res["accuracy"]) == {"d2", "d2_nofwd", "random", "ccs", "kcenter", "difficulty"}
   assert set(res["accuracy"]["d2"]) == {"0.5", "0.9"}
-  assert os.path.exists(tmp_path / "results.json") and os.path.exists(tmp_path / "metrics.jsonl")
+  assert os.path.exists(tmp_path / "results.json")
+  for stage in ("scores", "coresets"):   # each stage resumes in its own folder
+    assert os.path.exists(tmp_path / stage / "metrics.jsonl")
   for p in res["plots"]:
     assert os.path.exists(p)
   assert 0.0 <= res["accuracy"]["d2"]["0.5"]["mean"] <= 1.0

@@ -26,3 +26,31 @@ def test_tiny_experiment_smoke(tmp_path):
   cfg.sft_matched = "later"
   with pytest.raises(ValueError, match="sft_matched"):
     experiment.run(cfg, str(tmp_path / "bad"))
+
+
+@pytest.mark.slow
+def test_tiny_run_cut_inside_a_quark_round_resumes_exactly(tmp_path):
+  """A crash (no save at the kill) at Quark round 0's last step, after its save at step 1: the resume restores the
+  round's adapters, minibatch cursor, numpy draws and sampled pool and reports the uninterrupted
+  run's numbers, rows and samples; the matched-SFT arm resumes after it."""
+  from iclr24_jax.common import checkpoint as ckpt_lib
+  from iclr24_jax.configs import mario as cfg_mod
+  from iclr24_jax.launch import run as launch
+  from tests.common.test_runs import _Crash, _comparable, _rows
+  cfg = cfg_mod.get_config("tiny")
+  cfg.sft_matched = "pool"
+  full_wd, wd = str(tmp_path / "full"), str(tmp_path / "killed")
+  full = launch.run(cfg, full_wd).results
+
+  def crash_in_quark(step, row):
+    if step == 2 and any(k.startswith("quark0/") for k in row):
+      raise _Crash(step)
+
+  with pytest.raises(_Crash):
+    launch.run(cfg, wd, progress_fn=crash_in_quark)
+  assert ckpt_lib.checkpoint_steps(wd) == {os.path.join("sft", "checkpoints"): 2,
+                                           os.path.join("quark0", "checkpoints"): 1}
+  resumed = launch.run(cfg, wd).results
+  assert _comparable(resumed, wd) == _comparable(full, full_wd)
+  assert _rows(wd) == _rows(full_wd)
+  assert json.load(open(os.path.join(wd, "samples.json"))) == json.load(open(os.path.join(full_wd, "samples.json")))

@@ -1,9 +1,7 @@
-"""Tests of LDCQ (iclr24_jax.papers.ldcq): losses against closed forms, the autoregressive policy's structure, the
-batch-constrained double-Q target, the Q update, acting, the diffusion prior on a known mixture, the segment cutter,
-errors on bad input, and a smoke run of experiment.run."""
-import json
+"""LDCQ training and acting (`papers/ldcq/train.py`): the schedule, the Q update with the official prioritized
+replay, the reverse diffusion chain against the official step, latent sampling and the planners, the evaluation
+protocols, the random floor, the diffusion prior on a known mixture (slow), errors on bad input."""
 import math
-import os
 
 import chex
 import jax
@@ -11,139 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from iclr24_jax.diffusion.unet import MLPDenoiser
 from iclr24_jax.papers import ldcq
 from iclr24_jax.papers.ldcq import data as data_lib
 from iclr24_jax.rl.env_base import EnvSpec
-
-
-def _tiny_vae(d=3, a=2, z=4):
-  return ldcq.SkillVAE(d, a, z_dim=z, hidden=16, gru_layers=1)
-
-
-def _segments(key, b=32, h=5, d=3, a=2):
-  k1, k2, k3 = jax.random.split(key, 3)
-  states = jax.random.normal(k1, (b, h, d))
-  # actions a deterministic function of the state plus a per-segment offset (a learnable skill structure)
-  offset = jax.random.normal(k2, (b, 1, a))
-  actions = jnp.tanh(states[..., :a] + offset)
-  return {"states": states, "actions": actions, "next_state": jax.random.normal(k3, (b, d))}
-
-
-def test_gaussian_log_prob_and_kl_closed_form():
-  # log N(1; 0, 1) = -0.5 (1 + log 2 pi) = -1.4189385
-  np.testing.assert_allclose(ldcq.gaussian_log_prob(jnp.array(1.0), 0.0, 1.0), -1.4189385, rtol=1e-6)
-  # KL(N(1, 0.5^2) || N(0, 1)) = log(1 / 0.5) + (0.25 + 1) / 2 - 0.5 = 0.6931472 + 0.625 - 0.5 = 0.8181472
-  np.testing.assert_allclose(ldcq.gaussian_kl(jnp.array(1.0), 0.5, 0.0, 1.0), 0.8181472, rtol=1e-6)
-  np.testing.assert_allclose(ldcq.gaussian_kl(jnp.array(0.3), 0.7, 0.3, 0.7), 0.0, atol=1e-7)
-
-
-def test_vae_loss_terms_and_training_lowers_it():
-  import optax
-  from iclr24_jax.common.train_state import TrainState
-  vae = _tiny_vae()
-  batch = _segments(jax.random.key(0))
-  params = jax.jit(vae.init)(jax.random.key(1), batch["states"][:2], batch["actions"][:2])["params"]
-  key = jax.random.key(2)
-  state = TrainState.create(params, optax.adam(3e-3))
-
-  @jax.jit
-  @chex.assert_max_traces(n=1)
-  def step(st, k):
-    (_, mm), g = jax.value_and_grad(ldcq.vae_loss, has_aux=True)(st.params, vae, batch, k, beta=0.05)
-    return st.apply_gradients(g), mm
-
-  # the loss is action NLL + beta KL + terminal NLL (KL and terminal NLL per step: divided by H)
-  _, m = step(state, key)
-  np.testing.assert_allclose(m["loss"], m["action_nll"] + 0.05 * m["kl"] + m["terminal_nll"], rtol=1e-6)
-  assert float(m["kl"]) >= 0.0
-  first = float(m["loss"])
-  for i in range(60):     # train on the fixed batch: one trace, the loss falls
-    state, m = step(state, jax.random.fold_in(key, i))
-  _, m = step(state, key)
-  assert float(m["loss"]) < first - 1.0, (first, float(m["loss"]))
-
-
-def test_vae_loss_against_a_numpy_composition_of_the_heads():
-  """vae_loss recomposed in numpy from the module's own heads (official SkillModel.get_losses scaling):
-  -mean_{b,t} sum_a log N(a; pi) + beta mean_b sum_z KL(q || p(z|s_0)) / H - mean_b sum_d log N(s_H; .) / H,
-  with z = mean_q + std_q eps, eps the draw the loss makes from its key."""
-  vae = _tiny_vae()
-  batch = _segments(jax.random.key(10), b=6, h=5)
-  params = jax.jit(vae.init)(jax.random.key(11), batch["states"][:2], batch["actions"][:2])["params"]
-  key = jax.random.key(12)
-  loss, m = jax.jit(lambda p: ldcq.vae_loss(p, vae, batch, key, beta=0.05))(params)
-
-  def heads(p):
-    ap = lambda method, *a: vae.apply({"params": p}, *a, method=method)  # noqa: E731
-    mq, sq = ap(ldcq.SkillVAE.encode, batch["states"], batch["actions"])
-    z = mq + sq * jax.random.normal(key, mq.shape)
-    return (mq, sq, ap(ldcq.SkillVAE.policy, batch["states"], z[:, None], batch["actions"]),
-            ap(ldcq.SkillVAE.prior, batch["states"][:, 0]), ap(ldcq.SkillVAE.terminal, batch["states"][:, 0], z))
-
-  (mq, sq, (am, asd), (pm, ps), (tm, ts)) = jax.tree.map(lambda x: np.asarray(x, np.float64), jax.jit(heads)(params))
-  acts, s_h = np.asarray(batch["actions"], np.float64), np.asarray(batch["next_state"], np.float64)
-  log_n = lambda x, mu, sd: -0.5 * ((x - mu) / sd) ** 2 - np.log(sd) - 0.5 * np.log(2 * np.pi)  # noqa: E731
-  h = 5
-  action_nll = -np.mean(np.sum(log_n(acts, am, asd), -1))               # mean over B and H, sum over A
-  kl = np.mean(np.sum(np.log(ps / sq) + (sq ** 2 + (mq - pm) ** 2) / (2 * ps ** 2) - 0.5, -1)) / h
-  terminal_nll = -np.mean(np.sum(log_n(s_h, tm, ts), -1)) / h
-  np.testing.assert_allclose(m["action_nll"], action_nll, rtol=1e-5)
-  np.testing.assert_allclose(m["kl"], kl, rtol=1e-5)
-  np.testing.assert_allclose(m["terminal_nll"], terminal_nll, rtol=1e-5)
-  np.testing.assert_allclose(loss, action_nll + 0.05 * kl + terminal_nll, rtol=1e-5)
-
-
-def test_autoregressive_policy_structure():
-  vae = _tiny_vae()
-  batch = _segments(jax.random.key(3), b=4)
-  params = jax.jit(vae.init)(jax.random.key(4), batch["states"][:2], batch["actions"][:2])["params"]
-  s = batch["states"][:, 0]
-  z = jax.random.normal(jax.random.key(5), (4, 4))
-  a = batch["actions"][:, 0]
-  pol = jax.jit(lambda acts: vae.apply({"params": params}, s, z, acts, method=ldcq.SkillVAE.policy)[0])
-  m1 = pol(a)
-  m2 = pol(a.at[:, 1].add(1.0))          # changing a_1 moves neither component (component i sees a_{<i})
-  np.testing.assert_allclose(m1, m2, rtol=1e-6)
-  m3 = pol(a.at[:, 0].add(1.0))          # changing a_0 moves the second component only
-  np.testing.assert_allclose(m3[:, 0], m1[:, 0], rtol=1e-6)
-  assert np.max(np.abs(np.asarray(m3[:, 1] - m1[:, 1]))) > 1e-4
-  # deterministic sampling = the means, fed back dimension by dimension
-  det = jax.jit(lambda k: ldcq.low_level_action(k, ldcq.LDCQParams(vae=params, spec=_spec(vae)), s, z, True))(
-      jax.random.key(0))
-  np.testing.assert_allclose(det, pol(det), rtol=1e-5, atol=1e-6)
-
-
-def _spec(vae, prior="gaussian", schedule="linear", hidden=16, q_hidden=16, **kw):
-  return ldcq.LDCQSpec(vae=vae, denoiser=MLPDenoiser(hidden=hidden, num_blocks=2, time_embed_dim=32),
-                       q_net=ldcq.QNetwork(q_hidden, (16, 8)), prior=prior, schedule=schedule, **kw)
-
-
-class _FixedDenoiser:
-  """A denoiser 'module' returning a fixed function of (z_t, t, cond), for the hand-computed loss."""
-
-  def apply(self, variables, z_t, t, cond):
-    return 0.5 * z_t + 0.1 * cond[:, :z_t.shape[1]]
-
-
-def test_latent_diffusion_loss_is_min_snr_weighted_x0_error():
-  from iclr24_jax.diffusion import schedules
-  sched = schedules.linear_beta_schedule(100, 1e-4, 0.02)
-  s0 = jnp.array([[1.0, 2.0, 3.0], [0.5, -1.0, 0.0]])
-  z = jnp.array([[0.3, -0.2], [1.0, 0.5]])
-  key = jax.random.key(0)
-  loss, aux = ldcq.latent_diffusion_loss(None, _FixedDenoiser(), sched, s0, z, key)
-  # recompute with the same draws: t and eps from split(key)
-  k_t, k_n = jax.random.split(key)
-  t = sched.sample_time(k_t, (2,))
-  eps = jax.random.normal(k_n, z.shape)
-  ab = np.asarray(sched.alpha_bars)[np.asarray(t)]
-  z_t = np.sqrt(ab)[:, None] * np.asarray(z) + np.sqrt(1 - ab)[:, None] * np.asarray(eps)
-  pred = 0.5 * z_t + 0.1 * np.asarray(s0)[:, :2]
-  w = np.minimum(ab / (1 - ab), 5.0)              # official min(SNR, 5) weight on the x0 error
-  want = np.mean(w * np.mean((pred - np.asarray(z)) ** 2, axis=1))
-  np.testing.assert_allclose(loss, want, rtol=1e-5)
-  np.testing.assert_array_equal(aux["t"], t)
+from .helpers import _q_setup, _segments, _spec, _tiny_vae
 
 
 def test_official_linear_schedule_does_not_reach_noise():
@@ -152,45 +21,6 @@ def test_official_linear_schedule_does_not_reach_noise():
   # prod_t (1 - beta_t), beta linear 1e-4 .. 0.02 over 100 steps: exp(-sum beta) ~ exp(-1.005) ~ 0.366
   assert 0.35 < ab_T < 0.38
   assert float(_spec(_tiny_vae(), schedule="cosine").make_schedule().alpha_bars[-1]) < 1e-3
-
-
-def _q_setup(key, d=3, z=2):
-  q_net = ldcq.QNetwork(16, (16, 8))
-  params = ldcq.twin_q_init(key, q_net, d, z)
-  return q_net, params
-
-
-def test_q_target_is_batch_constrained_double_q_with_gamma_h():
-  q_net, tp = _q_setup(jax.random.key(0))
-  b, k, zd = 6, 5, 2
-  keys = jax.random.split(jax.random.key(1), 4)
-  s_h = jax.random.normal(keys[0], (b, 3))
-  lat = jax.random.normal(keys[1], (b, k, zd))
-  r = jax.random.uniform(keys[2], (b,))
-  done = jnp.array([0, 0, 1, 0, 1, 0], jnp.float32)
-  disc = 0.99 ** 10
-  target_fn = jax.jit(lambda lt: ldcq.q_target(q_net, tp, r, s_h, lt, done, discount=disc))
-  out = target_fn(lat)
-  # brute force over the sampled latents only: every (net, latent) pair evaluated on its own
-  q_one = jax.jit(lambda p, zz: q_net.apply({"params": p}, s_h, zz))
-  q = np.stack([np.stack([np.asarray(q_one(jax.tree.map(lambda x: x[j], tp), lat[:, i])) for i in range(k)], 1)
-                for j in range(2)])  # [2, B, K]
-  for j in range(2):
-    idx = np.argmax(q[1 - j], axis=1)                         # the other target net picks z*
-    val = np.minimum(q[0], q[1])[np.arange(b), idx]          # the min of both values it
-    want = np.asarray(r) + disc * (1 - np.asarray(done)) * val
-    np.testing.assert_allclose(out["targets"][j], want, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(out["z_star"][j], np.asarray(lat)[np.arange(b), idx], rtol=1e-6)
-  # done segments bootstrap nothing: y = r exactly
-  np.testing.assert_allclose(out["targets"][:, done > 0], np.broadcast_to(r[done > 0], (2, 2)), rtol=1e-6)
-  # batch constraint: over a dense grid of latents (outside the sampled set) the selecting nets find higher values;
-  # the target never uses them: its z* is always one of the sampled latents (checked above)
-  grid = jnp.stack(jnp.meshgrid(jnp.linspace(-6, 6, 41), jnp.linspace(-6, 6, 41)), -1).reshape(-1, zd)
-  big = jax.jit(lambda lt: ldcq.q_target(q_net, tp, r, s_h, lt, done, discount=disc))(
-      jnp.broadcast_to(grid, (b,) + grid.shape))
-  sel_grid = np.asarray(big["q_next"]).max(-1)
-  sel_samp = np.asarray(out["q_next"]).max(-1)
-  assert np.all(sel_grid >= sel_samp - 1e-6) and np.any(sel_grid > sel_samp + 1e-3)
 
 
 def _q_data(key, m=64, d=3, zd=2, k=6):
@@ -438,39 +268,6 @@ def test_random_policy_draws_uniform_actions_in_the_spec_bounds():
     ldcq.evaluate_random(jax.random.key(0), discrete, num_episodes=1)
 
 
-def test_score_rows_judge_each_step_with_the_random_floor_beside():
-  """The maze rows: LDCQ vs BC, LDCQ vs VAE prior + Q (prior under Q), diffusion prior vs latent BC (prior alone),
-  LDCQ vs diffusion prior (what Q adds) as claims with a quoted basis, LDCQ vs random as a check; no row mixes the
-  prior's step with Q's (LDCQ vs latent BC), and every other row shows the random policy's mean +- se.
-  Per-seed scores (3 seeds): random [1, 2, 3] -> mean 2, se = std([1, 2, 3], ddof=1) / sqrt(3) = 1 / 1.732 = 0.577;
-  LDCQ - diffusion prior = [10, 10, 10] - [4, 5, 6] = [6, 5, 4]: mean 5, se 0.577, z = 8.7 -> 'yes'."""
-  from iclr24_jax.common import stats
-  from iclr24_jax.papers.ldcq import study
-  per = {"ldcq": np.array([10.0, 10.0, 10.0]), "vae_q": np.array([9.0, 11.0, 10.0]),
-         "latent_bc": np.array([3.0, 5.0, 4.0]), "diffusion_prior": np.array([4.0, 5.0, 6.0]),
-         "bc": np.array([0.0, 1.0, 2.0]), "random": np.array([1.0, 2.0, 3.0])}
-  rows = study.score_rows(per, "maze/x", "maze", "headline", "settings", "plot.png")
-  by_name = {r["experiment"]: r for r in rows}
-  assert list(by_name) == ["maze/x: LDCQ vs BC", "maze/x: LDCQ vs VAE prior + Q",
-                           "maze/x: diffusion prior, no Q vs latent BC", "maze/x: LDCQ vs diffusion prior, no Q",
-                           "maze/x: LDCQ vs random policy"]
-  for r in rows:
-    kind = stats.row_kind(r)
-    assert kind == ("check" if "random" in r["experiment"] else "claim")
-    assert r["basis"]
-    if kind == "claim":
-      assert r["ours"].endswith("; random policy 2+-0.58")
-  q_row = by_name["maze/x: LDCQ vs diffusion prior, no Q"]
-  np.testing.assert_allclose(q_row["judgement"]["diff"], 5.0, rtol=1e-6)
-  np.testing.assert_allclose(q_row["judgement"]["se_diff"], 1 / math.sqrt(3), rtol=1e-6)
-  assert q_row["holds"] == "yes" and q_row["basis"] == study.BASIS_Q
-  # VAE + Q - LDCQ = [-1, 1, 0]: mean 0, se 0.577 -> inconclusive
-  assert by_name["maze/x: LDCQ vs VAE prior + Q"]["holds"] == "inconclusive"
-  # without a random arm the floor is left out, and a missing arm drops its rows
-  rows = study.score_rows({k: per[k] for k in ("ldcq", "bc")}, "maze/x", "maze", "h", "s", "p")
-  assert [r["experiment"] for r in rows] == ["maze/x: LDCQ vs BC"] and "random" not in rows[0]["ours"]
-
-
 @pytest.mark.slow
 def test_diffusion_prior_recovers_a_conditional_mixture():
   """z | s=+1 is a 2-component mixture at (+-2, 0), z | s=-1 at (0, +-2) (std 0.15); trained with the library's
@@ -501,28 +298,6 @@ def test_diffusion_prior_recovers_a_conditional_mixture():
     assert 0.38 < share < 0.62, share                               # both modes, about equally
 
 
-def test_segments_respect_episode_ends():
-  n = 12
-  ds = {"observations": np.arange(n, dtype=np.float32)[:, None].repeat(2, 1),
-        "actions": np.ones((n, 2), np.float32), "rewards": np.arange(n, dtype=np.float32),
-        "next_observations": np.arange(1, n + 1, dtype=np.float32)[:, None].repeat(2, 1),
-        "terminals": np.zeros(n, bool), "timeouts": np.zeros(n, bool)}
-  ds["timeouts"][4] = True
-  ds["terminals"][9] = True
-  ds["timeouts"][11] = True
-  # windows t..t+2 with no episode end at rows t, t+1 (an end at the last row is allowed)
-  np.testing.assert_array_equal(data_lib.segment_starts(ds, 3), [0, 1, 2, 5, 6, 7])
-  seg = data_lib.make_segments(ds, 3, gamma=0.5)
-  chex.assert_shape(seg["states"], (6, 3, 2))
-  # reward_sum of the window at 7: 7 + 0.5 * 8 + 0.25 * 9 = 13.25; it ends in the terminal at row 9
-  np.testing.assert_allclose(seg["reward_sum"][-1], 13.25)
-  np.testing.assert_array_equal(seg["done"], [0, 0, 0, 0, 0, 1])
-  np.testing.assert_allclose(seg["next_state"][:, 0], [3, 4, 5, 8, 9, 10])  # s_H = next obs of the last row
-  # maze relabelling: reward 1 within the radius of the evaluation goal
-  rel = data_lib.relabel_maze_rewards(ds, goal=[5.0, 5.0], goal_radius=0.5)
-  np.testing.assert_array_equal(np.nonzero(rel["rewards"])[0], [4])
-
-
 def test_bad_inputs_raise_clear_errors():
   vae = _tiny_vae()
   seg = _segments(jax.random.key(0), b=2)
@@ -544,60 +319,3 @@ def test_bad_inputs_raise_clear_errors():
   from iclr24_jax.configs import ldcq as cfg
   with pytest.raises(ValueError, match="unknown variant"):
     cfg.get_config("huge")
-
-
-def test_experiment_run_tiny(tmp_path):
-  from iclr24_jax.configs import ldcq as cfg
-  from iclr24_jax.papers.ldcq import experiment
-  c = cfg.get_config("tiny")
-  c.methods = ("ldcq", "random")
-  res = experiment.run(c, str(tmp_path))
-  saved = json.loads((tmp_path / "results.json").read_text())
-  assert set(saved["methods"]) == {"ldcq", "random"}
-  assert all(math.isfinite(saved["methods"][m]["score_mean"]) for m in ("ldcq", "random"))
-  assert len(saved["sliced_w2_heldout"]["diffusion"]) == 1
-  assert all(os.path.exists(p) for p in res["plots"])
-  assert sorted(res["checkpoints"]) == ["diffusion", "q_ldcq", "vae"]   # the stages 'ldcq' needs, nothing else
-  rows = [json.loads(line) for line in open(tmp_path / "q_ldcq" / "metrics.jsonl")]
-  assert [r["step"] for r in rows] == [1, 2, 3, 4, 5] and all(math.isfinite(r["train/loss"]) for r in rows)
-
-
-class _Crash(Exception):
-  """Stands for a process killed without warning (nothing saved at the kill)."""
-
-
-def test_train_stage_resumes_exactly_and_draws_the_one_scan_stream(tmp_path):
-  """The driver of every training stage (`experiment.train_stage`) on the BC stage of 2 seeds, 5 steps in chunks of
-  1, saving every 2: killed without a save at step 3 and rerun, it ends where the uninterrupted stage ends, logs the
-  same rows, and both equal `train_bc`'s single lax.scan over the same keys (the chunks slice one key stream)."""
-  from iclr24_jax.common import loop
-  from iclr24_jax.papers.ldcq import experiment
-  policy = ldcq.BCPolicy(2, 8)
-  rng = np.random.default_rng(0)
-  rows = {"obs": jnp.asarray(rng.normal(size=(40, 3)), jnp.float32),
-          "act": jnp.asarray(rng.uniform(-1, 1, size=(40, 2)), jnp.float32)}
-  seeds = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(2))
-  k_init, keys = jax.vmap(lambda k: ldcq.stage_keys(k, 5))(seeds)
-  init = jax.vmap(lambda k, r: ldcq.bc_init(k, policy, r["obs"], 1e-2), in_axes=(0, None))
-  chunk = jax.jit(jax.vmap(lambda st, ks, r: ldcq.train_steps(
-      lambda s, k: ldcq.bc_step(s, k, r["obs"], r["act"], policy=policy, batch_size=8), st, ks), in_axes=(0, 0, None)))
-  stages = loop.Stages(str(tmp_path / "cut"), every_steps=2)
-  args = ("bc", init, (k_init, rows), chunk, keys, rows, 1)
-
-  def crash(step, row):
-    if step == 3:
-      raise _Crash(step)
-
-  with loop.observe(crash), pytest.raises(_Crash):
-    experiment.train_stage(stages, *args)
-  assert sorted(os.listdir(tmp_path / "cut" / "bc" / "checkpoints")) == ["2"]
-  resumed, resumed_rows = experiment.train_stage(stages, *args)
-  full, full_rows = experiment.train_stage(loop.Stages(str(tmp_path / "full"), every_steps=2), *args)
-  assert resumed_rows == full_rows and [r["step"] for r in full_rows] == [1, 2, 3, 4, 5]
-  chex.assert_trees_all_equal(resumed.params, full.params)
-  one_scan = jax.jit(jax.vmap(lambda k: ldcq.train_bc(k, policy, rows["obs"], rows["act"], num_steps=5, batch_size=8,
-                                                      learning_rate=1e-2)[0]))(seeds)
-  chex.assert_trees_all_close(full.params, one_scan, rtol=1e-6, atol=1e-7)   # float32, XLA may fuse differently
-  again, again_rows = experiment.train_stage(stages, *args)   # a finished stage: restored, nothing trained
-  assert again_rows == full_rows
-  chex.assert_trees_all_equal(again.params, full.params)
