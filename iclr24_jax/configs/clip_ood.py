@@ -96,6 +96,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (`--grad-checkpointing`, each residual block recomputed in the backward); README.md:576 recommends it with
     # `--local-loss --gather-with-grad` to fit large batches. Towers: dtype='bfloat16' (f32 parameters), remat=True,
     # and scan=True (the blocks as one nn.scan: with remat the backward then recomputes one layer at a time).
+    # Deviation: the 2023 OpenCLIP the paper used defaulted to `--precision amp` (fp16 autocast with loss scaling;
+    # README.md:21 records the change to amp_bf16); bf16 needs no loss scaling and holds the same bytes.
     c.data = ml_collections.ConfigDict(dict(name="imagenet", data_dir="", image_size=224))
     c.model = ml_collections.ConfigDict(dict(
         embed_dim=512, logit_scale_init=math.log(1 / 0.07), logit_scale_max=100.0,
