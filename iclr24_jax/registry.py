@@ -2,11 +2,12 @@
 
 An experiment module (`iclr24_jax/papers/<slug>/experiment.py`, or a family's `experiment.py`) offers
   run(config, workdir) -> dict                      # the launcher calls this
-and the paper's study module (`iclr24_jax/papers/<slug>/study.py`; the experiment module itself where a
-paper has no study module yet) offers
-  reproduce(workdir, fast=False) -> list[dict]      # rows for results/REPRODUCTION.md (optional)
-  benchmark(quick=True) -> list[dict]               # rows for experiments/benchmark.py (optional)
-so that the method files stay the method and the small-scale studies live in one place per paper.
+and the study module (`study.py` beside it; the experiment module itself where there is none) offers
+  reproduce(workdir, fast=False[, *, get_config]) -> list[dict]   # rows for results/REPRODUCTION.md (optional)
+  benchmark(quick=True[, *, get_config]) -> list[dict]            # rows for experiments/benchmark.py (optional)
+so that the method files stay the method and the small-scale studies live in one place per paper. Configs are
+data the library never imports: a study function that reads configs declares a keyword-only `get_config`, and
+the runners pass it the experiment's packaged `get_config` (`config_factory`, `study_kwargs`).
 A reproduction row has: paper, experiment, metric, ours, paper_value, holds (True/False/None), and
 optionally notes and plots (paths). Papers register themselves by existing; nothing else to edit.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 from types import ModuleType
+from typing import Any, Callable
 
 FAMILY = {
     "classify": "iclr24_jax.vision.experiment",
@@ -34,6 +37,7 @@ EXTENDED = {"mario_seeds": ("mario", "reproduce_seeds"), "nci_pretrained": ("nci
 
 
 def module_name(name: str) -> str:
+  """The experiment module's dotted name of `name` (a family check or a paper slug)."""
   if name in FAMILY:
     return FAMILY[name]
   if name in PAPERS:
@@ -86,3 +90,37 @@ def reproduce_fn(name: str):
     paper, fn = EXTENDED[name]
     return getattr(study_module(paper), fn, None)
   return getattr(study_module(name), "reproduce", None)
+
+
+def config_factory(name: str) -> Callable[[str | None], Any]:
+  """The `get_config(variant)` of the packaged config of an experiment or an extended study (its paper's).
+
+  Only the runners call this; library code receives configs and never imports them.
+
+  Args:
+    name: an experiment (`available()`) or an extended study (`EXTENDED`).
+
+  Returns:
+    `iclr24_jax.configs.<paper>.get_config`.
+
+  Raises:
+    ValueError: a name without a packaged config (`iclr24_jax/configs/<name>.py`).
+  """
+  paper = EXTENDED[name][0] if name in EXTENDED else name
+  module = f"iclr24_jax.configs.{paper}"
+  if importlib.util.find_spec(module) is None:
+    raise ValueError(f"'{name}' has no packaged config ({module}); add iclr24_jax/configs/{paper}.py.")
+  return importlib.import_module(module).get_config
+
+
+def study_kwargs(fn: Callable, name: str) -> dict[str, Any]:
+  """The keyword arguments the runners add to a study function of `name`: `get_config` where it declares one.
+
+  Args:
+    fn: a study function (`reproduce`, `benchmark`, an extended study).
+    name: the experiment or extended study it belongs to.
+
+  Returns:
+    {'get_config': `config_factory(name)`} when `fn` has a `get_config` parameter, else {}.
+  """
+  return {"get_config": config_factory(name)} if "get_config" in inspect.signature(fn).parameters else {}

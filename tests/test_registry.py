@@ -1,13 +1,14 @@
 """Every registered experiment's modules import, and name what the main job and the benchmark call.
 
-Moving code between a paper's modules (issue 31) can leave a study calling a name that no longer lives where it
+Moving code between a paper's modules can leave a study calling a name that no longer lives where it
 looks; these checks catch it without running the (long) studies: each study module imports and exposes
-`reproduce(workdir, fast=...)` and `benchmark(quick=...)`, and the library has no undefined names (pyflakes,
-when installed).
+`reproduce(workdir, fast=...)` and `benchmark(quick=...)`, the runners hand them their configs, and the library
+has no undefined names (pyflakes, when installed).
 """
 import importlib.util
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -50,3 +51,32 @@ def test_extended_studies_resolve_and_stay_out_of_the_main_job():
     assert paper in registry.available() and name not in registry.available()
     assert callable(registry.reproduce_fn(name))
   assert registry.reproduce_fn("mario") is registry.study_module("mario").reproduce
+
+
+def test_runners_pass_each_study_its_packaged_get_config():
+  """Configs are data the library never imports: the runners hand a study function the experiment's
+  packaged `get_config` exactly when it declares the keyword."""
+  for name in registry.available() + registry.extended():
+    get_config = registry.config_factory(name)
+    assert callable(get_config) and get_config("tiny") is not None
+    fn = registry.reproduce_fn(name)
+    declared = "get_config" in inspect.signature(fn).parameters
+    assert registry.study_kwargs(fn, name) == ({"get_config": get_config} if declared else {})
+  with pytest.raises(ValueError, match="no packaged config"):
+    registry.config_factory("no_such_paper")
+
+
+def test_no_library_module_imports_a_config():
+  """The library receives configs; configs import nothing from the library (presets are data in them)."""
+  lib = os.path.join(ROOT, "iclr24_jax")
+  for folder, _, files in os.walk(lib):
+    for f in files:
+      if not f.endswith(".py"):
+        continue
+      path = os.path.join(folder, f)
+      with open(path) as fh:
+        text = fh.read()
+      if os.path.relpath(folder, lib).startswith("configs"):
+        assert not re.search(r"^\s*(from|import) iclr24_jax\.(?!configs)", text, re.M), path
+      else:
+        assert not re.search(r"^\s*from iclr24_jax\.configs import|^\s*import iclr24_jax\.configs", text, re.M), path

@@ -55,8 +55,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # unshuffled) on accuracy.
   c.cv = ml_collections.ConfigDict(dict(penalties=("l1", "l2"), Cs=tuple(np.logspace(-5, 5, 12).tolist()),
                                         num_folds=8, pad_rows=64))
+  # judge: the LM that compares each model's best-of-n pick with a baseline sample (paper Sec. 4.3; official
+  # claude_eval.py used Claude-2): 'smollm2' (lm.SmolLMJudge), 'fake' (lm.FakeJudge, chance level) or '' (none).
   c.bon = ml_collections.ConfigDict(dict(enabled=True, num_prompts=16, n=16, ns=(1, 2, 4, 8, 16), temperature=1.0,
-                                         top_p=0.95, max_new_tokens=40, seed=0))
+                                         top_p=0.95, max_new_tokens=40, seed=0, judge="smollm2", judge_batch=4,
+                                         judge_check_pairs=40))   # human-labelled pairs the judge is checked on
   c.synthetic = ml_collections.ConfigDict(dict(
       enabled=True, weights=SYN_WEIGHTS, num_train=300, num_test=2000, embed_dim=256, embed_noise=1.0,
       bon_prompts=64, bon_n=16, penalties=("l1", "l2"), Cs=tuple(np.logspace(-5, 5, 12).tolist()), num_folds=8,
@@ -72,7 +75,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Sized for the CPU reproduction budget (see the README: what was cut and why).
     c.data.num_train, c.data.num_test = 60, 60
     c.data.max_chars = 500
-    c.bon.num_prompts = 4
+    c.bon.num_prompts = 16   # the judge's best-of-16 comparison is judged over prompts: 16, not 4 (+~500 CPU s)
     c.cv.pad_rows = 64     # the 60 training pairs and the 60-pair halves share one program
   elif v == "tiny":
     c.scorer = "fake"
@@ -81,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.cv.Cs = (0.01, 1.0, 100.0)
     c.cv.num_folds = 4
     c.cv.pad_rows = 128
-    c.bon.num_prompts, c.bon.n, c.bon.ns = 3, 4, (1, 2, 4)
+    c.bon.num_prompts, c.bon.n, c.bon.ns, c.bon.judge, c.bon.judge_check_pairs = 3, 4, (1, 2, 4), "fake", 10
     c.synthetic.update(dict(num_train=80, num_test=200, embed_dim=32, bon_prompts=8, bon_n=4, Cs=(0.01, 1.0, 100.0),
                             num_folds=4, pad_rows=128))
   elif v == "synthetic":
@@ -110,6 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.template = "official"
   if "fake" in parts:
     c.scorer = "fake"
+    c.bon.judge = "fake"
   if "nobon" in parts:
     c.bon.enabled = False
   return c

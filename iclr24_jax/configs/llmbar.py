@@ -51,9 +51,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.count_failures_as_agreement = False  # True = the official 'equal' (None == None counts)
   c.use_cache = True
   c.cache_dir = ""  # '' = the workdir
-  # How the verdict is read (issue 21): 'logprob' (default for local models: the order-averaged log-odds of
-  # "Output (a)" vs "Output (b)", lm.choice_logprobs + lm.debiased_preference; aux texts and CoT explanations
-  # are still generated) or 'generate' (the paper's protocol: greedy text parsed by the official regexes).
+  # How the verdict is read (a 135M judge's generated text is constant, so it is read from log-probabilities): 'logprob'
+  # (default for local models: the order-averaged log-odds of "Output (a)" vs "Output (b)", lm.choice_logprobs +
+  # lm.debiased_preference; aux texts and CoT explanations are still generated) or 'generate' (the paper's protocol:
+  # greedy text parsed by the official regexes).
   c.judge_mode = "logprob"
   c.tie_tau = 1e-4  # logprob mode: |preference| < tie_tau nats is a tie
   # logprob mode: a tie falls back to the raw per-order picks ('raw', as the official scoring of those answers:

@@ -15,6 +15,7 @@ unit), 'tiny' (seconds), 'paper' (the official Llama-2-70B annotator's sizes, co
 """
 import ml_collections
 
+from iclr24_jax.configs import ppo as ppo_config
 from iclr24_jax.configs import variants
 
 VARIANTS = ("", "tiny", "oracle", "generate", "nethack", "staircase_weights", "paper")
@@ -34,7 +35,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   Raises:
     ValueError: unknown variant.
   """
-  from iclr24_jax.rl.ppo import default_config
   parts = variants.parse(arg, VARIANTS, name="motif")
   c = ml_collections.ConfigDict()
   c.paper = "motif"
@@ -62,7 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.num_seeds = 8
   c.eval_envs = 64
   # The agent: PPO (PureJaxRL-style, one jitted program vmapped over seeds and reward settings).
-  agent = default_config()
+  agent = ppo_config.ppo_defaults()
   agent.num_steps = 100
   agent.model = ml_collections.ConfigDict(dict(policy_hidden=(64, 64), value_hidden=(64, 64), activation="tanh"))
   agent.optimizer.learning_rate = 1e-3
@@ -75,11 +75,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       task="NetHackScore-v0", num_envs=4, collect_steps=250, num_pairs=300, max_unique_pairs=24,
       updates=4, rollout_steps=64, max_episode_steps=0, goal="defaultgoal",
       alpha_ext=0.1, alpha_int=0.1))  # official NetHackScore weights
+  # The NetHack agents (host-loop PPO) start from the PPO defaults; `nethack_motif.agent_config` sets the budget
+  # above and the official reward scale and clip.
+  c.nethack.agent = ppo_config.ppo_defaults()
   c.log_every = 10
   c.eval_every = 0
-  c.checkpoint_every = 0
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # The reward model saves every checkpoint_every Adam steps, the toy agents every agent.checkpoint_every PPO
+  # updates (their whole RunnerStates), both also every checkpoint_every_secs and on SIGTERM / SIGINT.
+  c.checkpoint_every = 100
+  c.agent.checkpoint_every = 25
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   if "oracle" in parts:
@@ -120,6 +124,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_seeds = 2
     c.eval_envs = 8
     c.agent.num_steps = 3
+    c.checkpoint_every = 10
+    c.agent.checkpoint_every = 1
     c.agent.ppo.update(dict(num_envs=8, rollout_steps=16, num_minibatches=2, update_epochs=1))
     c.num_steps = 3
     c.nethack.update(dict(num_envs=2, collect_steps=20, num_pairs=20, max_unique_pairs=4, updates=1,

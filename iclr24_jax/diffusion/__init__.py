@@ -3,7 +3,7 @@ denoising loss, and an exact Gaussian-mixture denoiser. See README.md in this fo
 
 Modules: schedules, process, samplers, gmm, metrics, unet, training (and experiment, the 'diffusion' check).
 """
-from iclr24_jax.diffusion import gmm, metrics, process, samplers, schedules, training, unet
+from iclr24_jax.diffusion import gmm, metrics, process, samplers, schedules, train, unet
 from iclr24_jax.diffusion.gmm import GaussianMixture, gmm_denoiser, make_gmm, ring_gmm
 from iclr24_jax.diffusion.metrics import (component_frequencies, moment_errors, sliced_wasserstein,
                                           sliced_wasserstein_vs_data)
@@ -14,8 +14,8 @@ from iclr24_jax.diffusion.samplers import (Transition, classifier_free_guidance,
 from iclr24_jax.diffusion.schedules import (ContinuousSchedule, DiscreteSchedule, cosine_beta_schedule, discretize,
                                             linear_beta_schedule, make_schedule, resolution_shift, shift_schedule,
                                             squaredcos_cap_v2)
-from iclr24_jax.diffusion.training import (diffusion_loss, init, init_state, loss_weight, make_denoiser,
-                                          make_train_step)
+from iclr24_jax.diffusion.train import (diffusion_loss, init, loss_weight, make_denoiser,
+                                        make_train_step)
 from iclr24_jax.diffusion.unet import MLPDenoiser, UNet, create_model, timestep_embedding, unet_flops
 
 __all__ = [
@@ -28,7 +28,7 @@ __all__ = [
     "sampling_grid", "split_sampler_keys",
     "ContinuousSchedule", "DiscreteSchedule", "cosine_beta_schedule", "discretize", "linear_beta_schedule",
     "make_schedule", "resolution_shift", "shift_schedule", "squaredcos_cap_v2",
-    "diffusion_loss", "init", "init_state", "loss_weight", "make_denoiser", "make_train_step",
+    "diffusion_loss", "init", "loss_weight", "make_denoiser", "make_train_step",
     "MLPDenoiser", "UNet", "create_model", "timestep_embedding", "unet_flops",
 ]
 

@@ -49,7 +49,7 @@ def _run_one(name: str, workdir: str, fast: bool, json_out: str) -> None:
   enable_compilation_cache()  # programs compiled by an earlier run load from disk (ICLR24_JAX_COMPILATION_CACHE=0: off)
   from iclr24_jax import registry
   fn = registry.reproduce_fn(name)
-  rows = [] if fn is None else fn(os.path.join(workdir, name), fast=fast)
+  rows = [] if fn is None else fn(os.path.join(workdir, name), fast=fast, **registry.study_kwargs(fn, name))
   from iclr24_jax.common.metrics import to_python
   with open(json_out, "w") as f:
     json.dump(to_python(rows), f, indent=1, default=str)

@@ -66,7 +66,8 @@ __all__ = [
     "T5Config", "BertConfig", "sentence_embedding", "embed_sentences",
 ]
 
-# The annotator kit (issue 19): option log-probabilities with one prefill, order-debiased preferences, judges,
+# The annotator kit shared by the papers that judge or annotate with a small local LM (llmbar, cpm, motif, mario,
+# finetune_dissect): option log-probabilities with one prefill, order-debiased preferences, judges,
 # the resumable generation/score cache.
 from iclr24_jax.lm import annotate, cache  # noqa: E402
 from iclr24_jax.lm.annotate import ConstantJudge, FakeJudge, SmolLMJudge, chatml_to_messages  # noqa: E402
@@ -78,7 +79,7 @@ __all__ += [
     "ConstantJudge", "chatml_to_messages", "GenerationCache", "cache_key", "cached_map",
 ]
 
-# KL to a frozen reference and T5 with embeddings / prefixes (issue 19).
+# KL to a frozen reference (mario's Quark objective) and T5 with embeddings / prefixes (lm_inversion's inverter).
 from iclr24_jax.lm.generation import nucleus_mask  # noqa: E402
 from iclr24_jax.lm.train import default_loss, kl_regularized_loss, target_logits, token_kl  # noqa: E402
 

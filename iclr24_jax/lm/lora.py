@@ -5,7 +5,7 @@ A target is a dense layer `{'kernel': [in, out], ...}` whose name (the dict key)
 flat dict `{'layers/3/q_proj': {'a': [in, r], 'b': [r, out]}}`; `b` starts at zero so the adapted model
 equals the base model at initialisation.
 
-  lora_params = lora.init(key, params, LoraConfig(rank=8, alpha=16, targets=('q_proj', 'v_proj')))
+  lora_params = lora.init_params(key, params, LoraConfig(rank=8, alpha=16, targets=('q_proj', 'v_proj')))
   logits = llama.forward(lora.apply(params, lora_params, cfg), config, ids)   # W x + (x A) B * alpha/r
   merged = lora.merge(params, lora_params, cfg)                               # W + A B * alpha/r, same outputs
 
@@ -84,7 +84,7 @@ def target_paths(params: Any, targets: Sequence[str]) -> list[str]:
   return paths
 
 
-def init(key: jax.Array, params: Any, config: LoraConfig, dtype=jnp.float32) -> dict[str, dict[str, jax.Array]]:
+def init_params(key: jax.Array, params: Any, config: LoraConfig, dtype=jnp.float32) -> dict[str, dict[str, jax.Array]]:
   """Adapter parameters for every targeted dense layer.
 
   A ~ Kaiming-uniform (bound 1/sqrt(in), as peft does), B = 0.
@@ -135,7 +135,7 @@ def merge(params: Any, lora_params: dict, config: LoraConfig) -> Any:
 
   Args:
     params: the base model's params; each targeted 'kernel' is [in, out].
-    lora_params: {path: {'a': [in, r], 'b': [r, out]}} from `init`.
+    lora_params: {path: {'a': [in, r], 'b': [r, out]}} from `init_params`.
     config: LoraConfig (its scale = alpha / r).
 
   Returns:
@@ -156,7 +156,7 @@ def apply(params: Any, lora_params: dict, config: LoraConfig) -> Any:
 
   Args:
     params: the base model's params.
-    lora_params: {path: {'a': [in, r], 'b': [r, out]}} from `init`.
+    lora_params: {path: {'a': [in, r], 'b': [r, out]}} from `init_params`.
     config: LoraConfig (its scale = alpha / r).
 
   Returns:

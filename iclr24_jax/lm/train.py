@@ -202,7 +202,7 @@ def init_train_state(params: llama.Params, tx: optax.GradientTransformation,
     return TrainState.create(params=params, tx=tx)
   if key is None:
     raise ValueError("init_train_state with lora_config needs a key to initialise the adapters.")
-  adapters = lora_lib.init(key, params, lora_config)
+  adapters = lora_lib.init_params(key, params, lora_config)
   return TrainState.create(params=adapters, tx=tx, extra={"base": params})
 
 

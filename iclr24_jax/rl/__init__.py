@@ -9,7 +9,7 @@ Modules (import what you need; heavy dependencies load lazily):
   normalization  RunningStats: init / update / normalize (observation normalisation)
   losses         gae, gae_from_dones, ppo_clip_objective, value_loss, ppo_loss, normalize_advantages
   rollout        rollout.rollout (lax.scan), Transition, actor_critic_policy, random_policy, evaluate
-  ppo            PPO, make_train(config) -> train(key), default_config, preset_config
+  ppo            PPO, make_train(config) -> train(key) (configs: iclr24_jax/configs/ppo.py)
   ppo_host       HostPPO (host loop, discrete actions, reward hook), GymnasiumVecEnv
   replay         uniform and prioritised (sum-tree) replay buffers
   offline        D4RL-style data sets generated here (get_dataset), load_dataset, normalized_score
@@ -18,14 +18,14 @@ from iclr24_jax.rl import distributions, losses, networks, normalization, replay
 from iclr24_jax.rl.distributions import Categorical, ClippedGaussian, Gaussian, TanhGaussian, make_gaussian
 from iclr24_jax.rl.envs import BraxEnv, Env, EnvSpec, EnvState, GymnaxEnv, TimeStep, make_env
 from iclr24_jax.rl.losses import gae, gae_from_dones, ppo_clip_objective, ppo_loss, value_loss
-from iclr24_jax.rl.ppo import PPO, default_config, make_train, preset_config
+from iclr24_jax.rl.ppo import PPO, make_train
 from iclr24_jax.rl.rollout import Transition, evaluate
 
 __all__ = [
     "Categorical", "ClippedGaussian", "Gaussian", "TanhGaussian", "make_gaussian",
     "BraxEnv", "Env", "EnvSpec", "EnvState", "GymnaxEnv", "TimeStep", "make_env",
     "gae", "gae_from_dones", "ppo_clip_objective", "ppo_loss", "value_loss",
-    "PPO", "default_config", "make_train", "preset_config",
+    "PPO", "make_train",
     "Transition", "evaluate",
     "distributions", "losses", "networks", "normalization", "replay", "rollout",
 ]

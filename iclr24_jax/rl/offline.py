@@ -51,7 +51,7 @@ REFERENCE_FILE = pathlib.Path(__file__).resolve().parent / "reference_returns.js
 CACHE_ENV = "ICLR24_RL_CACHE"
 FORMAT_VERSION = 2
 
-# Data-agent presets (iclr24_jax.rl.ppo.preset_config names) per environment.
+# The data agent of each environment: a PPO preset of configs/ppo.py (`preset(name)`), passed as agent_config.
 AGENT_PRESETS = {"brax/inverted_pendulum": "inverted_pendulum", "brax/hopper": "hopper"}
 # Env kwargs used both for data and for the reference returns.
 ENV_KWARGS: dict[str, dict] = {}
@@ -430,7 +430,7 @@ def collect_maze(env: maze_lib.PointMaze, num_transitions: int, key: jax.Array, 
   return _to_dataset(go(key, jnp.float32(noise_std)), num_transitions)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _maze_collector(env: maze_lib.PointMaze, steps: int, num_envs: int, random_actions: bool, resample_goal: bool):
   """The jitted maze data rollout (compiled once per env object and shape; the noise level is an argument)."""
 
@@ -484,11 +484,11 @@ def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike 
   """Trains the PPO data agent of an environment in chunks, keeping a snapshot after each (cached).
 
   Args:
-    env_name: a key of AGENT_PRESETS (or any env with `config` given).
+    env_name: the environment (AGENT_PRESETS names the preset its data agent uses).
     seed: the run's seed.
     cache_dir: where `<env>-agent-<hash>.npz` is cached (default `default_cache_dir()`).
     num_chunks: snapshots (the run's updates are split evenly; the last chunk takes the remainder).
-    config: a PPO config (default `ppo.preset_config(AGENT_PRESETS[env_name])`).
+    config: the data agent's PPO config (`iclr24_jax.configs.ppo.preset(AGENT_PRESETS[env_name])`).
     max_replay_rows: the replay keeps the rollout of every k-th update, k = ceil(all env steps / this).
 
   Returns:
@@ -498,9 +498,9 @@ def train_data_agent(env_name: str, seed: int = 0, cache_dir: str | os.PathLike 
   """
   from iclr24_jax.rl import ppo
   if config is None:
-    if env_name not in AGENT_PRESETS:
-      raise ValueError(f"no data-agent preset for '{env_name}'; known: {sorted(AGENT_PRESETS)}; pass config=.")
-    config = ppo.preset_config(AGENT_PRESETS[env_name])
+    hint = (f"iclr24_jax.configs.ppo.preset('{AGENT_PRESETS[env_name]}')" if env_name in AGENT_PRESETS
+            else f"a PPO config (configs/ppo.py layout; presets exist for {sorted(AGENT_PRESETS)})")
+    raise ValueError(f"the data agent of '{env_name}' needs its PPO config: pass config={hint}.")
   config = config.copy_and_resolve_references() if hasattr(config, "copy_and_resolve_references") else config
   agent = ppo.PPO(config)
   cfg_dict = config.to_dict() if hasattr(config, "to_dict") else dict(config)
@@ -575,7 +575,7 @@ def _policy(agent, params, stats, deterministic=False):
   return agent.policy_fn(jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, stats), deterministic)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _agent_collector(agent, steps: int, num_envs: int, deterministic: bool):
   """A jitted rollout of an agent's policy with params/statistics as arguments (compiled once per agent)."""
 
@@ -617,7 +617,8 @@ def _medium_index(eval_returns: np.ndarray, r_random: float, r_expert: float) ->
 
 # --- reference returns -----------------------------------------------------------------------------------------
 def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 64,
-                              cache_dir: str | os.PathLike | None = None, agent_seed: int = 0) -> dict[str, Any]:
+                              cache_dir: str | os.PathLike | None = None, agent_seed: int = 0,
+                              agent_config: Any = None) -> dict[str, Any]:
   """Measures R_random (uniform actions) and R_expert (the final data agent, stochastic, or the noise-free
   waypoint controller for mazes) as mean returns over `num_episodes` episodes of the evaluation env.
 
@@ -627,6 +628,7 @@ def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 
     num_episodes: episodes per policy.
     cache_dir: cache folder of the data agent (None: the default).
     agent_seed: seed of the data agent.
+    agent_config: the data agent's PPO config (brax: `configs.ppo.preset(AGENT_PRESETS[env_name])`).
 
   Returns:
     {'random', 'expert', 'random_std', 'expert_std', 'episodes', 'seed', 'how'}.
@@ -639,7 +641,7 @@ def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 
     exp = jax.jit(lambda k: rollout_lib.evaluate(env, pol, k, num_episodes))(k_exp)
     how = "expert = noise-free waypoint controller"
   else:
-    run = train_data_agent(env_name, agent_seed, cache_dir)
+    run = train_data_agent(env_name, agent_seed, cache_dir, config=agent_config)
     pol = _policy(run["agent"], run["params"][-1], run["obs_stats"][-1])
     exp = jax.jit(lambda k: rollout_lib.evaluate(env, pol, k, num_episodes))(k_exp)
     how = (f"expert = final PPO data agent (stochastic), {int(run['env_steps'][-1])} env steps, "
@@ -648,7 +650,7 @@ def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 
           "expert_std": float(exp["return_std"]), "episodes": num_episodes, "seed": seed, "how": how}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)   # one Env object per name: programs jitted for it are reused
 def make_data_env(env_name: str) -> envs_lib.Env:
   """The evaluation environment of a data set (mazes: fixed goal 'G', random start, sparse reward); one shared
   object per name, so jitted collectors are reused."""
@@ -658,7 +660,7 @@ def make_data_env(env_name: str) -> envs_lib.Env:
 # --- the entry point ----------------------------------------------------------------------------------------------
 def get_dataset(env_name: str, kind: str, num_transitions: int = 100_000, seed: int = 0,
                 cache_dir: str | os.PathLike | None = None, agent_seed: int = 0, noise_std: float = 0.3,
-                regenerate: bool = False) -> dict[str, np.ndarray]:
+                regenerate: bool = False, agent_config: Any = None) -> dict[str, np.ndarray]:
   """Generates (once, deterministically) and caches a D4RL-style data set, then loads it.
 
   Args:
@@ -669,6 +671,8 @@ def get_dataset(env_name: str, kind: str, num_transitions: int = 100_000, seed: 
     cache_dir: default `default_cache_dir()`; files are `<env>-<kind>-n<N>-s<seed>-<hash>.npz`.
     noise_std: action noise of the maze 'noisy' controller.
     regenerate: ignore an existing cache file.
+    agent_config: the data agent's PPO config, needed when a brax set is generated
+      (`iclr24_jax.configs.ppo.preset(AGENT_PRESETS[env_name])`).
 
   Returns:
     The data set dict (validated). Generation prints progress and may train a PPO agent (minutes on CPU).
@@ -700,7 +704,7 @@ def get_dataset(env_name: str, kind: str, num_transitions: int = 100_000, seed: 
   elif kind == "random":
     ds = collect(env, rollout_lib.random_policy(env), num_transitions, key)
   else:
-    run = train_data_agent(env_name, agent_seed, cache)
+    run = train_data_agent(env_name, agent_seed, cache, config=agent_config)
     agent = run["agent"]
     r_rand = float(jax.jit(lambda k: rollout_lib.evaluate(env, rollout_lib.random_policy(env), k, 16))(
         jax.random.key(seed + 7))["return"])
@@ -734,9 +738,13 @@ def main(argv: list[str] | None = None) -> int:
   ap.add_argument("--n", type=int, default=100_000)
   ap.add_argument("--cache_dir", default=None)
   args = ap.parse_args(argv)
+  # A command line is a runner: it loads the data agents' presets (configs are data the library never imports).
+  import importlib
+  presets = importlib.import_module("iclr24_jax.configs.ppo").preset
   for env_name in args.envs:
+    agent = presets(AGENT_PRESETS[env_name]) if env_name in AGENT_PRESETS else None
     if args.measure:
-      ref = measure_reference_returns(env_name, cache_dir=args.cache_dir)
+      ref = measure_reference_returns(env_name, cache_dir=args.cache_dir, agent_config=agent)
       table = reference_table()
       table[env_name] = {**table.get(env_name, {}), **ref}
       with open(REFERENCE_FILE, "w") as f:
@@ -744,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
       print(env_name, ref, flush=True)
     kinds = [k for k in args.kinds.split(",") if k]
     for kind in kinds:
-      ds = get_dataset(env_name, kind, args.n, cache_dir=args.cache_dir)
+      ds = get_dataset(env_name, kind, args.n, cache_dir=args.cache_dir, agent_config=agent)
       rets = episode_returns(ds, complete_only=True)
       print(f"{env_name} {kind}: {len(ds['rewards'])} rows, {len(rets)} episodes, mean return "
             f"{rets.mean() if len(rets) else float('nan'):.1f}", flush=True)

@@ -1,6 +1,6 @@
 """PPO for JAX environments, PureJaxRL style: the whole run is one jitted `train(key)`.
 
-  train = make_train(config)                # config: see `default_config()` / configs/ppo.py
+  train = make_train(config)                # config: configs/ppo.py (`ppo_defaults()`, `preset`)
   out = jax.jit(train)(jax.random.key(0))   # out['metrics'][k]: [num_updates] curves
   outs = jax.jit(jax.vmap(train))(keys)     # many seeds at once
 
@@ -25,7 +25,6 @@ from typing import Any, Callable
 import flax.struct
 import jax
 import jax.numpy as jnp
-import ml_collections
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from iclr24_jax.common import optim
@@ -36,66 +35,6 @@ from iclr24_jax.rl import rollout as rollout_lib
 from iclr24_jax.rl.envs import Env, EnvState
 
 RewardFn = Callable[[rollout_lib.Transition], jax.Array]
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """PPO defaults (PureJaxRL's CartPole hyper-parameters, a quarter of its 5e5-step budget); configs/ppo.py
-  builds on these."""
-  c = ml_collections.ConfigDict()
-  c.seed = 0
-  c.env = ml_collections.ConfigDict(dict(name="gymnax/CartPole-v1", kwargs=ml_collections.ConfigDict()))
-  c.model = ml_collections.ConfigDict(dict(policy_hidden=(64, 64), value_hidden=(64, 64), activation="tanh",
-                                           squash="tanh", state_dependent_std=False, init_log_std=0.0))
-  c.optimizer = ml_collections.ConfigDict(dict(name="adam", learning_rate=2.5e-4, schedule="linear", end_factor=0.0,
-                                               warmup_steps=0, eps=1e-5, grad_clip=0.5))
-  c.num_steps = 244  # PPO updates (iterations); env steps = num_steps * num_envs * rollout_steps
-  c.ppo = ml_collections.ConfigDict(dict(
-      num_envs=4, rollout_steps=128, update_epochs=4, num_minibatches=4, gamma=0.99, gae_lambda=0.95,
-      clip_eps=0.2, value_clip_eps=0.0, ent_coef=0.01, vf_coef=0.5, normalize_advantages=True,
-      normalize_obs=False, obs_clip=10.0, reward_scale=1.0, reward_clip=0.0))
-  return c
-
-
-def preset_config(name: str) -> ml_collections.ConfigDict:
-  """Tested PPO settings per environment (used by configs/ppo.py and the offline data generator).
-
-  Args:
-    name: 'cartpole' (PureJaxRL's CartPole-v1 hyper-parameters, 244 updates = 1.25e5 env steps; PureJaxRL
-      runs 5e5), 'inverted_pendulum' (brax, spring
-      backend, ~3e5 env steps), 'hopper' (brax, spring backend; a CPU-sized budget), 'maze' (point maze, umaze).
-
-  Returns:
-    A full PPO config (see `default_config`).
-  """
-  c = default_config()
-  if name == "cartpole":
-    return c
-  if name == "inverted_pendulum":
-    c.env.name = "brax/inverted_pendulum"
-    c.num_steps = 150
-    c.ppo.update(dict(num_envs=64, rollout_steps=32, num_minibatches=8, update_epochs=4, gamma=0.97,
-                      ent_coef=0.0, normalize_obs=True, reward_scale=0.1))
-    c.optimizer.learning_rate = 1e-3
-    return c
-  if name == "hopper":
-    c.env.name = "brax/hopper"
-    c.num_steps = 600
-    c.model.policy_hidden = (128, 128)
-    c.model.value_hidden = (128, 128)
-    c.model.activation = "swish"
-    c.ppo.update(dict(num_envs=128, rollout_steps=32, num_minibatches=8, update_epochs=4, gamma=0.97,
-                      ent_coef=1e-3, normalize_obs=True, reward_scale=0.1))
-    c.optimizer.learning_rate = 3e-4
-    return c
-  if name == "maze":
-    c.env.name = "maze/umaze"
-    c.env.kwargs = ml_collections.ConfigDict(dict(reward="dense"))
-    c.num_steps = 100
-    c.ppo.update(dict(num_envs=32, rollout_steps=64, num_minibatches=8, update_epochs=4, gamma=0.99,
-                      ent_coef=0.0, normalize_obs=True, reward_scale=1.0))
-    c.optimizer.learning_rate = 1e-3
-    return c
-  raise ValueError(f"unknown PPO preset '{name}'; choose 'cartpole', 'inverted_pendulum', 'hopper' or 'maze'.")
 
 
 @flax.struct.dataclass
@@ -174,7 +113,7 @@ class PPO:
   """A PPO agent for a JAX `Env` (all methods pure; compile them yourself or use `make_train`).
 
   Args:
-    config: see `default_config()`.
+    config: a PPO config (the configs/ppo.py `ppo_defaults()` layout).
     env: an Env (default: `envs.make_env(config.env.name, **config.env.kwargs)`).
     init_params: optional params {'policy': ..., 'value': ...} to start from (fine-tuning); either half may be
       None to keep its fresh initialisation.
@@ -406,7 +345,7 @@ def make_train(config: Any, env: Env | None = None, init_params: Any = None,
   """PureJaxRL-style entry point: returns a pure `train(key) -> {'runner_state', 'metrics'}`.
 
   Args:
-    config: see `default_config()`; num_steps = PPO updates.
+    config: a PPO config (configs/ppo.py layout); num_steps = PPO updates.
     env, init_params, init_obs_stats, reward_fn, mesh: see `PPO`.
 
   Returns:

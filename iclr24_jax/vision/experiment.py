@@ -7,10 +7,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from iclr24_jax.common import bench
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import metrics as metrics_lib
-from iclr24_jax.common import sharding
 from iclr24_jax.vision import classify
 
 
@@ -41,46 +39,3 @@ def run(config: Any, workdir: str) -> dict:
     metrics_lib.plot_image_grid(ds.test.x[:16], os.path.join(workdir, "test_predictions.png"),
                                 title="pred: " + " ".join(str(int(p)) for p in np.argmax(logits, -1)))
   return results
-
-
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
-  """Digits CNN (default config) test accuracy vs the >= 95% the foundation promises.
-
-  Args:
-    workdir: output folder (the run goes to workdir/classify).
-    fast: train the 'tiny' config variant; the row's holds is then None.
-
-  Returns:
-    one reproduction row dict in a list.
-  """
-  from iclr24_jax.configs import classify as cfg_mod
-  cfg = cfg_mod.get_config("tiny" if fast else "")
-  res = run(cfg, os.path.join(workdir, "classify"))
-  acc = res["test_accuracy"]
-  return [{"paper": "classify", "experiment": f"digits CNN, {cfg.num_steps} steps", "metric": "test accuracy",
-           "ours": acc, "paper_value": ">= 0.95 (foundation check)", "holds": bool(acc >= 0.95) if not fast else None,
-           "kind": "check",
-           "plots": [os.path.join(workdir, "classify", "curves.png")]}]
-
-
-def benchmark(quick: bool = True) -> list[dict]:
-  """Classifier train step/s on 1 and all devices, at two batch sizes."""
-  from iclr24_jax.configs import classify as cfg_mod
-  cfg = cfg_mod.get_config("")
-  ds = data_lib.load_digits()
-  model = classify.create_model(cfg.model, ds.num_classes)
-  tx = classify.make_optimizer(cfg.optimizer, cfg.num_steps)
-  rows = []
-  step = classify.make_train_step(model)
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    for bs in (64, 512):
-      state = jax.jit(lambda k: classify.init(k, model, ds.input_shape, tx),
-                      out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
-      idx = np.arange(bs) % len(ds.train)
-      batch = sharding.shard_batch({"x": ds.train.x[idx], "y": ds.train.y[idx]}, mesh)
-      from iclr24_jax.common.loop import compile_step
-      fn = compile_step(step, mesh)
-      rows.append(bench.time_fn(fn, state, batch, jax.random.key(1), carry=True, repeats=5 if quick else 20,
-                                items=bs, name="classify/cnn_train_step", batch=bs, mesh_devices=n_dev))
-  return rows

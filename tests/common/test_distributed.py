@@ -21,7 +21,7 @@ def train_digits(mesh):
   model = CNN(10, features=(8, 16), dense=32)
   tx = optax.adam(1e-2)
   stream = BatchStream({"x": ds.train.x, "y": ds.train.y}, 32, seed=0)
-  res = loop.train_loop(init_fn=lambda k: classify.init_state(k, model, ds.input_shape, tx),
+  res = loop.train_loop(init_fn=lambda k: classify.init(k, model, ds.input_shape, tx),
                         train_step=classify.make_train_step(model), batches=stream, num_steps=NUM_STEPS,
                         key=jax.random.key(0), mesh=mesh, log_every=NUM_STEPS, progress=False)
   return jax.device_get(res.state.params)

@@ -45,7 +45,7 @@ def _run_steps(mesh, num_steps=5):
   tx = optax.adam(1e-2)
   stream = BatchStream({"x": ds.train.x, "y": ds.train.y}, 32, seed=0)
   step = loop.compile_step(classify.make_train_step(model), mesh)
-  state = jax.jit(lambda k: classify.init_state(k, model, ds.input_shape, tx),
+  state = jax.jit(lambda k: classify.init(k, model, ds.input_shape, tx),
                   out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
   key = jax.random.key(1)
   for s in range(num_steps):
@@ -54,9 +54,16 @@ def _run_steps(mesh, num_steps=5):
 
 
 def test_one_and_eight_devices_agree():
-  p1 = _run_steps(sharding.make_mesh(devices=jax.devices()[:1]))
-  p8 = _run_steps(sharding.make_mesh())
+  p1, p8 = (_run_steps(mesh) for mesh in sharding.device_meshes((1, 8)))
   chex.assert_trees_all_close(p1, p8, atol=1e-5)
+
+
+def test_device_meshes_are_the_first_n_devices_and_check_counts():
+  meshes = list(sharding.device_meshes())
+  assert [m.devices.size for m in meshes] == [1, 8]           # default: 1 and every device (8 simulated)
+  assert list(meshes[0].devices.flat) == jax.devices()[:1] and dict(meshes[1].shape) == {"data": 8, "model": 1}
+  with pytest.raises(ValueError, match="9 devices"):
+    list(sharding.device_meshes((1, 9)))
 
 
 def test_train_step_compiles_once_and_lowers_loss():
@@ -64,7 +71,7 @@ def test_train_step_compiles_once_and_lowers_loss():
   model = CNN(10, features=(8, 16), dense=32)
   tx = optax.adam(3e-3)
   batch = {"x": jnp.asarray(ds.train.x[:64]), "y": jnp.asarray(ds.train.y[:64])}
-  state = classify.init_state(jax.random.key(0), model, ds.input_shape, tx)
+  state = classify.init(jax.random.key(0), model, ds.input_shape, tx)
   step = jax.jit(chex.assert_max_traces(classify.make_train_step(model), n=1))
   losses = []
   for _ in range(20):

@@ -1,6 +1,7 @@
 """Hyperparameters outside their range. A Python number is structure: a named `HyperparameterError` at trace
 time in every mode. A traced one (a swept discount, a jitted sigma) is a value: named eagerly and under
 `iclr24_jax.checked`, NaN out under jit / vmap."""
+import jax
 import numpy as np
 import pytest
 
@@ -59,3 +60,30 @@ def test_hyperparameters(case, mode):
 def test_python_hyperparameters_raise_at_once(call):
   with pytest.raises(checks.HyperparameterError, match="must be"):
     call()
+
+
+def test_mario_quark_loss_coefficients():
+  # quark_loss checks its coefficients before touching the model: a negative Python coefficient raises at once
+  # (no model is needed to see it), and a traced one out of range poisons the loss and every metric.
+  from iclr24_jax.lm import llama
+  from iclr24_jax.papers import mario
+  cfg = llama.LlamaConfig(vocab_size=16, hidden_size=8, num_layers=1, num_heads=2, num_kv_heads=2,
+                          intermediate_size=16, max_seq_len=8)
+  with pytest.raises(checks.HyperparameterError, match="kl_coef must be >= 0"):
+    mario.quark_loss({}, cfg, {}, {}, kl_coef=-0.1)
+  params = llama.init_params(jax.random.key(0), cfg)
+  ids = np.array([[1, 2, 3, 4]], np.int32)
+  batch = dict(ids=ids, mask=np.ones_like(ids, bool), loss_mask=np.array([[0, 1, 1, 1]], bool),
+               code_mask=np.array([[1, 0, 0, 0]], bool))
+  loss_at = jax.jit(lambda c: mario.quark_loss(params, cfg, batch, params, kl_coef=c))
+  good, bad = loss_at(0.1), loss_at(-0.1)
+  assert np.isfinite(good[0]) and np.isfinite(good[1]["nll"])
+  assert C.all_nan(bad)
+
+
+def test_mario_assign_bins_accuracy_must_be_zero_one():
+  from iclr24_jax.papers import mario
+  codes = mario.ControlCodes(ids=(10, 11), rewards=(), num_bins=5, accuracy=True)
+  assert mario.assign_bins({"accuracy": [1.0, 0.0]}, codes)["accuracy"].tolist() == [0, 1]   # 0 = correct bin
+  with pytest.raises(checks.LabelError, match="0 / 1"):
+    mario.assign_bins({"accuracy": [1.0, float("nan")]}, codes)

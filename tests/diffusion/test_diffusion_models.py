@@ -13,7 +13,7 @@ import pytest
 
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import sharding
-from iclr24_jax.diffusion import process, schedules, training, unet
+from iclr24_jax.diffusion import process, schedules, train, unet
 
 # Two levels; attention (self + cross) only in the middle block keeps the CPU compile short.
 TINY_UNET = dict(base_channels=8, channel_mults=(1, 2), num_res_blocks=1, attention_levels=(), num_heads=2,
@@ -29,9 +29,7 @@ def _perturb(params, key, scale=0.1):
   return unravel(flat + scale * jax.random.normal(key, flat.shape))
 
 
-def _fast_jit(fn, *args):
-  """Compiles fn(*args) once with XLA's backend optimisations off (init runs once; its compile dominates on CPU)."""
-  return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+_fast_jit = loop_lib.compile_fast   # one-shot programs: compile time dominates them on CPU
 
 
 def _cond_batch(b):
@@ -68,7 +66,7 @@ def cond_unet():
   """A tiny fully-conditioned UNet (class labels, vector cond, cross-attention, a nested inner module), its state,
   perturbed params and a compiled forward fwd(params, x, t, kw) -> (out, top-level features)."""
   model = unet.UNet(num_classes=10, out_channels=1, inner=_Inner(), **TINY_UNET)
-  init = _fast_jit(lambda k: training.init_state(k, model, (8, 8, 1), optax.adam(3e-3), ema=True,
+  init = _fast_jit(lambda k: train.init(k, model, (8, 8, 1), optax.adam(3e-3), ema=True,
                                                  **_cond_batch(1)), jax.random.key(0))
   state = init(jax.random.key(0))
   kw = {**_cond_batch(2), "inject": jnp.zeros((2, 8, 8, 8))}
@@ -130,7 +128,7 @@ def mlp_setup():
   rng = np.random.default_rng(0)
   batch = {"x": rng.standard_normal((16, 2, 3)).astype(np.float32), "y": (np.arange(16) % 3).astype(np.int32),
            "cond": rng.standard_normal((16, 2)).astype(np.float32)}
-  st = _fast_jit(lambda k: training.init_state(k, model, (2, 3), optax.adam(1e-2), class_labels=jnp.zeros((1,), int),
+  st = _fast_jit(lambda k: train.init(k, model, (2, 3), optax.adam(1e-2), class_labels=jnp.zeros((1,), int),
                                                cond=jnp.zeros((1, 2))), jax.random.key(0))(jax.random.key(0))
   return model, st, batch
 
@@ -170,7 +168,7 @@ def test_loss_hand_computed():
   noise = jnp.array([[0.5, -0.5]])
   t = jnp.array([1])
   zero = lambda x_t, t: jnp.zeros_like(x_t)  # noqa: E731
-  loss = lambda **kw: training.diffusion_loss(zero, x0, jax.random.key(0), sched, t=t, noise=noise, **kw)[0]  # noqa
+  loss = lambda **kw: train.diffusion_loss(zero, x0, jax.random.key(0), sched, t=t, noise=noise, **kw)[0]  # noqa
   # eps target: mean(0.5^2, 0.5^2) = 0.25; x0 target: mean(1, 1) = 1.
   np.testing.assert_allclose(loss(prediction="eps"), 0.25, atol=1e-6)
   np.testing.assert_allclose(loss(prediction="x0"), 1.0, atol=1e-6)
@@ -199,7 +197,7 @@ def test_min_snr_losses_agree_across_parameterisations():
     per = {}
     for pred in ("eps", "x0", "v"):
       fn = lambda x, tt, pred=pred: process.convert(x, x0_hat, sched.alpha_bar(tt), "x0", pred)  # noqa: E731
-      per[pred] = training.diffusion_loss(fn, x0, jax.random.key(5), sched, prediction=pred, weighting="min_snr",
+      per[pred] = train.diffusion_loss(fn, x0, jax.random.key(5), sched, prediction=pred, weighting="min_snr",
                                           t=t, noise=noise)[1]["per_example"]
     return per
 
@@ -214,13 +212,13 @@ def test_unet_train_step_lowers_fixed_batch_loss(cond_unet):
   batch = {"x": jnp.asarray(rng.uniform(-1, 1, (16, 8, 8, 1)), jnp.float32), **_cond_batch(16)}
   batch["y"] = batch.pop("class_labels") % 10
   sched = schedules.linear_beta_schedule(1000)
-  step = chex.assert_max_traces(training.make_train_step(model, sched, cond_drop_prob=0.1, ema_decay=0.9), n=1)
+  step = chex.assert_max_traces(train.make_train_step(model, sched, cond_drop_prob=0.1, ema_decay=0.9), n=1)
   step = _fast_jit(step, state, batch, jax.random.key(1))
-  kw = training.model_kwargs(batch)
+  kw = train.model_kwargs(batch)
 
   def fixed_loss_fn(params):  # the same t and eps every time
     fn = lambda x, t: model.apply({"params": params}, x, t, **kw)  # noqa: E731
-    return training.diffusion_loss(fn, batch["x"], jax.random.key(42), sched)[0]
+    return train.diffusion_loss(fn, batch["x"], jax.random.key(42), sched)[0]
 
   fixed_loss = _fast_jit(fixed_loss_fn, state.params)
 
@@ -242,19 +240,18 @@ def test_condition_dropout_exact(mlp_setup):
   sched = schedules.linear_beta_schedule(100)
   key = jax.random.key(1)
   # cond_drop_prob = 1 trains exactly the unconditional model: null label (num_classes = 3) and a zero condition.
-  a, _ = _fast_jit(training.make_train_step(model, sched, cond_drop_prob=1.0), st, batch, key)(st, batch, key)
+  a, _ = _fast_jit(train.make_train_step(model, sched, cond_drop_prob=1.0), st, batch, key)(st, batch, key)
   null_batch = {**batch, "y": np.full((16,), 3, np.int32), "cond": np.zeros_like(batch["cond"])}
-  b, _ = _fast_jit(training.make_train_step(model, sched), st, null_batch, key)(st, null_batch, key)
+  b, _ = _fast_jit(train.make_train_step(model, sched), st, null_batch, key)(st, null_batch, key)
   chex.assert_trees_all_close(a.params, b.params, rtol=1e-6, atol=1e-7)
 
 
 def test_train_step_same_on_1_and_8_devices(mlp_setup):
   model, st0, batch = mlp_setup
   sched = schedules.ContinuousSchedule("cosine")
-  step = training.make_train_step(model, sched, prediction="v", weighting="min_snr")
+  step = train.make_train_step(model, sched, prediction="v", weighting="min_snr")
   outs = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     with jax.set_mesh(mesh):
       st = sharding.replicate(st0, mesh)
       fn = loop_lib.compile_step(step, mesh, donate=False)  # st0 is reused for the second mesh
@@ -268,13 +265,13 @@ def test_train_step_same_on_1_and_8_devices(mlp_setup):
 def test_training_errors():
   sched = schedules.linear_beta_schedule(10)
   with pytest.raises(ValueError, match="floating"):
-    training.diffusion_loss(lambda x, t: x, jnp.ones((2, 3), jnp.int32), jax.random.key(0), sched)
+    train.diffusion_loss(lambda x, t: x, jnp.ones((2, 3), jnp.int32), jax.random.key(0), sched)
   with pytest.raises(ValueError, match="returned shape"):
-    training.diffusion_loss(lambda x, t: x[:, :1], jnp.ones((2, 3)), jax.random.key(0), sched)
+    train.diffusion_loss(lambda x, t: x[:, :1], jnp.ones((2, 3)), jax.random.key(0), sched)
   with pytest.raises(ValueError, match="weighting"):
-    training.loss_weight(jnp.ones(2), "eps", "p2")
+    train.loss_weight(jnp.ones(2), "eps", "p2")
   with pytest.raises(ValueError, match="cond_name"):
-    training.make_denoiser(unet.MLPDenoiser(), {}, cond_name="label")
+    train.make_denoiser(unet.MLPDenoiser(), {}, cond_name="label")
 
 
 def test_configs():
@@ -290,9 +287,10 @@ def test_configs():
 
 def test_experiment_smoke_run(tmp_path):
   from iclr24_jax.configs import diffusion as cfg_mod
-  from iclr24_jax.diffusion import experiment
-  res = experiment.run(cfg_mod.get_config("tiny"), str(tmp_path))
-  for f in ("metrics.jsonl", "results.json", "samples.png", "data.png", "loss.png"):
+  from iclr24_jax.diffusion import experiment, study
+  cfg = cfg_mod.get_config("tiny")
+  res = {**experiment.run(cfg, str(tmp_path)), **study.judge_run(str(tmp_path), cfg)}
+  for f in ("metrics.jsonl", "results.json", "samples.npz", "samples.png", "data.png", "loss.png"):
     assert os.path.exists(tmp_path / f), f
   with open(tmp_path / "results.json") as fh:
     saved = json.load(fh)
@@ -307,16 +305,16 @@ def test_digits_unet_learns_recognisable_samples(tmp_path):
   With n = 200 samples, chance accuracy 0.1 has binomial SE sqrt(0.1 * 0.9 / 200) = 0.021; we require 3 SE above.
   """
   from iclr24_jax.configs import diffusion as cfg_mod
-  from iclr24_jax.diffusion import experiment
+  from iclr24_jax.diffusion import experiment, study
   cfg = cfg_mod.get_config("")
-  res = experiment.run(cfg, str(tmp_path))
+  res = {**experiment.run(cfg, str(tmp_path)), **study.judge_run(str(tmp_path), cfg)}
   assert res["final_loss"] < 0.7 * res["first_loss"], res
   n = cfg.sampler.num_samples
   assert res["samples_accuracy"] > 0.1 + 3 * np.sqrt(0.09 / n), res
 
 
 def test_unet_inner_contributing_zeros_reproduces_the_plain_unet():
-  """Nesting hook (issue 19): an inner network whose contribution is zero leaves the outer UNet exactly the plain
+  """Nesting hook (mdm nests UNets): an inner network whose contribution is zero leaves the outer UNet exactly the plain
   UNet with the same params, hands back its low-resolution prediction, and changes the output once it is not 0."""
   cfg = dict(TINY_UNET, num_classes=10, scale_shift=True)
   plain = unet.UNet(**cfg)

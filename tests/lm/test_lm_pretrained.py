@@ -127,7 +127,7 @@ def test_smollm2_matches_torch_transformers_on_same_gguf(smol):
 def test_smollm2_compact_formats_match_float32_logprobs(smol):
   """The paragraph's per-token log-probabilities in the int8 and bfloat16 formats against float32: decoding
   one token at a time (the one-row path of batch-1 generation) and scoring all rows in one call (the
-  bfloat16 matmul path). Mean |difference| < 0.02 nats (issue 45). The int8 codes hold the GGUF's Q4_1
+  bfloat16 matmul path). Mean |difference| < 0.02 nats. The int8 codes hold the GGUF's Q4_1
   blocks (nearly) exactly, so one-row int8 decoding is within 1e-3 of float32 on average."""
   from iclr24_jax.lm import quant
   params, config, tok = smol

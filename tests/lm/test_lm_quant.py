@@ -130,7 +130,7 @@ def test_weight_bytes_and_errors(fused):
     quant.convert_params(fused, "int8", group_size=48)
   with pytest.raises(ValueError, match="already converted"):
     quant.convert_params(quant.convert_params(fused, "int8"), "bfloat16")
-  adapted = lora.init(jax.random.key(1), fused, lora.LoraConfig(rank=2, targets=("qkv_proj",)))
+  adapted = lora.init_params(jax.random.key(1), fused, lora.LoraConfig(rank=2, targets=("qkv_proj",)))
   with pytest.raises(ValueError, match="LoRA"):
     quant.convert_params(lora.apply(fused, adapted, lora.LoraConfig(rank=2, targets=("qkv_proj",))), "int8")
   with pytest.raises(ValueError, match="either quantize"):

@@ -28,7 +28,7 @@ def _batch(b=4, t=12, seed=0):
 
 
 def test_lora_zero_b_equals_base_and_merge_equals_apply(params):
-  adapters = lora.init(jax.random.key(1), params, LCFG)
+  adapters = lora.init_params(jax.random.key(1), params, LCFG)
   assert set(adapters) == {f"layers/{i}/{n}" for i in range(CFG.num_layers) for n in ("q_proj", "v_proj", "down_proj")}
   a = adapters["layers/0/q_proj"]
   chex.assert_shape((a["a"], a["b"]), ((CFG.hidden_size, 4), (4, CFG.num_heads * CFG.dim_head)))
@@ -57,9 +57,9 @@ def test_lora_zero_b_equals_base_and_merge_equals_apply(params):
 
 def test_lora_errors(params):
   with pytest.raises(ValueError, match="no dense layer named"):
-    lora.init(jax.random.key(0), params, lora.LoraConfig(targets=("query",)))
+    lora.init_params(jax.random.key(0), params, lora.LoraConfig(targets=("query",)))
   with pytest.raises(ValueError, match="fused"):
-    lora.init(jax.random.key(0), llama.fuse_params(params), lora.LoraConfig(targets=("q_proj",)))
+    lora.init_params(jax.random.key(0), llama.fuse_params(params), lora.LoraConfig(targets=("q_proj",)))
   with pytest.raises(ValueError, match="rank"):
     lora.LoraConfig(rank=0)
 

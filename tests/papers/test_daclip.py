@@ -1,6 +1,7 @@
 """Tests for DA-CLIP (iclr24_jax.papers.daclip): IR-SDE closed forms vs simulation and the bridge posterior,
 the controller's zero-init identity, the losses, the degradation suite, and a tiny end-to-end run."""
 import math
+import os
 
 import chex
 import jax
@@ -245,7 +246,9 @@ def test_experiment_run_tiny(tmp_path):
   from iclr24_jax.papers.daclip import experiment
   cfg = cfg_mod.get_config("tiny")
   res = experiment.run(cfg, str(tmp_path), progress=False)
-  for name in ("metrics.jsonl", "results.json", "restorations.png", "psnr_by_degradation.png", "heldout_loss.png"):
+  for name in ("results.json", "restorations.png", "psnr_by_degradation.png", "heldout_loss.png",
+               "clip/metrics.jsonl", "controller/metrics.jsonl", "controller_s2/metrics.jsonl",
+               "restorer_oracle_s1/metrics.jsonl", "restorer_none_s0/checkpoints"):
     assert (tmp_path / name).exists(), name
   assert set(res["accuracy"]) == {"ed_zero_shot", "frozen_zero_shot", "frozen_linear_probe", "content_ec",
                                   "content_frozen"}
@@ -464,3 +467,62 @@ def test_linear_probe_picks_its_regularisation_on_training_folds_only():
   noise_tr, noise_te = rng.normal(size=(150, 8)), rng.normal(size=(300, 8))
   correct, info = train_lib.linear_probe(noise_tr, y_tr, noise_te, rng.integers(0, 3, 300))
   assert abs(correct.mean() - 1 / 3) < 0.12 and info["cv_accuracy"] < 0.5
+
+
+def _comparable(tree, workdir: str):
+  """results.json's numbers without wall-clock figures (keys ending in '_s' or 'wall_s'), plot paths relative."""
+  if isinstance(tree, dict):
+    return {k: _comparable(v, workdir) for k, v in tree.items() if not k.endswith("_s")}
+  if isinstance(tree, list):
+    return [_comparable(v, workdir) for v in tree]
+  return tree.replace(workdir, "<workdir>") if isinstance(tree, str) else tree
+
+
+def _stage_rows(workdir: str) -> dict:
+  """Every stage's metrics.jsonl rows (stage folder -> rows without their timing columns)."""
+  from iclr24_jax.common import metrics as metrics_lib
+  out = {}
+  for name in sorted(os.listdir(workdir)):
+    path = os.path.join(workdir, name, "metrics.jsonl")
+    if os.path.exists(path):
+      out[name] = [{k: v for k, v in r.items() if not k.endswith(("_s", "steps_per_s"))}
+                   for r in metrics_lib.read_jsonl(path)]
+  return out
+
+
+@pytest.mark.slow   # ~5 min CPU: an uninterrupted tiny run, a run crashed inside a restorer stage, its resume
+def test_tiny_crash_inside_a_restorer_stage_then_resume_equals_uninterrupted(tmp_path):
+  """Killed without warning (nothing saved at the kill) at step 3 of restorer_daclip_s0, after its step-2
+  checkpoint: the launcher's rerun restores the finished stages without training, resumes that stage from step 2,
+  and reports the uninterrupted run's results.json numbers and metrics rows exactly."""
+  from iclr24_jax.common import checkpoint as ckpt_lib
+  from iclr24_jax.configs import daclip as cfg_mod
+  from iclr24_jax.launch import run as launch
+  cfg = cfg_mod.get_config("tiny")
+  every = int(cfg.checkpoint_every)
+  assert 0 < every < int(cfg.num_steps) and 0 < every < int(cfg.clip.num_steps)
+  full_wd, wd = str(tmp_path / "full"), str(tmp_path / "killed")
+  full = launch.run(cfg, full_wd).results
+
+  class Crash(Exception):
+    pass
+
+  def crash(step, row):
+    if "restorer_daclip_s0/loss" in row and step > every:
+      raise Crash(step)
+
+  with pytest.raises(Crash):
+    launch.run(cfg, wd, progress_fn=crash)
+  assert ckpt_lib.read_status(wd)["status"] == "failed"
+  steps = ckpt_lib.checkpoint_steps(wd)
+  assert steps[os.path.join("restorer_daclip_s0", "checkpoints")] == every       # saved before the kill
+  assert steps[os.path.join("clip", "checkpoints")] == int(cfg.clip.num_steps)    # a finished stage
+  assert os.path.join("restorer_daclip_s1", "checkpoints") not in steps          # not reached
+
+  logged = []
+  resumed = launch.run(cfg, wd, progress_fn=lambda step, row: logged.append(row)).results
+  trained = sorted({k.split("/")[0] for r in logged for k in r if k.endswith("/loss")})
+  assert "clip" not in trained and "controller" not in trained and "restorer_none_s0" not in trained
+  assert [r["step"] for r in logged if "restorer_daclip_s0/loss" in r] == list(range(every + 1, cfg.num_steps + 1))
+  assert _comparable(resumed, wd) == _comparable(full, full_wd)
+  assert _stage_rows(wd) == _stage_rows(full_wd)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import data as data_lib
-from iclr24_jax.common.train_state import TrainState
+from iclr24_jax.configs import lm_inversion as cfg_mod
 from iclr24_jax.lm import t5
 from iclr24_jax.papers import lm_inversion as li
 from iclr24_jax.papers.lm_inversion import data as li_data
@@ -153,7 +153,7 @@ def test_train_step_lowers_loss_and_compiles_once():
   labels = rng.integers(3, 32, size=(8, 6)).astype(np.int32)
   labels[:, -1] = 2
   batch = {"logprobs": jnp.asarray(logprobs), "labels": jnp.asarray(labels), "label_mask": jnp.ones((8, 6), bool)}
-  state = li.init_state(jax.random.key(0), inv, optax.adam(1e-2), 40)
+  state = li.init(jax.random.key(0), inv, optax.adam(1e-2), 40)
   step = jax.jit(chex.assert_max_traces(li.make_train_step(inv), n=1))
   losses = []
   for _ in range(40):
@@ -179,7 +179,7 @@ def test_multi_train_step_equals_separate_steps():
   batch = {"logprobs": jnp.asarray(lp), "labels": jnp.asarray(labels), "label_mask": jnp.ones((4, 2, 5), bool)}
   tx = optax.adam(1e-2)
   keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in (3, 4)])
-  states = jax.vmap(lambda k: li.init_state(jax.random.wrap_key_data(k), inv, tx, 40))(keys)
+  states = jax.vmap(lambda k: li.init(jax.random.wrap_key_data(k), inv, tx, 40))(keys)
   step = li.make_train_step(inv)
   new, m = jax.jit(li.make_multi_train_step(step, 2))(states, batch, jax.random.key(7))
   for i in range(2):
@@ -323,7 +323,7 @@ def test_study_fast_rows(tmp_path, monkeypatch):
   """The whole study on the tiny config: every arm trains and the rows carry seed-judged verdicts."""
   from iclr24_jax.papers.lm_inversion import study
   monkeypatch.setenv("ICLR24_LM_INVERSION_CACHE", str(tmp_path / "cache"))
-  rows = study.reproduce(str(tmp_path / "study"), fast=True)
+  rows = study.reproduce(str(tmp_path / "study"), fast=True, get_config=cfg_mod.get_config)
   # 10 seed comparisons (F1 and BLEU each): shuffled input (claims), the sample inverter's own control (checks),
   # vs samples (claims only where that control says 'yes'), bag of tokens and nearest by KL (measurements)
   compared = [r for r in rows if r.get("judgement")]

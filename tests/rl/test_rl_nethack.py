@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("nle")
 
+from iclr24_jax.configs import ppo as ppo_config  # noqa: E402
 from iclr24_jax.rl import distributions, nethack, ppo, ppo_host  # noqa: E402
 
 
@@ -103,7 +104,7 @@ def test_nethack_net_shapes(env):
 
 
 def test_host_ppo_with_reward_hook(env):
-  c = ppo.default_config()
+  c = ppo_config.ppo_defaults()
   c.num_steps = 2
   c.ppo.update(dict(rollout_steps=8, num_minibatches=2, update_epochs=1))
   seen = []

@@ -102,8 +102,8 @@ def test_dataset_into_replay_buffer(noisy):
 
 @pytest.mark.slow
 def test_brax_inverted_pendulum_datasets(cache):
-  from iclr24_jax.rl import ppo
-  cfg = ppo.preset_config("inverted_pendulum")
+  from iclr24_jax.configs import ppo as ppo_config
+  cfg = ppo_config.preset("inverted_pendulum")
   run = offline.train_data_agent("brax/inverted_pendulum", 0, cache, num_chunks=5, config=cfg, progress=False)
   assert len(run["params"]) == 5 and run["eval_returns"][-1] > run["eval_returns"][0]
   again = offline.train_data_agent("brax/inverted_pendulum", 0, cache, num_chunks=5, config=cfg, progress=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -165,10 +165,9 @@ def _fmt(values: list[float]) -> str:
   return stats.fmt_mean_se(*stats.mean_se(values))
 
 
-def _reproduce_config(name: str, model: str, fast: bool):
-  from iclr24_jax.configs import cdgm as cfg_mod
+def _reproduce_config(name: str, model: str, fast: bool, *, get_config: Callable[[str], Any]):
   official = (name, model) == ("heloc", "official")
-  c = cfg_mod.get_config("heloc_official" if official else f"{name}_{model}")
+  c = get_config("heloc_official" if official else f"{name}_{model}")
   if not official:
     c.num_steps = int(c.reproduce_steps_fast if fast else c.reproduce_steps)
   elif fast:
@@ -226,7 +225,7 @@ def _plot_fair_test(res: dict, path: str, title: str) -> str:
   return metrics_lib.save_figure(fig, path)
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Violation, utility and detection of TVAE / CTGAN vs their P- and C- versions (3 seeds, paired), and the fair
   test of the negative finding on HELOC with the official TVAE recipe (2,250 steps, loss factor 2, L2 5e-6).
 
@@ -237,15 +236,14 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   """
   t_start = time.perf_counter()
   os.makedirs(workdir, exist_ok=True)
-  from iclr24_jax.configs import cdgm as cfg_mod
-  settings = [tuple(s.split("_", 1)) for s in cfg_mod.get_config().reproduce_settings]
+  settings = [tuple(s.split("_", 1)) for s in get_config().reproduce_settings]
   if data_lib.cdgm_data_dir(required=False) is None:
     settings = [s for s in settings if s[0] == "generated"]
   if fast:
     settings = settings[:1]
   rows, table_cache = [], {}
   for name, model in settings:
-    c = _reproduce_config(name, model, fast)
+    c = _reproduce_config(name, model, fast, get_config=get_config)
     seeds = tuple(range(int(c.reproduce_seeds)))
     if name not in table_cache:
       table_cache[name] = prepare_table(c)
@@ -326,7 +324,7 @@ def _bench_constraint_sets(quick: bool) -> list[tuple[str, Constraints]]:
   return sets
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Layer throughput vs constraints/features (schedules, batch sizes, 1 vs all devices), reduction cost, and
   sampling time with vs without the layer."""
   from iclr24_jax.papers.cdgm.constraints import reduce_constraints
@@ -359,13 +357,12 @@ def benchmark(quick: bool = True) -> list[dict]:
       rows += bench.across_devices(make_case, sizes=(1024, 16384), counts=None if schedule == "levels" else [1],
                                    repeats=repeats, min_time_s=min_time)
   # Sampling with and without the layer (untrained weights: the cost does not depend on their values).
-  from iclr24_jax.configs import cdgm as cfg_mod
   table = data_lib.load_generated()
   tf = tfm.fit_transform(table.train, table.discrete, max_fit_rows=500, max_iter=20)
   layer = ConstraintLayer(table.constraints, table.num_features)
   enc = tfm.encode(tf, table.train)
   for mname in ("tvae", "ctgan"):
-    model = build_model(cfg_mod.get_config(f"generated_{mname}"), tf, layer, "postprocessing")
+    model = build_model(get_config(f"generated_{mname}"), tf, layer, "postprocessing")
     state = jax.jit(model.init)(jax.random.key(0))
     data = model_data(model, tf, enc)
     for num in (1000, 10000):

@@ -11,13 +11,13 @@ Public API:
   dirichlet_partition                                    (non-IID client partitions)
   ensemble_logits, hard_sample_loss, adversarial_loss, kd_loss   (pure losses)
   update_weights, ods_perturb, synthesis_step, distill_step      (pure steps; callers compile)
-  Method, dense_like, knobs, init_synthesis, init, fit           (a whole server training; init_server: alias)
+  Method, dense_like, knobs, init_synthesis, init, fit           (a whole server training)
   Generator, ClientSet, train_clients, fedavg_params             (models and clients)
   run (experiment.run(config, workdir)); the study (reproduce, benchmark) is in study.py
 """
 from iclr24_jax.papers.coboosting.clients import train_clients
 from iclr24_jax.papers.coboosting.coboost import (Method, SynthState, dense_like, distill_step, fit,
-                                                  hard_sample_synthesis, init, init_server, init_synthesis, knobs,
+                                                  hard_sample_synthesis, init, init_synthesis, knobs,
                                                   ods_perturb, synthesis_step, teacher_logits, update_weights,
                                                   weight_step)
 from iclr24_jax.papers.coboosting.losses import (adversarial_loss, ensemble_logits, hard_sample_loss, kd_loss,
@@ -45,5 +45,5 @@ BIBTEX = """@inproceedings{dai2024coboosting,
 __all__ = ["dirichlet_partition", "mean_label_entropy", "ensemble_logits", "hard_sample_loss", "adversarial_loss",
            "kd_loss", "kl_divergence", "update_weights", "weight_step", "ods_perturb", "synthesis_step",
            "distill_step", "hard_sample_synthesis", "teacher_logits", "Method", "SynthState", "dense_like", "knobs",
-           "init_synthesis", "init", "init_server", "fit", "Generator", "ClientSet", "stack_params", "fedavg_params",
+           "init_synthesis", "init", "fit", "Generator", "ClientSet", "stack_params", "fedavg_params",
            "train_clients", "run", "TITLE", "URL", "BIBTEX"]

@@ -71,12 +71,12 @@ def _accuracy(logits: Any, y: np.ndarray) -> float:
   return float(np.mean(np.argmax(np.asarray(logits), -1) == np.asarray(y)))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _jitted_logits(clients: model_lib.ClientSet):
   return jax.jit(clients.logits)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _jitted_apply(model: Any):
   return jax.jit(lambda p, x: model.apply({"params": p}, x))
 
@@ -192,7 +192,7 @@ def run(config: Any, workdir: str | None = None) -> dict:
               "eval/weighted_ensemble_accuracy": _accuracy(t_logits, y_test)}
 
     # Paired by seed: Co-Boosting and the DENSE-like baseline draw the same server-init, generator and
-    # distillation keys, so their difference is the method's, not the draw's (issue 30).
+    # distillation keys, so their difference is the method's, not the draw's.
     res = coboost.fit(method, cparams, key=key_server,
                       input_shape=ds.input_shape, epochs=int(config.num_epochs),
                       g_steps=int(config.coboost.g_steps), batch_size=int(config.batch_size),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -43,14 +44,13 @@ NOT_RUN = [
 METRICS = ("coboosting", "dense", "coboosting_best", "dense_best", "fedavg", "ensemble", "cb_weighted_ensemble")
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Co-Boosting vs the DENSE-like baseline (paired: same clients, same server and generator keys) and FedAvg at
   Dirichlet 0.1 and 0.3, 6 seeds; final and best-epoch server accuracy; the uniform ensemble is the teacher.
 
   Budget (2 CPU cores): the 'reproduce' config (digits, 10 CNN clients, 30 server epochs of 20 generator
   steps, evaluated every epoch); fast=True runs alpha 0.1 with one seed and 3 epochs.
   """
-  from iclr24_jax.configs import coboosting as cfg_mod
   alphas = (0.1,) if fast else (0.1, 0.3)
   seeds = (0,) if fast else tuple(range(6))
   t0 = time.perf_counter()
@@ -58,7 +58,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   for alpha in alphas:
     table[alpha] = {m: [] for m in METRICS}
     for seed in seeds:
-      cfg = cfg_mod.get_config(f"reproduce,alpha={alpha}")
+      cfg = get_config(f"reproduce,alpha={alpha}")
       cfg.seed = seed
       cfg.plots = seed == seeds[0]
       cfg.progress = False
@@ -131,9 +131,9 @@ def _reproduce_plot(workdir: str, table: dict) -> str:
   return metrics_lib.save_figure(fig, os.path.join(workdir, "reproduction.png"))
 
 
-def _bench_setup(num_clients: int, vmap: bool, image_size: int = 8, quick: bool = True):
-  from iclr24_jax.configs import coboosting as cfg_mod
-  cfg = cfg_mod.get_config("reproduce")
+def _bench_setup(num_clients: int, vmap: bool, image_size: int = 8, quick: bool = True,
+                 *, get_config: Callable[[str], Any]):
+  cfg = get_config("reproduce")
   if quick:
     small = dict(name="cnn", features=(8, 16), dense=32)
     cfg.client.models = (small,)
@@ -148,7 +148,7 @@ def _bench_setup(num_clients: int, vmap: bool, image_size: int = 8, quick: bool 
   return cfg, method, params, shape
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Epoch time (g_steps synthesis + re-weighting + distillation over a fixed pool) vs number of clients.
 
   Rows: one epoch for 5, 10 and 20 clients on 1 device; the synthesis and distillation steps (C = 10) on 1 and
@@ -161,7 +161,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   mesh1 = sharding.make_mesh(devices=jax.devices()[:1])
   default_vmap = resolve_vmap("auto")
   for c in (5, 10, 20):
-    cfg, method, params, shape = _bench_setup(c, vmap=default_vmap, quick=quick)
+    cfg, method, params, shape = _bench_setup(c, vmap=default_vmap, quick=quick, get_config=get_config)
     comp = coboost.compiled(method, mesh1, batch, shape)
     weights = jnp.full((c,), 1.0 / c, jnp.float32)  # not weak-typed: a weak input would compile a 2nd time
     state = {"teacher": sharding.replicate({"clients": params, "weights": weights}, mesh1),
@@ -191,7 +191,7 @@ def benchmark(quick: bool = True) -> list[dict]:
                                 client_eval="vmap" if default_vmap else "unrolled"))
   # Single steps (C = 10) on 1 and all devices; quick=False adds the other client evaluation on 1 device.
   for vmap in ((default_vmap,) if quick else (default_vmap, not default_vmap)):
-    cfg, method, params, shape = _bench_setup(10, vmap=vmap, quick=quick)
+    cfg, method, params, shape = _bench_setup(10, vmap=vmap, quick=quick, get_config=get_config)
     counts = None if vmap == default_vmap else (1,)
     tag = dict(size=10, batch=batch, clients=10, client_eval="vmap" if vmap else "unrolled")
 

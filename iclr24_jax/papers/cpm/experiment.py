@@ -1,16 +1,7 @@
 """CPM experiments: `run` (one config); study.py: `reproduce` (CPM vs the standard PM on HH-RLHF with SmolLM2 features,
 PM-A / PM-B best-of-n agreement, a synthetic run with known weights), `benchmark` (features/s, fit time vs N).
 
-Studies:
-  preference  held-out accuracy of CPM / standard PM / length only / CPM without length / each single feature,
-              over `seeds` random train/test re-splits of the scored pairs (paired by seed), with a 95%
-              bootstrap interval over the test pairs of the first split.
-  bon         best-of-n robustness (paper Sec. 4.1, official `reward_scaling_lll.best_of_n`): PM A and PM B are
-              fitted on disjoint halves of the pairs; n samples per prompt are picked by A and scored by B
-              (both z-scored over the samples); the A-B gap of the pick and the A/B pick agreement vs n.
-  synthetic   features with known weights and a known Bradley-Terry reward: weight recovery, accuracy against
-              the Bayes accuracy of the true reward, CPM vs a PM on a noisy high-dimensional embedding, and the
-              true reward of best-of-n picks.
+The evaluation protocols `run` applies (preference, best-of-n, synthetic) are in `evaluation.py`.
 """
 from __future__ import annotations
 
@@ -22,15 +13,15 @@ from typing import Any
 import numpy as np
 
 from iclr24_jax.common import data as common_data
+from iclr24_jax.common import jsonl_cache
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import stats
 from iclr24_jax.papers.cpm import data as data_lib
 from iclr24_jax.papers.cpm import features as feat
 from iclr24_jax.papers.cpm import model as model_lib
-from iclr24_jax.papers.cpm import pm as pm_lib
 from iclr24_jax.papers.cpm import scoring
-
-LENGTH_COL = len(feat.FEATURES)          # index of the length column in the [.., 14] feature matrices
+from iclr24_jax.papers.cpm.evaluation import (BASELINE_SAMPLE, bon_judge_study, bon_study, judge_preferences,
+                                             pairwise_wins, preference_study, synthetic_study)
 
 
 # ------------------------------------------------------------------------------------------------ scoring
@@ -55,6 +46,28 @@ def make_scorer(config: Any):
   if config.scorer == "smollm2":
     return scoring.SmolLMScorer(template=config.template, batch_size=config.score_batch)
   raise ValueError(f"unknown config.scorer {config.scorer!r}; choose 'smollm2' or 'fake'.")
+
+
+def judge_cache_file(config: Any) -> str | None:
+  """The judge's cache (`lm.GenerationCache`): judge.jsonl beside the score cache; None when the cache is off."""
+  path = cache_file(config)
+  return None if path is None else os.path.join(os.path.dirname(path), "judge.jsonl")
+
+
+def make_judge(config: Any, scorer=None):
+  """The judge LM config.bon.judge names: 'smollm2' (`lm.SmolLMJudge`, sharing a SmolLM2 scorer's weights),
+  'fake' (`lm.FakeJudge`, chance level: a hash of the prompt and option), or None for ''."""
+  from iclr24_jax import lm
+  name = config.bon.get("judge", "")
+  if not name:
+    return None
+  if name == "fake":
+    return lm.FakeJudge(seed=config.seed)
+  if name == "smollm2":
+    if isinstance(scorer, scoring.SmolLMScorer):
+      return lm.SmolLMJudge(scorer.params, scorer.config, scorer.tokenizer, batch_size=config.bon.judge_batch)
+    return lm.SmolLMJudge(batch_size=config.bon.judge_batch)
+  raise ValueError(f"unknown config.bon.judge {name!r}; choose 'smollm2', 'fake' or '' (no judge).")
 
 
 def score_pairs(scorer, pairs: list[dict], cache: scoring.ScoreCache, mode: str = "expected",
@@ -89,159 +102,6 @@ def score_pairs(scorer, pairs: list[dict], cache: scoring.ScoreCache, mode: str 
           "complete": model_lib.complete_pairs(fa, fb)}
 
 
-# ------------------------------------------------------------------------------------------ the studies
-
-
-def _correct(model, fa, fb, y) -> np.ndarray:
-  return np.asarray(model_lib.pair_correct(model, fa, fb, y))
-
-
-def preference_study(fa, fb, ea, eb, labels, num_train: int, seeds, cv: Any) -> dict:
-  """Held-out accuracy of CPM and the baselines over random re-splits (see the module docstring).
-
-  Args:
-    fa: [N, 14] features of reply A; fb: [N, 14] of reply B.
-    ea: [N, E] PM embeddings of reply A, or None (no standard PM); eb: [N, E] of reply B, or None.
-    labels: [N] int in {0, 1}, 1 when reply A is preferred.
-    num_train: pairs used for training per split (2 <= num_train < N; the rest are the test pairs).
-    seeds: split seeds (one random re-split each).
-    cv: cross-validation settings (penalties, Cs, num_folds, pad_rows).
-
-  Returns:
-    {'acc': {method: [S] test accuracy}, 'correct': {method: [N_test] per-pair 0/1 of the first seed},
-     'weights': [S, 14] CPM weights, 'cv': [S] chosen (penalty, C), 'num_test': int}.
-
-  Raises:
-    ValueError: num_train outside [2, N).
-  """
-  n = len(labels)
-  if not 2 <= num_train < n:
-    raise ValueError(f"num_train={num_train} must leave test pairs out of {n}.")
-  acc: dict[str, list] = {}
-  correct: dict[str, np.ndarray] = {}
-  weights, chosen = [], []
-  for s in seeds:
-    perm = np.random.default_rng(1000 + s).permutation(n)
-    tr, te = perm[:num_train], perm[num_train:]
-    res = {}
-    cpm, info = model_lib.cross_validate(fa[tr], fb[tr], labels[tr], penalties=tuple(cv.penalties),
-                                         Cs=tuple(cv.Cs), num_folds=cv.num_folds, pad_rows=cv.pad_rows)
-    res["CPM"] = _correct(cpm, fa[te], fb[te], labels[te])
-    weights.append(np.asarray(cpm.weights))
-    chosen.append((info["penalty"], info["C"]))
-    # CPM without the length feature: the length column zeroed (its weight is then 0 under any penalty), so
-    # the same compiled program serves.
-    no_len = lambda f: np.concatenate([f[:, :LENGTH_COL], np.zeros_like(f[:, LENGTH_COL:])], axis=1)
-    lm_only, _ = model_lib.cross_validate(no_len(fa[tr]), no_len(fb[tr]), labels[tr], penalties=tuple(cv.penalties),
-                                          Cs=tuple(cv.Cs), num_folds=cv.num_folds, pad_rows=cv.pad_rows)
-    res["CPM without length"] = _correct(lm_only, no_len(fa[te]), no_len(fb[te]), labels[te])
-    if ea is not None:
-      pm, _ = pm_lib.fit_pm(ea[tr], eb[tr], labels[tr], num_folds=cv.num_folds, pad_rows=cv.pad_rows)
-      res["standard PM"] = _correct(pm, ea[te], eb[te], labels[te])
-    singles = model_lib.single_feature_correct(fa[tr], fb[tr], labels[tr], fa[te], fb[te], labels[te])
-    for j, name in enumerate(feat.ALL_FEATURES):
-      res["length only" if name == feat.LENGTH_FEATURE else f"feature: {name}"] = singles[j]
-    for k, v in res.items():
-      acc.setdefault(k, []).append(float(np.mean(v)))
-      if s == seeds[0]:
-        correct[k] = v
-  return {"acc": {k: np.asarray(v) for k, v in acc.items()}, "correct": correct, "weights": np.asarray(weights),
-          "cv": chosen, "num_test": n - num_train}
-
-
-def _zscore(r: np.ndarray) -> np.ndarray:
-  return (r - r.mean()) / (r.std() + 1e-12)
-
-
-def bon_study(fa, fb, ea, eb, labels, sample_feats, sample_embs, seeds, ns, cv: Any) -> dict:
-  """PM-A / PM-B best-of-n over seeds (disjoint halves of the pairs), for CPM and the standard PM.
-
-  Args:
-    fa, fb, ea, eb, labels: the scored pairs.
-    sample_feats: [P, n, 14] features of the samples; sample_embs: [P, n, E] or None.
-    seeds: half-split seeds.
-    ns: sample counts of the curve.
-    cv: cross-validation settings.
-
-  Returns:
-    {model: {'curves': [S] dicts of best_of_n_curve, 'corr': [S] Pearson r of A and B rewards}}.
-  """
-  n_pairs = len(labels)
-  p, n, f = sample_feats.shape
-  out = {"CPM": {"curves": [], "corr": []}}
-  if sample_embs is not None and ea is not None:
-    out["standard PM"] = {"curves": [], "corr": []}
-  for s in seeds:
-    perm = np.random.default_rng(2000 + s).permutation(n_pairs)
-    halves = (perm[:n_pairs // 2], perm[n_pairs // 2:])
-    rewards = {k: [] for k in out}
-    for h in halves:
-      cpm, _ = model_lib.cross_validate(fa[h], fb[h], labels[h], penalties=tuple(cv.penalties), Cs=tuple(cv.Cs),
-                                        num_folds=cv.num_folds, pad_rows=cv.pad_rows)
-      rewards["CPM"].append(_zscore(np.asarray(model_lib.reward(cpm, sample_feats.reshape(p * n, f)))))
-      if "standard PM" in out:
-        pm, _ = pm_lib.fit_pm(ea[h], eb[h], labels[h], num_folds=cv.num_folds, pad_rows=cv.pad_rows)
-        e = sample_embs.reshape(p * n, -1)
-        rewards["standard PM"].append(_zscore(np.asarray(model_lib.reward(pm, e))))
-    for k, (ra, rb) in rewards.items():
-      out[k]["curves"].append(model_lib.best_of_n_curve(ra.reshape(p, n), rb.reshape(p, n), ns))
-      # A constant reward (all weights 0: the CV chose the strongest penalty) has no correlation: count 0.
-      out[k]["corr"].append(float(np.corrcoef(ra, rb)[0, 1]) if ra.std() > 0 and rb.std() > 0 else 0.0)
-  return out
-
-
-def synthetic_study(cfg: Any, seeds) -> dict:
-  """Known weights and a known reward (see `data.make_synthetic`); per seed: weight cosine, CPM / Bayes / PM
-  accuracy on held-out pairs, and the true reward of best-of-n picks by CPM-A vs PM-A.
-
-  Args:
-    cfg: the config.synthetic block (weights [F], num_train, num_test, embed_dim, embed_noise, bon_prompts,
-      bon_n, penalties, Cs, num_folds, pad_rows).
-    seeds: one synthetic draw per seed.
-
-  Returns:
-    {key: [S] float64} for cosine, acc_cpm, acc_bayes, acc_pm, bon_true_cpm, bon_true_pm, agree_cpm, agree_pm.
-  """
-  w = np.asarray(cfg.weights, np.float64)
-  res = {k: [] for k in ("cosine", "acc_cpm", "acc_bayes", "acc_pm", "bon_true_cpm", "bon_true_pm",
-                         "agree_cpm", "agree_pm")}
-  n_bon = cfg.bon_prompts * cfg.bon_n
-  for s in seeds:
-    # One draw for train, test and the best-of-n samples (the "A" replies of the last n_bon pairs), so all
-    # share the embedding's projection.
-    d = data_lib.make_synthetic(s, cfg.num_train + cfg.num_test + n_bon, w, embed_dim=cfg.embed_dim,
-                                embed_noise=cfg.embed_noise)
-    k0 = cfg.num_train + cfg.num_test
-    tr, te = np.arange(cfg.num_train), np.arange(cfg.num_train, k0)
-    y = d["labels"]
-    cpm, _ = model_lib.cross_validate(d["fa"][tr], d["fb"][tr], y[tr], penalties=tuple(cfg.penalties),
-                                      Cs=tuple(cfg.Cs), num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
-    wh = np.asarray(cpm.weights)
-    res["cosine"].append(float(wh @ w / (np.linalg.norm(wh) * np.linalg.norm(w) + 1e-12)))
-    res["acc_cpm"].append(float(np.mean(_correct(cpm, d["fa"][te], d["fb"][te], y[te]))))
-    true_margin = d["reward_a"][te] - d["reward_b"][te]
-    res["acc_bayes"].append(float(np.mean((true_margin > 0) == (y[te] == 1))))
-    pm, _ = pm_lib.fit_pm(d["ea"][tr], d["eb"][tr], y[tr], num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
-    res["acc_pm"].append(float(np.mean(_correct(pm, d["ea"][te], d["eb"][te], y[te]))))
-    # Best-of-n: models A and B fitted on disjoint halves of the training pairs; A picks, the truth scores.
-    shape = (cfg.bon_prompts, cfg.bon_n)
-    f_s, e_s, r_s = d["fa"][k0:], d["ea"][k0:], d["reward_a"][k0:].reshape(shape)
-    halves = np.arange(cfg.num_train // 2), np.arange(cfg.num_train // 2, cfg.num_train)
-    for name in ("cpm", "pm"):
-      rs = []
-      for h in halves:
-        if name == "cpm":
-          m, _ = model_lib.cross_validate(d["fa"][h], d["fb"][h], y[h], penalties=tuple(cfg.penalties),
-                                          Cs=tuple(cfg.Cs), num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
-          rs.append(np.asarray(model_lib.reward(m, f_s)).reshape(shape))
-        else:
-          m, _ = pm_lib.fit_pm(d["ea"][h], d["eb"][h], y[h], num_folds=cfg.num_folds, pad_rows=cfg.pad_rows)
-          rs.append(np.asarray(model_lib.reward(m, e_s)).reshape(shape))
-      res[f"bon_true_{name}"].append(float(np.mean(model_lib.best_of_n(rs[0], r_s))))
-      res[f"agree_{name}"].append(float(np.mean(np.argmax(rs[0], 1) == np.argmax(rs[1], 1))))
-  return {k: np.asarray(v) for k, v in res.items()}
-
-
 # ------------------------------------------------------------------------------------------ BoN samples
 
 
@@ -270,16 +130,24 @@ def bon_samples(config: Any, pairs_for_prompts: list[dict], cache: scoring.Score
   rendered = [tok.apply_chat_template(data_lib.history_messages(h), add_generation_prompt=True) for h in hist]
   settings = dict(n=b.n, temperature=b.temperature, top_p=b.top_p, max_new_tokens=b.max_new_tokens, seed=b.seed)
   keys = [scoring.ScoreCache.key(scorer.model_id, "bon", r, settings) for r in rendered]
-  todo = [i for i, k in enumerate(keys) if k not in cache]
-  if todo:
-    gen = lm.Generator(scorer.params, scorer.config, tok, chat=False, batch_size=b.n)
-    t0 = time.perf_counter()
-    for i in todo:
-      texts = gen([rendered[i]] * b.n, max_new_tokens=b.max_new_tokens, temperature=b.temperature, top_p=b.top_p,
-                  seed=b.seed + i)
-      cache.put_many({keys[i]: [t.strip() for t in texts]})
-    log(f"  generated {len(todo)} x {b.n} samples in {time.perf_counter() - t0:.0f}s")
-  return hist, [cache.get(k) for k in keys]
+  gen = None
+  t0 = time.perf_counter()
+
+  def generate(idx: list[int]) -> list[list[str]]:   # one prompt per call (chunk_size 1): n samples, its own seed
+    nonlocal gen
+    if gen is None:
+      gen = lm.Generator(scorer.params, scorer.config, tok, chat=False, batch_size=b.n)
+    texts = gen([rendered[idx[0]]] * b.n, max_new_tokens=b.max_new_tokens, temperature=b.temperature,
+                top_p=b.top_p, seed=b.seed + idx[0])
+    return [[t.strip() for t in texts]]
+
+  def progress(done: int, total: int) -> None:
+    if done == total:
+      log(f"  generated {total} x {b.n} samples in {time.perf_counter() - t0:.0f}s")
+
+  samples = jsonl_cache.cached_map(generate, range(len(keys)), keys, cache, chunk_size=1, progress=progress,
+                                   what="prompt")
+  return hist, samples
 
 
 # ------------------------------------------------------------------------------------------------- plots
@@ -403,7 +271,13 @@ def run(config: Any, workdir: str, log=print) -> dict:
     results["preference"] = {
         "num_pairs": int(keep.sum()), "dropped_incomplete": int((~keep).sum()), "num_train": num_train,
         "num_test": pref["num_test"], "acc": {k: _summarise(v) for k, v in pref["acc"].items()},
-        "ci95_first_split": boot, "weights_mean": pref["weights"].mean(0).tolist(),
+        "ci95_first_split": boot,
+        # Each pair's correctness averaged over the splits that test it (None: never tested), the unit of the
+        # paired bootstrap over pairs the study judges CPM vs the standard PM with.
+        "pair_mean": {k: [None if np.isnan(x) else float(x) for x in v] for k, v in pref["pair_mean"].items()
+                      if not k.startswith("feature: ")},
+        "test_count": pref["test_count"].tolist(),
+        "weights_mean": pref["weights"].mean(0).tolist(),
         "weights_names": list(feat.ALL_FEATURES), "cv_choice": pref["cv"],
         "chosen_vs_rejected_mean_features": {
             "chosen": np.where(y[:, None] == 1, fa, fb).mean(0).tolist(),
@@ -415,17 +289,19 @@ def run(config: Any, workdir: str, log=print) -> dict:
                                           "CPM coefficients (HH-RLHF, mean over splits)"))
     log("accuracy: " + ", ".join(f"{k} {np.mean(v):.3f}" for k, v in pref["acc"].items()
                                  if not k.startswith("feature")))
-    bon_s = bon_gen_s = 0.0
+    bon_s = bon_gen_s = judge_s = bon_gen_cpu = bon_score_cpu = 0.0
     if config.bon.enabled:
-      t3 = time.perf_counter()
+      t3, c3 = time.perf_counter(), time.process_time()
       prompt_pairs = data_lib.load_pairs(config.bon.num_prompts, seed=config.data.seed,
                                          max_chars=config.data.max_chars, data_dir=config.data.data_dir or None,
                                          skip=n_pool)
       hist, samples = bon_samples(config, prompt_pairs, cache, scorer, log=log)
-      bon_gen_s = time.perf_counter() - t3
+      bon_gen_s, bon_gen_cpu = time.perf_counter() - t3, time.process_time() - c3
       flat_h = [h for h, ss in zip(hist, samples) for _ in ss]
       flat_r = [r for ss in samples for r in ss]
+      c5 = time.process_time()
       out = scoring.score_features(scorer, flat_h, flat_r, cache=cache, mode=config.mode)
+      bon_score_cpu = time.process_time() - c5
       sf = feat.feature_matrix({k: out["scores"][:, j] for j, k in enumerate(feat.FEATURES)}, flat_r)
       if np.isnan(sf).any():   # parse mode: a missing feature of a sample -> its column mean (logged)
         log(f"  {int(np.isnan(sf).any(1).sum())} samples with a missing feature: filled with the column mean")
@@ -436,8 +312,34 @@ def run(config: Any, workdir: str, log=print) -> dict:
       bon_s = time.perf_counter() - t3
       results["bon"] = {k: {"n": list(map(int, v["curves"][0]["n"])),
                             **{m: [c[m].tolist() for c in v["curves"]] for m in ("score_a", "score_b", "agreement")},
-                            "corr": v["corr"]} for k, v in bon.items()}
+                            "corr": v["corr"], "agree_prompt": np.asarray(v["agree_prompt"]).tolist(),
+                            "gap_prompt": np.asarray(v["gap_prompt"]).tolist()} for k, v in bon.items()}
       results["bon"]["example"] = {"history": hist[0], "samples": samples[0][:4]}
+      judge = make_judge(config, scorer)
+      if judge is not None:
+        t4, c4 = time.perf_counter(), time.process_time()
+        jpath = judge_cache_file(config)
+        from iclr24_jax import lm
+        jcache = None if jpath is None else lm.GenerationCache(jpath)
+        jd = bon_judge_study(fa, fb, ea, eb, y, sf.reshape(p, n, -1), se, hist, samples, judge, config.cv,
+                             cache=jcache)
+        results["bon_judge"] = {
+            "judge": judge.model_id, "baseline_sample": BASELINE_SAMPLE, "num_prompts": p, "n": n,
+            "num_judged": jd["num_judged"],
+            **{k: {m: np.asarray(v[m]).tolist() for m in v} for k, v in jd.items() if isinstance(v, dict)},
+            **({"head_to_head": jd["head_to_head"].tolist()} if "head_to_head" in jd else {})}
+        # The judge against the human labels of the scored pairs (chosen vs rejected): how much its verdicts
+        # can say at all.
+        k = min(int(config.bon.get("judge_check_pairs", 0)), len(pairs))
+        if k:
+          chosen = [p_["reply_a"] if p_["label"] == 1 else p_["reply_b"] for p_ in pairs[:k]]
+          rejected = [p_["reply_b"] if p_["label"] == 1 else p_["reply_a"] for p_ in pairs[:k]]
+          pref_h = judge_preferences(judge, [p_["history"] for p_ in pairs[:k]], chosen, rejected, cache=jcache)
+          results["bon_judge"]["human_agreement"] = pairwise_wins(pref_h, np.zeros(k, bool)).tolist()
+        results["bon_judge"]["cpu_s"] = time.process_time() - c4
+        judge_s = results["bon_judge"]["seconds"] = time.perf_counter() - t4
+        log("judge: win rate over the baseline sample " + ", ".join(
+            f"{k} {np.mean(v):.3f}" for k, v in jd["win"].items()))
       results["plots"].append(_bon_plot(bon, os.path.join(workdir, "best_of_n.png"),
                                         f"best-of-n: PM A picks, PM B judges ({p} prompts x {n} SmolLM2 samples, "
                                         f"{len(seeds)} half-splits)"))
@@ -445,16 +347,11 @@ def run(config: Any, workdir: str, log=print) -> dict:
                          "tokens": scorer.num_tokens - tok0,
                          "features_per_s": (2 * n_pool * len(feat.FEATURES) / score_s
                                             if scorer.num_tokens > tok0 else None),
-                         "fit_s": fit_s, "bon_generation_s": bon_gen_s, "bon_total_s": bon_s}
+                         "fit_s": fit_s, "bon_generation_s": bon_gen_s, "bon_generation_cpu_s": bon_gen_cpu,
+                         "bon_score_cpu_s": bon_score_cpu, "bon_total_s": bon_s, "judge_s": judge_s}
   elif config.data.name != "synthetic":
     raise ValueError(f"unknown config.data.name {config.data.name!r}; choose 'hh_rlhf' or 'synthetic'.")
   results["timing"] = dict(results.get("timing", {}), wall_s=time.perf_counter() - t_start,
                            cpu_s=time.process_time() - c_start)
   metrics_lib.write_results(workdir, results)
   return results
-
-
-# ------------------------------------------------------------------------------------------- reproduce
-
-
-# ------------------------------------------------------------------------------------------- benchmark

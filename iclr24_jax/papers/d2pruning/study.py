@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -89,15 +90,14 @@ def _claim_rows(name: str, res: dict, fast: bool) -> list[dict]:
   return rows
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Digits (3 seeds, 30/50/70% pruning) and MNIST-5k (5 seeds, 70/90%: D2, D2 without the forward pass, CCS,
   k-center, random); one paired row per (rate, selector)."""
-  from iclr24_jax.configs import d2pruning as cfg_mod
   rows = []
   variants = [("tiny", "digits (tiny)")] if fast else [("", "digits"), ("mnist5k", "MNIST-5k")]
   plots = []
   for variant, name in variants:
-    cfg = cfg_mod.get_config(variant)
+    cfg = get_config(variant)
     sub = os.path.join(workdir, variant or "digits")
     t0 = time.perf_counter()
     res = run(cfg, sub)
@@ -236,7 +236,7 @@ def selection_vs_official(n: int, fraction: float = 0.3, repeats: int = 3) -> di
                    "process (cache off / on)"}
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """`select_coreset` against the official sampler side by side (N = 2,000 and 20,000; more with quick=False);
   graph build / forward MP / reverse-MP selection vs N and k; batched coreset training on 1 and all devices."""
   rows = [selection_vs_official(n) for n in ((2_000, 20_000) if quick else (2_000, 5_000, 10_000, 20_000))]
@@ -274,8 +274,7 @@ def benchmark(quick: bool = True) -> list[dict]:
         row["us_per_selected"] = 1e6 * row["median_s"] / budget
         rows.append(row)
   # the batched coreset trainer (the reproduction's cost), runs sharded over 1 and all devices
-  from iclr24_jax.configs import d2pruning as cfg_mod
-  cfg = cfg_mod.get_config("tiny")
+  cfg = get_config("tiny")
   ds = data_lib.load_digits()
   model, tx = model_lib.create_classifier(cfg, ds.num_classes, cfg.num_steps)
   train_many = model_lib.make_coreset_trainer(model, tx, ds.input_shape, 50, cfg.batch_size)

@@ -1,9 +1,12 @@
 """DA-CLIP end to end at CPU scale: stage-0 CLIP -> DA-CLIP controller -> IR-SDE restorers -> PSNR / SSIM.
 
-`run(config, workdir)` trains, evaluates and writes workdir/metrics.jsonl, results.json and plots. Each training
-stage is one compiled `lax.scan` per chunk of `log_every` steps; the restorers of every (condition, seed) pair
-are trained one after another through one compiled program (paired: a seed shares its init, batches and
-sampling noise across conditions).  The reproduction and the benchmark that call this live in `study.py`.
+`run(config, workdir)` trains, evaluates and writes results.json and plots. Each training stage is one compiled
+`lax.scan` per chunk of `log_every` steps (a host loop of one jitted step on CPU), a resumable stage in its own
+folder `workdir/<stage>` (its checkpoints and metrics.jsonl: `common.loop.Stages`): clip, controller (and
+controller_s<k> for the further controller seeds), restorer_<condition>_s<seed>. A killed run resumes inside the
+stage it was in and skips the finished ones. The restorers of every (condition, seed) pair are trained one after
+another through one compiled program (paired: a seed shares its init, batches and sampling noise across
+conditions).  The reproduction and the benchmark that call this live in `study.py`.
 
 Where things are: stages 0-1 (data, CLIP, controller, embeddings, degradation accuracy) in `train.py`; stage 2,
 the IR-SDE restoration pipeline (`make_restorers`, `train_restorers`, `restore_all`, `score`) in
@@ -11,6 +14,7 @@ the IR-SDE restoration pipeline (`make_restorers`, `train_restorers`, `restore_a
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -20,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from iclr24_jax.common import data as common_data
+from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.daclip import degradations as deg
 from iclr24_jax.papers.daclip.restoration import (condition_tables, heldout_draws, restore_all, score,
@@ -122,6 +127,11 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
   `restore_samples` posterior chains and of one chain for the conditions in `restore_conditions` (per seed, per
   degradation); the degraded inputs' PSNR / SSIM, timings and plot paths.
 
+  Every training stage saves in `workdir/<stage>` every config.checkpoint_every of its steps and/or
+  checkpoint_every_secs seconds (at chunk ends), and on SIGTERM / SIGINT; a rerun restores the finished stages
+  without training and resumes the one it was in, so its results equal an uninterrupted run's. The evaluations
+  between stages are functions of the stages' parameters and the config's keys, and are recomputed.
+
   Args:
     config: the daclip ConfigDict (`configs/daclip.py`); restoration=False skips stage 2.
     workdir: output folder (created).
@@ -132,13 +142,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
 
   Raises:
     ValueError: `restore_conditions` names a condition that is not in `conditions`.
+    common.loop.Preempted: SIGTERM / SIGINT stopped a stage (its checkpoint is saved).
   """
   if config.data.name in daclip_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
     daclip_data.load(config.data)                  # naming the layout and source when absent)
     raise common_data.paper_data_not_wired("daclip", config.data)   # run() does not train on it yet
   t0 = time.time()
   os.makedirs(workdir, exist_ok=True)
-  writer = metrics_lib.MetricWriter(workdir)
+  stages = loop.Stages.from_config(config, workdir, label=PAPER)
+  stages = dataclasses.replace(stages, progress=stages.progress and progress)
   key = jax.random.key(int(config.seed))
   key_clip, key_ctrl, key_rest, key_sample = jax.random.split(key, 4)
   key_eval = jax.random.fold_in(key, 5)          # the held-out draws: shared by every restorer, no training key
@@ -152,12 +164,12 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
   timings = {}
 
   t = time.time()
-  clip_model, clip_params, tok = train_clip(config, data, key_clip, writer, progress)
+  clip_model, clip_params, tok = train_clip(config, data, key_clip, None, progress, stages=stages)
   cap_emb, name_emb = text_tables(clip_model, clip_params, tok, int(config.clip.model.text.max_len))
   timings["clip_s"] = time.time() - t
   t = time.time()
-  dac, dac_params = train_controller(config, clip_model, clip_params, data, cap_emb, name_emb, key_ctrl, writer,
-                                     progress)
+  dac, dac_params = train_controller(config, clip_model, clip_params, data, cap_emb, name_emb, key_ctrl, None,
+                                     progress, stages=stages)
   timings["controller_s"] = time.time() - t
 
   t = time.time()
@@ -178,7 +190,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
   t = time.time()
   for s in range(1, int(config.controller.get("seeds", 1))):
     dac_s, params_s = train_controller(config, clip_model, clip_params, data, cap_emb, name_emb,
-                                       jax.random.fold_in(key_ctrl, s), None, progress)
+                                       jax.random.fold_in(key_ctrl, s), None, progress, stages=stages,
+                                       name=f"controller_s{s}")
     acc_s = degradation_accuracy(embed(dac_s, params_s, data["test"]["lq"]), data["test"], name_emb, cap_emb)
     for k in seed_keys:
       by_seed[k].append(float(acc_s[k].mean()))
@@ -202,8 +215,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, progress: bool = True) 
                                  int(config.heldout_times))
     heldout_in = {"gt": jnp.asarray(test["gt"]), "lq": jnp.asarray(test["lq"]), "cond": jnp.asarray(cond_te),
                   "ctx": jnp.asarray(ctx_te), "times": jnp.asarray(times), "noise": jnp.asarray(noise)}
-    net, sde, states, heldout = train_restorers(config, data, cond_tr, ctx_tr, key_rest, writer, progress,
-                                                heldout=heldout_in)
+    net, sde, states, heldout = train_restorers(config, data, cond_tr, ctx_tr, key_rest, None, progress,
+                                                heldout=heldout_in, stages=stages)
     timings["restorers_s"] = time.time() - t
     s_count = int(config.num_seeds)
     losses = {}

@@ -317,7 +317,7 @@ def make_restoration_train_step(model: nn.Module, schedule: irsde.IRSDESchedule)
   return train_step
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one function object per model: jitted samplers reuse it
 def noise_fn_for(model: nn.Module) -> Callable:
   """noise_fn(params, x_t, mu, t, e_c=None, e_d=None) for `irsde.reverse_sample` with this restorer."""
   return lambda params, x_t, mu, t, e_c=None, e_d=None: predict_noise(model, params, x_t, mu, t, e_c, e_d)

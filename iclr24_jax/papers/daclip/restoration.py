@@ -14,13 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.daclip import degradations as deg
 from iclr24_jax.papers.daclip import irsde
 from iclr24_jax.papers.daclip import model as model_lib
-from iclr24_jax.papers.daclip.train import chunk_runner, train_scan
+from iclr24_jax.papers.daclip.train import chunk_runner, stage, train_scan
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -133,7 +134,7 @@ def make_heldout_eval(net, sde: irsde.IRSDESchedule):
 
 
 def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, writer=None, progress=True,
-                    heldout: dict | None = None):
+                    heldout: dict | None = None, stages: loop_lib.Stages | None = None):
   """Trains C x S restorers (conditions x seeds) with one compiled program.
 
   Model m = (condition m // S, seed m % S); the seed fixes the init, the batch indices and the time / noise
@@ -152,11 +153,17 @@ def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, wri
     heldout: optional {'gt', 'lq' [N, H, W, C], 'cond', 'ctx' [C, N, D], 'times' [N, R], 'noise' [N, R, H, W, C]}:
       the held-out matching loss of every model is evaluated after every chunk of `log_every` steps on these
       fixed draws (logged as restorer_<condition>_s<seed>/heldout_loss).
+    stages: where each model's stage `restorer_<condition>_s<seed>` saves and resumes (`train_scan`'s lp); the
+      curve is read from the stage's logged rows, so a resumed model reports the curve of an uninterrupted one.
+      None: nothing saved.
 
   Returns:
     (net, sde, stacked TrainState with leading axis C * S, heldout): heldout is None without `heldout`, else
     {'steps': [K] step counts, 'curve': [C * S, K] mean held-out loss after each chunk, 'per_image': [C * S, N]
     per-image loss of the final models}.
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped a model's stage (its checkpoint is saved).
   """
   n_cond, s = cond_tab.shape[0], int(cfg.num_seeds)
   tr = data["train"]
@@ -187,24 +194,31 @@ def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, wri
   for c_idx in range(n_cond):
     for s_idx in range(s):
       d = {**arrays, "cond_idx": jnp.int32(c_idx), "seed": jnp.int32(s_idx)}
-      curve, last = [], {}
+      name = f"restorer_{cfg.conditions[c_idx]}_s{s_idx}"
 
-      def on_chunk(state, done, c_idx=c_idx, curve=curve, last=last):
-        per_image = np.asarray(jax.device_get(evaluate(
+      def heldout_loss(state, c_idx=c_idx):                       # [N] per-image loss on the fixed draws
+        return np.asarray(jax.device_get(evaluate(
             state.params, heldout["gt"], heldout["lq"], heldout["cond"][c_idx], heldout["ctx"][c_idx],
             heldout["times"], heldout["noise"])))
-        curve.append((done, float(per_image.mean())))
-        last["per_image"] = per_image
-        return {"heldout_loss": per_image.mean()}
 
-      state, _ = train_scan(None, None, init_jit(s_idx), d, key_train, int(cfg.num_steps), chunk, writer,
-                            f"restorer_{cfg.conditions[c_idx]}_s{s_idx}", progress, runner=runner,
-                            on_chunk=on_chunk if evaluate is not None else None)
+      last = {}
+
+      def on_chunk(state, done, last=last, heldout_loss=heldout_loss):
+        del done
+        last["per_image"] = heldout_loss(state)
+        return {"heldout_loss": last["per_image"].mean()}
+
+      with stage(stages, name, int(cfg.num_steps)) as lp:
+        state, rows = train_scan(None, None, init_jit(s_idx), d, key_train, int(cfg.num_steps), chunk, writer,
+                                 name, progress, runner=runner, on_chunk=on_chunk if evaluate is not None else None,
+                                 lp=lp)
       states.append(state)
       if evaluate is not None:
-        steps = [c[0] for c in curve]
-        curves.append([c[1] for c in curve])
-        finals.append(last["per_image"])
+        steps = [r["step"] for r in rows]
+        curves.append([r[f"{name}/heldout_loss"] for r in rows])
+        # The final models' losses: the last chunk's, or (a finished stage restored) the same program on the
+        # restored parameters.
+        finals.append(last["per_image"] if "per_image" in last else heldout_loss(state))
   out = None if evaluate is None else {"steps": steps, "curve": np.asarray(curves), "per_image": np.stack(finals)}
   return net, sde, jax.tree_util.tree_map(lambda *v: jnp.stack(v), *states), out
 

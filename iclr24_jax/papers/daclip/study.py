@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +57,8 @@ def _fmt_boot(d: dict, fmt: str) -> str:
   return f"diff {d['diff']:+{fmt}} [95% CI {d['lo']:+{fmt}}, {d['hi']:+{fmt}}]"
 
 
-def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
+              *, get_config: Callable[[str], Any]) -> list[dict]:
   """DA-CLIP on the 7-type degradation suite of 32x32 MNIST-5k digits (see README.md for the setting).
 
   (a) degradation-type accuracy of e_d (zero-shot: nearest degradation-name embedding) on held-out degraded
@@ -70,16 +72,16 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> lis
     workdir: output folder (the run goes to workdir/run).
     fast: the 'tiny' config variant.
     restoration: also run (b).
+    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import daclip as cfg_mod
-  cfg = cfg_mod.get_config("tiny" if fast else "")
+  cfg = get_config("tiny" if fast else "")
   cfg.restoration = bool(restoration)
   t0 = time.time()
   res = experiment.run(cfg, os.path.join(workdir, "run"), progress=not fast)
-  acc, items = res["accuracy"], res["accuracy_items"]
+  items = res["accuracy_items"]
   plots = res["plots"]
   setting = (f"{res['num_train']} degraded training / {res['num_test']} held-out test digits "
              f"({cfg.data.image_size}x{cfg.data.image_size} grey, 7 degradation types)")
@@ -191,13 +193,12 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True) -> lis
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Controller train steps/s and restoration images/s (full T = 100 reverse-SDE chain) at 32x32 and 64x64.
 
   Random weights (the cost is what is timed); the reproduction's model sizes (configs/daclip.py).
   """
-  from iclr24_jax.configs import daclip as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   rows = []
   clip_cfg = cfg.clip.model
   for size in (32, 64):

@@ -8,6 +8,7 @@ them; the reproduction study and the benchmark are in `study.py`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from typing import Any, Callable
 
@@ -61,7 +62,8 @@ def chunk_runner(step_fn: Callable, sample_fn: Callable, key: jax.Array, scan: b
 def train_scan(step_fn: Callable | None, sample_fn: Callable | None, state: Any, data: Any, key: jax.Array,
                num_steps: int, chunk: int, writer: metrics_lib.MetricWriter | None = None, prefix: str = "train",
                progress: bool = True, runner: Callable | None = None,
-               on_chunk: Callable[[Any, int], dict] | None = None) -> tuple[Any, list[dict]]:
+               on_chunk: Callable[[Any, int], dict] | None = None,
+               lp: loop_lib.ResumableLoop | None = None) -> tuple[Any, list[dict]]:
   """Runs `num_steps` of state, metrics = step_fn(state, sample_fn(data, k), k) in chunks of `chunk` steps
   (`chunk_runner`: a jitted lax.scan per chunk on accelerators, a host loop of one jitted step on CPU).
 
@@ -77,27 +79,59 @@ def train_scan(step_fn: Callable | None, sample_fn: Callable | None, state: Any,
     runner: a prebuilt `chunk_runner` (reuse one compiled program across several runs of the same shapes).
     on_chunk: optional on_chunk(state, steps_done) -> dict of floats, called after every chunk (e.g. a held-out
       evaluation); its entries join the chunk's logged row (prefixed).
+    lp: an entered `common.loop.ResumableLoop` (a stage of `loop.Stages`): the loop starts from its latest
+      checkpoint (a finished stage returns its saved state and rows without training), logs each chunk's row to
+      it instead of `writer` / the progress line, saves at chunk ends when due, and saves the final state. The
+      steps are keyed by the step index and the data are arguments, so a resumed stage draws what an
+      uninterrupted one does. None: nothing is saved (the studies' path).
 
   Returns:
-    (final state, list of logged rows).
+    (final state, list of logged rows: with `lp`, every row of the stage over all its resumes).
+
+  Raises:
+    common.loop.Preempted: with `lp`, SIGTERM / SIGINT stopped the loop (its checkpoint is saved).
   """
 
+  done, rows = 0, []
+  if lp is not None:
+    initial = state
+    state, run = lp.start(lambda: initial, target=initial)
+    if lp.finished:
+      return state, list(run.history)
+    done, rows = run.step, run.history        # RunLog appends each boundary's row to run.history
   run_chunk = runner if runner is not None else chunk_runner(step_fn, sample_fn, key)
-  rows = []
-  prog = metrics_lib.Progress(num_steps, name=prefix, enabled=progress)
-  done = 0
+  prog = metrics_lib.Progress(num_steps, name=prefix, enabled=progress and lp is None)
   while done < num_steps:
     n = min(chunk, num_steps - done)
     state, m = run_chunk(state, data, done, n)
     done += n
-    row = {f"{prefix}/{k}": float(np.mean(v)) for k, v in jax.device_get(m).items()}
+    row = loop_lib.prefix_keys({k: float(np.mean(v)) for k, v in jax.device_get(m).items()}, prefix)
     if on_chunk is not None:
-      row.update({f"{prefix}/{k}": float(v) for k, v in on_chunk(state, done).items()})
+      row.update(loop_lib.prefix_keys({k: float(v) for k, v in on_chunk(state, done).items()}, prefix))
+    if lp is not None:
+      lp.boundary(done, state, row, loss_key=f"{prefix}/loss")
+      continue
     rows.append({"step": done, **row})
     if writer is not None:
       writer.write(done, row)
     prog.update(done, row.get(f"{prefix}/loss"))
-  return state, rows
+  if lp is not None:
+    lp.finish(state)
+  return state, list(rows)
+
+
+def stage(stages: loop_lib.Stages | None, name: str, num_steps: int):
+  """The `ResumableLoop` of stage `name` in `stages` (a context manager), or a null context when `stages` is None.
+
+  Args:
+    stages: where the stages save (None: nothing saved, `train_scan` runs without a loop).
+    name: the stage's folder under `stages.workdir`.
+    num_steps: the stage's steps.
+
+  Returns:
+    a context manager yielding the ResumableLoop, or None.
+  """
+  return contextlib.nullcontext() if stages is None else stages.loop(name, int(num_steps))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -131,18 +165,23 @@ def load_data(cfg: Any) -> dict:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def train_clip(cfg: Any, data: dict, key: jax.Array, writer=None, progress=True) -> tuple[clip.CLIP, Any, Any]:
+def train_clip(cfg: Any, data: dict, key: jax.Array, writer=None, progress=True,
+               stages: loop_lib.Stages | None = None) -> tuple[clip.CLIP, Any, Any]:
   """Stage 0: a small CLIP (ViT image tower, transformer text tower) on clean digits with captions.
 
   Args:
     cfg: the daclip ConfigDict (clip: model, optimizer, num_steps, batch_size; log_every).
     data: `load_data` output (clean_x [N, H, W, 1] in [0, 1], clean_y [N] digit labels).
     key: PRNG key.
-    writer: optional MetricWriter for the loss curve.
+    writer: optional MetricWriter for the loss curve (without `stages`).
     progress: print progress lines.
+    stages: where the stage 'clip' saves and resumes (`train_scan`'s lp); None: nothing saved.
 
   Returns:
     (clip model, trained params, tokenizer).
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   names = list(deg.DEGRADATIONS)
   tok = clip.WordTokenizer.build(digit_captions(range(10)) + names)
@@ -160,8 +199,9 @@ def train_clip(cfg: Any, data: dict, key: jax.Array, writer=None, progress=True)
     return {"image": d["x"][idx], "text": cap_ids[d["y"][idx]]}
 
   arrays = {"x": jnp.asarray(data["clean_x"]), "y": jnp.asarray(data["clean_y"])}
-  state, _ = train_scan(clip.make_train_step(model), sample, state, arrays, jax.random.fold_in(key, 1), steps,
-                        max(1, int(cfg.log_every)), writer, "clip", progress)
+  with stage(stages, "clip", steps) as lp:
+    state, _ = train_scan(clip.make_train_step(model), sample, state, arrays, jax.random.fold_in(key, 1), steps,
+                          max(1, int(cfg.log_every)), writer, "clip", progress, lp=lp)
   return model, state.params, tok
 
 
@@ -183,7 +223,8 @@ def text_tables(clip_model: clip.CLIP, clip_params: Any, tok: clip.WordTokenizer
 
 
 def train_controller(cfg: Any, clip_model: clip.CLIP, clip_params: Any, data: dict, cap_emb, name_emb,
-                     key: jax.Array, writer=None, progress=True) -> tuple[model_lib.DaClip, Any]:
+                     key: jax.Array, writer=None, progress=True, stages: loop_lib.Stages | None = None,
+                     name: str = "controller") -> tuple[model_lib.DaClip, Any]:
   """Stage 1: the DA-CLIP controller on the degraded train suite (the CLIP weights stay frozen).
 
   Args:
@@ -194,11 +235,16 @@ def train_controller(cfg: Any, clip_model: clip.CLIP, clip_params: Any, data: di
     cap_emb: [10, D] caption embeddings (`text_tables`).
     name_emb: [K, D] degradation-name embeddings.
     key: PRNG key.
-    writer: optional MetricWriter.
+    writer: optional MetricWriter (without `stages`).
     progress: print progress lines.
+    stages: where the stage `name` saves and resumes (`train_scan`'s lp); None: nothing saved.
+    name: the stage's folder and the logged rows' prefix.
 
   Returns:
     (DaClip module, trained DaClip params).
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   dac = model_lib.daclip_from_clip(clip_model)
   params = model_lib.init_daclip_params(dac, clip_params, data["train"]["lq"].shape[1:])
@@ -213,12 +259,13 @@ def train_controller(cfg: Any, clip_model: clip.CLIP, clip_params: Any, data: di
 
   tr = data["train"]
   arrays = {k: jnp.asarray(tr[k]) for k in ("lq", "label", "type")}
-  state, _ = train_scan(model_lib.make_controller_train_step(dac), sample, state, arrays, key, steps,
-                        max(1, int(cfg.log_every)), writer, "controller", progress)
+  with stage(stages, name, steps) as lp:
+    state, _ = train_scan(model_lib.make_controller_train_step(dac), sample, state, arrays, key, steps,
+                          max(1, int(cfg.log_every)), writer, name, progress, lp=lp)
   return dac, state.params
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _embed_fn(dac: model_lib.DaClip):
   return jax.jit(lambda p, x: dac.apply({"params": p}, x) + (dac.apply({"params": p}, x, method="encode_frozen"),))
 

@@ -25,7 +25,7 @@ from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.common.optim import make_optimizer
-from iclr24_jax.diffusion import schedules, training, unet
+from iclr24_jax.diffusion import schedules, train, unet
 
 
 def cache_dir() -> str:
@@ -84,7 +84,7 @@ def get_prior(cfg: Any, workdir: str | None = None, use_cache: bool = True, prog
   tx = make_optimizer(cfg.optimizer, int(cfg.train_steps))
   ema = float(cfg.ema_decay) > 0
   path = os.path.join(cache_dir(), model_key(cfg), "params.msgpack")
-  template = jax.eval_shape(lambda k: training.init(k, model, x_shape, tx, ema=ema), jax.random.key(0))
+  template = jax.eval_shape(lambda k: train.init(k, model, x_shape, tx, ema=ema), jax.random.key(0))
   params_template = template.extra["ema_params"] if ema else template.params
   if use_cache and os.path.exists(path):
     with open(path, "rb") as f:
@@ -92,11 +92,11 @@ def get_prior(cfg: Any, workdir: str | None = None, use_cache: bool = True, prog
                                              f.read())
     return model, jax.tree.map(jnp.asarray, params), schedule, {"cached": True, "path": path,
                                                                  "train_steps": int(cfg.train_steps)}
-  step = training.make_train_step(model, schedule, prediction="eps", ema_decay=float(cfg.ema_decay))
+  step = train.make_train_step(model, schedule, prediction="eps", ema_decay=float(cfg.ema_decay))
   stream = data_lib.BatchStream({"x": x_train}, int(cfg.batch_size), seed=int(cfg.seed))
   mesh = sharding.make_mesh(cfg.get("mesh"))
   res = loop_lib.train_loop(
-      init_fn=lambda k: training.init(k, model, x_shape, tx, ema=ema), train_step=step, batches=stream,
+      init_fn=lambda k: train.init(k, model, x_shape, tx, ema=ema), train_step=step, batches=stream,
       num_steps=int(cfg.train_steps), key=jax.random.key(int(cfg.seed)), workdir=workdir, mesh=mesh,
       log_every=int(cfg.log_every), config=cfg, progress=progress, name="fps-prior",
       **loop_lib.checkpoint_options(cfg))
@@ -124,4 +124,4 @@ def make_denoiser(model, params):
   Returns:
     the denoiser closure (t in the schedule's units).
   """
-  return training.make_denoiser(model, params)
+  return train.make_denoiser(model, params)

@@ -24,7 +24,7 @@ from iclr24_jax.papers.graphcare.metrics import (binary_metrics, bootstrap_ci, m
 from iclr24_jax.papers.graphcare.model import (BAT, EHRGRU, GATConv, all_pairs, bat_aggregate, bi_attention,
                                                create_model, decay_weights)
 from iclr24_jax.papers.graphcare.train import (SeedStates, apply_batch, collect_seed_predictions, evaluate, fit,
-                                               fit_seeds, init, init_state, loss_fn, make_seeds_train_step,
+                                               fit_seeds, init, loss_fn, make_seeds_train_step,
                                                make_train_step, predict_step, task_loss, train_step)
 
 TITLE = "GraphCare: Enhancing Healthcare Predictions with Personalized Knowledge Graphs"
@@ -49,7 +49,7 @@ __all__ = [
     "dense_visit_node_matrix",
     # model, losses, training
     "bi_attention", "all_pairs", "bat_aggregate", "decay_weights", "GATConv", "EHRGRU", "create_model",
-    "init", "init_state", "loss_fn", "task_loss",
+    "init", "loss_fn", "task_loss",
     "make_train_step", "predict_step", "apply_batch", "fit", "fit_seeds", "make_seeds_train_step", "SeedStates",
     "collect_seed_predictions",
     # metrics

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -85,19 +85,6 @@ NOT_RUN = [
         reason="only the 100-patient MIMIC-III demo is available here (credentialed data); its rows are tiny",
         variant="configs/graphcare.py:mimic3_demo_<task> pointed at the full MIMIC-III / MIMIC-IV tables"),
 ]
-_TX_CACHE: dict = {}
-
-
-def cached_optimizer(opt_config: Any, num_steps: int):
-  """`make_optimizer`, memoised on the settings (the TrainState carries tx as static data: one tx object per
-  setting keeps the compiled step of an arm valid across folds). A constant schedule ignores num_steps."""
-  items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(opt_config).items()))
-  key = (items, None if dict(opt_config).get("schedule", "constant") == "constant" else int(num_steps))
-  if key not in _TX_CACHE:
-    _TX_CACHE[key] = make_optimizer(opt_config, int(num_steps))
-  return _TX_CACHE[key]
-
-
 def fit_arm(config: Any, world: World, batcher: graphs_lib.Batcher, mesh, train_idx, val_idx, test_idx,
             seeds) -> dict:
   """Trains one arm for every seed at once and predicts the test patients with each seed's best-by-val params.
@@ -112,7 +99,7 @@ def fit_arm(config: Any, world: World, batcher: graphs_lib.Batcher, mesh, train_
   """
   model = make_model(config, world)
   task = world.dataset.task
-  tx = cached_optimizer(config.optimizer, int(config.num_steps))
+  tx = make_optimizer(config.optimizer, int(config.num_steps))   # one object per setting: one compile per arm
   sample = batcher.batch(train_idx[: config.batch_size])
   streams = {s: batcher.train_batches(train_idx, int(s)) for s in seeds}
   val = list(batcher.eval_batches(val_idx)) if val_idx is not None and len(val_idx) else None
@@ -128,13 +115,13 @@ def fit_arm(config: Any, world: World, batcher: graphs_lib.Batcher, mesh, train_
           "train_s": time.perf_counter() - t0}
 
 
-def reproduce_synthetic(workdir: str, fast: bool = False, mesh=None) -> tuple[list[dict], dict]:
+def reproduce_synthetic(workdir: str, fast: bool = False, mesh=None,
+                        *, get_config: Callable[[str], Any]) -> tuple[list[dict], dict]:
   """BAT vs GIN / GAT (with and without relation types) / GRU (no KG), the ablations, the official run and the
   official patient-graph construction on the synthetic EHR: test AUROC on 1,600 patients, 3 seeds per arm."""
-  from iclr24_jax.configs import graphcare as cfg_mod
   base = "tiny" if fast else "repro"
   mesh = sharding.make_mesh(devices=jax.devices()[:1]) if mesh is None else mesh
-  cfg0 = cfg_mod.get_config(base)
+  cfg0 = get_config(base)
   if fast:
     cfg0.num_shards = 1
   seeds = tuple(range(int(cfg0.num_seeds)))
@@ -152,7 +139,7 @@ def reproduce_synthetic(workdir: str, fast: bool = False, mesh=None) -> tuple[li
   arms = [SYNTHETIC_ARMS[i] for i in FAST_ARMS] if fast else list(SYNTHETIC_ARMS)
   out = {}
   for label, variant, claim, note in arms:
-    cfg = cfg_mod.get_config(",".join(v for v in (base, variant) if v))
+    cfg = get_config(",".join(v for v in (base, variant) if v))
     if fast:
       cfg.num_shards = 1
     w, b = world_for(cfg)   # same patients and split; another KG / graph construction where the arm says so
@@ -218,10 +205,10 @@ def _plot_synthetic(out: dict, path: str) -> str:
   return metrics_io.save_figure(fig, path)
 
 
-def reproduce_mimic(workdir: str, fast: bool = False, mesh=None) -> tuple[list[dict], dict]:
+def reproduce_mimic(workdir: str, fast: bool = False, mesh=None,
+                    *, get_config: Callable[[str], Any]) -> tuple[list[dict], dict]:
   """The four MIMIC-III demo tasks end to end: k-fold CV by patient, BAT vs the no-KG GRU on the same folds
   (paired by fold); pooled out-of-fold predictions with bootstrap CIs in the notes."""
-  from iclr24_jax.configs import graphcare as cfg_mod
   from iclr24_jax.common.data import shared_data_dir
   root = shared_data_dir()
   if root is None or not (root / "mimic3_demo").is_dir():
@@ -241,7 +228,7 @@ def reproduce_mimic(workdir: str, fast: bool = False, mesh=None) -> tuple[list[d
     out = {}
     world = batcher = None
     for label, variant in ((BAT, ""), ("GRU, no KG", "gru")):
-      cfg = cfg_mod.get_config(",".join(v for v in (f"mimic3_demo_{task}", "repro", variant) if v))
+      cfg = get_config(",".join(v for v in (f"mimic3_demo_{task}", "repro", variant) if v))
       cfg.num_shards = 1
       cfg.batch_size = 16
       if world is None:
@@ -298,18 +285,18 @@ def _fmt_ci(v: float, ci: tuple[float, float]) -> str:
   return f"{v:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]"
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Synthetic EHR (BAT vs GIN/GAT/no-KG, ablations, official run and graphs) and the MIMIC-III demo's four tasks."""
   os.makedirs(workdir, exist_ok=True)
   t0 = time.perf_counter()
-  rows, syn = reproduce_synthetic(workdir, fast)
+  rows, syn = reproduce_synthetic(workdir, fast, get_config=get_config)
   t1 = time.perf_counter()
   if fast:  # the demo's name embeddings and eight trainings do not fit the fast budget
     rows_m, mim = [{"paper": PAPER, "experiment": "MIMIC-III demo, four tasks", "metric": "-", "ours": "skipped (fast)",
                     "paper_value": "-", "holds": None, "kind": "measurement", "notes": "run reproduce(fast=False)",
                     "plots": []}], {}
   else:
-    rows_m, mim = reproduce_mimic(workdir, fast)
+    rows_m, mim = reproduce_mimic(workdir, fast, get_config=get_config)
   t2 = time.perf_counter()
   metrics_io.write_results(workdir, {"synthetic": syn, "mimic3_demo": mim, "seconds": {"synthetic": t1 - t0,
                                                                                       "mimic3_demo": t2 - t1}},
@@ -322,13 +309,12 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 # ----------------------------------------------------------------------------------------------------------
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Patients/s of the BAT train step vs patient-graph size, on 1 and all devices (8 shards per batch)."""
-  from iclr24_jax.configs import graphcare as cfg_mod
   rows = []
   sizes = (("small", 1, 2), ("large", 3, 3))   # (label, concept_degree, entity_degree)
   for label, cdeg, edeg in sizes:
-    cfg = cfg_mod.get_config("repro")
+    cfg = get_config("repro")
     cfg.data.update(num_patients=600, concept_degree=cdeg, entity_degree=edeg, codes_per_visit=(2, 5))
     cfg.batch_size, cfg.num_shards = 64, 8
     world = build_world(cfg)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import checks
-from iclr24_jax.diffusion import training as diff_training
+from iclr24_jax.diffusion import train as diff_training
 from iclr24_jax.diffusion.schedules import Schedule
 from iclr24_jax.papers.ldcq.model import BCPolicy, QNetwork, SkillVAE, twin_q_apply
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 
 from iclr24_jax.common import metrics, stats
-from iclr24_jax.papers.ldcq import algorithm as alg
+from iclr24_jax.papers.ldcq import train as alg
 from iclr24_jax.papers.ldcq.model import twin_q_init
 from iclr24_jax.papers.ldcq.experiment import METHODS, plot_latents, plot_scores, build_spec, pipeline, q_config
 
@@ -70,16 +70,16 @@ NOT_RUN = [
 ]
 
 
-def reproduction_configs(fast: bool = False) -> dict[str, ml_collections.ConfigDict]:
+def reproduction_configs(fast: bool = False,
+                         *, get_config: Callable[[str], Any]) -> dict[str, ml_collections.ConfigDict]:
   """The CPU-scale settings of `reproduce` (configs/ldcq.py 'cpu' and 'cpu_umaze'; fast: the 'tiny' networks)."""
-  from iclr24_jax.configs import ldcq as cfg_mod
   if fast:
-    c = cfg_mod.get_config("tiny")
+    c = get_config("tiny")
     c.num_seeds = 1
     return {"medium": c}
   out = {}
   for layout, variant in (("medium", "cpu"), ("umaze", "cpu_umaze")):
-    c = cfg_mod.get_config(variant)
+    c = get_config(variant)
     c.num_seeds = REPRO_SEEDS[layout]
     out[layout] = c
   return out
@@ -125,7 +125,7 @@ def score_rows(per: dict[str, np.ndarray], env_name: str, protocol: str, headlin
   return rows
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """(a) Held-out latent fit: sliced W2 from prior samples to the encoder's posterior means at held-out s_0, diffusion
   prior vs the Gaussian VAE prior (the in-support mechanism); (b) maze/medium: normalised score (config eval.protocol,
   the official maze2d one by default) judged one step at a time (`COMPARISONS`): LDCQ vs BC, LDCQ vs the VAE prior + Q
@@ -137,6 +137,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   Args:
     workdir: output folder (created).
     fast: the 'tiny' networks (`reproduction_configs(fast=True)`).
+    get_config: `get_config(variant)` of configs/ldcq.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
@@ -146,7 +147,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   rows: list[dict] = []
   results: dict[str, Any] = {}
   diffs = {}
-  for layout, c in reproduction_configs(fast).items():
+  for layout, c in reproduction_configs(fast, get_config=get_config).items():
     t0 = time.time()
     res = pipeline(c, int(c.num_seeds))
     secs = time.time() - t0
@@ -203,13 +204,12 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 
 
 # --- benchmark ------------------------------------------------------------------------------------------------------
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Q-learning updates/s (batch 128, prioritised replay, twin nets) at two numbers of target latents, and planning
   decisions/s of `act` (20 states, DDPM over T = 100 steps, argmax of min-Q) vs the number of sampled latents N.
   CPU-scale networks of configs/ldcq.py:cpu; random parameters (the cost does not depend on training)."""
   from iclr24_jax.common import bench
-  from iclr24_jax.configs import ldcq as cfg_mod
-  c = cfg_mod.get_config("cpu")
+  c = get_config("cpu")
   d, a, zd = 4, 2, int(c.model.z_dim)
   spec = build_spec(c, d, a, "diffusion")
   key = jax.random.key(0)
@@ -275,7 +275,7 @@ def vae_flops(state_dim: int, action_dim: int, z_dim: int, hidden: int, gru_laye
 def scale_program(config, mesh):
   """The paper-size step for `experiments.scale` (`configs/ldcq.py:paper`: antmaze-large-diverse-v2 sizes).
 
-  `config.scale.program` picks the step: 'q' (default: `algorithm.q_train_step`, the batch-constrained double-Q
+  `config.scale.program` picks the step: 'q' (default: `train.q_train_step`, the batch-constrained double-Q
   update drawing its batch of 128 from the prioritised buffer of the whole Q data set: 971,000 segments, each
   with 1,000 latents pre-sampled from the diffusion prior at s_H, 62 GB in float32, split over 'data'), 'vae'
   (one Adam step of the skill VAE's `losses.vae_loss` on 128 segments of H = 30) or 'diffusion' (one step of

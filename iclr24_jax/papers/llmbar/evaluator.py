@@ -85,7 +85,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 # Official token budgets (evaluators/config/*.json) per call kind.
 OFFICIAL_MAX_NEW_TOKENS = dict(P.OFFICIAL_MAX_NEW_TOKENS)
 
-# Log-probability mode (ours, issue 21): the scored answers and the tie threshold.
+# Log-probability mode (ours: a small judge's generated verdict is constant): the scored answers and the tie threshold.
 ANSWER_OPTIONS = ("Output (a)", "Output (b)")  # a direct answer, as the prompts ask for it
 COT_OPTIONS = ("Therefore, Output (a) is better.", "Therefore, Output (b) is better.")  # the CoT prompts' ending
 RATING_OPTIONS = tuple(str(i) for i in range(10))  # a rating answer: one digit 0-9
@@ -448,7 +448,7 @@ def evaluate(judge: Judge, instances: Sequence[Instance], strategy: str | Strate
   """Runs an evaluator (judge + strategy) on instances in both orders and scores it.
 
   Two judge modes. 'generate' (the paper's protocol): the judge writes its answer and the official regexes
-  parse it. 'logprob' (ours, issue 21): the judge still generates what a strategy needs first (metrics,
+  parse it. 'logprob' (ours): the judge still generates what a strategy needs first (metrics,
   reference, a CoT explanation), but its verdict is read from log-probabilities: in each order the margin
   m_o = log p("Output (a)") - log p("Output (b)") after the prompt (`lm.choice_logprobs`, one prefill per
   prompt; CoT: the explanation then "Therefore, Output (x) is better."; rating: the expected score over the

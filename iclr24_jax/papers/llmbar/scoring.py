@@ -81,7 +81,7 @@ def score_subsets(per_subset: Mapping[str, Mapping[str, Sequence[int]]],
   return out
 
 
-# ------------------------------------------------------------------------------ intervals (issue 21, ours)
+# -------------------------------------------- intervals (ours; the paper reports point accuracies without intervals)
 
 
 def item_correctness(labels: Sequence[int], winners_original: Sequence[int],

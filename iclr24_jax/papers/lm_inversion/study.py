@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +28,6 @@ from iclr24_jax.common import sharding
 from iclr24_jax.common import stats
 from iclr24_jax.common.loop import compile_step
 from iclr24_jax.common.optim import make_optimizer
-from iclr24_jax.configs import lm_inversion as cfg_mod
 from iclr24_jax.papers.lm_inversion import data as data_lib
 from iclr24_jax.papers.lm_inversion import experiment
 from iclr24_jax.papers.lm_inversion import evaluation as inv_metrics
@@ -89,17 +89,18 @@ def _scores(preds: list[list[str]], refs: list[str]) -> tuple[dict, dict]:
   return seed_means, item
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Runs the study and returns its reproduction rows (see the module docstring).
 
   Args:
     workdir: where the plot goes.
     fast: the 'tiny' config (a random tiny target, a few steps): a smoke run of the whole pipeline.
+    get_config: `get_config(variant)` of configs/lm_inversion.py (the runners pass it; tests pass the module's).
 
   Returns:
     Row dicts (paper, experiment, metric, ours, paper_value, holds, notes[, plots]).
   """
-  config = cfg_mod.get_config("tiny" if fast else "")
+  config = get_config("tiny" if fast else "")
   os.makedirs(workdir, exist_ok=True)
   prep = experiment.prepare(config)
   t_dist, t_samp = prep["seconds_distributions"], prep.get("seconds_samples", 0.0)
@@ -231,11 +232,12 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Target-LM distributions/s (SmolLM2, 64-token prompts) and inverter train step/s (main config), 1 vs N devices.
 
   Args:
     quick: batch sizes 16 and 32 only (else also 64).
+    get_config: `get_config(variant)` of configs/lm_inversion.py (the runners pass it; tests pass the module's).
 
   Returns:
     `common.bench` rows (name, size, batch, items/s, 1 and N devices).
@@ -249,7 +251,7 @@ def benchmark(quick: bool = True) -> list[dict]:
     rows.append(bench.time_fn(fn, jnp.asarray(ids), jnp.asarray(mask), repeats=3, items=b,
                               name="lm_inversion/target_distributions (items = prompts)", size="64 tokens", batch=b,
                               mesh_devices=1))
-  config = cfg_mod.get_config("")
+  config = get_config("")
   v = int(lm_config.vocab_size)
   dec_tok = lm.tokenizer.train_bpe(["a short corpus to build a decoder vocabulary for the benchmark"] * 4,
                                    vocab_size=300)
@@ -262,7 +264,7 @@ def benchmark(quick: bool = True) -> list[dict]:
 
     def make_case(mesh, size, inverter=inverter):
       tx = make_optimizer(config.optimizer, 100)
-      state = jax.jit(lambda k: model_lib.init_state(k, inverter, tx, v),
+      state = jax.jit(lambda k: model_lib.init(k, inverter, tx, v),
                       out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
       rng = np.random.default_rng(0)
       logits = rng.normal(size=(size, v)).astype(np.float32)
@@ -301,7 +303,7 @@ def scale_program(config, mesh):
   inverter = model_lib.Inverter(t5_config, width=int(m.width), num_chunks=chunks, bottleneck=int(m.bottleneck),
                                 dropout_rate=float(m.dropout_rate))
   tx = make_optimizer(config.optimizer, config.num_steps)
-  state = jax.eval_shape(lambda: model_lib.init_state(jax.random.key(0), inverter, tx, vocab))
+  state = jax.eval_shape(lambda: model_lib.init(jax.random.key(0), inverter, tx, vocab))
   rep = NamedSharding(mesh, P())
   params_sh = {"projection": scale_lib.fsdp_shardings(state.params["projection"], mesh),
                "t5": lm_scale.param_shardings(state.params["t5"], mesh)}

@@ -15,7 +15,7 @@ Inference conditions on the best bin of every reward.
   step = mario.make_quark_step(config, lora_config)                 # pure step(state, batch, key)
   out = mario.sample(params, config, prompt_ids, prompt_mask, codes_ids, key, max_new_tokens=48)
 """
-from iclr24_jax.papers.mario import pipeline
+from iclr24_jax.papers.mario import train
 from iclr24_jax.papers.mario.control import (ControlCodes, DataPool, assign_bins, control_prefix,
                                              quantile_bins)
 from iclr24_jax.papers.mario.quark import (encode_examples, encode_prompts, make_quark_step, make_sft_step,
@@ -40,6 +40,6 @@ __all__ = [
     "diversity_reward", "repetition_rates", "consistency_reward", "plausibility_reward", "plausibility_prompts",
     "accuracy_reward", "score_responses", "split_response", "format_response", "REWARD_NAMES", "quantile_bins",
     "ControlCodes", "control_prefix", "assign_bins", "DataPool", "quark_loss", "make_quark_step", "make_sft_step",
-    "quark_step", "sft_step", "sample", "encode_examples", "encode_prompts", "prompt_text", "pipeline", "TITLE",
+    "quark_step", "sft_step", "sample", "encode_examples", "encode_prompts", "prompt_text", "train", "TITLE",
     "URL", "CODE", "BIBTEX",
 ]

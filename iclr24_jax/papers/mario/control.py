@@ -18,6 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from iclr24_jax.common import checks
+
 QUANTILE_REWARDS = ("plausibility", "diversity", "consistency")
 # Control characters that never occur in the data; whitespace controls (\t \n \v \f \r) are excluded.
 CONTROL_CHARS = tuple(range(1, 9)) + tuple(range(14, 32))
@@ -181,6 +183,10 @@ def assign_bins(scores: Mapping[str, Sequence[float]], codes: ControlCodes, ties
     if name not in scores:
       raise ValueError(f"no scores for {name!r}; pooled samples need every reward of {codes.names}.")
     vals = np.asarray(scores[name], np.float64)
+    if name == "accuracy" and not np.all((vals == 0) | (vals == 1)):
+      raise checks.LabelError(f"mario.assign_bins: accuracy scores must be 0 / 1 (1 = correct); got values "
+                              f"{sorted(set(vals[(vals != 0) & (vals != 1)].tolist()))[:5]} (NaN is an unscored "
+                              "sample: score or drop it first).")
     out[name] = (np.where(vals > 0.5, 0, 1).astype(np.int64) if name == "accuracy"
                  else quantile_bins(vals, codes.num_bins, ties))
   return out

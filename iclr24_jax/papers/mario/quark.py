@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import checks
 from iclr24_jax.lm import generation, llama, t5
 from iclr24_jax.lm import tokenizer as tok_lib
 from iclr24_jax.lm import train as lm_train
@@ -118,8 +119,13 @@ def quark_loss(params: Any, config: Any, batch: Mapping[str, jax.Array], ref_par
       defaults: 0.05, 0.05, 1.0).
 
   Returns:
-    (loss, {'loss', 'nll', 'kl', 'entropy', 'task_nll', 'accuracy', 'tokens'}).
+    (loss, {'loss', 'nll', 'kl', 'entropy', 'task_nll', 'accuracy', 'tokens'}); negative Python coefficients
+    raise HyperparameterError, traced ones out of range give NaN (`common.checks`).
   """
+  where = "mario.quark_loss"
+  ok = checks.all_ok(*(checks.in_range(where, name, v, 0.0, None, hint="the objective's coefficients are >= 0.")
+                       for name, v in (("kl_coef", kl_coef), ("entropy_coef", entropy_coef),
+                                       ("task_coef", task_coef))))
   if isinstance(config, t5.T5Config):
     logits, targets, w = t5.label_logits(params, config, batch)
     k = batch["labels"].shape[1] - batch["ref_labels"].shape[1]
@@ -149,8 +155,8 @@ def quark_loss(params: Any, config: Any, batch: Mapping[str, jax.Array], ref_par
                                                            "loss_mask": batch["task_loss_mask"]})
     loss = loss + task_coef * task_nll
   acc = jnp.sum((jnp.argmax(logits, -1) == targets) * w) / n
-  return loss, {"loss": loss, "nll": nll, "kl": kl, "entropy": ent, "task_nll": task_nll, "accuracy": acc,
-                "tokens": jnp.sum(w)}
+  return checks.poison((loss, {"loss": loss, "nll": nll, "kl": kl, "entropy": ent, "task_nll": task_nll,
+                               "accuracy": acc, "tokens": jnp.sum(w)}), ok)
 
 
 def make_quark_step(config: Any, lora_config=None, kl_coef: float = 0.1, entropy_coef: float = 0.0,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -23,7 +24,7 @@ from iclr24_jax.common import bench, sharding, stats
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.lm import t5
 from iclr24_jax.lm import train as lm_train
-from iclr24_jax.papers.mario import pipeline, quark
+from iclr24_jax.papers.mario import quark, train
 
 PAPER = "mario"
 # Paper, Sec. 4.2 (StrategyQA, T5-large): MaRio improves accuracy and every rationale property over SFT.
@@ -121,32 +122,33 @@ def _bar_plot(evals: dict, silver: dict | None, names: tuple, path: str) -> str:
   return metrics_lib.save_figure(fig, path)
 
 
-def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa",
+              *, get_config: Callable[[str], Any]) -> list[dict]:
   """SFT vs MaRio and the controllability check on StrategyQA (see the module docstring).
 
   Args:
     workdir: output folder (plot, mario_details.json).
     fast: smaller settings (4 + 4 steps, 16 samples, 16 questions).
     variant: the config variant ('strategyqa'; 'strategyqa,tiny' runs the whole study on the tiny model).
+    get_config: `get_config(variant)` of configs/mario.py (the runners pass it; tests pass the module's).
   """
-  from iclr24_jax.configs import mario as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   cpu_start = time.process_time()
-  config = cfg_mod.get_config(variant)
+  config = get_config(variant)
   if fast and config.model.name != "tiny":
     config.sft_steps, config.quark_steps_per_round, config.samples_per_round = 4, 4, 16
     config.data.num_eval = 16
   data_dir = config.data.get("data_dir") or None
-  train_items = pipeline.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
+  train_items = train.load_items(config.data.name, "train", data_dir, limit=int(config.data.num_train),
                                     silver_only=True, seed=int(config.seed))
-  test_items = pipeline.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
+  test_items = train.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
                                    seed=int(config.seed) + 1)
-  models = pipeline.load_models(config, [it["question"] + " " + it["rationale"] for it in train_items])
-  train_items = pipeline.short_items(models, train_items, int(config.data.max_response_tokens))
-  out = pipeline.train_mario(config, models, train_items)
+  models = train.load_models(config, [it["question"] + " " + it["rationale"] for it in train_items])
+  train_items = train.short_items(models, train_items, int(config.data.max_response_tokens))
+  out = train.train_mario(config, models, train_items)
   evals = _evaluate_arms(models, config, out, test_items)
-  silver = pipeline.score_silver(models, config, test_items)
+  silver = train.score_silver(models, config, test_items)
   names = tuple(config.rewards) + ("accuracy",)
   n_eval = len(test_items)
   model = "SmolLM2-135M-Instruct" if config.model.name == "smollm2" else "tiny random Llama"
@@ -182,8 +184,8 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
     rows.append({"paper": PAPER, "experiment": f"(c) {_reference_row(config)}, same {n_eval} questions",
                  "metric": n, "ours": f"{np.mean(silver[n]):.3f} [{lo:.3f}, {hi:.3f}]", "paper_value": None,
                  "holds": None, "notes": REFERENCE_NOTE})
-  # One training seed: the intervals are over questions only, so no row here judges the claim (issue 30); the
-  # verdicts are those of the seeded study (`reproduce_seeds`, recorded as mario_seeds).
+  # One training seed: the intervals are over questions only, so no row here judges the claim (one seed cannot show a
+  # training effect); the verdicts are those of the seeded study (`reproduce_seeds`, recorded as mario_seeds).
   for r in rows:
     r["kind"] = "measurement"
     if r.get("holds") is not None:
@@ -205,11 +207,11 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa") -> 
 def _evaluate_arms(models, config, out: dict, test_items) -> dict:
   """SFT (no codes), MaRio (best codes), MaRio (worst codes) and, when trained, the budget-matched SFT on the test
   items: {arm: evaluate(...) dict}."""
-  evals = {"sft": pipeline.evaluate(models, config, out["sft"], test_items, None),
-           "mario": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.best()),
-           "worst": pipeline.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
+  evals = {"sft": train.evaluate(models, config, out["sft"], test_items, None),
+           "mario": train.evaluate(models, config, out["mario"], test_items, models.codes.best()),
+           "worst": train.evaluate(models, config, out["mario"], test_items, models.codes.worst())}
   if out.get("sft_matched") is not None:
-    evals["sft_matched"] = pipeline.evaluate(models, config, out["sft_matched"], test_items, None)
+    evals["sft_matched"] = train.evaluate(models, config, out["sft_matched"], test_items, None)
   return evals
 
 
@@ -222,7 +224,8 @@ def _no_to_inconclusive(row: dict) -> dict:
   return row
 
 
-def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa,seeds") -> list[dict]:
+def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa,seeds",
+                    *, get_config: Callable[[str], Any]) -> list[dict]:
   """The seeded study (outside the main job: `python -m experiments.reproduce --only mario_seeds`).
 
   config.num_seeds training seeds (each its own training subset, SFT, Quark rounds and sampling noise) on one
@@ -233,22 +236,22 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
     workdir: output folder (plot, mario_seeds_details.json, rewritten after every seed).
     fast: the 'tiny' model at tiny sizes (a smoke test of the whole study).
     variant: the config variant ('strategyqa,seeds' by default; 'strategyqa,full' is the issue's scale).
+    get_config: `get_config(variant)` of configs/mario.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  from iclr24_jax.configs import mario as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start, cpu_start = time.time(), time.process_time()
-  config = cfg_mod.get_config(variant + (",tiny" if fast else ""))
+  config = get_config(variant + (",tiny" if fast else ""))
   data_dir = config.data.get("data_dir") or None
-  test_items = pipeline.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
+  test_items = train.load_items(config.data.name, "test", data_dir, limit=int(config.data.num_eval),
                                    seed=int(config.test_subset_seed))
-  train_all = pipeline.load_items(config.data.name, "train", data_dir, silver_only=True)
-  models = pipeline.load_models(config, [it["question"] + " " + it["rationale"] for it in train_all])
+  train_all = train.load_items(config.data.name, "train", data_dir, silver_only=True)
+  models = train.load_models(config, [it["question"] + " " + it["rationale"] for it in train_all])
   # QuaRel's test rationales are the string "dummy": no silver reference row there.
   has_silver = all(it.get("has_rationale", it["rationale"] != "dummy") for it in test_items)
-  silver = pipeline.score_silver(models, config, test_items) if has_silver else None
+  silver = train.score_silver(models, config, test_items) if has_silver else None
   names = tuple(config.rewards) + ("accuracy",)
   seeds = int(config.num_seeds)
   per_seed: list[dict] = []        # {arm: {reward: mean}} per seed
@@ -256,13 +259,13 @@ def reproduce_seeds(workdir: str, fast: bool = False, variant: str = "strategyqa
   items: dict = {arm: {n: [] for n in names + ("valid",)} for arm in arms}
   details: dict = {"config": config.to_dict(), "seeds": []}
   for s in range(seeds):
-    cfg = cfg_mod.get_config(variant + (",tiny" if fast else ""))
+    cfg = get_config(variant + (",tiny" if fast else ""))
     cfg.seed = s
-    train_items = pipeline.load_items(cfg.data.name, "train", data_dir, limit=int(cfg.data.num_train),
+    train_items = train.load_items(cfg.data.name, "train", data_dir, limit=int(cfg.data.num_train),
                                       silver_only=True, seed=s)
-    train_items = pipeline.short_items(models, train_items, int(cfg.data.max_response_tokens))
+    train_items = train.short_items(models, train_items, int(cfg.data.max_response_tokens))
     t0 = time.time()
-    out = pipeline.train_mario(cfg, models, train_items)
+    out = train.train_mario(cfg, models, train_items)
     evals = _evaluate_arms(models, cfg, out, test_items)
     per_seed.append({arm: {n: float(np.mean(ev[n])) for n in names + ("valid",)} for arm, ev in evals.items()})
     for arm, ev in evals.items():

@@ -73,14 +73,14 @@ def train_judge(judge_cfg: Any, arrays: dict[str, np.ndarray]) -> Judge:
   """Trains the MNIST CNN on the training digits (in [0, 1]) and embeds the held-out digits.
 
   Args:
-    judge_cfg: the config.judge block (see `diffusion.experiment.train_digits_classifier`).
+    judge_cfg: the config.judge block (see `vision.judge.train_digits_classifier`).
     arrays: {'x_train': [N, S, S, 1] in [-1, 1], 'y_train': [N] int, 'x_eval': [M, S, S, 1], 'y_eval': [M]};
       the first half of the eval digits is the judge's val split, the second half its test split.
 
   Returns:
     Judge with its test accuracy and real_features [M, F] (penultimate features of all eval digits).
   """
-  from iclr24_jax.diffusion.experiment import train_digits_classifier
+  from iclr24_jax.vision.judge import train_digits_classifier
   to01 = lambda x: ((x + 1.0) / 2.0).astype(np.float32)  # noqa: E731
   n_eval = arrays["x_eval"].shape[0]
   half = n_eval // 2

@@ -17,8 +17,8 @@ from iclr24_jax.papers.motif.annotation import (ANSWER_PREFIX, GOALS, RETRY_PROM
                                                 label_from_margin, parse_preference)
 from iclr24_jax.papers.motif.intrinsic import (QUANTILE_LEVELS, EpisodeMessageCounter, MotifRewardHook,
                                                combine_rewards, fit_normalisation, intrinsic_reward, threshold)
-from iclr24_jax.papers.motif.pipeline import (fit_reward, make_toy_train, oracle_values_fit, sample_pairs,
-                                              split_by_pair, to_arrays, toy_reward_fn)
+from iclr24_jax.papers.motif.train import (fit_reward, make_toy_train, oracle_values_fit, sample_pairs,
+                                           split_by_pair, to_arrays, toy_reward_fn)
 from iclr24_jax.papers.motif.reward_model import (MessageCNN, RewardModel, fit_reward_model, init_params,
                                                   label_targets, message_rewards, pair_accuracy, pair_rewards,
                                                   params_from_official, preference_loss)

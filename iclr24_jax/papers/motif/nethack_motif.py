@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from iclr24_jax.papers.motif import annotation, intrinsic, pipeline, reward_model, toy
+from iclr24_jax.papers.motif import annotation, intrinsic, reward_model, toy, train
 from iclr24_jax.papers.motif.annotators import annotate, cache_path
 from iclr24_jax.rl import nethack, ppo_host
 
@@ -110,7 +110,7 @@ def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int
   params and the same games (the environment's seed streams restart).
 
   Args:
-    config: a PPO config (ppo.default_config() layout).
+    config: a PPO config (the configs/ppo.py `ppo_defaults()` layout).
     hooks: setting name -> MotifRewardHook keyword arguments except num_envs (reward_fn, mu, sigma, eps, beta,
       alpha_ext, alpha_int).
     num_updates: PPO updates per setting; seed: games and params; num_envs: games.
@@ -160,17 +160,16 @@ def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int
 
 
 def agent_config(config: Any) -> Any:
-  """The HostPPO config of the NetHack agents: ppo.default_config() with the nethack block's budget.
+  """The HostPPO config of the NetHack agents: config.nethack.agent with the nethack block's budget.
 
   Args:
-    config: the motif ConfigDict (nethack: updates, rollout_steps).
+    config: the motif ConfigDict (nethack: updates, rollout_steps, agent).
 
   Returns:
-    a PPO ConfigDict (ppo.default_config() layout).
+    a PPO ConfigDict (the configs/ppo.py `ppo_defaults()` layout), a copy.
   """
-  from iclr24_jax.rl import ppo
   nh = config.nethack
-  c = ppo.default_config()
+  c = nh.agent.copy_and_resolve_references()
   c.num_steps = int(nh.updates)
   # Official --reward_scale 0.1 on the game reward only (the hook's intrinsic term is not scaled) and
   # sample-factory's default --reward_clip 10, which the official run keeps.
@@ -203,13 +202,13 @@ def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
     col = collect_messages(int(nh.num_envs), int(nh.collect_steps), pol, int(config.seed), max_steps)
     data += col["messages"]
     rates[pol] = col["steps_per_s"]
-  pairs = pipeline.sample_pairs(data, int(nh.num_pairs), int(config.seed))
+  pairs = train.sample_pairs(data, int(nh.num_pairs), int(config.seed))
   path = cache_path(config, workdir, "nethack_" + judge_name.replace("/", "_"))
   t0 = time.perf_counter()
   records = annotate(config, pairs, annotation.GOALS.get(nh.goal, nh.goal), judge, judge_name, path,
                      max_unique=int(nh.max_unique_pairs))
   annotate_s = time.perf_counter() - t0
-  fitted = pipeline.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False)
+  fitted = train.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False)
   fit = fitted["fit"]
   agent_cfg = agent_config(config)
   hooks = {kind: dict(reward_fn=message_reward_fn(fit["params"], fitted["model"]), mu=fit["mu"],

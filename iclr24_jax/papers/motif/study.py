@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import bench, stats
-from iclr24_jax.papers.motif import annotators, experiment, nethack_motif, pipeline, toy
+from iclr24_jax.papers.motif import annotators, experiment, nethack_motif, toy, train
 
 PAPER = "motif"
 CLAIM_INT = ("intrinsic-only agent beats the score-trained (extrinsic-only) agent on NetHackScore (paper Fig. 3, "
@@ -61,15 +62,14 @@ def rank_note(fitted: dict) -> str:
   return ", ".join(f"{e} {v:+.2f}" for e, v in sorted(ev.items(), key=lambda kv: -kv[1])) + f" (eps {f['eps']:+.2f})"
 
 
-def _config(fast: bool):
-  from iclr24_jax.configs import motif as cfg_mod
-  c = cfg_mod.get_config("tiny" if fast else "")
+def _config(fast: bool, *, get_config: Callable[[str], Any]):
+  c = get_config("tiny" if fast else "")
   if fast:
     c.num_seeds = 3
   return c
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Rows: (a) SmolLM2's agreement with the toy oracle, (b) held-out pair accuracy of the reward models, (c) toy
   success of intrinsic-only / extrinsic-only / both agents with SmolLM2 and oracle labels, and with the oracle's
   values used directly as r_phi without a learned model (claims judged on paired seeds), (d) NetHack measurements
@@ -78,21 +78,22 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   Args:
     workdir: output folder (created).
     fast: the 'tiny' config, no LM (the keyword source is labelled by the oracle): a smoke test.
+    get_config: `get_config(variant)` of configs/motif.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
   os.makedirs(workdir, exist_ok=True)
-  c = _config(fast)
+  c = _config(fast, get_config=get_config)
   t_start = time.time()
   key = jax.random.key(int(c.seed))
   k_data, k_reward, k_agents = jax.random.split(key, 3)
-  env = pipeline.toy_env(c)
-  captions = pipeline.toy_dataset(c, env, k_data)
-  pairs = pipeline.sample_pairs(captions, int(c.data.num_pairs), int(c.seed))
+  env = train.toy_env(c)
+  captions = train.toy_dataset(c, env, k_data)
+  pairs = train.sample_pairs(captions, int(c.data.num_pairs), int(c.seed))
   llm_kind = "keywords" if fast else "smollm2"  # fast: no LM (a smoke test of the pipeline)
   dense = f"oracle-{int(c.data.oracle_pairs)}pairs"
-  dense_pairs = pipeline.sample_pairs(captions, int(c.data.oracle_pairs), int(c.seed) + 1)
+  dense_pairs = train.sample_pairs(captions, int(c.data.oracle_pairs), int(c.seed) + 1)
   sources = {}
   # The LLM and the oracle label the same pairs; 'dense' is the oracle with many more pairs (free to annotate;
   # the paper's data set has 500k pairs).
@@ -109,7 +110,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
                                annotators.cache_path(c, workdir, cache_name.replace("/", "_")))
     sources[kind] = dict(name=name, records=recs, seconds=time.time() - t0,
                          agreement=annotators.label_agreement(recs),
-                         fitted=pipeline.fit_from_records(c, recs, k_reward))
+                         fitted=train.fit_from_records(c, recs, k_reward))
   llm = sources[llm_kind]
   rows: list[dict] = []
   ag = llm["agreement"]
@@ -140,13 +141,13 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   # training messages), which separates what the reward model learns from what the intrinsic reward does.
   values = "oracle-values"
   sources[values] = dict(name="oracle values, no reward model",
-                         fitted=pipeline.oracle_values_fit(c, sources[dense]["records"]))
+                         fitted=train.oracle_values_fit(c, sources[dense]["records"]))
   arms = ("oracle", llm_kind, dense, values)
   settings = [(sources["oracle"]["name"], "extrinsic")]
   for kind in arms:
     settings += [(sources[kind]["name"], "intrinsic"), (sources[kind]["name"], "both")]
   fits = {sources[k]["name"]: sources[k]["fitted"] for k in sources}
-  agents = pipeline.toy_agents(c, env, pipeline.toy_settings(c, fits, settings), k_agents, int(c.num_seeds))
+  agents = train.toy_agents(c, env, train.toy_settings(c, fits, settings), k_agents, int(c.num_seeds))
   succ = agents["final"]["success"]                            # [S, seeds]
   label = lambda i: ("extrinsic" if settings[i][1] == "extrinsic" else f"{settings[i][1]} ({settings[i][0]})")
   names = [label(i) for i in range(len(settings))]
@@ -180,7 +181,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
           plots=[plot])
       if row["holds"] == "no":
         row["notes"] += (" Bug checks behind this 'no': the intrinsic reward, the count decay and the toy's events "
-                         "match hand-computed values (tests/papers/test_motif.py), and the agents do maximise the "
+                         "match hand-computed values (tests/papers/motif/), and the agents do maximise the "
                          "reward (the key / unlock rates above): the verdict is about "
                          + ("these reward values (no learned model) and budget." if kind == values
                             else "this reward model and budget."))
@@ -228,15 +229,14 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Reward-model training pairs/s (official sizes), SmolLM2 annotations/s (both orders), env steps/s with
   the Motif reward in the loop (toy PPO, jitted; NetHack, host)."""
-  from iclr24_jax.configs import motif as cfg_mod
   from iclr24_jax.papers.motif import annotation, reward_model
   import optax
   rows = []
-  c = cfg_mod.get_config("")
-  model = pipeline.reward_net(c)
+  c = get_config("")
+  model = train.reward_net(c)
   # 1) reward-model training step (pairs of distinct 256-byte messages, official batch 1024 in the full run).
   rng = np.random.default_rng(0)
   tx = optax.adam(1e-3)
@@ -265,11 +265,11 @@ def benchmark(quick: bool = True) -> list[dict]:
                               prompt_tokens=len(judge.tok.encode(annotation.chat_prompts(
                                   judge.tok, [annotation.annotation_prompt(*pairs[0], toy.TASK)])[0]))))
   # 3) toy: PPO updates with the Motif reward (one seed; 16 envs x 64 steps per update).
-  env = pipeline.toy_env(c)
+  env = train.toy_env(c)
   agent_cfg = c.agent.copy_and_resolve_references()
   from iclr24_jax.rl import ppo
   table = jnp.linspace(-1.0, 2.0, toy.NUM_CAPTIONS)
-  fn = pipeline.toy_reward_fn(table, 0.0, 1.0, 0.0, 1.0, 1.0, 3.0, env.spec.max_episode_steps)
+  fn = train.toy_reward_fn(table, 0.0, 1.0, 0.0, 1.0, 1.0, 3.0, env.spec.max_episode_steps)
   agent = ppo.PPO(agent_cfg, env=env, reward_fn=fn)
   runner = jax.jit(agent.init)(jax.random.key(0))
   chunk = jax.jit(lambda r: agent.train_chunk(r, 5)[0])
@@ -281,7 +281,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   from iclr24_jax.rl import nethack, ppo_host
   venv = nethack.NetHackVecEnv(num_envs=4, seed=0)
   hook = intrinsic.MotifRewardHook(nethack_motif.message_reward_fn(fresh()[0], model), 0.0, 1.0, 0.0, 4)
-  host_cfg = ppo.default_config()
+  host_cfg = c.nethack.agent.copy_and_resolve_references()
   host_cfg.ppo.rollout_steps = 64
   host = ppo_host.HostPPO(host_cfg, venv, nethack.NetHackNet(venv.num_actions))
   st = host.init(jax.random.key(0))

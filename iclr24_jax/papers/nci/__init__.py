@@ -8,15 +8,15 @@ target to D. The alignment is one-directional (non-commutative): target features
 adversarial gradient, unlike DANN, where both sides are pulled together.
 
 Public API:
-  discriminator_loss, loss_fn, erm_model_loss, dann_model_loss      (pure losses; model_loss: alias of loss_fn)
-  init, train_step, erm_step, dann_step, make_train_step             (state and steps; make_step: alias)
+  discriminator_loss, loss_fn, erm_model_loss, dann_model_loss      (pure losses)
+  init, train_step, erm_step, dann_step, make_train_step             (state and steps)
   evaluate, make_domains, split_pool                                 (evaluation and data)
   train.pretrain, train.leave_one_out(init_params=...)               (the pretrained setting, study.py)
 """
 from iclr24_jax.papers.nci.data import DOMAINS, Domain, make_domains, split_pool
-from iclr24_jax.papers.nci.losses import dann_model_loss, discriminator_loss, erm_model_loss, loss_fn, model_loss
+from iclr24_jax.papers.nci.losses import dann_model_loss, discriminator_loss, erm_model_loss, loss_fn
 from iclr24_jax.papers.nci.model import AdversarialState, Networks, init
-from iclr24_jax.papers.nci.train import dann_step, erm_step, evaluate, make_step, make_train_step, train_step
+from iclr24_jax.papers.nci.train import dann_step, erm_step, evaluate, make_train_step, train_step
 
 TITLE = "Learning Conditional Invariances through Non-Commutativity"
 URL = "https://openreview.net/forum?id=tUVG9nGzgE"
@@ -28,6 +28,6 @@ BIBTEX = """@inproceedings{chaudhuri2024nci,
   url={https://openreview.net/forum?id=tUVG9nGzgE}
 }"""
 
-__all__ = ["discriminator_loss", "loss_fn", "model_loss", "erm_model_loss", "dann_model_loss", "init", "train_step",
-           "erm_step", "dann_step", "make_train_step", "make_step", "evaluate", "make_domains", "split_pool", "Domain", "DOMAINS",
+__all__ = ["discriminator_loss", "loss_fn", "erm_model_loss", "dann_model_loss", "init", "train_step",
+           "erm_step", "dann_step", "make_train_step", "evaluate", "make_domains", "split_pool", "Domain", "DOMAINS",
            "AdversarialState", "Networks", "TITLE", "URL", "BIBTEX"]

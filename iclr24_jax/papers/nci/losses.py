@@ -107,8 +107,6 @@ def loss_fn(model_params: Any, disc_params: Any, nets: Networks, source_x: jax.A
   return loss, {"loss": loss, "nll": nll, "adv": adv, "src_acc": acc}
 
 
-model_loss = loss_fn  # Deprecated alias, kept one release.
-
 
 def dann_model_loss(model_params: Any, disc_params: Any, nets: Networks, source_x: jax.Array, source_y: jax.Array,
                     target_x: jax.Array, adv_weight: float) -> tuple[jax.Array, dict]:

@@ -6,6 +6,7 @@ that the paper's claims are checked with (experiments/reproduce.py and experimen
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -66,14 +67,13 @@ def _per_target_text(r: dict, arms) -> str:
   return ", ".join(f"{m} {100 * r[m].mean():.1f}+-{100 * stats.mean_se(r[m])[1]:.1f}" for m in arms)
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Leave-one-domain-out target accuracy: ERM, DANN (lambda 1/K) and NCI at lambda 0.1/K and 1/K, all on the
   same lambda ramp and paired by seed (same init and batches), 3 seeds vmapped; the target oracle (1 seed).
 
   Budget: configs/nci.py:reproduce (5 targets x 4 arms x 3 seeds + 5 oracle runs, 300 steps each).
   """
-  from iclr24_jax.configs import nci as cfg_mod
-  config = cfg_mod.get_config("tiny" if fast else "reproduce")
+  config = get_config("tiny" if fast else "reproduce")
   seeds = 1 if fast else 3
   targets = tuple(config.data.domains)[:2] if fast else tuple(config.data.domains)
   k = len(config.data.domains) - 1
@@ -119,8 +119,8 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
 PRETRAINED_ARMS = ("erm", "dann", "nci_0.1/K", "nci_1/K")
 
 
-def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
-  """The paper's setting in miniature: fine-tune a pretrained featurizer at a low learning rate (issue 30).
+def reproduce_pretrained(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
+  """The paper's setting in miniature: fine-tune a pretrained featurizer at a low learning rate.
 
   1. Pool: `data.split_pool` holds out 25% of every domain (all five styles, the target's included, as ImageNet
      covers the styles of the DA benchmarks) as a labelled pool that the leave-one-out runs never see.
@@ -137,16 +137,15 @@ def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
     rows: per-target measurements, compare rows of NCI vs DANN and vs ERM on per-seed means over targets, the
     pretrained-vs-scratch ERM comparison and the checkpoint's accuracy.
   """
-  from iclr24_jax.configs import nci as cfg_mod
   arg = "pretrained,tiny" if fast else "pretrained"
-  config = cfg_mod.get_config(arg)
+  config = get_config(arg)
   seeds = 1 if fast else 3
   targets = tuple(config.data.domains)[:1] if fast else tuple(config.data.domains)  # fast: compiles dominate
   k = len(config.data.domains) - 1
   params, info = train_lib.pretrain(config, seed=0)
   nets = model_lib.make_networks(config.model, 10, k)
-  scratch = cfg_mod.get_config(arg)
-  scratch.optimizer.learning_rate = cfg_mod.get_config("reproduce").optimizer.learning_rate
+  scratch = get_config(arg)
+  scratch.optimizer.learning_rate = get_config("reproduce").optimizer.learning_rate
   weights = _arm_weights(k)
   table, ckpt = {}, {}
   for t in targets:
@@ -188,8 +187,8 @@ def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
       notes=f"same data (pool held out), steps and batches; scratch at lr 1e-3. {setting}"))
   ck = float(np.mean([ckpt[t] for t in targets]))
   for r in rows:
-    if r["holds"] == "no":  # issue 30: a 'no' names the references that rule out a bug
-      r["notes"] += (f". 'no' after these references (tests/papers/test_nci.py): NCI's and DANN's gradients equal "
+    if r["holds"] == "no":  # a 'no' names the references that rule out a bug
+      r["notes"] += (f". 'no' after these references (tests/papers/nci/): NCI's and DANN's gradients equal "
                      f"independently written reference losses, a flipped adversarial sign fails the direction test, "
                      f"fine-tuning starts exactly from the pretrained params; likely cause: the pool covers the "
                      f"target's style, so the checkpoint already reads the target ({100 * ck:.1f}%) and the "
@@ -207,10 +206,9 @@ def reproduce_pretrained(workdir: str, fast: bool = False) -> list[dict]:
   return rows
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Train step/s (NCI step: discriminator + model update) at two batch sizes, 1 and 8 devices."""
-  from iclr24_jax.configs import nci as cfg_mod
-  config = cfg_mod.get_config("")
+  config = get_config("")
   k, size = 4, config.data.image_size
   nets = model_lib.make_networks(config.model, 10, k)
   tx = make_optimizer(config.optimizer, config.num_steps)

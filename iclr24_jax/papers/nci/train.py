@@ -88,7 +88,8 @@ def make_train_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0
     adv_weight: lambda of the adversarial term.
     dann_ramp_steps: for DANN only, scale lambda by Ganin et al.'s ramp over this many steps (the original
       DANN schedule; without it the K+1-way gradient reversal collapses the features early here).
-    ramp_steps: scale lambda by the same ramp for every method (NCI and DANN on one schedule, issue 30);
+    ramp_steps: scale lambda by the same ramp for every method (NCI and DANN on one schedule, so they differ
+      only in the alignment term);
       overrides dann_ramp_steps.
   """
   if method not in MODEL_LOSSES:
@@ -102,8 +103,6 @@ def make_train_step(nets: Networks, method: str = "nci", adv_weight: float = 1.0
   step.__name__ = f"{method}_step"
   return step
 
-
-make_step = make_train_step  # Deprecated alias, kept one release.
 
 
 def train_step(state: AdversarialState, source_batches: Any, target_batch: Any, key: jax.Array, *, nets: Networks,

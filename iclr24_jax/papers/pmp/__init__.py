@@ -14,7 +14,7 @@ from iclr24_jax.papers.pmp.data import (GraphData, class_homophily, edge_homophi
 from iclr24_jax.papers.pmp.metrics import auc_roc, best_f1_threshold, evaluate, f1_macro, gmean
 from iclr24_jax.papers.pmp.model import (GCN, PMP, GCNLayer, GraphSAGE, PMPLayer, RelationalGNN, SAGELayer,
                                          create_model, gcn_messages, partition_messages, sage_messages)
-from iclr24_jax.papers.pmp.train import fit, init, init_params, init_state, loss_fn, make_predict, make_train_step
+from iclr24_jax.papers.pmp.train import fit, init, init_params, loss_fn, make_predict, make_train_step
 
 TITLE = "Partitioning Message Passing for Graph Fraud Detection"
 URL = "https://openreview.net/forum?id=tEgrUrUuwA"
@@ -30,7 +30,7 @@ BIBTEX = """@inproceedings{zhuo2024partitioning,
 
 __all__ = [
     "partition_messages", "sage_messages", "gcn_messages", "PMPLayer", "SAGELayer", "GCNLayer", "RelationalGNN",
-    "PMP", "GraphSAGE", "GCN", "create_model", "init_params", "init", "init_state", "loss_fn", "make_train_step",
+    "PMP", "GraphSAGE", "GCN", "create_model", "init_params", "init", "loss_fn", "make_train_step",
     "make_predict", "fit", "evaluate", "auc_roc", "f1_macro", "gmean", "best_f1_threshold", "GraphData",
     "make_fraud_graph", "load_fraud_mat", "load_geom_gcn", "label_state_from_split", "class_homophily",
     "edge_homophily", "make_batch", "TITLE", "URL", "CODE", "BIBTEX",

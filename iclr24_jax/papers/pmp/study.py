@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -36,12 +37,11 @@ BASIS_HETEROPHILY = ("'demonstrates the capability of PMP to handle heterophily-
                      "number in the paper)")
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """PMP vs GraphSAGE vs GCN (same wrapper, same loop, same data) on the synthetic fraud graph (3 seeds) and the
   four geom_gcn graphs (3 splits), next to the paper's YelpChi / Amazon / T-Finance AUC; plus the label-access
   control (GraphSAGE with the neighbours' training labels as features). Comparison rows are judged with
   `common.stats.compare_row` (paired by seed / split, 2 standard errors)."""
-  from iclr24_jax.configs import pmp as cfg_mod
   os.makedirs(workdir, exist_ok=True)
   t_start = time.time()
   seeds = (0,) if fast else (0, 1, 2)
@@ -50,7 +50,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
   mesh = sharding.make_mesh(devices=jax.devices()[:1])
 
   # 1) The embedded synthetic fraud graph. Every arm sees the same graph and split per seed (paired by seed).
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   if fast:
     cfg.num_steps = 60
     cfg.data.num_nodes = 1500
@@ -122,7 +122,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
     geom = ()
   acc_table: dict[str, dict[str, list]] = {}
   for name in geom:
-    gcfg = cfg_mod.get_config(name)
+    gcfg = get_config(name)
     acc = {m: {"accuracy": [], "auc": []} for m in ("pmp", "sage", "gcn")}
     for seed in seeds:
       gcfg.seed = seed
@@ -155,7 +155,7 @@ def reproduce(workdir: str, fast: bool = False) -> list[dict]:
            "variant": f"configs/pmp.py:{name} with --config.data.data_dir (the .mat files), judged over seeds"}
     if fraud_dir and not fast:
       try:
-        c = cfg_mod.get_config(name)
+        c = get_config(name)
         c.data.data_dir = fraud_dir
         data = load_graph(c.data, seed=0)
         out = train_lib.fit(c, data, mesh=mesh)
@@ -203,12 +203,11 @@ def random_graph(num_edges: int, num_relations: int = 3, avg_degree: float = 10.
   return data_lib.GraphData("random", x, labels, rels, tuple(f"rel{r}" for r in range(num_relations)), tr, va, te, 2)
 
 
-def benchmark(quick: bool = True) -> list[dict]:
+def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Full-graph train step/s vs number of edges (1e4, 1e5; 1e6 when quick=False), PMP and GraphSAGE, on 1 and
   all devices. Node and edge arrays are split over the mesh's 'data' axis (params replicated); XLA's SPMD
   partitioner inserts the gathers/reductions that the sharded segment_sum needs."""
-  from iclr24_jax.configs import pmp as cfg_mod
-  cfg = cfg_mod.get_config("")
+  cfg = get_config("")
   sizes = (10_000, 100_000) if quick else (10_000, 100_000, 1_000_000)
   rows = []
   for n_edges in sizes:
@@ -236,7 +235,9 @@ def pmp_flops(num_nodes: int, relation_edges: tuple[int, ...], feature_dim: int,
   Per relation the shared layer runs on all N nodes: the alpha MLP 2 N F A + 2 N A C' (A = H, C' = 1 for two
   classes), the class filters T_c h_v 2 N C F^2, the class kernels 2 N C F H and biases 2 N C H, the self
   kernel 2 N F H; the partition aggregate adds E_r F values and computes each edge's partition index (clip,
-  gather, multiply-add: 4 integer operations per edge, which XLA's count includes). Then the relation mix 2 N (R H) H and the head
+  gather, multiply-add: 4 integer operations per edge, which XLA's count includes) and the input contract's index
+  checks on the edges (`common.checks.indices` on senders and receivers: two comparisons, an and, and the
+  all-reduce per index: 8 operations per edge). Then the relation mix 2 N (R H) H and the head
   2 N H C. Training: a matmul costs 3x its forward (the weight and the input gradients), except where its input
   is the node features themselves (the first alpha layer, T_c, the self kernel), whose input gradient is never
   needed: 2x. The aggregate has no backward for the same reason.
@@ -256,7 +257,7 @@ def pmp_flops(num_nodes: int, relation_edges: tuple[int, ...], feature_dim: int,
   on_inputs = 2 * n * f * h + 2 * n * c * f * f + 2 * n * f * h             # alpha layer 1, T_c, self kernel
   inner = 2 * n * h * (1 if c == 2 else c) + 2 * n * c * f * h + 2 * n * c * h  # alpha layer 2, W_c, b_c
   outer = 2 * n * (r * h) * h + 2 * n * h * c                                  # relation mix, head
-  aggregate = sum(relation_edges) * (f + 4)
+  aggregate = sum(relation_edges) * (f + 4 + 8)
   if not training:
     return float(r * (on_inputs + inner) + outer + aggregate)
   return float(r * (2 * on_inputs + 3 * inner) + 3 * outer + aggregate)

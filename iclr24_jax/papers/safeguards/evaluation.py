@@ -2,7 +2,7 @@
 
 `evaluate_budget` (one budget: abstain, confirm concepts by a policy, re-propagate), `coverage_curve` (coverage vs
 budget for the variance-greedy and random policies, per-concept or global budget) and `evaluate_target` (the
-threshold for one target accuracy, the curves and the baselines). Built on `pipeline.build_safeguard`.
+threshold for one target accuracy, the curves and the baselines). Built on `train.build_safeguard`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from iclr24_jax.papers.safeguards import data as sg_data
 from iclr24_jax.papers.safeguards import propagation
 from iclr24_jax.papers.safeguards import safeguard
-from iclr24_jax.papers.safeguards.pipeline import propagate_compiled
+from iclr24_jax.papers.safeguards.train import propagate_compiled
 
 # Compiled once per shape.
 _choose_threshold = jax.jit(safeguard.choose_threshold)

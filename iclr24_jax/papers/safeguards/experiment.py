@@ -8,7 +8,7 @@ selective classifier trained directly on x. Writes metrics.jsonl (detector train
 coverage_vs_budget.png.
 
 Where things are: the training pipeline (detectors, calibration, front end, propagation, the selective baseline)
-in `pipeline.py`; the coverage-vs-budget evaluation in `evaluation.py`; the reproduction study and the benchmark
+in `train.py`; the coverage-vs-budget evaluation in `evaluation.py`; the reproduction study and the benchmark
 in `study.py`. This module keeps `run` and the coverage plot it writes (`plot_coverage`, also used by the study).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.safeguards import data as sg_data
 from iclr24_jax.papers.safeguards.evaluation import evaluate_target
-from iclr24_jax.papers.safeguards.pipeline import build_safeguard, train_selective_baseline
+from iclr24_jax.papers.safeguards.train import build_safeguard, train_selective_baseline
 
 
 def _concept_metrics(probs: np.ndarray, c: np.ndarray) -> dict[str, float]:

@@ -10,6 +10,7 @@ so all arms of one seed share one safeguard and one test set.
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,7 +22,7 @@ from iclr24_jax.papers.safeguards import propagation
 from iclr24_jax.papers.safeguards.experiment import plot_coverage, run
 
 PAPER = "safeguards"
-MID_BUDGETS = (0.3, 0.5)   # the budgets where the two budget rules can disagree (issue 30)
+MID_BUDGETS = (0.3, 0.5)   # the budgets where the two budget rules can disagree
 
 
 # ----------------------------------------------------------------------------------------------- reproduce
@@ -70,18 +71,17 @@ def _curve_text(cv: dict) -> str:
                    zip(cv["budget_fraction"], cv["variance"]["coverage"], cv["random"]["coverage"]))
 
 
-def reproduce(workdir: str, fast: bool = False) -> list[dict]:
+def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Coverage vs confirmation budget (per-concept and the official global budget) on the synthetic data and on
   digits concepts, 3 seeds each, plus an exact-vs-Monte-Carlo propagation check."""
-  from iclr24_jax.configs import safeguards as cfg_mod
   rows, curves = [], {}
   variants = [("synthetic", "tiny" if fast else ""), ("digits", "digits_tiny" if fast else "digits")]
   for label, variant in variants:
-    base = cfg_mod.get_config(variant)
+    base = get_config(variant)
     seeds = list(range(int(base.num_seeds)))
     per_seed = []
     for seed in seeds:
-      cfg = cfg_mod.get_config(variant)
+      cfg = get_config(variant)
       cfg.seed = seed
       cfg.data.seed = seed
       cfg.save_checkpoints = False
