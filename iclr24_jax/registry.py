@@ -97,6 +97,12 @@ def config_factory(name: str) -> Callable[[str | None], Any]:
 
   Only the runners call this; library code receives configs and never imports them.
 
+  Args:
+    name: an experiment (`available()`) or an extended study (`EXTENDED`).
+
+  Returns:
+    `iclr24_jax.configs.<paper>.get_config`.
+
   Raises:
     ValueError: a name without a packaged config (`iclr24_jax/configs/<name>.py`).
   """
@@ -108,5 +114,13 @@ def config_factory(name: str) -> Callable[[str | None], Any]:
 
 
 def study_kwargs(fn: Callable, name: str) -> dict[str, Any]:
-  """The keyword arguments the runners add to a study function of `name`: `get_config` where it declares one."""
+  """The keyword arguments the runners add to a study function of `name`: `get_config` where it declares one.
+
+  Args:
+    fn: a study function (`reproduce`, `benchmark`, an extended study).
+    name: the experiment or extended study it belongs to.
+
+  Returns:
+    {'get_config': `config_factory(name)`} when `fn` has a `get_config` parameter, else {}.
+  """
   return {"get_config": config_factory(name)} if "get_config" in inspect.signature(fn).parameters else {}

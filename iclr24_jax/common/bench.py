@@ -199,10 +199,8 @@ def across_devices(make_case: Callable[[Any, int], tuple[Callable, tuple, dict]]
   from iclr24_jax.common import sharding  # local: bench is imported by code that sets up devices first
   rows = []
   for size in sizes:
-    for n_dev in (device_counts() if counts is None else counts):
-      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
+    for mesh in sharding.device_meshes(device_counts() if counts is None else counts):
       with jax.set_mesh(mesh):
         fn, args, columns = make_case(mesh, size)
-        columns = dict(columns)
-        rows.append(time_fn(fn, *args, mesh_devices=n_dev, **{**time_kw, **columns}))
+        rows.append(time_fn(fn, *args, mesh_devices=mesh.devices.size, **{**time_kw, **dict(columns)}))
   return rows

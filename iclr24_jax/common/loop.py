@@ -32,6 +32,8 @@ The pieces (`train_loop` is their composition; a paper with its own driver uses 
   RunLog          metrics.jsonl (`metrics.open_writer`), the in-memory history, the progress line and callbacks
   StopCheck       SIGTERM / SIGINT (`stop_on_signals`) seen at a step boundary, one agreed step on multi-host
   Preempted       raised once the checkpoint of that boundary is saved; the launcher turns it into one line
+  ResumableLoop   the pieces above put together for an own driver's loop (one per stage of a staged driver)
+  Stages          a staged driver's ResumableLoops, one folder per stage (`stage_loop`)
 
 An own driver (say, a chunked loop whose batches are drawn on device from a key; `papers/cdgm/train.py:fit` is
 the worked example) reads:
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import signal
 import sys
 import threading
@@ -95,15 +98,41 @@ def compile_step(step_fn: TrainStep, mesh: Mesh, state_sharding: Any = None, bat
   rep = sharding.replicated_sharding(mesh)
   state_sh = rep if state_sharding is None else state_sharding
   batch_sh = sharding.data_sharding(mesh) if batch_sharding is None else batch_sharding
-  return jax.jit(step_fn, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep),
-                 donate_argnums=(0,) if donate else ())
+  return _jit(step_fn, in_shardings=(state_sh, batch_sh, rep), out_shardings=(state_sh, rep),
+              donate_argnums=(0,) if donate else ())
+
+
+# One jitted function per (partial, jit options), so a second run with equal settings reuses the first run's
+# compilations. A `functools.partial` of hashable arguments (a top-level step or init with its model, sizes and
+# optimizer bound) is keyed by value: every run builds a new partial object, and jit keys its own cache by the
+# function's identity. Equal optimizers are the same object (`common.optim`), so equal configs give equal keys.
+# Anything else (a closure, a partial holding arrays) goes to jax.jit as it is: jit's own cache holds functions
+# weakly, and a closure may hold large arrays that this cache must not keep alive.
+_JITTED: dict[Any, Callable] = {}
+_JITTED_MAX = 256
+
+
+def _jit(fn: Callable, **jit_kwargs: Any) -> Callable:
+  """`jax.jit(fn, **jit_kwargs)`; the same object for partials of equal hashable arguments and equal options."""
+  if not isinstance(fn, functools.partial):
+    return jax.jit(fn, **jit_kwargs)
+  key = (fn.func, fn.args, tuple(sorted(fn.keywords.items())), tuple(sorted(jit_kwargs.items())))
+  try:
+    hit = _JITTED.get(key)
+  except TypeError:   # an argument or option that does not hash (an array, a pytree of shardings)
+    return jax.jit(fn, **jit_kwargs)
+  if hit is None:
+    if len(_JITTED) >= _JITTED_MAX:
+      _JITTED.pop(next(iter(_JITTED)))   # the oldest: a long study does not hold every program forever
+    hit = _JITTED[key] = jax.jit(fn, **jit_kwargs)
+  return hit
 
 
 def loop_grads_are_slow(backend: str | None = None) -> bool:
   """True where gradients of convolutions run far slower inside a compiled loop than in a plain jitted call.
 
   On XLA:CPU the backward convolutions (their dimension numbers are not channel-last) lose the fast Eigen path
-  inside a while-loop body (jax issue 12868, still open). Measured here with jax 0.9.2 on 2 cores: a 3-layer CNN
+  inside a while-loop body (jax-ml/jax#12868, open). Measured here with jax 0.9.2 on 2 cores: a 3-layer CNN
   step 6.6 ms plain vs 133 ms per step under `lax.scan` (20x); DA-CLIP's restorer UNet 67 ms vs 573 ms (8.5x);
   the forward pass alone is as fast in a loop. Papers whose train step contains a convolution therefore run
   steps as a host loop of one jitted step on CPU, and as a `lax.scan` on accelerators.
@@ -183,11 +212,41 @@ def scan_steps(step_fn: TrainStep) -> TrainStep:
   return chunk
 
 
-def init_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: Any) -> Any:
-  """Runs `init_fn(key)` once, compiled straight onto `shardings`.
+# Backend optimisation level 0: what `compile_fast` asks XLA for.
+FAST_COMPILE_OPTIONS = {"xla_backend_optimization_level": 0}
 
-  Init runs once, so it is compiled at XLA backend optimisation level 0 (on CPU a conv net's init
-  compiles 4-7x faster; values agree with an optimised compile to float rounding, ~1e-7).
+
+def compile_fast(fn: Callable, *args: Any, cpu_only: bool = False,
+                 options: Mapping[str, Any] | None = None) -> Any:
+  """Lowers and compiles `fn` for `args` at XLA backend optimisation level 0: for programs that run once or briefly.
+
+  Why level 0: on XLA:CPU the backend optimisations dominate the compile time of one-shot programs while saving
+  little run time. Measured on this project's 2-core CPU: a conv net's init compiles 4-7x faster (values agree
+  with an optimised compile to float rounding, ~1e-7); FPS's image-study programs (about 1 s of run time) took
+  8-13 s to compile at the default level and compile 3-4x faster at level 0 for about 2x slower runs. A program
+  that runs long (a train step) keeps the default level. A backend without the option compiles normally.
+
+  Args:
+    fn: a function, or a `jax.jit`-wrapped one (its shardings and static arguments are kept).
+    *args: example arguments (their shapes, dtypes and shardings fix the program).
+    cpu_only: use level 0 only on the CPU backend (for programs that run long enough on an accelerator that its
+      optimisations pay off).
+    options: other XLA compile options instead of level 0 (a measured per-program choice).
+
+  Returns:
+    the compiled executable; call it with arguments like `args`.
+  """
+  lowered = (fn if hasattr(fn, "lower") else jax.jit(fn)).lower(*args)
+  if cpu_only and jax.default_backend() != "cpu":
+    return lowered.compile()
+  try:
+    return lowered.compile(dict(FAST_COMPILE_OPTIONS if options is None else options))
+  except Exception:  # a backend without these options compiles normally
+    return lowered.compile()
+
+
+def init_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: Any) -> Any:
+  """Runs `init_fn(key)` once, compiled straight onto `shardings` (at level 0: see `compile_fast`).
 
   Args:
     init_fn: key -> state pytree (e.g. a TrainState).
@@ -197,12 +256,7 @@ def init_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: A
   Returns:
     the state pytree, its arrays placed on `shardings`.
   """
-  lowered = jax.jit(init_fn, out_shardings=shardings).lower(key)
-  try:
-    compiled = lowered.compile({"xla_backend_optimization_level": 0})
-  except Exception:  # a backend without that option compiles normally
-    compiled = lowered.compile()
-  return compiled(key)
+  return compile_fast(_jit(init_fn, out_shardings=shardings), key)(key)
 
 
 def abstract_state(init_fn: Callable[[jax.Array], Any], key: jax.Array, shardings: Any) -> Any:
@@ -781,6 +835,193 @@ def checkpoint_options(config: Any) -> dict[str, Any]:
   if config.get("max_to_keep") is not None:
     out["max_to_keep"] = int(config.get("max_to_keep"))
   return out
+
+
+class ResumableLoop:
+  """An own driver's loop on the pieces, for drivers with several loops (stages) or state built by many programs.
+
+  `CheckpointHook` in `workdir/checkpoints`, `RunLog` in `workdir/metrics.jsonl`, `StopCheck` under
+  `stop_on_signals`, and the bookkeeping between them (the step, the stop seen at a boundary, the final save).
+  With workdir None nothing is written or restored; the history, the progress callbacks and the stops still work.
+
+    with loop.ResumableLoop(os.path.join(workdir, 'critic'), num_steps=n, config=config, every_steps=...) as lp:
+      state, run = lp.start(fresh)          # the latest checkpoint, or fresh() (run.step 0)
+      while not lp.finished and run.step < n:
+        state, metrics = chunk(state, ...)  # the driver's own compiled call(s)
+        lp.boundary(run.step + k, state, row)   # logs; saves when due; a stop: saves, raises Preempted
+      lp.finish(state)                       # the final save, marked finished (a rerun skips the loop)
+
+  A driver's own decisions and data position go into `run.extra` (JSON) or the state pytree before `boundary`.
+
+  Args:
+    workdir: the loop's folder (None: nothing written).
+    num_steps: the loop's last step (the progress line's total; boundaries at it leave the save to `finish`).
+    name: the progress line's label.
+    every_steps, every_secs, max_to_keep, config: `CheckpointHook`'s.
+    progress: print a progress line.
+  """
+
+  def __init__(self, workdir: str | None, *, num_steps: int, name: str = "train", every_steps: int = 0,
+               every_secs: float = 0.0, max_to_keep: int = 3, config: Any = None, progress: bool = False):
+    self.workdir, self.num_steps, self.name, self.progress = workdir, int(num_steps), name, progress
+    self.hook = None
+    if workdir is not None:
+      import os
+      self.hook = CheckpointHook(os.path.join(workdir, "checkpoints"), every_steps=every_steps, every_secs=every_secs,
+                                 max_to_keep=max_to_keep, config=config)
+    self.where = self.hook.directory if self.hook is not None else None
+    self.run: LoopState | None = None
+    self.log: RunLog | None = None
+    self.stop: str | None = None
+    self._check = StopCheck()
+    self._signals = stop_on_signals()
+
+  def __enter__(self) -> "ResumableLoop":
+    self._signals.__enter__()
+    return self
+
+  def __exit__(self, *exc) -> None:
+    try:
+      if self.log is not None:
+        self.log.close()
+      if self.hook is not None:
+        self.hook.close()
+    finally:
+      self._signals.__exit__(*exc)
+
+  @property
+  def finished(self) -> bool:
+    """The restored run was finished: return its state and `run` as they are."""
+    return self.run is not None and self.run.finished
+
+  def start(self, fresh: Callable[[], Any], target: Any = None) -> tuple[Any, LoopState]:
+    """The latest checkpoint's state and LoopState, or `fresh()` and a new LoopState; opens the log unless finished.
+
+    Args:
+      fresh: () -> the initial state (called only when there is no checkpoint).
+      target: the state's structure for restoring (abstract with shardings, or concrete); default
+        `jax.eval_shape(fresh)` on the first device.
+
+    Returns:
+      (state, LoopState).
+
+    Raises:
+      Preempted: a stop was requested before the loop ran (nothing new to save).
+    """
+    got = None
+    if self.hook is not None and self.hook.checkpointer.latest_step() is not None:
+      if target is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), jax.eval_shape(fresh))
+      got = self.hook.restore_latest(target)
+    state, self.run = got if got is not None else (fresh(), LoopState())
+    if not self.run.finished:
+      self.log = RunLog(self.workdir, self.run, num_steps=self.num_steps, name=self.name, progress=self.progress)
+      stop = self._check(self.run.step)
+      if stop:
+        raise Preempted(None, stop, self.where)
+    return state, self.run
+
+  def write(self, step: int, row: Mapping[str, Any], show: bool = True, loss_key: str | None = None) -> dict:
+    """Logs a row that is no boundary (e.g. an evaluation before the first step): `RunLog.write`."""
+    return self.log.write(step, row, show=show, loss_key=loss_key)
+
+  def boundary(self, step: int, state: Any, row: Mapping[str, Any] | None = None, *, best: Any = None,
+               loss_key: str | None = None) -> None:
+    """After the driver reached `step`: logs `row`, saves when due or stopping, raises Preempted after a stop's save.
+
+    Args:
+      step: the step reached.
+      state: the state to save.
+      row: the metrics row to log (None: nothing logged).
+      best: keep-best parameters to save beside the state.
+      loss_key: the row's key shown as the progress line's loss.
+
+    Raises:
+      Preempted: a stop was requested (before the last step; at it, `finish` saves and raises).
+    """
+    if row is not None:
+      self.log.write(step, row, loss_key=loss_key)
+    self.run.step = int(step)
+    self.stop = self._check(step)
+    if self.hook is not None:
+      self.hook.step_boundary(step, state, self.run, num_steps=self.num_steps, stop=self.stop, best=best)
+    elif self.stop and step < self.num_steps:
+      raise Preempted(step, self.stop, None)
+
+  def finish(self, state: Any, step: int | None = None, row: Mapping[str, Any] | None = None, *, best: Any = None,
+             loss_key: str | None = None) -> None:
+    """The final save, marked finished (also for a loop that stops early, at `step`); then a pending stop raises.
+
+    Args:
+      state: the final state.
+      step: the step the loop ended at (default num_steps).
+      row: a last metrics row to log at `step` first (an early stop's; None: nothing logged).
+      best: keep-best parameters to save beside the state.
+      loss_key: the row's key shown as the progress line's loss.
+
+    Raises:
+      Preempted: a stop came during the last interval (the finished loop is saved; the next phase does not start).
+    """
+    if self.finished:
+      return
+    step = self.num_steps if step is None else int(step)
+    if row is not None:
+      self.log.write(step, row, loss_key=loss_key)
+    self.run.step = step
+    if self.hook is not None:
+      self.hook.finish(step, state, self.run, best=best)
+    else:
+      self.run.finished = True   # (the hook's finish sets it with the save)
+    stop = self.stop or self._check(step)
+    if stop:
+      raise Preempted(step, stop, self.where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stages:
+  """Where a staged driver's loops save and how often: stage `name` is a `ResumableLoop` in `workdir/name`
+  (its `checkpoints/` and `metrics.jsonl`), so a killed run resumes inside the stage it was in and skips the
+  finished ones.
+
+  Attributes:
+    workdir: the run's folder (None: nothing written; the loops still log in memory and stop on signals).
+    every_steps: save every N steps of a stage (its own unit), at its boundaries; 0: not by steps.
+    every_secs: also save when this many wall seconds passed since the stage's last save (0: not by time).
+    config: recorded beside each stage's checkpoints.
+    progress: print a progress line per stage.
+    label: the progress lines' prefix (the paper's slug).
+  """
+
+  workdir: str | None
+  every_steps: int = 0
+  every_secs: float = 0.0
+  config: Any = None
+  progress: bool = False
+  label: str = ""
+
+  @classmethod
+  def from_config(cls, config: Any, workdir: str | None, label: str = "") -> "Stages":
+    """`checkpoint_options(config)`'s intervals, the config recorded, progress unless `config.progress` is False."""
+    opts = checkpoint_options(config)
+    return cls(workdir, every_steps=opts["checkpoint_every"], every_secs=opts["checkpoint_every_secs"],
+               config=config, progress=bool(config.get("progress", True)) and jax.process_index() == 0,
+               label=label)
+
+  def loop(self, name: str, num_steps: int, every_steps: int | None = None) -> ResumableLoop:
+    """The ResumableLoop of stage `name` (`num_steps` of them); `every_steps` overrides the step interval for a
+    stage counted in another unit (say, epochs)."""
+    import os
+    where = None if self.workdir is None else os.path.join(self.workdir, name)
+    every = self.every_steps if every_steps is None else int(every_steps)
+    return ResumableLoop(where, num_steps=num_steps, name=f"{self.label} {name}".strip(),
+                         every_steps=every, every_secs=self.every_secs, config=self.config,
+                         progress=self.progress and where is not None)
+
+
+def stage_loop(stages: Stages | None, name: str, num_steps: int, every_steps: int | None = None) -> ResumableLoop:
+  """`stages.loop(name, num_steps, every_steps)`, or a loop that writes nothing when `stages` is None."""
+  return (stages or Stages(None)).loop(name, num_steps, every_steps)
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -93,6 +93,12 @@ class MetricWriter:
       self.tensorboard.close()
       self.tensorboard = None
 
+  def __enter__(self) -> "MetricWriter":
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
 
 def open_writer(workdir: str | None, start_step: int = 0, filename: str = "metrics.jsonl") -> MetricWriter | None:
   """The metrics writer of a run that starts (or resumes) at `start_step`.

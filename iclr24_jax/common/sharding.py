@@ -8,7 +8,7 @@ hosts call `initialize_distributed()` first and feed each host's slice through `
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -52,6 +52,26 @@ def make_mesh(mesh_config: Mapping[str, int] | Any | None = None,
                      f"set mesh.data / mesh.model so their product is {n} (or use -1).")
   return jax.make_mesh((data, model), (DATA_AXIS, MODEL_AXIS),
                        axis_types=(AxisType.Auto, AxisType.Auto), devices=devices)
+
+
+def device_meshes(counts: Sequence[int] | None = None) -> Iterator[Mesh]:
+  """Data-parallel meshes over the first n devices, for each n in `counts`: the one way to compare 1 and N
+  devices (benchmarks time each, `common.bench.across_devices`; tests check that they give the same numbers).
+
+  Args:
+    counts: device counts (default: 1 and every device, once each when there is one device).
+
+  Yields:
+    `make_mesh(devices=jax.devices()[:n])` for each n.
+
+  Raises:
+    ValueError: a count above the number of devices, or below 1.
+  """
+  available = jax.device_count()
+  for n in (sorted({1, available}) if counts is None else counts):
+    if not 1 <= int(n) <= available:
+      raise ValueError(f"a mesh of {n} devices was asked for; {available} are available (counts {list(counts)}).")
+    yield make_mesh(devices=jax.devices()[:int(n)])
 
 
 def data_sharding(mesh: Mesh) -> NamedSharding:

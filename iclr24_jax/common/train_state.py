@@ -1,7 +1,10 @@
 """An immutable train state: step, params, optimizer state and free-form extra state.
 
 The optimizer (`tx`) rides along as static (non-pytree) data, so a state can update itself
-(`state.apply_gradients(grads)`) while staying a plain pytree for `jax.jit`, sharding and orbax.
+(`state.apply_gradients(grads)`) while staying a plain pytree for `jax.jit`, sharding and orbax. Static data is
+part of the pytree structure jit compiles for, and optax transformations compare by identity: build `tx` with
+`common.optim.make_optimizer` (or a `common.optim.memoized_optimizer` builder), which returns one object per
+distinct setting, so runs with equal configs share their compiled steps.
 """
 from __future__ import annotations
 

@@ -87,24 +87,34 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   elif arg == "paper":
     # The paper trains CLIP with OpenCLIP on each (pruned) LAION-200M subset: brendel-group/clip-ood@0f7b418
     # README.md:35-36 (OpenCLIP, total batch 33,600). Sizes and optimizer: OpenCLIP (mlfoundations/open_clip@89fb801)
-    # src/open_clip/model_configs/ViT-B-32.json (embed 512; ViT 224 px, patch 32, 12 x 768; text 77 tokens,
+    # src/open_clip/model_configs/ViT-B-32.json:1-16 (embed 512; ViT 224 px, patch 32, 12 x 768; text 77 tokens,
     # vocabulary 49,408, 12 x 512, 8 heads) and src/open_clip_train/params.py:5-11 (ViT: AdamW lr 5e-4, betas 0.9 /
     # 0.98, eps 1e-6), :275 (32 epochs), :285 (weight decay 0.2), :288 (10,000 warm-up steps), cosine decay.
     # The evaluation suite is what this repository's loader reads; the training pairs are LAION (not loadable here).
+    # Mixed precision and activation checkpointing as OpenCLIP trains: src/open_clip_train/params.py:402-406
+    # (`--precision`, default amp_bf16: bf16 compute under autocast, f32 master weights) and :461-465
+    # (`--grad-checkpointing`, each residual block recomputed in the backward); README.md:576 recommends it with
+    # `--local-loss --gather-with-grad` to fit large batches. Towers: dtype='bfloat16' (f32 parameters), remat=True,
+    # and scan=True (the blocks as one nn.scan: with remat the backward then recomputes one layer at a time).
+    # Deviation: the 2023 OpenCLIP the paper used defaulted to `--precision amp` (fp16 autocast with loss scaling;
+    # README.md:21 records the change to amp_bf16); bf16 needs no loss scaling and holds the same bytes.
     c.data = ml_collections.ConfigDict(dict(name="imagenet", data_dir="", image_size=224))
     c.model = ml_collections.ConfigDict(dict(
         embed_dim=512, logit_scale_init=math.log(1 / 0.07), logit_scale_max=100.0,
-        image=ml_collections.ConfigDict(dict(name="vit", patch_size=32, width=768, depth=12, heads=12, pool="cls")),
+        image=ml_collections.ConfigDict(dict(name="vit", patch_size=32, width=768, depth=12, heads=12, pool="cls",
+                                             dtype="bfloat16", remat=True, scan=True)),
         text=ml_collections.ConfigDict(dict(name="transformer", max_len=77, width=512, depth=12, heads=8,
-                                            vocab_size=49408))))
+                                            vocab_size=49408, dtype="bfloat16", remat=True, scan=True))))
     c.optimizer = ml_collections.ConfigDict(dict(name="adamw", learning_rate=5e-4, schedule="cosine",
                                                  warmup_steps=10000, weight_decay=0.2, b1=0.9, b2=0.98, eps=1e-6,
                                                  grad_clip=0.0))
     c.batch_size = 33600
     c.num_steps = 190_476        # 32 epochs of the ~200M de-duplicated LAION pairs at 33,600 per step
     c.scale = ml_collections.ConfigDict(dict(
-        batch_size=33600, paper_hardware="not stated in the official code (OpenCLIP, total batch 33,600)",
-        paper_time="not stated in the official code",
+        batch_size=33600,
+        paper_hardware="one node of 8 A100s (the paper's training details: ViT-B/32, 32 epochs, batch 33,600)",
+        paper_time="several days per pruned data set, depending on its size (the paper's training details)",
         source="brendel-group/clip-ood@0f7b418 README.md:35-36; mlfoundations/open_clip@89fb801 "
-               "src/open_clip/model_configs/ViT-B-32.json, src/open_clip_train/params.py:5-11,275,285,288"))
+               "src/open_clip/model_configs/ViT-B-32.json:1-16, src/open_clip_train/params.py:5-11,275,285,288,"
+               "402-406,461-465, README.md:576"))
   return c

@@ -94,11 +94,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.checkpoint_every = 1  # mid-run checkpoints, so the resume tests can cut the 2 epochs in two
       c.methods = METHODS
     elif part == "paper":
-      # The official run, rong-dai/Co-Boosting@b95d715: fl_pretrain.sh (CIFAR-10, Dirichlet beta 0.6, 10 clients,
-      # model cnn, SGD lr 0.01 (fl_pretrain.py:49 momentum 0.9), 100 local epochs, batch 128), co_boosting.sh
-      # (teacher and student cnn, batch 128, kd_lr 0.01, 200 epochs, 30 generator steps, lr_g 1e-3, seed 42),
-      # datafree_kd.py:101-105 (server momentum 0.9, weight decay 1e-4), :209-210 (Generator nz 256, ngf 64);
-      # datafree/models/classifiers/cnncifar.py (CNNCifar: three 3 x 3 convs of 128 channels, 319k parameters).
+      # The official run, rong-dai/Co-Boosting@b95d715: fl_pretrain.sh:1-6 (CIFAR-10, Dirichlet beta 0.6, 10
+      # clients, model cnn, SGD lr 0.01 (fl_pretrain.py:49 momentum 0.9), 100 local epochs, batch 128),
+      # co_boosting.sh:1-13 (teacher and student cnn, batch 128, kd_lr 0.01, 200 epochs, 30 generator steps, lr_g
+      # 1e-3, seed 42), datafree_kd.py:101-105 (server momentum 0.9, weight decay 1e-4), :224-225 (Generator nz 256,
+      # ngf 64);
+      # datafree/models/classifiers/cnncifar.py:4-11 (CNNCifar: three 3 x 3 convs of 128 channels, 319k parameters).
       c.data.name = "cifar10"
       c.seed = 42
       c.fl.alpha = 0.6
@@ -118,10 +119,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # steps, the ensemble re-weighting pass over the 199 earlier pool batches and the distillation pass over all
       # 200, batches of 128 sharded over 'data', the tiny networks replicated.
       c.scale = ml_collections.ConfigDict(dict(
-          batch_size=128, pool_batches=200, paper_hardware="one GPU (datafree_kd.py --gpu; model not stated)",
+          batch_size=128, pool_batches=200,
+          paper_hardware="one GPU (.cuda() without a device flag, e.g. datafree/synthesis/coboost.py:52; model not "
+                         "stated)",
           paper_time="not stated in the official code",
-          source="rong-dai/Co-Boosting@b95d715 co_boosting.sh, fl_pretrain.sh, fl_pretrain.py:49, "
-                 "datafree_kd.py:101-105,209-210, datafree/models/classifiers/cnncifar.py"))
+          source="rong-dai/Co-Boosting@b95d715 co_boosting.sh:1-13, fl_pretrain.sh:1-6, fl_pretrain.py:49, "
+                 "datafree_kd.py:101-105,224-225, datafree/models/classifiers/cnncifar.py:4-11"))
     elif part == "digits":
       c.data.name = "digits"
     elif part == "reproduce":

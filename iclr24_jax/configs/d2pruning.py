@@ -42,7 +42,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   # official train.py: SGD, lr 0.1, momentum 0.9, Nesterov, weight decay 5e-4, cosine schedule
   c.optimizer = ml_collections.ConfigDict(dict(name="sgd", learning_rate=0.1, momentum=0.9, nesterov=True,
                                                weight_decay=5e-4, schedule="cosine", warmup_steps=0))
-  c.dynamics = ml_collections.ConfigDict(dict(epochs=30, batch_size=64, el2n_epochs=10))
+  # checkpoint_every: the score model's stage saves every this many epochs (its unit; 0: by time only)
+  c.dynamics = ml_collections.ConfigDict(dict(epochs=30, batch_size=64, el2n_epochs=10, checkpoint_every=10))
   c.selection = ml_collections.ConfigDict(dict(
       methods=("d2", "random", "ccs", "kcenter", "difficulty"),  # + 'd2_nofwd': D2 without forward MP
       pruning_rates=(0.3, 0.5, 0.7),  # the abstract's range; 90% is judged on MNIST-5k
@@ -61,9 +62,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.batch_size = 64
   c.log_every = 1  # score-model epochs between metric rows
   c.eval_every = 0
-  c.checkpoint_every = 0  # runs take seconds; nothing to resume
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # The coreset stage (all runs stacked) runs in chunks of checkpoint_every steps and saves at their ends; both
+  # stages also save when checkpoint_every_secs passed since their last save, and on SIGTERM / SIGINT.
+  c.checkpoint_every = 200
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))  # coreset runs are sharded over 'data'
   arg = variants.one(arg, VARIANTS, name="d2pruning")  # '' = digits
@@ -77,6 +78,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.selection.gamma_reverse_grid = (0.1, 1.0)
     c.num_seeds = 1
     c.num_steps = 40
+    c.dynamics.checkpoint_every = 2
+    c.checkpoint_every = 10
   elif arg == "mnist5k":
     c.data.name = "mnist5k"
     c.model.hidden = (128,)  # one hidden layer keeps ~100 runs x 1,260 steps on 784-pixel inputs inside CPU minutes
@@ -113,11 +116,12 @@ def _paper(c: ml_collections.ConfigDict) -> None:
   c.model = ml_collections.ConfigDict(dict(name="resnet18", stage_sizes=(2, 2, 2, 2), width=64, norm="batch"))
   c.optimizer = ml_collections.ConfigDict(dict(name="sgd", learning_rate=0.1, momentum=0.9, nesterov=True,
                                                weight_decay=5e-4, schedule="cosine", warmup_steps=0))
-  c.dynamics = ml_collections.ConfigDict(dict(epochs=200, batch_size=256, el2n_epochs=10))
+  c.dynamics = ml_collections.ConfigDict(dict(epochs=200, batch_size=256, el2n_epochs=10, checkpoint_every=10))
   c.selection.update(dict(methods=("d2",), pruning_rates=(0.9,), hard_cutoff=(0.4,), k=5, gamma_forward=1.0,
                           gamma_reverse=0.1, graph_mode="sum", gamma_reverse_grid=(0.1,)))
   c.num_seeds = 1
   c.num_steps = 40_000
+  c.checkpoint_every = 2000
   c.batch_size = 256
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   # program: 'selection' (the class-balanced D2 selection over the 50,000 training embeddings: kNN graph per

@@ -69,9 +69,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                           targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
                                                    "up_proj", "down_proj")))
   c.log_every = 20
-  c.checkpoint_every = 0
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # Saves of the stages 'pretrain' and 'finetune_<method>' (experiment.run): every N optimizer steps of each stage (a
+  # multiple of log_every and eval_every: saves happen at chunk boundaries), and every N wall seconds.
+  c.checkpoint_every = 200
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
 
@@ -122,7 +122,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # also shards what ZeRO-2 keeps whole: the bf16 weights and the gradients).
     c.scale = ml_collections.ConfigDict(dict(
         method="full", batch_size=64, seq_len=1024, param_dtype="float32", compute_dtype="bfloat16", remat="full",
-        paper_hardware="8x A100 80GB (readme.md: training command)", paper_time="not stated in the official code",
+        paper_hardware="8x A100 80GB (readme.md:9-11)", paper_time="not stated in the official code",
         source="xiaozeroone/lm_finetune_dissect@35122b8 config/train_full.yaml:2-22, config/deepspeed.yaml:5-14, "
                "run.py:17,29,64"))
   return c

@@ -136,7 +136,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # steps) per device; the official script runs one image per sampler call on one GPU.
     c.scale = ml_collections.ConfigDict(dict(
         batch_size=8, task="super_resolution",
-        paper_hardware="one GPU per sampler call (scripts/run_sampling.sh --gpu; model not stated)",
+        paper_hardware="one GPU per sampler call (scripts/run_sampling.sh:13 --gpu, sample_condition.py:35; model "
+                       "not stated)",
         paper_time="not stated in the official code",
         source="ZehaoDou-official/FPS-SMC-2023@008e7f7 configs/model_config.yaml:5-21, "
                "configs/diffusion_config.yaml:1-9, configs/super_resolution_config.yaml:12-19, "

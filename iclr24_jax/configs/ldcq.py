@@ -87,9 +87,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.fast_compile = False  # True: compile every stage at XLA level 0 on CPU (compile-bound small runs)
   c.log_every = 100
   c.eval_every = 0
-  c.checkpoint_every = 0  # 0: the final parameters only; -1: none
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # Checkpoints: every training stage (vae, diffusion, q_ldcq, q_vae, bc) saves in workdir/<stage> at its chunk ends
+  # (every log_every steps) every checkpoint_every of its own steps (0: not by steps) and/or every
+  # checkpoint_every_secs seconds, and at its end; SIGTERM / SIGINT save at the next chunk end and stop.
+  c.checkpoint_every = 0
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   if arg.startswith("cpu"):
@@ -104,6 +105,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.bc.update(dict(num_steps=5, batch_size=16))
     c.eval.update(dict(num_episodes=2, num_samples=2, episode_steps=20))
     c.log_every = 1
+    c.checkpoint_every = 2   # mid-stage saves (every stage has 5 steps), so a resume test cuts a stage in two
     c.fast_compile = True
   if arg == "paper":
     _paper(c)

@@ -109,7 +109,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       # mixed-precision copy).
       c.scale = ml_collections.ConfigDict(dict(
           batch_size=16, param_dtype="float32",
-          paper_hardware="1 process in the README command", paper_time="not stated in the official code",
+          paper_hardware="one process (README.md:301 python vec2text/run.py; GPU not stated)",
+          paper_time="not stated in the official code",
           source="jxmorris12/vec2text@e5022f1 README.md:297-308; vec2text/models/inversion_from_logits.py:32-52; "
                  "vec2text/models/inversion.py:89-90"))
   return c

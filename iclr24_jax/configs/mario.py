@@ -70,9 +70,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.num_steps = c.sft_steps + c.quark_rounds * c.quark_steps_per_round
   c.log_every = 4
   c.eval_every = 0
-  c.checkpoint_every = 0
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # Every stage (SFT, each Quark round) saves its adapters, optimizer state, minibatch cursor and (a round) its
+  # sampled pool every checkpoint_every steps, every checkpoint_every_secs seconds, and on SIGTERM / SIGINT.
+  c.checkpoint_every = 5
   c.checkpoint_every_secs = 600.0
   c.num_seeds = 1                # training seeds of `study.reproduce_seeds` (paired: one fixed test subset)
   c.test_subset_seed = 1         # the seeded test subset (shared by every training seed)
@@ -113,6 +113,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.sft_steps = 0
     c.quark_rounds = 20                  # sampling every 500 of the 10,000 steps
     c.quark_steps_per_round = 500
+    c.checkpoint_every = 100            # adapters + Adam only (the frozen base is rebuilt): every 100 steps
     c.num_steps = 10_000
     c.num_seeds = 1
     c.data.num_eval = 0
@@ -147,4 +148,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.score_batch = 4
     c.num_steps = c.sft_steps + c.quark_rounds * c.quark_steps_per_round
     c.log_every = 1
+    c.checkpoint_every = 1
   return c

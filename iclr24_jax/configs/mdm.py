@@ -75,10 +75,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
   c.mesh_devices = 0               # 0: all devices; n: the first n
   c.fast_compile = False           # True: compile run()'s evaluation programs at XLA backend level 0
-  # The reproduction (papers/mdm/study.py reproduce): equal compute (XLA FLOPs of a train step) for three arms, 3 seeds.
+  # The reproduction (papers/mdm/study.py reproduce, budget_plan): three arms, 3 seeds, equal high-res steps; the
+  # progressive arm's 8x8 pre-training (inner_fraction of the nested arm's high-res FLOPs) comes on top.
+  # curve_steps: the single arm of the first seed trains on to these steps, its samples judged each time
+  # (curve_samples of them): the budget at which samples become digits (~90 CPU-s per 1,000 steps on 2 cores;
+  # the whole curve ~530 CPU-s).
   c.repro = ml_collections.ConfigDict(dict(
-      seeds=(0, 1, 2), budget_nested_steps=150, inner_fraction=0.25, checkpoints=3, eval_examples=128,
-      samples_per_seed=30, sample_steps=16))
+      seeds=(0, 1, 2), high_res_steps=150, inner_fraction=0.25, checkpoints=3, eval_examples=128,
+      samples_per_seed=30, sample_steps=16, curve_steps=(300, 600, 1000, 2000, 3000, 4500, 6000),
+      curve_samples=100))
 
   if "p2" in parts:
     c.diffusion.power = 2.0
@@ -102,8 +107,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.fast_compile = True  # held-out loss and sampler compiled at XLA backend level 0
     c.judge.num_steps = 20
     c.repro = ml_collections.ConfigDict(dict(
-        seeds=(0, 1, 2), budget_nested_steps=6, inner_fraction=0.25, checkpoints=2, eval_examples=16,
-        samples_per_seed=10, sample_steps=3))
+        seeds=(0, 1, 2), high_res_steps=6, inner_fraction=0.25, checkpoints=2, eval_examples=16,
+        samples_per_seed=10, sample_steps=3, curve_steps=(), curve_samples=10))
   if "paper" in parts:
     # The official 256 x 256 run, apple/ml-mdm@de8cde2: ml-mdm-matryoshka/configs/models/cc12m_256x256.yaml (the
     # paper's ImageNet 256 model is the same NestedUNet, class- instead of text-conditioned; paper: 8 A100s).
@@ -138,7 +143,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # What experiments.scale compiles: the NestedUNet train step (float32, as yaml:117 fp16 0), parameters and
     # Adam moments sharded over 'data' (FSDP), the batch over 'data'.
     c.scale = ml_collections.ConfigDict(dict(
-        batch_size=192, paper_hardware="8x A100 (paper Sec. 5 / App.: ImageNet)",
+        batch_size=192, paper_hardware="8 A100s for ImageNet (the paper's training details)",
         paper_time="not stated in the official code",
         source="apple/ml-mdm@de8cde2 ml-mdm-matryoshka/configs/models/cc12m_256x256.yaml:12-79,107-117, "
                "ml_mdm/diffusion.py:309-313, ml_mdm/clis/train_parallel.py:120-133; batch 192 = yaml:107's "

@@ -80,9 +80,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.nethack.agent = ppo_config.ppo_defaults()
   c.log_every = 10
   c.eval_every = 0
-  c.checkpoint_every = 0
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # The reward model saves every checkpoint_every Adam steps, the toy agents every agent.checkpoint_every PPO
+  # updates (their whole RunnerStates), both also every checkpoint_every_secs and on SIGTERM / SIGINT.
+  c.checkpoint_every = 100
+  c.agent.checkpoint_every = 25
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   if "oracle" in parts:
@@ -123,6 +124,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.num_seeds = 2
     c.eval_envs = 8
     c.agent.num_steps = 3
+    c.checkpoint_every = 10
+    c.agent.checkpoint_every = 1
     c.agent.ppo.update(dict(num_envs=8, rollout_steps=16, num_minibatches=2, update_epochs=1))
     c.num_steps = 3
     c.nethack.update(dict(num_envs=2, collect_steps=20, num_pairs=20, max_unique_pairs=4, updates=1,

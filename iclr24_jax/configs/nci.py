@@ -88,7 +88,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.adv_schedule = "ramp"
       c.model.widths = (16, 32)
     elif part == "paper":
-      # The official run, abhrac/nci@d475ba1: README.md:21 (main.py --algorithm=NCI --dataset=PACS
+      # The official run, abhrac/nci@d475ba1: README.md:18 (main.py --algorithm=NCI --dataset=PACS
       # --uda_holdout_fraction=0.2 --task=domain_adaptation --batch_size=64: 64 images per source domain and of the
       # target's adaptation split), hparams_registry.py:30-35 (ResNet-50, not ResNet-18; dropout 0; linear
       # discriminator), :151 (lr 5e-5 for 224 x 224 data sets), :156 (weight decay 0), algorithms.py:84-105 (Adam
@@ -106,9 +106,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.eval_every = 300               # datasets.py:235 (PACS CHECKPOINT_FREQ 300)
       c.checkpoint_every = 300
       c.scale = ml_collections.ConfigDict(dict(
-          batch_size=64, num_sources=3, paper_hardware="not stated in the official code",
+          batch_size=64, num_sources=3, paper_hardware="one GPU (main.py:52,99-100 --device 0; model not stated)",
           paper_time="not stated in the official code",
-          source="abhrac/nci@d475ba1 README.md:21, hparams_registry.py:30-35,151,156, algorithms.py:84-105, "
+          source="abhrac/nci@d475ba1 README.md:18, main.py:52, hparams_registry.py:30-35,151,156, "
+                 "algorithms.py:84-105, "
                  "datasets.py:55,235, networks.py:77-98"))
     elif part in ("erm", "dann", "nci", "oracle"):
       c.method = part

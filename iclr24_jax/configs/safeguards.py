@@ -84,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
       c.baseline.model.dense = 32
   if arg == "paper":
     # The official CUB pipeline, hljames/conceptual_safeguards@c8b33a2: scripts/process_cub_datasets.py with
-    # models/embedding_model.py:62-75 (torchvision Inception-v3 with ImageNet weights in eval mode, 299 x 299
+    # models/embedding_model.py:66-78 (torchvision Inception-v3 with ImageNet weights in eval mode, 299 x 299
     # inputs, the 2,048-d pooled features), :135 (embedding batches of 64); scripts/train_cms.py:16-48 (concept
     # models: an MLP with one hidden layer of 50 (l1), Adam lr 1e-3, batch 16, <= 100 epochs with early stopping,
     # sigmoid (Platt) calibration); the CBM preprocessing's 112 CUB concepts (data.load_cub, min_classes 10).
@@ -105,8 +105,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # features, the 112 calibrated concept detectors, the propagated prediction and the variance-greedy
     # confirmation scores (both Monte Carlo, 1,000 samples), images sharded over 'data', weights replicated.
     c.scale = ml_collections.ConfigDict(dict(
-        batch_size=64, paper_hardware="not stated in the official code (scripts default to device 'mps')",
+        batch_size=64,
+        paper_hardware="not stated in the official code (scripts/train_cms.py:25 defaults to device 'mps')",
         paper_time="not stated in the official code",
-        source="hljames/conceptual_safeguards@c8b33a2 models/embedding_model.py:62-75,135, scripts/train_cms.py:16-48, "
+        source="hljames/conceptual_safeguards@c8b33a2 models/embedding_model.py:66-78,135, scripts/train_cms.py:16-48, "
                "scripts/modify_cub_datasets.py:309-311"))
   return c

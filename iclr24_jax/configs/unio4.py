@@ -72,6 +72,7 @@ def _shrink(c: ml_collections.ConfigDict) -> None:
   c.online.ppo.update(dict(num_envs=4, rollout_steps=8, update_epochs=1, num_minibatches=2))
   c.log_every = 10
   c.eval_every = 10
+  c.checkpoint_every = 20  # mid-stage saves (critic / dynamics / BC at 20 of 40 steps, improve at 20 = its end)
 
 
 def _reproduction(c: ml_collections.ConfigDict, fast: bool) -> None:
@@ -171,9 +172,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.scratch = _scratch(c.data.name)
   c.log_every = 100
   c.eval_every = 500
-  c.checkpoint_every = 0  # 0: the final offline ensemble only
-  # Wall-time saves (common.loop.CheckpointHook's every_secs): not read yet, this paper's own driver saves
-  # as checkpoint_every says until it runs on common.loop's pieces.
+  # Checkpoints: every stage (critic, dynamics, bc, improve, online, online_scratch) saves in workdir/<stage> at
+  # its chunk ends every checkpoint_every of its own steps (0: not by steps; the stages' step counts differ by 4
+  # orders of magnitude, so the default saves by wall time) and/or every checkpoint_every_secs seconds, and at its
+  # end; SIGTERM / SIGINT save at the next chunk end and stop.
+  c.checkpoint_every = 0
   c.checkpoint_every_secs = 600.0
   c.mesh = ml_collections.ConfigDict(dict(data=1, model=1))
   if arg in ("online", "reproduce"):

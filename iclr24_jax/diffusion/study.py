@@ -11,7 +11,6 @@ import os
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import bench
@@ -177,28 +176,29 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   tx = make_optimizer(cfg.optimizer, 1000)
   step = train.make_train_step(model, schedule)
   batch_size, sample_steps = 64, 10
-  rows = []
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    rep = sharding.replicated_sharding(mesh)
-    for size in (8, 16) if quick else (16, 32):
-      shape = (batch_size, size, size, 1)
-      state = jax.jit(lambda k: train.init(k, model, shape[1:], tx), out_shardings=rep)(jax.random.key(0))
-      params = jax.tree.map(jnp.copy, state.params)  # the timed train step donates (deletes) `state`
-      batch = sharding.shard_batch({"x": np.random.default_rng(0).standard_normal(shape).astype(np.float32)}, mesh)
-      fn = loop_lib.compile_step(step, mesh)
-      rows.append(bench.time_fn(fn, state, batch, jax.random.key(1), carry=True, repeats=3 if quick else 10,
-                                items=batch_size, name="diffusion/unet_train_step", size=f"{size}x{size}",
-                                batch=batch_size, mesh_devices=n_dev))
+  sizes = (8, 16) if quick else (16, 32)
 
-      def sample_images(params, x_T, key):
-        den = train.make_denoiser(model, params)
-        return samplers.sample(den, schedule, x_T.shape, key, method="ddim", num_steps=sample_steps, x_T=x_T)
+  def init(mesh, size):
+    return jax.jit(lambda k: train.init(k, model, (size, size, 1), tx),
+                   out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
 
-      sample_jit = jax.jit(sample_images, in_shardings=(rep, sharding.data_sharding(mesh), rep),
-                           out_shardings=sharding.data_sharding(mesh))
-      x_T = sharding.shard_batch(np.random.default_rng(1).standard_normal(shape).astype(np.float32), mesh)
-      rows.append(bench.time_fn(sample_jit, params, x_T, jax.random.key(2), repeats=2 if quick else 5,
-                                items=batch_size, name=f"diffusion/ddim_{sample_steps}_steps_sample",
-                                size=f"{size}x{size}", batch=batch_size, mesh_devices=n_dev))
-  return rows
+  def train_case(mesh, size):
+    batch = np.random.default_rng(0).standard_normal((batch_size, size, size, 1)).astype(np.float32)
+    return (loop_lib.compile_step(step, mesh), (init(mesh, size), sharding.shard_batch({"x": batch}, mesh),
+                                                jax.random.key(1)),
+            dict(items=batch_size, name="diffusion/unet_train_step", size=f"{size}x{size}", batch=batch_size))
+
+  def sample_images(params, x_T, key):
+    den = train.make_denoiser(model, params)
+    return samplers.sample(den, schedule, x_T.shape, key, method="ddim", num_steps=sample_steps, x_T=x_T)
+
+  def sample_case(mesh, size):
+    rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
+    x_T = np.random.default_rng(1).standard_normal((batch_size, size, size, 1)).astype(np.float32)
+    return (jax.jit(sample_images, in_shardings=(rep, dat, rep), out_shardings=dat),
+            (init(mesh, size).params, sharding.shard_batch(x_T, mesh), jax.random.key(2)),
+            dict(items=batch_size, name=f"diffusion/ddim_{sample_steps}_steps_sample", size=f"{size}x{size}",
+                 batch=batch_size))
+
+  return (bench.across_devices(train_case, sizes=sizes, carry=True, repeats=3 if quick else 10)
+          + bench.across_devices(sample_case, sizes=sizes, repeats=2 if quick else 5))

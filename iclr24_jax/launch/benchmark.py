@@ -14,6 +14,7 @@ written to results/BENCHMARK.md and results/benchmark.json.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -27,26 +28,142 @@ COLUMNS = ["name", "size", "batch", "mesh_devices", "compile_s", "first_call_s",
            "backend"]
 
 
-def write_markdown(rows: list[dict], path: str, devices: int | None = None) -> str:
-  """One table per experiment, with only the columns its rows have."""
-  import datetime
+# Columns kept out of the per-experiment tables: bookkeeping that the summary shows once, or repeats every row.
+_HIDDEN = {"experiment", "repeats", "devices", "backend", "measured_at", "load"}
+
+
+def _filled(rows: list[dict], column: str) -> bool:
+  return any(r.get(column) is not None for r in rows)
+
+
+def _by_filled_columns(rows: list[dict]) -> list[list[dict]]:
+  """Rows grouped by the columns they fill (first-seen order): one table each, so no table has an empty column
+  and no row an empty cell (an experiment's routines report different quantities)."""
+  groups: dict[frozenset, list[dict]] = {}
+  for r in rows:
+    groups.setdefault(frozenset(k for k, v in r.items() if v is not None and k not in _HIDDEN), []).append(r)
+  return list(groups.values())
+
+
+def _load_of(row: dict) -> float | None:
+  """The 1-minute load average a row was measured under: its 'load' column, or one its notes quote."""
+  import re
+  if row.get("load") is not None:
+    return float(row["load"])
+  m = re.search(r"load average (?:of )?([0-9]+(?:\.[0-9]+)?)", str(row.get("notes", "")))
+  return float(m.group(1)) if m else None
+
+
+def _measured_on(exp: str, rows: list[dict], bench_dir: str | None) -> str:
+  """When an experiment's rows were measured: their 'measured_at', else the last commit of its saved JSON."""
+  stamps = sorted(str(r["measured_at"])[:10] for r in rows if r.get("measured_at"))
+  if stamps:
+    return stamps[-1]
+  if bench_dir is None:
+    return "unknown"
+  import subprocess
+  try:
+    out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", f"{exp}.json"], cwd=bench_dir,
+                         capture_output=True, text=True, timeout=30)
+    return out.stdout.strip() or "unknown"
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+
+
+def headline(rows: list[dict]) -> dict:
+  """The row an experiment's summary quotes: the largest-size row of its first comparison with a peer (the
+  official code or the library a user would pick instead), else of its first timed routine, on one device.
+
+  Args:
+    rows: one experiment's rows, in the order its benchmark wrote them.
+
+  Returns:
+    the row (the last of that routine's one-device rows: sizes are swept small to large).
+  """
+  timed = [r for r in rows if r.get("median_s") is not None or r.get("items_per_s") is not None]
+  pool = [r for r in timed if r.get("ratio") is not None] or timed or rows
+  name = pool[0].get("name")
+  same = [r for r in pool if r.get("name") == name]
+  one = [r for r in same if r.get("mesh_devices") in (None, 1)] or same
+  return one[-1]
+
+
+def _throughput(row: dict) -> str:
+  from iclr24_jax.common import bench
+  if row.get("items_per_s") is not None:
+    return f"{bench._fmt(row['items_per_s'])} items/s"
+  if row.get("steps_per_s") is not None:
+    return f"{bench._fmt(row['steps_per_s'])} calls/s"
+  if row.get("median_s") is not None:
+    return f"{bench._fmt(row['median_s'])} s per call"
+  return "-"
+
+
+def summary_rows(rows: list[dict], bench_dir: str | None = None) -> list[dict]:
+  """One row per experiment: paper, headline routine (`headline`), throughput, vs official, measured when.
+
+  Args:
+    rows: every experiment's rows (with 'experiment').
+    bench_dir: results/bench, whose git history dates rows saved without 'measured_at' (None: not looked up).
+
+  Returns:
+    rows with the summary table's columns.
+  """
+  from iclr24_jax.common import bench
+  out = []
+  for exp in dict.fromkeys(r.get("experiment", "?") for r in rows):
+    sub = [r for r in rows if r.get("experiment", "?") == exp]
+    top = headline(sub)
+    size = ", ".join(f"{k} {top[k]}" for k in ("size", "batch") if top.get(k) is not None)
+    if top.get("ratio") is not None:
+      peer = top.get("peer") or ("llama.cpp" if top.get("llamacpp_items_per_s") is not None else "peer")
+      vs = f"{bench._fmt(float(top['ratio']))}x ({peer} time / ours)"
+    else:
+      vs = "no comparison measured"
+    loads = [x for x in (_load_of(r) for r in sub) if x is not None]
+    when = _measured_on(exp, sub, bench_dir)
+    out.append({"paper": exp, "headline routine": f"{top.get('name', '?')}" + (f" [{size}]" if size else ""),
+                "throughput": _throughput(top), "vs official (ratio)": vs,
+                "measured when": when + (f" (load {max(loads):.1f})" if loads else " (load not recorded)")})
+  return out
+
+
+def write_markdown(rows: list[dict], path: str, devices: int | None = None, bench_dir: str | None = None) -> str:
+  """The summary table, then each experiment's rows in tables of the columns they fill (`_by_filled_columns`).
+
+  Args:
+    rows: every experiment's rows (with 'experiment').
+    path: the Markdown file to write.
+    devices: the simulated CPU devices of this run (for the preamble).
+    bench_dir: results/bench (dates rows saved without 'measured_at', from git).
+
+  Returns:
+    path.
+  """
   from iclr24_jax.common import bench
   lines = ["# Benchmarks", "",
-           f"Generated by `iclr24 benchmark` on {datetime.date.today().isoformat()}"
+           f"Tables rebuilt by `iclr24 benchmark` on {datetime.date.today().isoformat()}"
            + (f" with {devices} simulated CPU devices" if devices and devices > 1 else "")
-           + ". Times are medians after compilation; `mesh_devices` is the mesh the step ran on. On a CPU the "
-           "simulated devices share the same cores, so 8-device rows show that the sharded step compiles and "
-           "runs, not a speed-up; compare sizes and ratios, not single times. The persistent compilation cache is on "
-           "(`iclr24_jax.common.compile_cache`): in a rerun `compile_s` is the time to load the compiled program "
-           "(ICLR24_JAX_COMPILATION_CACHE=0 measures compilation). `ratio` = a peer's time / ours on the same "
-           "inputs in the same run (peer = the official code or the library a user would pick instead).", ""]
-  experiments = list(dict.fromkeys(r.get("experiment", "?") for r in rows))
-  for exp in experiments:
-    sub = [r for r in rows if r.get("experiment", "?") == exp]
-    cols = [c for c in COLUMNS if any(c in r for r in sub)]
-    extra = sorted({k for r in sub for k in r} - set(cols) - {"experiment", "repeats", "devices", "backend"})
-    cols = [c for c in cols if c != "backend"] + extra
-    lines += [f"## {exp}", "", bench.format_table(sub, cols).rstrip(), ""]
+           + "; each experiment's rows were measured when the summary says, under the 1-minute load average shown "
+           "(the machine is shared; a high load slows every time in the row). Times are medians after compilation; "
+           "`mesh_devices` is the mesh the step ran on. On a CPU the simulated devices share the same cores, so "
+           "8-device rows show that the sharded step compiles and runs, not a speed-up; compare sizes and ratios, not "
+           "single times. The persistent compilation cache is on (`iclr24_jax.common.compile_cache`): in a rerun "
+           "`compile_s` is the time to load the compiled program (ICLR24_JAX_COMPILATION_CACHE=0 measures "
+           "compilation). `ratio` = a peer's time / ours on the same inputs in the same run (peer = the official code "
+           "or the library a user would pick instead; > 1: ours is faster).", "",
+           "## Summary", "",
+           "The headline routine is the largest size of an experiment's first comparison with a peer, else of its "
+           "first timed routine, on one device. Below it, each experiment's rows are grouped into tables by the "
+           "columns they fill, so no cell is empty.", "",
+           bench.format_table(summary_rows(rows, bench_dir)).rstrip(), ""]
+  for exp in dict.fromkeys(r.get("experiment", "?") for r in rows):
+    lines += [f"## {exp}", ""]
+    for group in _by_filled_columns([r for r in rows if r.get("experiment", "?") == exp]):
+      cols = [c for c in COLUMNS if c not in _HIDDEN and _filled(group, c)]
+      extra = [k for k in dict.fromkeys(k for r in group for k in r)
+               if k not in cols and k not in COLUMNS and k not in _HIDDEN and _filled(group, k)]
+      lines += [bench.format_table(group, cols + extra).rstrip(), ""]
   with open(path, "w") as f:
     f.write("\n".join(lines))
   return path
@@ -84,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
       continue
     print(f"=== {name} ===", flush=True)
     t0 = time.time()
+    stamp, load = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), os.getloadavg()[0]
     try:
       new = module.benchmark(quick=not args.full, **registry.study_kwargs(module.benchmark, name))
     except Exception as e:  # keep going; report the failure in the table
@@ -91,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
       new = [{"name": f"{name} (failed: {type(e).__name__}: {str(e)[:120]})"}]
     for r in new:
       r.setdefault("experiment", name)
+      r.setdefault("measured_at", stamp)   # the summary's 'measured when' and load (a study's own load wins)
+      r.setdefault("load", round(load, 2))
     rows.extend(new)
     if name not in failures:
       os.makedirs(bench_dir, exist_ok=True)
@@ -110,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         old += saved.get("rows", saved) if isinstance(saved, dict) else saved
     rows = sorted(old + rows, key=lambda r: order.get(r.get("experiment"), len(order)))
   bench.write_rows(rows, os.path.join(args.out, "benchmark.json"))
-  path = write_markdown(rows, os.path.join(args.out, "BENCHMARK.md"), args.devices)
+  path = write_markdown(rows, os.path.join(args.out, "BENCHMARK.md"), args.devices, bench_dir)
   print(f"wrote {path}")
   return 1 if failures else 0
 

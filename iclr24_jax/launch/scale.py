@@ -155,8 +155,8 @@ def write_markdown(rows_by_paper: dict[str, list[dict]], skipped: dict[str, str]
       "recomputation.",
       "* Step time is a roofline lower bound per device: max(FLOPs / peak, bytes / bandwidth) with 989 TFLOP/s "
       "and 3.35 TB/s (H100 SXM, bf16 dense) or 197 TFLOP/s and 819 GB/s (TPU v5e); communication is ignored.",
-      "* 'measured' is `--run` on a real accelerator (random inputs, 10 steps after one warm-up): "
-      "no accelerator was available when this table was made, so it says 'not run'.",
+      "* 'measured' is `--run` on a real accelerator (random inputs, 10 steps after one warm-up), on the devices "
+      "that row names; a row no accelerator has run says 'not run'.",
       f"* compile s is wall time on the machine that made the table ({_cpu_note(rows_by_paper)}).", "",
       "| paper | program | params | devices | mesh | param GB | arg GB | temp GB | out GB | peak GB | "
       "TFLOP (XLA) | TFLOP (hand) | bytes GB | compile s | H100 s/step | v5e s/step | fits 80 GB | fits 16 GB | "
@@ -198,15 +198,31 @@ def write_markdown(rows_by_paper: dict[str, list[dict]], skipped: dict[str, str]
 
 
 def rebuild_table(out: str) -> str:
+  """Rebuilds `out`/SCALE.md from the rows in `out`/scale/*.json; returns its path.
+
+  The measured columns are the rows' own; the paper's hardware and time are read again from each paper's
+  `paper` config (`config.scale.paper_hardware` / `paper_time`), so a corrected citation reaches the table
+  without recompiling anything.
+
+  Args:
+    out: the results folder (holds scale/<slug>.json).
+
+  Returns:
+    The path of SCALE.md.
+  """
   from iclr24_jax import registry
   rows_by_paper, skipped = {}, {}
   for slug in registry.PAPERS:
     path = os.path.join(out, "scale", f"{slug}.json")
+    config, why = paper_entry(slug)
     if os.path.exists(path):
       with open(path) as f:
         rows_by_paper[slug] = json.load(f)
+      if config is not None:
+        for r in rows_by_paper[slug]:
+          r["paper_hardware"] = str(config.scale.get("paper_hardware", r.get("paper_hardware", "")))
+          r["paper_time"] = str(config.scale.get("paper_time", r.get("paper_time", "")))
     else:
-      config, why = paper_entry(slug)
       skipped[slug] = why if config is None else f"not compiled yet (iclr24 scale --only {slug})"
   os.makedirs(out, exist_ok=True)
   return write_markdown(rows_by_paper, skipped, os.path.join(out, "SCALE.md"))

@@ -259,7 +259,7 @@ def encode_texts(tokenizer: tok_lib.Tokenizer, texts: Sequence[str], max_len: in
   return tok_lib.pad_sequences(seqs, tokenizer.pad_id, pad_to_multiple=pad_to_multiple)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _jitted_embedding(config: BertConfig, normalize: bool):
   return jax.jit(lambda params, ids, mask: sentence_embedding(params, config, ids, mask, normalize))
 

@@ -1,4 +1,4 @@
-"""A resumable on-disk cache of LM outputs (generations or scores), JSON lines, append-only.
+"""A resumable on-disk cache of LM outputs (generations or scores): the LM layer on `common.jsonl_cache`.
 
 Key = SHA-256 of (model id, prompt, decoding/scoring settings), so changing the model, the prompt wording, the
 token budget, the logit bias or the scored options never reuses a stale answer. Each finished chunk is appended
@@ -12,11 +12,12 @@ Values are text (a generation) or a list of floats (e.g. the log-probabilities o
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
 from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from iclr24_jax.common import jsonl_cache
 
 
 def cache_key(model_id: str, prompt: str, settings: Mapping[str, Any] | None = None) -> str:
@@ -32,15 +33,16 @@ def cache_key(model_id: str, prompt: str, settings: Mapping[str, Any] | None = N
   """
   if not model_id:
     raise ValueError("cache_key needs a non-empty model_id (name the model, e.g. 'SmolLM2-135M-Instruct').")
-  blob = json.dumps({"model": str(model_id), "prompt": prompt, "settings": dict(settings or {})}, sort_keys=True,
-                    ensure_ascii=False, default=str)
-  return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+  return jsonl_cache.digest({"model": str(model_id), "prompt": prompt, "settings": dict(settings or {})},
+                            sort_keys=True)
 
 
 def _check_value(key: str, value: Any) -> Any:
   if isinstance(value, str):
     return value
-  if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+  if isinstance(value, np.ndarray) and value.ndim == 1 and np.issubdtype(value.dtype, np.number):
+    value = value.tolist()   # a worker's row of scores
+  if isinstance(value, (list, tuple)) and all(isinstance(v, (int, float, np.number)) and not isinstance(v, bool)
                                                for v in value):
     vals = [float(v) for v in value]
     if not all(math.isfinite(v) for v in vals):
@@ -49,78 +51,22 @@ def _check_value(key: str, value: Any) -> Any:
   raise TypeError(f"cached values must be str or a list of floats, got {type(value).__name__} for key {key[:12]}.")
 
 
-class GenerationCache:
-  """{key: text or list of floats} kept in memory and mirrored to `path` (one JSON object per line).
+class GenerationCache(jsonl_cache.JsonlCache):
+  """{key: text or list of floats} mirrored to `path`: a `common.jsonl_cache.JsonlCache` whose values are checked
+  (a str, or a list of finite floats) and whose text is written under 'text' (a generation reads as one).
 
   Args:
     path: the .jsonl file (created with its folder on first write; read if it exists).
   """
 
-  def __init__(self, path: str | os.PathLike):
-    self.path = os.fspath(path)
-    self._data: dict[str, Any] = {}
-    self.skipped_lines = 0
-    if os.path.exists(self.path):
-      with open(self.path, encoding="utf-8") as f:
-        for line in f:
-          line = line.strip()
-          if not line:
-            continue
-          try:
-            rec = json.loads(line)
-            self._data[rec["key"]] = rec["text"] if "text" in rec else rec["value"]
-          except (json.JSONDecodeError, KeyError, TypeError):
-            self.skipped_lines += 1  # a line torn by an interrupted write
-    self.hits = 0
-    self.misses = 0
+  def _check(self, key: str, value: Any) -> Any:
+    return _check_value(key, value)
 
-  def __len__(self) -> int:
-    return len(self._data)
+  def _encode(self, value: Any) -> dict[str, Any]:
+    return {"text": value} if isinstance(value, str) else {"value": value}
 
-  def __contains__(self, key: str) -> bool:
-    return key in self._data
-
-  def get(self, key: str) -> Any:
-    """The cached value or None (counts hits and misses)."""
-    value = self._data.get(key)
-    if value is None:
-      self.misses += 1
-    else:
-      self.hits += 1
-    return value
-
-  def put_many(self, items: Mapping[str, Any], meta: Mapping[str, Any] | None = None) -> None:
-    """Stores several values (str, or a list of finite floats) and appends them to the file in one flushed write.
-
-    Args:
-      items: {key: value}.
-      meta: extra fields written beside each record (e.g. {'kind': 'direct'}); not read back.
-    """
-    if not items:
-      return
-    lines = []
-    for key, value in items.items():
-      value = _check_value(key, value)
-      self._data[key] = value
-      rec = {"key": key, ("text" if isinstance(value, str) else "value"): value}
-      if meta:
-        rec.update({k: v for k, v in meta.items() if k not in rec})
-      lines.append(json.dumps(rec, ensure_ascii=False) + "\n")
-    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.writelines(lines)
-      f.flush()
-      os.fsync(f.fileno())
-
-  def put(self, key: str, value: Any, meta: Mapping[str, Any] | None = None) -> None:
-    """Stores one value (see `put_many`).
-
-    Args:
-      key: the cache key.
-      value: a str, or a list of finite floats.
-      meta: extra fields written beside the record (not read back).
-    """
-    self.put_many({key: value}, meta)
+  def _decode(self, rec: Mapping[str, Any]) -> Any:
+    return rec["text"] if "text" in rec else rec["value"]
 
 
 def cached_map(fn: Callable[[list[str]], Sequence[Any]], prompts: Sequence[str],
@@ -148,31 +94,16 @@ def cached_map(fn: Callable[[list[str]], Sequence[Any]], prompts: Sequence[str],
   if isinstance(prompts, str):
     raise TypeError("cached_map takes a list of prompts, got one str; wrap it in a list.")
   prompts = list(prompts)
-  if not prompts:
-    return []
   if cache is not None and not model_id:
     raise ValueError("caching needs a model id: pass model_id= (e.g. judge.model_id).")
-  if chunk_size < 1:
-    raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
-  keys = [cache_key(model_id, p, settings) if cache is not None else p for p in prompts]
-  values: dict[str, Any] = {}
-  if cache is not None:
-    for k in dict.fromkeys(keys):
-      hit = cache.get(k)
-      if hit is not None:
-        values[k] = hit
-  first = {k: prompts[i] for i, k in reversed(list(enumerate(keys)))}
-  todo = sorted((k for k in dict.fromkeys(keys) if k not in values), key=lambda k: len(first[k]))
-  for start in range(0, len(todo), chunk_size):
-    chunk = todo[start:start + chunk_size]
-    out = fn([first[k] for k in chunk])
-    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__") or len(out) != len(chunk):
-      raise ValueError(f"fn must return one value per prompt ({len(chunk)}), got {type(out).__name__} of length "
-                       f"{len(out) if hasattr(out, '__len__') else '?'}.")
-    new = {k: (v if isinstance(v, str) else [float(x) for x in v]) for k, v in zip(chunk, out)}
-    values.update(new)
-    if cache is not None:
-      cache.put_many(new, meta)
+  keys = [cache_key(model_id, p, settings) for p in prompts] if cache is not None else prompts
+  done = [0]
+
+  def progress(n_done: int, total: int) -> None:
+    del total
     if on_chunk is not None:
-      on_chunk(len(chunk))
-  return [values[k] for k in keys]
+      on_chunk(n_done - done[0])
+    done[0] = n_done
+
+  return jsonl_cache.cached_map(fn, prompts, keys, cache if cache is not None else GenerationCache(None),
+                                chunk_size=chunk_size, sort_key=len, meta=meta, progress=progress, what="prompt")

@@ -154,7 +154,7 @@ def encode_pairs(tokenizer: tok_lib.Tokenizer, prompts: Sequence[str], continuat
   return ids, mask, tmask.astype(bool) & mask
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _jitted_sequence_logprob(config: llama.LlamaConfig):
   return jax.jit(lambda params, ids, mask, tmask: sequence_logprob(params, config, ids, mask, tmask))
 
@@ -281,7 +281,7 @@ def _choice_logprobs_ids(params, config, prompt_ids, prompt_mask, option_ids, op
   return (first + rest).reshape(p, o)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _jitted_choice_logprobs(config: llama.LlamaConfig):
   return jax.jit(lambda params, pi, pm, oi, om, pre: choice_logprobs_ids(params, config, pi, pm, oi, om, pre))
 

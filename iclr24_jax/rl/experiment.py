@@ -1,6 +1,7 @@
 """The `ppo` experiment: PPO on JAX environments, offline data sets and their reference returns.
 
-  run(config, workdir)        trains PPO from a configs/ppo.py config; metrics.jsonl, results.json, curves.png
+  run(config, workdir)        trains PPO from a configs/ppo.py config; metrics.jsonl, checkpoints/ (resumable),
+                              results.json, curves.png
 
 The reproduction and the benchmark are in `study.py`.
 """
@@ -12,8 +13,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from iclr24_jax.common import checkpoint as ckpt_lib
+from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.rl import envs as envs_lib
@@ -29,20 +31,42 @@ def _mesh(config: Any):
   return mesh
 
 
+def _runner_target(agent: ppo.PPO, key: jax.Array, mesh: Any) -> Any:
+  """The RunnerState's structure with the shardings `agent.init` gives it (environments over the mesh's 'data'
+  axis, the rest replicated; one device without a mesh): what a checkpoint restores into."""
+  shapes = jax.eval_shape(agent.init, key)
+  if mesh is None:
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=one), shapes)
+  rep, env = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  place = lambda sh: lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh)  # noqa: E731
+  return shapes.replace(train_state=jax.tree.map(place(rep), shapes.train_state),
+                        env_state=jax.tree.map(place(env), shapes.env_state),
+                        key=place(rep)(shapes.key), update=place(rep)(shapes.update))
+
+
 def run(config: Any, workdir: str) -> dict:
   """Trains PPO in chunks of `log_every` updates (one jitted scan each), evaluating every `eval_every`.
 
-  Writes workdir/metrics.jsonl (train/* per chunk, eval/* at evaluations), checkpoints/ (train state and update
-  count; a resumed run restarts its environments), results.json and curves.png.
+  Writes workdir/metrics.jsonl (train/* per chunk, eval/* at evaluations), checkpoints/, results.json and
+  curves.png. The checkpoint is PPO's whole RunnerState (train state, the environments' states, the key, the
+  update count; `common.loop.ResumableLoop`), saved every config.checkpoint_every updates and/or
+  checkpoint_every_secs seconds at chunk ends and at the end; SIGTERM / SIGINT save at the next chunk end and raise
+  `loop.Preempted`. A resumed run continues the same episodes and reports what an uninterrupted run reports; a
+  finished workdir returns its stored results without training.
 
   Args:
     config: the PPO ConfigDict (`configs/ppo.py`): env, agent hyper-parameters, seed, log_every, eval_every,
-      checkpoint_every, eval_episodes, optional mesh {'data', 'model'} (1 x 1 or absent: no mesh).
+      checkpoint_every, checkpoint_every_secs, eval_episodes, optional mesh {'data', 'model'} (1 x 1 or absent: no
+      mesh).
     workdir: output folder (created; resumes from its checkpoints).
 
   Returns:
     results dict: eval_return (deterministic policy), random_return, final train episode return, env_steps,
-    env_steps_per_s, compile_s.
+    env_steps_per_s, compile_s, save_s (seconds the loop was blocked by checkpoint saves).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the run (the checkpoint of the update it names is saved).
   """
   os.makedirs(workdir, exist_ok=True)
   mesh = _mesh(config)
@@ -51,19 +75,10 @@ def run(config: Any, workdir: str) -> dict:
   key_run, key_eval = jax.random.split(key)
   log_every = max(1, int(config.log_every))
   eval_every = int(config.get("eval_every", 0)) or agent.num_updates
-  ckpt_every = int(config.get("checkpoint_every", 0))
   n_eval = int(config.get("eval_episodes", 32))
+  opts = loop.checkpoint_options(config)
 
   t0 = time.perf_counter()
-  runner = jax.jit(agent.init)(key_run)
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), config=config)
-  start = 0
-  if checkpointer.latest_step() is not None:
-    target = {"train_state": runner.train_state, "update": runner.update}
-    restored = checkpointer.restore(target)
-    runner = runner.replace(train_state=restored["train_state"], update=restored["update"])
-    start = int(restored["update"])
-  writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None)
   chunk_fns: dict[int, Any] = {}
   random_policy = rollout_lib.random_policy(agent.env)
 
@@ -73,48 +88,55 @@ def run(config: Any, workdir: str) -> dict:
     ev = agent.evaluate(p, s, k_pol, num_envs=n_eval, deterministic=True)
     ev["random_return"] = rollout_lib.evaluate(agent.env, random_policy, k_rand, n_eval)["return"]
     return ev
-  prog = metrics_lib.Progress(agent.num_updates, start=start, name=f"ppo {agent.env.spec.name}")
-  compile_s, run_s, steps_done = None, 0.0, 0
-  u = start
-  final_eval = None
-  while u < agent.num_updates:
-    n = min(log_every, agent.num_updates - u)
-    if n not in chunk_fns:
-      tc = time.perf_counter()
-      chunk_fns[n] = jax.jit(lambda r, n=n: agent.train_chunk(r, n)).lower(runner).compile()
-      compile_s = (compile_s or 0.0) + time.perf_counter() - tc
-    tr = time.perf_counter()
-    runner, m = chunk_fns[n](runner)
-    m = jax.device_get(m)
-    run_s += time.perf_counter() - tr
-    steps_done += n
-    u += n
-    row = {f"train/{k}": float(np.mean(v)) for k, v in m.items()}
-    row["train/last_episode_return"] = float(np.asarray(m["last_episode_return"])[-1])
-    row["train/env_steps"] = float(np.asarray(m["env_steps"])[-1])
-    if u % eval_every == 0 or u == agent.num_updates:
-      ts = runner.train_state
-      ev = jax.device_get(eval_fn(ts.params, ts.extra, jax.random.fold_in(key_eval, u)))
-      row.update({"eval/return": float(ev["return"]), "eval/return_std": float(ev["return_std"]),
-                  "eval/length": float(ev["length"])})
-      final_eval = ev
-    writer.write(u, row)
-    prog.update(u, loss=row.get("train/loss"))
-    if ckpt_every and u % ckpt_every == 0:
-      checkpointer.save(u, {"train_state": runner.train_state, "update": runner.update})
-  checkpointer.save(agent.num_updates, {"train_state": runner.train_state, "update": runner.update})
-  checkpointer.close()
-  if final_eval is None:
+
+  def evaluate(runner, u):
     ts = runner.train_state
-    final_eval = jax.device_get(eval_fn(ts.params, ts.extra, jax.random.fold_in(key_eval, u)))
+    ev = jax.device_get(eval_fn(ts.params, ts.extra, jax.random.fold_in(key_eval, u)))
+    return {k: float(ev[k]) for k in ("return", "return_std", "length", "random_return")}
+
+  with loop.ResumableLoop(workdir, num_steps=agent.num_updates, name=f"ppo {agent.env.spec.name}",
+                          every_steps=opts["checkpoint_every"], every_secs=opts["checkpoint_every_secs"],
+                          max_to_keep=opts.get("max_to_keep", 3), config=config,
+                          progress=jax.process_index() == 0) as lp:
+    runner, run = lp.start(lambda: jax.jit(agent.init)(key_run), _runner_target(agent, key_run, mesh))
+    start = run.step
+    x = run.extra
+    x.setdefault("compile_s", 0.0)
+    x.setdefault("train_s", 0.0)
+    x.setdefault("timed_updates", 0)
+    while not lp.finished and run.step < agent.num_updates:
+      n = min(log_every, agent.num_updates - run.step)
+      if n not in chunk_fns:
+        tc = time.perf_counter()
+        chunk_fns[n] = jax.jit(lambda r, n=n: agent.train_chunk(r, n)).lower(runner).compile()
+        x["compile_s"] += time.perf_counter() - tc
+      tr = time.perf_counter()
+      runner, m = chunk_fns[n](runner)
+      m = jax.device_get(m)
+      x["train_s"] += time.perf_counter() - tr
+      x["timed_updates"] += n
+      u = run.step + n
+      row = loop.prefix_keys({k: float(np.mean(v)) for k, v in m.items()}, "train")
+      row["train/last_episode_return"] = float(np.asarray(m["last_episode_return"])[-1])
+      row["train/env_steps"] = float(np.asarray(m["env_steps"])[-1])
+      if u % eval_every == 0 or u == agent.num_updates:
+        run.final_eval = evaluate(runner, u)
+        row.update({"eval/return": run.final_eval["return"], "eval/return_std": run.final_eval["return_std"],
+                    "eval/length": run.final_eval["length"]})
+      lp.boundary(u, runner, row, loss_key="train/loss")
+    if run.final_eval is None:   # num_steps = 0: the initial policy's evaluation
+      run.final_eval = evaluate(runner, run.step)
+    lp.finish(runner)
+  final_eval, rows = run.final_eval, run.history
   env_steps = agent.num_updates * agent.num_envs * agent.rollout_steps
-  rows = metrics_lib.read_jsonl(writer.path)
-  results = {"env": agent.env.spec.name, "eval_return": float(final_eval["return"]),
-             "eval_return_std": float(final_eval["return_std"]), "random_return": float(final_eval["random_return"]),
+  results = {"env": agent.env.spec.name, "eval_return": final_eval["return"],
+             "eval_return_std": final_eval["return_std"], "random_return": final_eval["random_return"],
              "train_last_episode_return": rows[-1].get("train/last_episode_return") if rows else None,
              "env_steps": env_steps, "updates": agent.num_updates, "resumed_from_update": start,
-             "compile_s": compile_s, "train_s": run_s, "total_s": time.perf_counter() - t0,
-             "env_steps_per_s": (steps_done * agent.num_envs * agent.rollout_steps / run_s) if run_s else None}
+             "compile_s": x["compile_s"], "train_s": x["train_s"], "save_s": run.save_seconds,
+             "total_s": time.perf_counter() - t0,
+             "env_steps_per_s": (x["timed_updates"] * agent.num_envs * agent.rollout_steps / x["train_s"])
+             if x["train_s"] else None}
   if isinstance(agent.env, envs_lib.BraxEnv):
     results["brax_backend"] = agent.env.backend
   metrics_lib.write_results(workdir, results)

@@ -430,7 +430,7 @@ def collect_maze(env: maze_lib.PointMaze, num_transitions: int, key: jax.Array, 
   return _to_dataset(go(key, jnp.float32(noise_std)), num_transitions)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _maze_collector(env: maze_lib.PointMaze, steps: int, num_envs: int, random_actions: bool, resample_goal: bool):
   """The jitted maze data rollout (compiled once per env object and shape; the noise level is an argument)."""
 
@@ -575,7 +575,7 @@ def _policy(agent, params, stats, deterministic=False):
   return agent.policy_fn(jax.tree.map(jnp.asarray, params), jax.tree.map(jnp.asarray, stats), deterministic)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _agent_collector(agent, steps: int, num_envs: int, deterministic: bool):
   """A jitted rollout of an agent's policy with params/statistics as arguments (compiled once per agent)."""
 
@@ -650,7 +650,7 @@ def measure_reference_returns(env_name: str, seed: int = 0, num_episodes: int = 
           "expert_std": float(exp["return_std"]), "episodes": num_episodes, "seed": seed, "how": how}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)   # one Env object per name: programs jitted for it are reused
 def make_data_env(env_name: str) -> envs_lib.Env:
   """The evaluation environment of a data set (mazes: fixed goal 'G', random start, sparse reward); one shared
   object per name, so jitted collectors are reused."""

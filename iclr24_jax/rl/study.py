@@ -17,7 +17,6 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from iclr24_jax.common import bench
 from iclr24_jax.common import metrics as metrics_lib
-from iclr24_jax.common import sharding
 from iclr24_jax.rl import envs as envs_lib
 from iclr24_jax.rl import offline, ppo
 from iclr24_jax.rl import rollout as rollout_lib
@@ -198,7 +197,6 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   """Rollout env-steps/s (gymnax CartPole, brax inverted_pendulum; actor-critic policy) on 1 and all devices,
   and PPO update steps/s (CartPole; one update = rollout + GAE + epochs of minibatch SGD)."""
   rows = []
-  n_dev_all = jax.device_count()
   num_steps = 32
   cases = [("gymnax/CartPole-v1", (64, 1024) if quick else (64, 1024, 8192)),
            ("brax/inverted_pendulum", (64,) if quick else (64, 1024))]
@@ -210,23 +208,18 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
     model = networks.make_actor_critic(env.spec.discrete, env.spec.action_dim)
     params = model.init(jax.random.key(0), jnp.zeros((1,) + env.spec.obs_shape))["params"]
     fn = _rollout_fn(env, model, num_steps)
-    for n_dev in sorted({1, n_dev_all}):
-      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
+    state_first = lambda env_state, p, key, fn=fn: fn(p, env_state, key)  # noqa: E731  (carry feeds args[0])
+
+    def make_case(mesh, b, env=env, env_name=env_name, params=params, state_first=state_first):
       rep, dat = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-      jfn = jax.jit(fn, in_shardings=(rep, dat, rep), out_shardings=(dat, rep), donate_argnums=(1,))
-      for b in sizes:
-        state = jax.jit(lambda k: env.reset_batch(k, b), out_shardings=dat)(jax.random.key(1))
-        p = jax.device_put(params, rep)
-        tc = time.perf_counter()
-        compiled = jfn.lower(p, state, jax.random.key(2)).compile()
-        comp = time.perf_counter() - tc
-        row = bench.time_fn(lambda st: compiled(p, st, jax.random.key(2)), state, repeats=3 if quick else 10,
-                            carry=True, items=b * num_steps, name=f"ppo/rollout {env_name}", size=f"T={num_steps}",
-                            batch=b, mesh_devices=n_dev)
-        row["compile_s"] = comp
-        if isinstance(env, envs_lib.BraxEnv):
-          row["backend"] = f"{jax.default_backend()} (brax {env.backend})"
-        rows.append(row)
+      jfn = jax.jit(state_first, in_shardings=(dat, rep, rep), out_shardings=(dat, rep), donate_argnums=(0,))
+      state = jax.jit(lambda k: env.reset_batch(k, b), out_shardings=dat)(jax.random.key(1))
+      cols = dict(items=b * num_steps, name=f"ppo/rollout {env_name}", size=f"T={num_steps}", batch=b)
+      if isinstance(env, envs_lib.BraxEnv):
+        cols["backend"] = f"{jax.default_backend()} (brax {env.backend})"
+      return jfn, (state, jax.device_put(params, rep), jax.random.key(2)), cols
+
+    rows += bench.across_devices(make_case, sizes=sizes, carry=True, repeats=3 if quick else 10)
   for preset in ("cartpole",) if quick else ("cartpole", "inverted_pendulum"):
     c = get_config(preset)
     agent = ppo.PPO(c)

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import checks
+
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import sharding
@@ -81,13 +83,18 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
     label_smoothing: optax label-smoothing factor in [0, 1) (0: none).
 
   Returns:
-    scalar float32 mean loss.
+    scalar float32 mean loss; labels outside [0, K) raise eagerly and give NaN under jit (`common.checks`: a
+    one-hot of an out-of-range label is all zeros, which would silently count as a loss of 0).
   """
-  k = logits.shape[-1]
+  where = "vision.cross_entropy"
+  k = checks.shapes(where, logits=(logits, "B K"), labels=(labels, "B"))["K"]
+  checks.dtype(where, "labels", labels, "integer", "class ids, not one-hot rows.")
+  ok = checks.all_ok(checks.indices(where, "labels", labels, k, "class ids in [0, K) for K = logits.shape[-1]."),
+                     checks.in_range(where, "label_smoothing", label_smoothing, 0.0, 1.0, high_open=True))
   onehot = jax.nn.one_hot(labels, k)
   if label_smoothing:
     onehot = optax.smooth_labels(onehot, label_smoothing)
-  return jnp.mean(optax.softmax_cross_entropy(logits, onehot))
+  return checks.poison(jnp.mean(optax.softmax_cross_entropy(logits, onehot)), ok)
 
 
 def loss_fn(params: Any, extra: Any, model: nn.Module, batch: dict, key: jax.Array, label_smoothing: float = 0.0):
@@ -169,14 +176,14 @@ def evaluate(model: nn.Module, state: TrainState, split: data_lib.Split, batch_s
   return {"accuracy": tot["correct"] / max(tot["count"], 1), "loss": tot["loss_sum"] / max(tot["count"], 1)}
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # one jitted function per static value: jit caches by function identity
 def _compiled_eval(model: nn.Module, mesh) -> Callable:
   rep = sharding.replicated_sharding(mesh)
   dat = sharding.data_sharding(mesh)
   return jax.jit(make_eval_step(model), in_shardings=(rep, dat, dat), out_shardings=rep)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one jitted function per static value: jit caches by function identity
 def _forward_fn(model: nn.Module, return_features: bool) -> Callable:
   """One jitted eval forward per (model, return_features): repeated `predict` calls reuse its compilations."""
   def fwd(params, extra, xb):

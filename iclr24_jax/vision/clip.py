@@ -159,23 +159,86 @@ class TransformerBlock(nn.Module):
     width: model width.
     heads: attention heads (width must be divisible by heads).
     mlp_ratio: hidden width of the MLP / width.
+    dtype: compute dtype of the layers (parameters stay float32, the residual stream stays in the input's
+      dtype because a float32 stream plus a bfloat16 branch promotes to float32). bfloat16 is the mixed
+      precision of OpenCLIP's `--precision amp_bf16`: bf16 matrix products, f32 master weights; LayerNorm
+      statistics and the attention softmax are computed in float32 (Flax's defaults), as autocast does.
   """
 
   width: int
   heads: int
   mlp_ratio: float = 4.0
+  dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
     """x [B, T, width], mask broadcastable to [B, heads, T, T] (True = attend) -> [B, T, width]."""
-    h = nn.LayerNorm(epsilon=1e-5)(x)
-    h = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.width, deterministic=True)(
-        h, h, mask=mask)
+    h = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype)(x)
+    h = nn.MultiHeadDotProductAttention(num_heads=self.heads, qkv_features=self.width, deterministic=True,
+                                        dtype=self.dtype, force_fp32_for_softmax=True)(h, h, mask=mask)
     x = x + h
-    h = nn.LayerNorm(epsilon=1e-5)(x)
-    h = nn.Dense(int(self.width * self.mlp_ratio))(h)
+    h = nn.LayerNorm(epsilon=1e-5, dtype=self.dtype)(x)
+    h = nn.Dense(int(self.width * self.mlp_ratio), dtype=self.dtype)(h)
     h = nn.gelu(h)
-    return x + nn.Dense(self.width)(h)
+    return x + nn.Dense(self.width, dtype=self.dtype)(h)
+
+
+def _block_class(remat: bool, prevent_cse: bool = True) -> type[nn.Module]:
+  """TransformerBlock, or its rematerialised form (activations inside a block are recomputed in the backward).
+
+  Same parameter names either way, so a checkpoint moves between the two. OpenCLIP's `--grad-checkpointing`
+  (mlfoundations/open_clip@89fb801 src/open_clip_train/params.py:461-465) checkpoints each residual block the
+  same way (src/open_clip/transformer.py:440-441: `checkpoint(blk, x, ...)` per block).
+  """
+  return nn.remat(TransformerBlock, prevent_cse=prevent_cse) if remat else TransformerBlock
+
+
+def _constrain_batch(x: jax.Array) -> jax.Array:
+  """Pins an activation's leading (batch) axis to the mesh's 'data' axis when a mesh is set (`jax.set_mesh`).
+
+  The rule of `lm.layers.constrain_batch` (the vision family does not import lm). Without it XLA's sharding
+  propagation follows the FSDP-sharded weights: measured on the clip_ood paper step over 8 devices, every device
+  held the whole batch of 33,600 images (20 GB in float32) and activations sharded over their width instead.
+  No mesh (tests, eager use), or a 'data' axis that does not divide B: x unchanged.
+
+  Args:
+    x: [B, ...] activations.
+
+  Returns:
+    x, with a sharding constraint P('data') when the current mesh has a 'data' axis dividing B.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or "data" not in mesh.axis_names or x.shape[0] % mesh.shape["data"]:
+    return x
+  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec("data"))
+
+
+class _BlockStep(nn.Module):
+  """One scanned layer: h -> (block(h) + control, block(h)); the block's params are stacked over the scan."""
+
+  width: int
+  heads: int
+  dtype: Any
+  remat: bool
+
+  @nn.compact
+  def __call__(self, h: jax.Array, control: jax.Array | None, mask: jax.Array | None):
+    # Inside a scan the loop boundary already keeps XLA from merging the recomputation with the forward.
+    out = _block_class(self.remat, prevent_cse=False)(self.width, self.heads, dtype=self.dtype, name="block")(h, mask)
+    out = _constrain_batch(out)
+    return (out if control is None else out + control), out
+
+
+def _scanned_blocks(width: int, heads: int, depth: int, dtype: Any, remat: bool) -> nn.Module:
+  """`depth` blocks as one `nn.scan` (params stacked [depth, ...] under 'blocks/block'; the MaxText habit).
+
+  Called as (h [B, T, width], controls [depth, B, T, width] or None, mask or None) -> (h, hidden [depth, B, T, width]).
+  One compiled layer instead of `depth` (faster compiles), and with remat the backward loop recomputes one
+  layer at a time, so only the `depth` layer inputs stay live (an unrolled remat lets XLA schedule the
+  recomputations early and keep them all).
+  """
+  return nn.scan(_BlockStep, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=(0, nn.broadcast),
+                 length=depth)(width, heads, dtype, remat, name="blocks")
 
 
 class ViT(nn.Module):
@@ -192,6 +255,10 @@ class ViT(nn.Module):
     patch_size: square patch side (image sides must be divisible by it).
     width, depth, heads: transformer size.
     pool: 'cls' (CLIP's choice) or 'mean' over patch tokens.
+    dtype: compute dtype (float32, or bfloat16 for mixed precision; parameters stay float32, see
+      `TransformerBlock`); the output is float32 either way.
+    remat: rematerialise every transformer block (activation checkpointing; same numbers, less memory).
+    scan: run the blocks as one `nn.scan` (params stacked under 'blocks/block' instead of block0..block{depth-1}).
   """
 
   num_classes: int = 64
@@ -200,6 +267,9 @@ class ViT(nn.Module):
   depth: int = 2
   heads: int = 4
   pool: str = "cls"
+  dtype: Any = jnp.float32
+  remat: bool = False
+  scan: bool = False
 
   @nn.compact
   def __call__(self, x: jax.Array, train: bool = False, return_features: bool = False,
@@ -232,18 +302,27 @@ class ViT(nn.Module):
         if c.shape != (b, num_tokens, self.width):
           raise ValueError(f"ViT control {i} has shape {c.shape}; expected {(b, num_tokens, self.width)} "
                            "(batch, 1 + patches, width).")
-    h = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID", name="patch_embed")(x)
-    h = h.reshape(b, -1, self.width)
+    h = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID", dtype=self.dtype,
+                name="patch_embed")(_constrain_batch(x))
+    h = _constrain_batch(h.reshape(b, -1, self.width))
     cls_tok = self.param("cls_token", nn.initializers.normal(0.02), (1, 1, self.width))
-    h = jnp.concatenate([jnp.broadcast_to(cls_tok, (b, 1, self.width)), h], axis=1)
+    # The token stream stays float32 (f32 class token and positions promote the bf16 patch embedding), as
+    # under autocast, where the residual additions run in the stream's float32.
+    h = jnp.concatenate([jnp.broadcast_to(cls_tok, (b, 1, self.width)), h.astype(cls_tok.dtype)], axis=1)
     h = h + self.param("pos_embed", nn.initializers.normal(0.02), (1, h.shape[1], self.width))
     h = nn.LayerNorm(epsilon=1e-5, name="ln_pre")(h)
-    hidden = []
-    for i in range(self.depth):
-      h = TransformerBlock(self.width, self.heads, name=f"block{i}")(h)
-      hidden.append(h)
-      if controls is not None:
-        h = h + controls[i]
+    if self.scan:
+      stacked = None if controls is None else jnp.stack(controls)
+      h, hid = _scanned_blocks(self.width, self.heads, self.depth, self.dtype, self.remat)(h, stacked, None)
+      hidden = [hid[i] for i in range(self.depth)] if return_hidden else []
+    else:
+      hidden = []
+      block = _block_class(self.remat)
+      for i in range(self.depth):
+        h = _constrain_batch(block(self.width, self.heads, dtype=self.dtype, name=f"block{i}")(h))
+        hidden.append(h)
+        if controls is not None:
+          h = h + controls[i]
     h = nn.LayerNorm(epsilon=1e-5, name="ln_post")(h)
     if self.pool == "cls":
       feats = h[:, 0]
@@ -251,7 +330,7 @@ class ViT(nn.Module):
       feats = jnp.mean(h[:, 1:], axis=1)
     else:
       raise ValueError(f"ViT.pool='{self.pool}' is unknown; choose 'cls' or 'mean'.")
-    out = nn.Dense(self.num_classes, use_bias=False, name="proj")(feats)
+    out = nn.Dense(self.num_classes, use_bias=False, dtype=self.dtype, name="proj")(feats).astype(jnp.float32)
     result = (out, feats) if return_features else (out,)
     if return_hidden:
       result = result + (tuple(hidden),)
@@ -271,6 +350,10 @@ class TextTransformer(nn.Module):
     width, depth, heads: transformer size.
     pad_id: padding id (right padding).
     causal: causal attention mask (CLIP) or bidirectional with a padding mask.
+    dtype: compute dtype (float32, or bfloat16 for mixed precision; parameters stay float32, see
+      `TransformerBlock`); the output is float32 either way.
+    remat: rematerialise every transformer block (activation checkpointing; same numbers, less memory).
+    scan: run the blocks as one `nn.scan` (params stacked under 'blocks/block' instead of block0..block{depth-1}).
   """
 
   vocab_size: int
@@ -281,6 +364,9 @@ class TextTransformer(nn.Module):
   heads: int = 4
   pad_id: int = 0
   causal: bool = True
+  dtype: Any = jnp.float32
+  remat: bool = False
+  scan: bool = False
 
   @nn.compact
   def __call__(self, ids: jax.Array, train: bool = False) -> jax.Array:
@@ -293,17 +379,22 @@ class TextTransformer(nn.Module):
                        "texts or raise model.text.max_len.")
     h = nn.Embed(self.vocab_size, self.width, embedding_init=nn.initializers.normal(0.02), name="token_embed")(ids)
     h = h + self.param("pos_embed", nn.initializers.normal(0.01), (self.max_len, self.width))[:t]
+    h = _constrain_batch(h)
     valid = ids != self.pad_id
     if self.causal:
       mask = nn.make_causal_mask(ids)                                  # [B, 1, T, T]
     else:
       mask = nn.make_attention_mask(valid, valid)
-    for i in range(self.depth):
-      h = TransformerBlock(self.width, self.heads, name=f"block{i}")(h, mask)
+    if self.scan:
+      h, _ = _scanned_blocks(self.width, self.heads, self.depth, self.dtype, self.remat)(h, None, mask)
+    else:
+      block = _block_class(self.remat)
+      for i in range(self.depth):
+        h = _constrain_batch(block(self.width, self.heads, dtype=self.dtype, name=f"block{i}")(h, mask))
     h = nn.LayerNorm(epsilon=1e-5, name="ln_final")(h)
     last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)                  # the <eot> position
     pooled = h[jnp.arange(b), last]
-    return nn.Dense(self.embed_dim, use_bias=False, name="proj")(pooled)
+    return nn.Dense(self.embed_dim, use_bias=False, dtype=self.dtype, name="proj")(pooled).astype(jnp.float32)
 
 
 class FeatureTextTower(nn.Module):
@@ -377,12 +468,23 @@ class CLIP(nn.Module):
     return self.encode_image(images, train), self.encode_text(texts, train), jnp.exp(self.logit_scale)
 
 
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def _compute_dtype(cfg: Any) -> Any:
+  """The tower's compute dtype from its config field `dtype` ('float32' default, or 'bfloat16')."""
+  name = str(cfg.get("dtype", "float32"))
+  if name not in _DTYPES:
+    raise ValueError(f"tower dtype '{name}' is unknown; choose 'float32' or 'bfloat16' (parameters stay float32).")
+  return _DTYPES[name]
+
+
 def create_image_encoder(cfg: Any, embed_dim: int) -> nn.Module:
   """Image tower from config: name 'cnn' | 'resnet' | 'mlp' (vision.models, last layer = projection) | 'vit'.
 
   Args:
-    cfg: the tower's ConfigDict (name; 'vit' reads patch_size, width, depth, heads, pool; the others are
-      passed to `vision.models.create_model`).
+    cfg: the tower's ConfigDict (name; 'vit' reads patch_size, width, depth, heads, pool, dtype ('float32' |
+      'bfloat16' compute), remat, scan (bool); the others are passed to `vision.models.create_model`).
     embed_dim: D, the output (projection) width.
 
   Returns:
@@ -394,7 +496,9 @@ def create_image_encoder(cfg: Any, embed_dim: int) -> nn.Module:
   name = cfg.get("name", "cnn")
   if name == "vit":
     return ViT(embed_dim, patch_size=int(cfg.get("patch_size", 4)), width=int(cfg.get("width", 64)),
-               depth=int(cfg.get("depth", 2)), heads=int(cfg.get("heads", 4)), pool=cfg.get("pool", "cls"))
+               depth=int(cfg.get("depth", 2)), heads=int(cfg.get("heads", 4)), pool=cfg.get("pool", "cls"),
+               dtype=_compute_dtype(cfg), remat=bool(cfg.get("remat", False)),
+               scan=bool(cfg.get("scan", False)))
   if name in ("cnn", "resnet", "resnet18", "mlp"):
     return vision_models.create_model(cfg, embed_dim)
   raise ValueError(f"unknown image tower '{name}'; choose 'cnn', 'resnet', 'mlp' or 'vit'.")
@@ -404,7 +508,8 @@ def create_text_encoder(cfg: Any, embed_dim: int, vocab_size: int | None = None)
   """Text tower from config: name 'transformer' (needs vocab_size) | 'features' (frozen embeddings + projection).
 
   Args:
-    cfg: the tower's ConfigDict ('transformer': max_len, width, depth, heads, causal; 'features': hidden).
+    cfg: the tower's ConfigDict ('transformer': max_len, width, depth, heads, causal, dtype ('float32' |
+      'bfloat16' compute), remat, scan (bool); 'features': hidden).
     embed_dim: D, the output width.
     vocab_size: token vocabulary size (required for 'transformer').
 
@@ -420,7 +525,9 @@ def create_text_encoder(cfg: Any, embed_dim: int, vocab_size: int | None = None)
       raise ValueError("a 'transformer' text tower needs vocab_size (e.g. WordTokenizer.vocab_size).")
     return TextTransformer(int(vocab_size), max_len=int(cfg.get("max_len", 16)), embed_dim=embed_dim,
                            width=int(cfg.get("width", 64)), depth=int(cfg.get("depth", 2)),
-                           heads=int(cfg.get("heads", 4)), causal=bool(cfg.get("causal", True)))
+                           heads=int(cfg.get("heads", 4)), causal=bool(cfg.get("causal", True)),
+                           dtype=_compute_dtype(cfg), remat=bool(cfg.get("remat", False)),
+                           scan=bool(cfg.get("scan", False)))
   if name == "features":
     return FeatureTextTower(embed_dim, hidden=tuple(cfg.get("hidden", ())))
   raise ValueError(f"unknown text tower '{name}'; choose 'transformer' or 'features'.")
@@ -676,7 +783,7 @@ def make_train_step(model: CLIP, logit_scale_max: float = LOGIT_SCALE_MAX) -> Ca
   return train_step
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one jitted function per static value: jit caches by function identity
 def _compiled_encoder(model: CLIP, which: str) -> Callable:
   def fwd(params, x):
     if which == "image":

@@ -41,17 +41,15 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   ds = data_lib.load_digits()
   model = classify.create_model(cfg.model, ds.num_classes)
   tx = classify.make_optimizer(cfg.optimizer, cfg.num_steps)
-  rows = []
   step = classify.make_train_step(model)
-  for n_dev in sorted({1, jax.device_count()}):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-    for bs in (64, 512):
-      state = jax.jit(lambda k: classify.init(k, model, ds.input_shape, tx),
-                      out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
-      idx = np.arange(bs) % len(ds.train)
-      batch = sharding.shard_batch({"x": ds.train.x[idx], "y": ds.train.y[idx]}, mesh)
-      from iclr24_jax.common.loop import compile_step
-      fn = compile_step(step, mesh)
-      rows.append(bench.time_fn(fn, state, batch, jax.random.key(1), carry=True, repeats=5 if quick else 20,
-                                items=bs, name="classify/cnn_train_step", batch=bs, mesh_devices=n_dev))
-  return rows
+
+  def make_case(mesh, bs):
+    from iclr24_jax.common.loop import compile_step
+    state = jax.jit(lambda k: classify.init(k, model, ds.input_shape, tx),
+                    out_shardings=sharding.replicated_sharding(mesh))(jax.random.key(0))
+    idx = np.arange(bs) % len(ds.train)
+    batch = sharding.shard_batch({"x": ds.train.x[idx], "y": ds.train.y[idx]}, mesh)
+    return (compile_step(step, mesh), (state, batch, jax.random.key(1)),
+            dict(items=bs, name="classify/cnn_train_step", batch=bs))
+
+  return bench.across_devices(make_case, sizes=(64, 512), carry=True, repeats=5 if quick else 20)

@@ -188,3 +188,50 @@ def test_progress_rate_starts_after_the_first_update():
   prog._ref = (prog._ref[0] - 2.0, 10)       # 2 s ago at step 10
   line = prog.line(30)                       # 20 steps in 2 s: 10 steps/s, 70 left -> 7 s
   assert "10.00 steps/s" in line and "ETA 7s" in line
+
+
+def test_compile_fast_matches_jit_and_keeps_shardings():
+  from iclr24_jax.common import sharding
+  x = jnp.asarray(X[:8])
+  f = lambda a: jnp.tanh(a) @ a.T   # noqa: E731
+  np.testing.assert_allclose(loop.compile_fast(f, x)(x), jax.jit(f)(x), rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(loop.compile_fast(f, x, options={"xla_backend_optimization_level": 1})(x),
+                             jax.jit(f)(x), rtol=1e-6, atol=1e-7)
+  mesh = sharding.make_mesh()
+  jitted = jax.jit(f, out_shardings=sharding.replicated_sharding(mesh))   # a jitted fn keeps its shardings
+  out = loop.compile_fast(jitted, x, cpu_only=True)(x)
+  assert out.sharding.is_equivalent_to(sharding.replicated_sharding(mesh), out.ndim)
+
+
+def _init_with(key, tx):
+  del key
+  return TrainState.create({"w": jnp.zeros(3), "b": jnp.zeros(())}, tx)
+
+
+def test_runs_with_equal_configs_compile_once():
+  # The TrainState carries its optimizer as static data (part of the pytree structure jit compiles for): each run
+  # builds its optimizer anew from the config, and equal configs must still share one compiled init and step.
+  import functools
+  import ml_collections
+  from jax import monitoring
+  from iclr24_jax.common import optim
+
+  traced = []
+  monitoring.register_event_duration_secs_listener(
+      lambda event, secs, **kw: traced.append(kw.get("fun_name")) if event.endswith("jaxpr_trace_duration") else None)
+
+  def run(lr):
+    cfg = ml_collections.ConfigDict({"name": "sgd", "learning_rate": lr, "momentum": 0.0})
+    tx = optim.make_optimizer(cfg, 8)                                  # a fresh build of the settings
+    return loop.train_loop(init_fn=functools.partial(_init_with, tx=tx), train_step=_step, batches=_batches,
+                           num_steps=8, key=jax.random.key(0), log_every=8, progress=False)
+
+  first = run(0.05)
+  second = run(0.05)
+  np.testing.assert_array_equal(first.state.params["w"], second.state.params["w"])
+  assert traced.count("_step") == 1 and traced.count("_init_with") == 1   # one trace, one compile
+  third = run(0.1)                                                     # other settings: their own program
+  assert traced.count("_step") == 2 and traced.count("_init_with") == 2
+  assert not np.allclose(third.state.params["w"], first.state.params["w"])
+  assert optim.make_optimizer(ml_collections.ConfigDict({"name": "sgd", "learning_rate": 0.05, "momentum": 0.0}),
+                              8) is first.state.tx

@@ -242,7 +242,7 @@ def test_cli_sigterm_exits_with_one_line_and_resumes(uninterrupted, tmp_path):
 
 
 NO_TRAINING = {"cpm", "llmbar"}   # convex fits to tolerance; an LM judge with its own JSON-lines cache
-OWN_DRIVERS = {"coboosting", "ppo", "unio4", "ldcq", "d2pruning", "daclip", "mario", "motif", "finetune_dissect"}
+OWN_DRIVERS = {"coboosting", "unio4", "ldcq", "daclip", "motif"}
 
 
 def test_every_training_config_checkpoints_by_default():
@@ -256,7 +256,9 @@ def test_every_training_config_checkpoints_by_default():
     assert by_time > 0 or by_steps > 0, slug
     if slug not in OWN_DRIVERS:   # the tiny variants checkpoint mid-run, so the resume tests cut a run in two
       t = importlib.import_module(f"iclr24_jax.configs.{slug}").get_config("tiny" if slug != "fps" else "tiny_images")
-      steps = int(t.get("train_steps", 0)) if slug == "fps" else int(t.num_steps)
+      # fps counts its prior's steps; finetune_dissect's first stage (where the resume tests cut) is pretraining.
+      steps = (int(t.get("train_steps", 0)) if slug == "fps" else
+               int(t.pretrain.steps) if slug == "finetune_dissect" else int(t.num_steps))
       assert 0 < int(t.checkpoint_every) < steps, slug
 
 
@@ -280,7 +282,9 @@ def test_headline_flattens_nested_numbers():
 
 LOOP_CONFIGS = [("classify", "tiny"), ("pmp", "tiny"), ("graphcare", "tiny"), ("nci", "tiny"), ("cdgm", "tiny"),
                 ("diffusion", "tiny"), ("lm", "tiny"), ("lm", "tiny_lora"), ("safeguards", "tiny"), ("mdm", "tiny"),
-                ("clip_ood", "tiny"), ("lm_inversion", "tiny"), ("coboosting", "tiny")]
+                ("clip_ood", "tiny"), ("lm_inversion", "tiny"), ("coboosting", "tiny"),
+                ("unio4", "tiny"), ("ldcq", "tiny"), ("ppo", "tiny"), ("d2pruning", "tiny"), ("motif", "tiny"),
+                ("mario", "tiny"), ("finetune_dissect", "tiny")]
 
 
 @pytest.mark.slow

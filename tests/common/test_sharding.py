@@ -54,9 +54,16 @@ def _run_steps(mesh, num_steps=5):
 
 
 def test_one_and_eight_devices_agree():
-  p1 = _run_steps(sharding.make_mesh(devices=jax.devices()[:1]))
-  p8 = _run_steps(sharding.make_mesh())
+  p1, p8 = (_run_steps(mesh) for mesh in sharding.device_meshes((1, 8)))
   chex.assert_trees_all_close(p1, p8, atol=1e-5)
+
+
+def test_device_meshes_are_the_first_n_devices_and_check_counts():
+  meshes = list(sharding.device_meshes())
+  assert [m.devices.size for m in meshes] == [1, 8]           # default: 1 and every device (8 simulated)
+  assert list(meshes[0].devices.flat) == jax.devices()[:1] and dict(meshes[1].shape) == {"data": 8, "model": 1}
+  with pytest.raises(ValueError, match="9 devices"):
+    list(sharding.device_meshes((1, 9)))
 
 
 def test_train_step_compiles_once_and_lowers_loss():

@@ -31,3 +31,21 @@ def test_a_resumed_writer_hides_the_interrupted_runs_later_steps(tmp_path):
     resumed.write_scalars(step, {"loss": step + 0.5})
   resumed.close()
   assert tensorboard.read_scalars(logdir) == {"loss": [(10, 10.0), (20, 20.0), (30, 30.5), (40, 40.5)]}
+
+
+def test_open_writer_is_the_one_constructor_and_closes_as_a_context(tmp_path):
+  from iclr24_jax.common import metrics
+  workdir = str(tmp_path)
+  assert metrics.open_writer(None) is None                          # no workdir: nothing written
+  with metrics.open_writer(workdir) as w:                           # fresh run
+    for step in (10, 20, 30):
+      w.write(step, {"loss": float(step)})
+  assert w.tensorboard is None                                      # closed on leaving the block
+  with metrics.open_writer(workdir, 20) as w:                       # resumed from the checkpoint of step 20
+    w.write(30, {"loss": 30.5})
+  assert [(r["step"], r["loss"]) for r in metrics.read_jsonl(w.path)] == [(10, 10.0), (20, 20.0), (30, 30.5)]
+  assert tensorboard.read_scalars(str(tmp_path / "tensorboard")) == {"loss": [(10, 10.0), (20, 20.0), (30, 30.5)]}
+  with metrics.open_writer(workdir) as w:                           # a fresh start replaces both
+    w.write(1, {"loss": 1.0})
+  assert metrics.read_jsonl(w.path) == [{"step": 1, "loss": 1.0}]
+  assert tensorboard.read_scalars(str(tmp_path / "tensorboard")) == {"loss": [(1, 1.0)]}

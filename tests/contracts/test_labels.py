@@ -1,6 +1,7 @@
 """Labels outside their documented set: {-1, +1} where {0, 1} is meant, motif's {0, 1, 2}, class ids >=
 num_classes, label states outside [0, C]. A named `LabelError` eagerly and under `iclr24_jax.checked`; NaN out
 (or the documented sentinel) under jit / vmap; never read as another label."""
+import jax
 import numpy as np
 import pytest
 
@@ -62,3 +63,13 @@ def test_cpm_zero_one_labels_fit_is_unchanged():
   fa, fb, y = C.cpm_data()
   w = np.asarray(CPM()["fit"](fa, fb, y))
   assert np.isfinite(w).all() and w[0] > 0     # feature 0 decides the synthetic preference
+
+
+def test_vision_cross_entropy_labels_in_range():
+  # A one-hot of label 3 with K = 3 is all zeros: without the check it would count as a loss of 0.
+  from iclr24_jax.vision import classify
+  logits = np.zeros((2, 3), np.float32)
+  assert float(classify.cross_entropy(logits, np.array([0, 2]))) == pytest.approx(np.log(3.0))   # uniform: ln 3
+  with pytest.raises(checks.ContractError, match="labels"):
+    classify.cross_entropy(logits, np.array([0, 3]))
+  assert np.isnan(float(jax.jit(classify.cross_entropy)(logits, np.array([0, 3]))))

@@ -59,7 +59,7 @@ def test_inverter_trains_on_masked_distributions():
   li = LI()["li"]
   cfg = t5.T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32, num_heads=2, num_layers=1, num_decoder_layers=1)
   inv = li.Inverter(cfg, width=4, num_chunks=li.num_chunks(10, 4), bottleneck=8)
-  state = TrainState.create(jax.jit(lambda k: li.init(k, inv))(jax.random.key(0)), optax.adam(1e-3),
+  state = TrainState.create(jax.jit(lambda k: li.init_params(k, inv))(jax.random.key(0)), optax.adam(1e-3),
                             extra={"unigram": np.zeros((10,), C.F32)})
   lp = C.with_entry(C.log_distributions(), (0, 3), -np.inf)
   batch = {"logprobs": lp, "labels": np.array([[3, 4, 1], [5, 1, 0]], np.int32),

@@ -29,9 +29,7 @@ def _perturb(params, key, scale=0.1):
   return unravel(flat + scale * jax.random.normal(key, flat.shape))
 
 
-def _fast_jit(fn, *args):
-  """Compiles fn(*args) once with XLA's backend optimisations off (init runs once; its compile dominates on CPU)."""
-  return jax.jit(fn).lower(*args).compile({"xla_backend_optimization_level": 0})
+_fast_jit = loop_lib.compile_fast   # one-shot programs: compile time dominates them on CPU
 
 
 def _cond_batch(b):
@@ -253,8 +251,7 @@ def test_train_step_same_on_1_and_8_devices(mlp_setup):
   sched = schedules.ContinuousSchedule("cosine")
   step = train.make_train_step(model, sched, prediction="v", weighting="min_snr")
   outs = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     with jax.set_mesh(mesh):
       st = sharding.replicate(st0, mesh)
       fn = loop_lib.compile_step(step, mesh, donate=False)  # st0 is reused for the second mesh

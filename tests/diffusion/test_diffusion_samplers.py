@@ -339,5 +339,5 @@ def test_sampler_errors(lin):
     samplers.ddpm_transition(jnp.zeros((1, 2)), jnp.zeros((1, 2)), 0.5, 0.6, variance="learned")
   with pytest.raises(ValueError, match=r"\[B, 2\]"):
     gmm_lib.ring_gmm().score(jnp.zeros((3, 5)), 0.5)
-  with pytest.raises(ValueError, match="same shape"):
+  with pytest.raises(ValueError, match=r"y must be \[N, D\] with N = 3"):
     metrics.sliced_wasserstein(jnp.zeros((3, 2)), jnp.zeros((4, 2)), jax.random.key(0))

@@ -20,8 +20,9 @@ def test_config_variants():
 
 def test_registered():
   assert registry.exists("lm")
-  module = registry.experiment_module("lm")
-  assert all(hasattr(module, f) for f in ("run", "reproduce", "benchmark"))
+  assert hasattr(registry.experiment_module("lm"), "run")
+  study = registry.study_module("lm")
+  assert all(hasattr(study, f) for f in ("reproduce", "benchmark"))
 
 
 def test_tiny_run_writes_results(tmp_path):

@@ -257,8 +257,7 @@ def test_scoring_one_vs_eight_devices(params):
   mask = np.ones((8, 6), bool)
   fn = jax.jit(lambda p, i, m: scoring.token_logprobs(p, CFG, i, m))
   outs = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     batch = sharding.shard_batch((ids, mask), mesh)
     outs.append(np.asarray(fn(sharding.replicate(params, mesh), *batch)))
   np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)

@@ -1,6 +1,7 @@
 """Tests for DA-CLIP (iclr24_jax.papers.daclip): IR-SDE closed forms vs simulation and the bridge posterior,
 the controller's zero-init identity, the losses, the degradation suite, and a tiny end-to-end run."""
 import math
+import os
 
 import chex
 import jax
@@ -245,10 +246,20 @@ def test_experiment_run_tiny(tmp_path):
   from iclr24_jax.papers.daclip import experiment
   cfg = cfg_mod.get_config("tiny")
   res = experiment.run(cfg, str(tmp_path), progress=False)
-  for name in ("metrics.jsonl", "results.json", "restorations.png", "psnr_by_degradation.png"):
+  for name in ("results.json", "restorations.png", "psnr_by_degradation.png", "heldout_loss.png",
+               "clip/metrics.jsonl", "controller/metrics.jsonl", "controller_s2/metrics.jsonl",
+               "restorer_oracle_s1/metrics.jsonl", "restorer_none_s0/checkpoints"):
     assert (tmp_path / name).exists(), name
   assert set(res["accuracy"]) == {"ed_zero_shot", "frozen_zero_shot", "frozen_linear_probe", "content_ec",
                                   "content_frozen"}
+  assert len(res["accuracy_items_by_seed"]["ed_zero_shot"]) == cfg.controller.seeds
+  rest = res["restoration"]
+  assert rest["heldout_steps"] == list(range(1, cfg.num_steps + 1))          # log_every = 1: one point a step
+  for c in cfg.conditions:
+    loss = rest["heldout_loss"][c]
+    assert len(loss["per_seed"]) == cfg.num_seeds and len(loss["per_image"]) == res["num_test"]
+    np.testing.assert_allclose(np.mean(loss["per_seed"]), np.mean(loss["per_image"]), rtol=1e-5)
+    assert len(rest["single_sample"][c]["psnr"]) == cfg.num_seeds
   assert all(0.0 <= v <= 1.0 for v in res["accuracy"].values())
   assert len(res["accuracy_items"]["ed_zero_shot"]) == res["num_test"] == 7 * cfg.data.test_per_type
   per = res["restoration"]["per_condition"]
@@ -258,6 +269,10 @@ def test_experiment_run_tiny(tmp_path):
     assert all(-1.0 <= v <= 1.0 for v in per[c]["ssim"])
   with pytest.raises(ValueError, match="unknown variant"):
     cfg_mod.get_config("huge")
+  bad = cfg_mod.get_config("tiny")
+  bad.restore_conditions = ("daclip", "unconditioned")
+  with pytest.raises(ValueError, match="restore_conditions"):
+    experiment.run(bad, str(tmp_path / "bad"), progress=False)
 
 
 @pytest.mark.parametrize("method", ["sde", "posterior"])
@@ -369,3 +384,145 @@ def test_chunk_runner_host_loop_equals_scan():
   chex.assert_trees_all_close(out[True][0], out[False][0], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose([out[True][1], out[True][2]], [out[False][1], out[False][2]], rtol=1e-5)
   assert out[True][3] == out[False][3] == 5
+
+
+def test_mean_of_posterior_chains_keeps_a_quarter_of_the_posterior_variance():
+  """x0 = mu + s z with the exact noise prediction: one posterior chain ends at spread `exact` (~0.953 s, the
+  numpy recursion above) around mu; the mean of K = 4 independent chains must spread exact / 2 (its variance is
+  1 / K of one chain's), and it must equal the mean of the K chains run one by one with keys fold_in(key, k)."""
+  from iclr24_jax.papers.daclip import irsde
+  sched = daclip.irsde_schedule(T=100, lambda_=50.0 / 255.0, eps=0.005)
+  s, n, k = 0.1, 20000, 4
+  mu = jnp.full((n, 1), 0.5)
+
+  def oracle(params, x_t, mu_, t):
+    b = jnp.exp(-sched.thetas_cumsum[t] * sched.dt)[:, None]
+    v = sched.sigma_bars[t][:, None] ** 2
+    return jnp.sqrt(v) * (x_t - mu_) / (b ** 2 * s ** 2 + v)
+
+  key = jax.random.key(0)
+  mean = np.asarray(jax.jit(lambda kk: daclip.reverse_sample_mean(kk, None, mu, noise_fn=oracle, schedule=sched,
+                                                                  num_samples=k))(key))
+  one = jax.jit(lambda kk: daclip.reverse_sample(kk, None, mu, noise_fn=oracle, schedule=sched))
+  chains = [np.asarray(one(jax.random.fold_in(key, i))) for i in range(k)]
+  np.testing.assert_allclose(mean, np.mean(chains, axis=0), rtol=1e-5, atol=1e-6)
+  exact = _gaussian_chain_std(sched, s, "posterior")
+  np.testing.assert_allclose(np.std(chains[0]), exact, rtol=0.02)           # one chain: SE of a std 0.5%
+  np.testing.assert_allclose(mean.std(), exact / np.sqrt(k), rtol=0.02)     # K chains: exact / 2
+  with pytest.raises(ValueError, match="num_samples"):
+    irsde.reverse_sample_mean(key, None, mu, noise_fn=oracle, schedule=sched, num_samples=0)
+
+
+def test_heldout_draws_are_stratified_and_the_heldout_loss_is_the_matching_loss(sde):
+  """Draw r of every image lies in the r-th of R equal strata of 1..T; the held-out loss of an image is the mean
+  over its draws of `matching_loss_per_example` at x_t = m_t + sigma_bar_t z, whose batch mean is `matching_loss`."""
+  from iclr24_jax.papers.daclip import restoration
+  times, noise = restoration.heldout_draws(jax.random.key(0), 50, (4, 4, 1), 100, 10)
+  chex.assert_shape(times, (50, 10))
+  chex.assert_shape(noise, (50, 10, 4, 4, 1))
+  lo = 1 + 10 * np.arange(10)                          # strata 1..10, 11..20, ..., 91..100
+  assert (times >= lo).all() and (times <= lo + 9).all()
+  assert len(np.unique(times[:, 0])) > 5               # uniform inside a stratum, not its left edge
+  again = restoration.heldout_draws(jax.random.key(0), 50, (4, 4, 1), 100, 10)
+  np.testing.assert_array_equal(again[0], times)
+  with pytest.raises(ValueError, match="num_times"):
+    restoration.heldout_draws(jax.random.key(0), 2, (4, 4, 1), 10, 11)
+
+  net = daclip.create_restorer(ml_collections.ConfigDict(dict(base_channels=8, channel_mults=(1,),
+                                                              num_res_blocks=1, attention_levels=(0,), num_heads=2,
+                                                              out_channels=1, num_groups=4)))
+  rng = np.random.default_rng(0)
+  gt = jnp.asarray(rng.random((3, 4, 4, 1)), jnp.float32)
+  lq = jnp.asarray(rng.random((3, 4, 4, 1)), jnp.float32)
+  params = net.init(jax.random.key(1), jnp.zeros((3, 4, 4, 2)), jnp.ones((3,)))["params"]
+  t2, z2 = times[:3, ::5], noise[:3, ::5]                                     # R = 2 draws per image
+  got = np.asarray(daclip.heldout_matching_loss(params, net, {"gt": gt, "lq": lq}, jnp.asarray(t2),
+                                                jnp.asarray(z2), sde))
+  per_draw = []
+  for r in range(2):
+    t = jnp.asarray(t2[:, r])
+    x_t = daclip.irsde_mean(gt, lq, t, sde) + daclip.irsde_std(t, sde)[:, None, None, None] * z2[:, r]
+    pred = daclip.predict_noise(net, params, x_t, lq, t)
+    per_ex = np.asarray(daclip.matching_loss_per_example(pred, x_t, gt, lq, t, sde))
+    np.testing.assert_allclose(per_ex.mean(), float(daclip.matching_loss(pred, x_t, gt, lq, t, sde)), rtol=1e-6)
+    per_draw.append(per_ex)
+  np.testing.assert_allclose(got, np.mean(per_draw, axis=0), rtol=1e-5)
+  with pytest.raises(ValueError, match="times must be"):
+    daclip.heldout_matching_loss(params, net, {"gt": gt, "lq": lq}, jnp.asarray(t2[:2]), jnp.asarray(z2), sde)
+
+
+def test_linear_probe_picks_its_regularisation_on_training_folds_only():
+  """Separable classes: the probe is perfect; labels unrelated to the features: it is near chance (1/3), not
+  silently perfect (the test labels never reach the fit), and its CV accuracy says so too."""
+  from iclr24_jax.papers.daclip import train as train_lib
+  rng = np.random.default_rng(0)
+  centres = 5.0 * np.eye(3, 8)
+  y_tr, y_te = rng.integers(0, 3, 150), rng.integers(0, 3, 90)
+  x_tr = centres[y_tr] + rng.normal(size=(150, 8)) + 10.0      # offset: the unit-normalisation keeps directions
+  x_te = centres[y_te] + rng.normal(size=(90, 8)) + 10.0
+  correct, info = train_lib.linear_probe(x_tr, y_tr, x_te, y_te)
+  chex.assert_shape(correct, (90,))
+  assert correct.mean() > 0.95 and info["cv_accuracy"] > 0.95
+  assert info["C"] in train_lib.PROBE_CS
+  noise_tr, noise_te = rng.normal(size=(150, 8)), rng.normal(size=(300, 8))
+  correct, info = train_lib.linear_probe(noise_tr, y_tr, noise_te, rng.integers(0, 3, 300))
+  assert abs(correct.mean() - 1 / 3) < 0.12 and info["cv_accuracy"] < 0.5
+
+
+def _comparable(tree, workdir: str):
+  """results.json's numbers without wall-clock figures (keys ending in '_s' or 'wall_s'), plot paths relative."""
+  if isinstance(tree, dict):
+    return {k: _comparable(v, workdir) for k, v in tree.items() if not k.endswith("_s")}
+  if isinstance(tree, list):
+    return [_comparable(v, workdir) for v in tree]
+  return tree.replace(workdir, "<workdir>") if isinstance(tree, str) else tree
+
+
+def _stage_rows(workdir: str) -> dict:
+  """Every stage's metrics.jsonl rows (stage folder -> rows without their timing columns)."""
+  from iclr24_jax.common import metrics as metrics_lib
+  out = {}
+  for name in sorted(os.listdir(workdir)):
+    path = os.path.join(workdir, name, "metrics.jsonl")
+    if os.path.exists(path):
+      out[name] = [{k: v for k, v in r.items() if not k.endswith(("_s", "steps_per_s"))}
+                   for r in metrics_lib.read_jsonl(path)]
+  return out
+
+
+@pytest.mark.slow   # ~5 min CPU: an uninterrupted tiny run, a run crashed inside a restorer stage, its resume
+def test_tiny_crash_inside_a_restorer_stage_then_resume_equals_uninterrupted(tmp_path):
+  """Killed without warning (nothing saved at the kill) at step 3 of restorer_daclip_s0, after its step-2
+  checkpoint: the launcher's rerun restores the finished stages without training, resumes that stage from step 2,
+  and reports the uninterrupted run's results.json numbers and metrics rows exactly."""
+  from iclr24_jax.common import checkpoint as ckpt_lib
+  from iclr24_jax.configs import daclip as cfg_mod
+  from iclr24_jax.launch import run as launch
+  cfg = cfg_mod.get_config("tiny")
+  every = int(cfg.checkpoint_every)
+  assert 0 < every < int(cfg.num_steps) and 0 < every < int(cfg.clip.num_steps)
+  full_wd, wd = str(tmp_path / "full"), str(tmp_path / "killed")
+  full = launch.run(cfg, full_wd).results
+
+  class Crash(Exception):
+    pass
+
+  def crash(step, row):
+    if "restorer_daclip_s0/loss" in row and step > every:
+      raise Crash(step)
+
+  with pytest.raises(Crash):
+    launch.run(cfg, wd, progress_fn=crash)
+  assert ckpt_lib.read_status(wd)["status"] == "failed"
+  steps = ckpt_lib.checkpoint_steps(wd)
+  assert steps[os.path.join("restorer_daclip_s0", "checkpoints")] == every       # saved before the kill
+  assert steps[os.path.join("clip", "checkpoints")] == int(cfg.clip.num_steps)    # a finished stage
+  assert os.path.join("restorer_daclip_s1", "checkpoints") not in steps          # not reached
+
+  logged = []
+  resumed = launch.run(cfg, wd, progress_fn=lambda step, row: logged.append(row)).results
+  trained = sorted({k.split("/")[0] for r in logged for k in r if k.endswith("/loss")})
+  assert "clip" not in trained and "controller" not in trained and "restorer_none_s0" not in trained
+  assert [r["step"] for r in logged if "restorer_daclip_s0/loss" in r] == list(range(every + 1, cfg.num_steps + 1))
+  assert _comparable(resumed, wd) == _comparable(full, full_wd)
+  assert _stage_rows(wd) == _stage_rows(full_wd)

@@ -13,7 +13,7 @@ from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, runs, smc, study_exactness, study_images
+from iclr24_jax.papers.fps import experiment, programs, smc, study_exactness, study_images
 
 SCHED = schedules.linear_beta_schedule()
 
@@ -476,8 +476,8 @@ def test_sharded_images_match_one_device():
   ys = jnp.linspace(-1.0, 1.0, 8)[:, None]
   keys = jax.random.split(jax.random.key(0), 8)
   outs = []
-  for n_dev in (1, 8):
-    data = sharding.data_sharding(sharding.make_mesh(devices=jax.devices()[:n_dev]))
+  for mesh in sharding.device_meshes((1, 8)):
+    data = sharding.data_sharding(mesh)
     fn = jax.jit(jax.vmap(lambda k, y: fps.sample(k, DEN, SCHED, op, y, 0.3, 4, 6, resampling="systematic")),
                  in_shardings=(data, data), out_shardings=data)
     outs.append(np.asarray(fn(jax.device_put(keys, data), jax.device_put(ys, data))))
@@ -502,7 +502,7 @@ def test_sample_on_image_operators(name):
   x0 = jax.random.normal(jax.random.key(0), (8, 8, 1))
   y = op.measure(jax.random.key(1), x0[None], 0.05)[0]
   fn = jax.jit(lambda k: fps.sample(k, _unit_gaussian_denoiser, SCHED, op, y, 0.05, 3, 6))
-  x = runs.compile_call(fn, jax.random.key(2))(jax.random.key(2))   # XLA level 0: compile-bound
+  x = programs.compile_call(fn, jax.random.key(2))(jax.random.key(2))   # XLA level 0: compile-bound
   chex.assert_shape(x, (3, 8, 8, 1))
   chex.assert_tree_all_finite(x)
   # the samples explain the measurement far better than the prior mean 0 does
@@ -646,14 +646,14 @@ def test_prior_train_step_lowers_loss():
   state0 = jax.jit(lambda k: train.init(k, model, (16, 16, 1), tx))(jax.random.key(0))
   traced_step = chex.assert_max_traces(train.make_train_step(model, SCHED), n=1)
   # one compile at XLA level 0 (compile-bound on CPU; values agree with the default level to rounding)
-  step = runs.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
+  step = programs.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
   state = state0
   for _ in range(20):
     state, _ = step(state, {"x": x}, jax.random.key(1))   # the step folds state.step into the key
   # the same fixed (t, eps) draw before and after training
   loss_fn = jax.jit(lambda p: train.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
                                                       jax.random.key(9), SCHED)[0])
-  loss = runs.compile_call(loss_fn, state0.params)
+  loss = programs.compile_call(loss_fn, state0.params)
   assert float(loss(state.params)) < float(loss(state0.params))
 
 
@@ -677,6 +677,33 @@ def test_range_verdict_and_library_metrics():
   np.testing.assert_allclose(post.mean, [3.0, 0.0], rtol=1e-6)
 
 
+def test_exactness_dps_step_size_is_chosen_on_validation_runs_only():
+  """`tune_dps` picks zeta on the validation runs and reports the test runs at that zeta, even where the test runs
+  would favour another zeta (the old oracle choice would have picked 1.0 here)."""
+  g = gmm_lib.GaussianMixture(jnp.array([0.25, 0.75]), jnp.array([[0.0, 0.0], [4.0, 0.0]]),
+                              jnp.stack([jnp.eye(2) * 0.1] * 2))
+  post = study_exactness.PosteriorSummary(g)
+  rng = np.random.default_rng(0)
+  ref_val, ref_test = rng.standard_normal((8, 2)), rng.standard_normal((8, 2)) + [4.0, 0.0]
+  shift = np.array([2.0, 0.0])
+  # validation: zeta 0.1 reproduces its exact draw (SW 0), zeta 1.0 is shifted; test: the other way round
+  x_val = {0.1: ref_val, 1.0: ref_val + shift}
+  x_test = {0.1: ref_test + shift, 1.0: ref_test}
+  out = study_exactness.tune_dps(post, x_val, x_test, [ref_val], [ref_test], np.eye(2), floor_sw=0.5,
+                                 seed_floor=0.5, num_seeds=2)
+  assert out["zeta"] == 0.1
+  np.testing.assert_allclose(out["val_sw_by_zeta"][0.1], 0.0, atol=1e-6)
+  assert out["val_sw_by_zeta"][1.0] > 0.5
+  # the rows see the chosen zeta's test runs, scored against the test draws (an independent call gives the same)
+  want = study_exactness.posterior_metrics(post, ref_test + shift, [ref_test], np.eye(2))
+  np.testing.assert_allclose(out["test"]["sw"], want["sw"], rtol=1e-6)
+  np.testing.assert_allclose(out["test"]["sw_ratio"], want["sw"] / 0.5, rtol=1e-6)
+  np.testing.assert_allclose(out["test_sw_ratio_by_zeta"][1.0], 0.0, atol=1e-5)   # visible, never chosen on
+  assert all(len(v) == 2 for v in out["test_seeds"].values())
+  with pytest.raises(ValueError, match="same non-empty zeta grid"):
+    study_exactness.tune_dps(post, x_val, {0.1: ref_test}, [ref_val], [ref_test], np.eye(2), 0.5, 0.5, 2)
+
+
 def test_run_tiny_smoke(tmp_path):
   cfg = fps_config.get_config("tiny")
   res = experiment.run(cfg, str(tmp_path), progress=False)
@@ -689,6 +716,10 @@ def test_run_tiny_smoke(tmp_path):
   assert all(np.isfinite(v) for v in r2["fps"]["ddpm c=0.95"][4].values())
   seeds = r2["fps_seeds"]["ddpm c=0.95 telescoping"][4]
   assert all(len(v) == cfg.exactness.num_seeds and np.all(np.isfinite(v)) for v in seeds.values())
+  # DPS: one zeta in the tiny grid, chosen on validation runs; the test runs' metrics are those reported
+  dps = r2["dps"]["main"]
+  assert dps["zeta"] == 0.3 and set(dps["val_sw_by_zeta"]) == {0.3}
+  assert dps["test"]["sw_ratio"] == dps["test_sw_ratio_by_zeta"][0.3] and np.isfinite(dps["test"]["sw"])
   # the Gaussian limit: the noise-tracking filter is the exact posterior on FPS's own sequences
   nt = [r for r in res["gaussian_limit"]["rows"] if r["filter"] == "noise_tracking"]
   assert nt and all(abs(r["obs_var_ratio"] - 1) < 1e-6 for r in nt)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import data as data_lib
-from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.configs import lm_inversion as cfg_mod
 from iclr24_jax.lm import t5
 from iclr24_jax.papers import lm_inversion as li
@@ -154,7 +153,7 @@ def test_train_step_lowers_loss_and_compiles_once():
   labels = rng.integers(3, 32, size=(8, 6)).astype(np.int32)
   labels[:, -1] = 2
   batch = {"logprobs": jnp.asarray(logprobs), "labels": jnp.asarray(labels), "label_mask": jnp.ones((8, 6), bool)}
-  state = li.init_state(jax.random.key(0), inv, optax.adam(1e-2), 40)
+  state = li.init(jax.random.key(0), inv, optax.adam(1e-2), 40)
   step = jax.jit(chex.assert_max_traces(li.make_train_step(inv), n=1))
   losses = []
   for _ in range(40):
@@ -180,7 +179,7 @@ def test_multi_train_step_equals_separate_steps():
   batch = {"logprobs": jnp.asarray(lp), "labels": jnp.asarray(labels), "label_mask": jnp.ones((4, 2, 5), bool)}
   tx = optax.adam(1e-2)
   keys = jnp.stack([jax.random.key_data(jax.random.key(s)) for s in (3, 4)])
-  states = jax.vmap(lambda k: li.init_state(jax.random.wrap_key_data(k), inv, tx, 40))(keys)
+  states = jax.vmap(lambda k: li.init(jax.random.wrap_key_data(k), inv, tx, 40))(keys)
   step = li.make_train_step(inv)
   new, m = jax.jit(li.make_multi_train_step(step, 2))(states, batch, jax.random.key(7))
   for i in range(2):
@@ -255,6 +254,20 @@ def test_baselines():
   assert li.bag_of_top_tokens(lp, np.log(np.array([0.1, 0.9, 0.05])), Tok(), k=1) == ["w2"]
 
 
+def test_derangement_is_a_permutation_without_fixed_points():
+  """Every row of a shuffled control reads another row, and each row is read exactly once (the same inputs as the
+  unshuffled arm, reassigned), for the sizes where a uniform permutation often has fixed points."""
+  from iclr24_jax.papers.lm_inversion import data as data_lib
+  for n in (2, 3, 5, 500):
+    for seed in range(20):
+      perm = data_lib.derangement(n, seed)
+      np.testing.assert_array_equal(np.sort(perm), np.arange(n))
+      assert (perm != np.arange(n)).all(), (n, seed, perm)
+  np.testing.assert_array_equal(data_lib.derangement(2, 0), [1, 0])          # the only derangement of 2
+  with pytest.raises(ValueError, match="at least 2"):
+    data_lib.derangement(1)
+
+
 def test_split_is_by_prompt_and_errors():
   prompts = [f"q{i}" for i in range(20)]
   train, test = li.split_prompts(prompts, 5)
@@ -311,8 +324,16 @@ def test_study_fast_rows(tmp_path, monkeypatch):
   from iclr24_jax.papers.lm_inversion import study
   monkeypatch.setenv("ICLR24_LM_INVERSION_CACHE", str(tmp_path / "cache"))
   rows = study.reproduce(str(tmp_path / "study"), fast=True, get_config=cfg_mod.get_config)
-  compared = [r for r in rows if r.get("judgement")]   # 8 seed comparisons: 4 claims, 4 measurements
-  assert len(compared) == 8 and all(r["judgement"]["n"] == 3 for r in compared)
-  assert all(r["holds"] in ("yes", "no", "inconclusive") for r in compared if r["kind"] == "claim")
+  # 10 seed comparisons (F1 and BLEU each): shuffled input (claims), the sample inverter's own control (checks),
+  # vs samples (claims only where that control says 'yes'), bag of tokens and nearest by KL (measurements)
+  compared = [r for r in rows if r.get("judgement")]
+  assert len(compared) == 10 and all(r["judgement"]["n"] == 3 for r in compared)
+  assert all(r["holds"] in ("yes", "no", "inconclusive") for r in compared if r["kind"] in ("claim", "check"))
   assert all(r["holds"] is None for r in compared if r["kind"] == "measurement")
+  by_metric = {r["metric"]: r for r in compared}
+  for key in ("token_f1", "bleu"):
+    control = by_metric[f"{key}: sample inversion (T5) vs sample inversion, shuffled input"]
+    vs_samples = by_metric[f"{key}: inverter vs sample inversion (T5)"]
+    assert control["kind"] == "check"
+    assert vs_samples["kind"] == ("claim" if control["holds"] == "yes" else "measurement")
   assert sum(r["metric"].startswith("top-") for r in rows) == 2

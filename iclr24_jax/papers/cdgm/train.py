@@ -84,8 +84,8 @@ def fit_seeds(model: Any, data: dict, num_steps: int, keys: jax.Array, log_every
   history = []
   t0 = time.perf_counter()
   state = _run_chunks(lambda n: make_seed_chunk(model, n), state, data, key_train, 0, num_steps, log_every,
-                      lambda done, m: history.append({"step": done, **{f"train/{k}": [float(x) for x in v]
-                                                                        for k, v in m.items()}}))
+                      lambda done, m: history.append({"step": done, **loop_lib.prefix_keys(
+                          {k: [float(x) for x in v] for k, v in m.items()}, "train")}))
   secs = time.perf_counter() - t0
   return FitResult(state=state, history=history, seconds=secs,
                    steps_per_s=num_steps * int(keys.shape[0]) / max(secs, 1e-9))

@@ -184,7 +184,7 @@ BENCHMARK_STYLE = {"clean": "clean", "sketch": "sketch", "inverted": "inverted",
 # ----------------------------------------------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=2)   # read from disk once per process
 def load_sources() -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """Real digits at 16x16: {'mnist': (x [5000, 16, 16], y), 'sklearn': (x [1797, 16, 16], y)}.
 
@@ -244,7 +244,7 @@ PHOTO_SOURCES = {"astronaut": "an astronaut", "camera": "a man with a camera", "
 PHOTO_TEMPLATES = ("a photo of {x}", "{x}", "close up of {x}", "a grey picture of {x}", "detail of {x}")
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)   # read from disk once per process
 def load_photos() -> dict[str, np.ndarray]:
   """The scikit-image sample pictures of PHOTO_SOURCES as grey float32 [H, W] in [0, 1]."""
   import skimage.data as sd

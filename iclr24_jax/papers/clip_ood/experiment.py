@@ -144,7 +144,7 @@ def train_split(config: Any, name: str, model: clip.CLIP, init_fn, images: np.nd
       config=config, progress=progress, name=name, **loop_lib.checkpoint_options(config))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _similarity_fns(mesh, chunk: int, num_candidates: int | None):
   prune = jax.jit(functools.partial(sim_lib.similarity_prune, chunk=chunk, mesh=mesh, num_candidates=num_candidates))
   split = jax.jit(sim_lib.similarity_split, static_argnames=("size", "keep", "chunk", "mesh"))
@@ -346,10 +346,10 @@ def run(config: Any, workdir: str) -> dict:
     results["steps_per_s"][cond] = sps[-1] if sps else None
 
   # logs and plots
-  writer = metrics_lib.MetricWriter(workdir)
-  for cond in states:
-    for h in histories[cond]:
-      writer.write(h["step"], {f"{cond}/{k}": v for k, v in h.items() if k != "step"})
+  with metrics_lib.open_writer(workdir) as writer:
+    for cond in states:
+      for h in histories[cond]:
+        writer.write(h["step"], {f"{cond}/{k}": v for k, v in h.items() if k != "step"})
   plots = []
   if jax.process_index() == 0:
     bench_names = list(bench.tests)

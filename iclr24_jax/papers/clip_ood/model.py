@@ -83,7 +83,7 @@ def create_model(model_config: Any, vocab_size: int | None) -> clip.CLIP:
   return clip.create_clip(model_config, vocab_size)
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one step closure per model: its compilation is reused
 def train_step_for(model: clip.CLIP, logit_scale_max: float = clip.LOGIT_SCALE_MAX) -> Callable:
   """One train-step function object per model, so every condition's jit reuses the same compilation."""
   return clip.make_train_step(model, logit_scale_max)

@@ -103,8 +103,8 @@ def topk_similarity(queries: jax.Array, keys: jax.Array, k: int, chunk: int = 10
     `keys` (-1 where the value is -inf). Ties go to the lower key index, as a stable sort would.
 
   Raises:
-    ContractError: on shape mismatches, k out of range, chunk < 1, or NaN/inf in readable inputs (under jit
-    NaN/inf inputs give NaN values and -1 indices).
+    ContractError: on shape mismatches, k out of range, chunk < 1, or NaN/inf in readable inputs; under jit
+      NaN/inf inputs give NaN values and -1 indices instead.
   """
   where = "clip_ood.topk_similarity"
   ok = checks.all_ok(check_embeddings("queries", queries, where=where),

@@ -181,9 +181,9 @@ def scale_program(config, mesh):
   """The paper-size step for `experiments.scale`: one OpenCLIP ViT-B/32 training step at batch 33,600.
 
   `vision.clip.make_train_step` on 224 x 224 images and 77-token captions (the BPE vocabulary's 49,408 ids),
-  float32 parameters and AdamW moments FSDP-sharded over 'data', the batch over 'data'; the [B, B] similarity
-  matrix is computed in the global view (each device its rows against the gathered text embeddings)
-  (`configs/clip_ood.py:paper`).
+  bfloat16 compute with scanned, rematerialised blocks, float32 parameters and AdamW moments FSDP-sharded over 'data',
+  the batch over 'data'; the [B, B] similarity matrix is computed in the global view (each device its rows
+  against the gathered text embeddings) (`configs/clip_ood.py:paper`).
 
   Args:
     config: `get_config('paper')`.
@@ -209,7 +209,8 @@ def scale_program(config, mesh):
   # Hand count of one example's forward: a transformer layer of width d over T tokens costs 24 T d^2 (q, k, v, out
   # 4 d^2 and the 4x MLP 8 d^2, 2 FLOPs per multiply-add) + 4 T^2 d (scores and mixing); the ViT has T = 1 + 49
   # patches and a 32 x 32 x 3 -> 768 patch embedding, the text tower T = 77; both project to 512. The loss: the
-  # [B, B] logits, 2 B^2 x 512. Training: 3 x forward.
+  # [B, B] logits, 2 B^2 x 512. Training: 3 x forward (the table's convention: the rematerialised blocks' recomputed
+  # forward is not in the hand count; XLA's count includes it).
   p, w_img, w_txt, e = int(m.image.patch_size), int(m.image.width), int(m.text.width), int(m.embed_dim)
   n_patch = (size // p) ** 2
   layer = lambda t, d: 24.0 * t * d * d + 4.0 * t * t * d  # noqa: E731
@@ -222,6 +223,7 @@ def scale_program(config, mesh):
       args=(state_abs, scale_lib.abstract(batch, scale_lib.batch_shardings(batch, mesh)), key),
       out_shardings=(state_sh, rep), donate_argnums=(0,), carry=True, params=scale_lib.num_elements(state.params),
       items_per_step=b, item="image-text pairs", hand_flops=hand, kind="train", abstract_params=state_abs.params,
-      notes="float32 throughout (OpenCLIP trains with automatic mixed precision); GELU for OpenAI's QuickGELU; "
-            "no activation checkpointing.",
+      notes="bfloat16 compute with float32 parameters and AdamW moments, the transformer blocks scanned and "
+            "rematerialised (OpenCLIP's --precision amp_bf16 --grad-checkpointing); XLA:CPU widens bfloat16 "
+            "activations to float32, so temporaries are over-estimated; GELU for OpenAI's QuickGELU.",
       paper_hardware=s.paper_hardware, paper_time=s.paper_time)

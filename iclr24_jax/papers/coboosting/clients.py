@@ -21,21 +21,20 @@ from iclr24_jax.papers.coboosting.model import ClientSet, stack_params
 from iclr24_jax.vision import classify
 
 
-@functools.lru_cache(maxsize=None)
 def client_tx(name: str, learning_rate: float, momentum: float, grad_clip: float,
               weight_decay: float) -> optax.GradientTransformation:
-  """The local optimizer (cached: equal settings give the same object, so compiled steps are reused)."""
+  """The local optimizer (`make_optimizer`: equal settings give the same object, so compiled steps are reused)."""
   cfg = ml_collections.ConfigDict(dict(name=name, learning_rate=learning_rate, momentum=momentum,
                                        grad_clip=grad_clip, weight_decay=weight_decay, schedule="constant"))
   return make_optimizer(cfg, 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)   # one jitted closure per (model, optimizer): jit caches by function identity
 def _jitted_step(model: nn.Module, tx: optax.GradientTransformation):
   return jax.jit(classify.make_train_step(model), donate_argnums=(0,))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)   # one jitted closure per (model, optimizer, shape): jit caches by identity
 def _jitted_init(model: nn.Module, tx: optax.GradientTransformation, input_shape: tuple[int, ...]):
   return jax.jit(functools.partial(classify.init, model=model, input_shape=input_shape, tx=tx))
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import optim
 from iclr24_jax.common import sharding
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.coboosting import losses
@@ -108,7 +109,7 @@ class Method:
     return _server_tx(self.kd_grad_clip, self.kd_weight_decay, self.kd_momentum)
 
 
-@functools.lru_cache(maxsize=None)
+@optim.memoized_optimizer
 def _server_tx(grad_clip: float, weight_decay: float, momentum: float) -> optax.GradientTransformation:
   parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
   if weight_decay:
@@ -477,7 +478,7 @@ def compiled(method: Method, mesh, batch_size: int, image_shape: tuple[int, ...]
   return _compiled(canonical(method), mesh, int(batch_size), tuple(image_shape))
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # the compiled programs of one (method, mesh, sizes)
 def _compiled(method: Method, mesh, batch_size: int, image_shape: tuple[int, ...]) -> Compiled:
   return Compiled(method, mesh, batch_size, image_shape)
 
@@ -638,7 +639,7 @@ def _epochs(method: Method, comp: Compiled, state: FitState, run: Any, log: Any,
       for prefix, ms in (("synth", g_metrics), ("weights", w_metrics), ("kd", kd_metrics)):
         if ms:
           ms = jax.device_get(ms)
-          row.update({f"{prefix}/{k}": float(np.mean([mm[k] for mm in ms])) for k in ms[-1]})
+          row.update(loop_lib.prefix_keys({k: float(np.mean([mm[k] for mm in ms])) for k in ms[-1]}, prefix))
       w_now = np.asarray(jax.device_get(teacher["weights"]))
       row["time/synthesis_s"] = t_synth
       row["time/distill_s"] = time.perf_counter() - t1

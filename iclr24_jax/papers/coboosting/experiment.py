@@ -71,12 +71,12 @@ def _accuracy(logits: Any, y: np.ndarray) -> float:
   return float(np.mean(np.argmax(np.asarray(logits), -1) == np.asarray(y)))
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _jitted_logits(clients: model_lib.ClientSet):
   return jax.jit(clients.logits)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _jitted_apply(model: Any):
   return jax.jit(lambda p, x: model.apply({"params": p}, x))
 

@@ -65,7 +65,7 @@ class Generator(nn.Module):
     return nn.sigmoid(h)
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # eval_shape traces the generator: once per setting
 def _generator_shapes(generator: Generator, nz: int):
   return jax.eval_shape(lambda: generator.init(jax.random.key(0), jnp.zeros((2, nz), jnp.float32)))
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from iclr24_jax.common import data as common_data
+from iclr24_jax.common import jsonl_cache
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import stats
 from iclr24_jax.papers.cpm import data as data_lib
@@ -129,16 +130,24 @@ def bon_samples(config: Any, pairs_for_prompts: list[dict], cache: scoring.Score
   rendered = [tok.apply_chat_template(data_lib.history_messages(h), add_generation_prompt=True) for h in hist]
   settings = dict(n=b.n, temperature=b.temperature, top_p=b.top_p, max_new_tokens=b.max_new_tokens, seed=b.seed)
   keys = [scoring.ScoreCache.key(scorer.model_id, "bon", r, settings) for r in rendered]
-  todo = [i for i, k in enumerate(keys) if k not in cache]
-  if todo:
-    gen = lm.Generator(scorer.params, scorer.config, tok, chat=False, batch_size=b.n)
-    t0 = time.perf_counter()
-    for i in todo:
-      texts = gen([rendered[i]] * b.n, max_new_tokens=b.max_new_tokens, temperature=b.temperature, top_p=b.top_p,
-                  seed=b.seed + i)
-      cache.put_many({keys[i]: [t.strip() for t in texts]})
-    log(f"  generated {len(todo)} x {b.n} samples in {time.perf_counter() - t0:.0f}s")
-  return hist, [cache.get(k) for k in keys]
+  gen = None
+  t0 = time.perf_counter()
+
+  def generate(idx: list[int]) -> list[list[str]]:   # one prompt per call (chunk_size 1): n samples, its own seed
+    nonlocal gen
+    if gen is None:
+      gen = lm.Generator(scorer.params, scorer.config, tok, chat=False, batch_size=b.n)
+    texts = gen([rendered[idx[0]]] * b.n, max_new_tokens=b.max_new_tokens, temperature=b.temperature,
+                top_p=b.top_p, seed=b.seed + idx[0])
+    return [[t.strip() for t in texts]]
+
+  def progress(done: int, total: int) -> None:
+    if done == total:
+      log(f"  generated {total} x {b.n} samples in {time.perf_counter() - t0:.0f}s")
+
+  samples = jsonl_cache.cached_map(generate, range(len(keys)), keys, cache, chunk_size=1, progress=progress,
+                                   what="prompt")
+  return hist, samples
 
 
 # ------------------------------------------------------------------------------------------------- plots

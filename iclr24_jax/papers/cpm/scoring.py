@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
-import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -33,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import jsonl_cache
 from iclr24_jax.papers.cpm import features as feat
 
 MODES = ("expected", "parse")
@@ -92,7 +91,7 @@ def suffix_digit_logprobs(params, config, prefix_ids: jax.Array, prefix_mask: ja
   return options.reshape(b, s, 10), hidden_last, hidden_mean
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=8)   # one jitted function per static value: jit caches by function identity
 def _jitted_core(config):
   return jax.jit(lambda params, pi, pm, si, sm, d: suffix_digit_logprobs(params, config, pi, pm, si, sm, d))
 
@@ -100,56 +99,20 @@ def _jitted_core(config):
 # ----------------------------------------------------------------------------------------------- caching
 
 
-class ScoreCache:
-  """A resumable JSON-lines cache {key: record}; the key hashes the model id and the exact prompt text.
-
-  Every finished batch is appended and flushed at once; a torn last line (an interrupted write) is skipped.
+class ScoreCache(jsonl_cache.JsonlCache):
+  """The reply-score cache: a `common.jsonl_cache.JsonlCache` (resumable JSON lines, a torn line skipped) whose
+  keys hash the model id and the exact prompt text (`key`).
 
   Args:
     path: the .jsonl file (created on first write) or None for an in-memory cache.
   """
-
-  def __init__(self, path: str | os.PathLike | None):
-    self.path = None if path is None else os.fspath(path)
-    self.data: dict[str, Any] = {}
-    self.skipped_lines = 0
-    if self.path and os.path.exists(self.path):
-      with open(self.path, encoding="utf-8") as f:
-        for line in f:
-          try:
-            rec = json.loads(line)
-            self.data[rec["key"]] = rec["value"]
-          except (json.JSONDecodeError, KeyError, TypeError):
-            self.skipped_lines += 1
 
   @staticmethod
   def key(model_id: str, *parts: Any) -> str:
     """SHA-256 of the model id and the parts (prompt texts, mode)."""
     if not model_id:
       raise ValueError("a cache key needs a non-empty model id.")
-    blob = json.dumps([model_id, *parts], ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
-
-  def __contains__(self, key: str) -> bool:
-    return key in self.data
-
-  def __len__(self) -> int:
-    return len(self.data)
-
-  def get(self, key: str):
-    """The cached record under `key` (a `ScoreCache.key` digest), or None."""
-    return self.data.get(key)
-
-  def put_many(self, items: dict[str, Any]) -> None:
-    """Stores records and appends them to the file in one flushed write."""
-    self.data.update(items)
-    if not self.path or not items:
-      return
-    os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.writelines(json.dumps({"key": k, "value": v}) + "\n" for k, v in items.items())
-      f.flush()
-      os.fsync(f.fileno())
+    return jsonl_cache.digest([model_id, *parts])
 
 
 # ------------------------------------------------------------------------------------------------ scorers
@@ -381,30 +344,24 @@ def score_features(scorer, histories: Sequence[str], replies: Sequence[str], cac
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}.")
   if len(histories) != len(replies):
     raise ValueError(f"{len(histories)} histories but {len(replies)} replies.")
-  cache = cache if cache is not None else ScoreCache(None)
   template = getattr(scorer, "template", "short")
   keys = [ScoreCache.key(scorer.model_id, mode, template, h, r) for h, r in zip(histories, replies)]
-  uniq = list(dict.fromkeys(keys))
-  pos = {k: i for i, k in enumerate(keys)}
-  todo = [pos[k] for k in uniq if k not in cache]
-  for start in range(0, len(todo), chunk):
-    idx = todo[start:start + chunk]
+
+  def score_chunk(idx: list[int]) -> list[dict]:
     hs, rs = [histories[i] for i in idx], [replies[i] for i in idx]
     if mode == "expected":
       out = scorer.score(hs, rs)
-      recs = {keys[i]: {"lp": _round(out["option_logprobs"][j]),
-                        "emb": _round(np.concatenate([out["hidden_last"][j], out["hidden_mean"][j]]), 4)}
-              for j, i in enumerate(idx)}
-    else:
-      answers = scorer.generate_answers(hs, rs)
-      recs = {keys[i]: {"answers": answers[j]} for j, i in enumerate(idx)}
-    cache.put_many(recs)
-    if progress:
-      progress(min(start + chunk, len(todo)), len(todo))
+      return [{"lp": _round(out["option_logprobs"][j]),
+               "emb": _round(np.concatenate([out["hidden_last"][j], out["hidden_mean"][j]]), 4)}
+              for j in range(len(idx))]
+    return [{"answers": a} for a in scorer.generate_answers(hs, rs)]
+
+  recs = jsonl_cache.cached_map(score_chunk, range(len(keys)), keys, cache, chunk_size=chunk, progress=progress,
+                                what="reply")
   if mode == "expected":
-    lp = np.asarray([cache.get(k)["lp"] for k in keys], np.float64)
-    emb = np.asarray([cache.get(k)["emb"] for k in keys], np.float64)
+    lp = np.asarray([r["lp"] for r in recs], np.float64)
+    emb = np.asarray([r["emb"] for r in recs], np.float64)
     return {"scores": feat.expected_score(lp), "embedding": emb, "option_logprobs": lp}
-  scores = np.asarray([[np.nan if (v := feat.parse_score(a)) is None else float(v) for a in cache.get(k)["answers"]]
-                       for k in keys], np.float64)
+  scores = np.asarray([[np.nan if (v := feat.parse_score(a)) is None else float(v) for a in r["answers"]]
+                       for r in recs], np.float64)
   return {"scores": scores, "embedding": None, "option_logprobs": None}

@@ -7,6 +7,7 @@ The reproduction study and the benchmark are in `study.py`.
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -17,6 +18,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from iclr24_jax.common import data as data_lib
+from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import sharding
 from iclr24_jax.papers.d2pruning import data as d2_data
@@ -46,22 +48,55 @@ def load_data(config: Any, workdir: str | None = None) -> data_lib.Dataset:
   return data_lib.load_dataset(name, config.data.get("data_dir") or None)
 
 
-def compute_scores(config: Any, ds: data_lib.Dataset, key: jax.Array) -> dict:
-  """Trains the score model on the full train set; returns dynamics scores, embeddings and curves."""
+def compute_scores(config: Any, ds: data_lib.Dataset, key: jax.Array, stages: loop.Stages | None = None) -> dict:
+  """Trains the score model on the full train set; returns dynamics scores, embeddings and curves.
+
+  The epochs run in chunks of `config.log_every` as the stage 'scores' (a `ResumableLoop` in `stages.workdir/
+  scores`, saving every `config.dynamics.checkpoint_every` epochs and on SIGTERM / SIGINT); its state is the
+  TrainState with the per-example dynamics of the epochs run so far, so a resumed stage ends where an
+  uninterrupted one does. A row per chunk logs the last epoch's mean train loss and accuracy.
+
+  Args:
+    config: the paper config (dynamics, model, optimizer, log_every).
+    ds: the data set.
+    key: the score model's key.
+    stages: where the stage saves (None: nothing saved).
+
+  Returns:
+    dict: scores (dict of [N]), embeddings [N, F], curves (dict of [E]), train_s, steps_per_epoch, test_accuracy.
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
+  """
   dyn_cfg = config.dynamics
+  num_epochs = int(dyn_cfg.epochs)
   steps_per_epoch = -(-len(ds.train) // dyn_cfg.batch_size)
-  model, tx = model_lib.create_classifier(config, ds.num_classes, dyn_cfg.epochs * steps_per_epoch)
-  train = jax.jit(scores_lib.make_dynamics_trainer(model, tx, ds.input_shape, dyn_cfg.epochs, dyn_cfg.batch_size))
-  t0 = time.perf_counter()
-  state, dynamics, curves = jax.block_until_ready(train(key, ds.train.x, ds.train.y))
-  train_s = time.perf_counter() - t0
-  scores = scores_lib.scores_from_dynamics(jax.device_get(dynamics), dyn_cfg.el2n_epochs)
+  model, tx = model_lib.create_classifier(config, ds.num_classes, num_epochs * steps_per_epoch)
+  init, epochs = scores_lib.make_dynamics_chunks(model, tx, ds.input_shape, num_epochs, dyn_cfg.batch_size)
+  run_epochs = jax.jit(epochs, static_argnums=5)
+  x, y = jnp.asarray(ds.train.x), jnp.asarray(ds.train.y)
+  chunk = max(1, min(int(config.log_every) or num_epochs, num_epochs))
+  every = int(dyn_cfg.get("checkpoint_every", 0) or 0)
+  with loop.stage_loop(stages, "scores", num_epochs, every_steps=every) as lp:
+    carry, run = lp.start(lambda: jax.jit(init, static_argnums=1)(key, len(ds.train)))
+    while not lp.finished and run.step < num_epochs:
+      n = min(chunk, num_epochs - run.step)
+      t0 = time.perf_counter()
+      carry = jax.block_until_ready(run_epochs(carry, key, x, y, jnp.int32(run.step), n))
+      run.extra["train_s"] = run.extra.get("train_s", 0.0) + time.perf_counter() - t0
+      curves = jax.device_get(carry["curves"])
+      e = run.step + n
+      lp.boundary(e, carry, {"score_model/train_loss": float(curves["loss"][e - 1]),
+                             "score_model/train_accuracy": float(curves["accuracy"][e - 1])})
+    lp.finish(carry)
+  state = carry["state"]
+  scores = scores_lib.scores_from_dynamics(jax.device_get(carry["dynamics"]), dyn_cfg.el2n_epochs)
   _, feats = model_lib.embed(model, state, ds.train.x)
   logits_test = model_lib.embed(model, state, ds.test.x)[0]
   embed_kind = config.selection.get("embedding", "features")
   emb = feats if embed_kind == "features" else np.asarray(ds.train.x, np.float32).reshape(len(ds.train), -1)
-  return {"scores": scores, "embeddings": emb, "curves": jax.device_get(curves), "train_s": train_s,
-          "steps_per_epoch": steps_per_epoch,
+  return {"scores": scores, "embeddings": emb, "curves": jax.device_get(carry["curves"]),
+          "train_s": float(run.extra.get("train_s", 0.0)), "steps_per_epoch": steps_per_epoch,
           "test_accuracy": float(np.mean(np.argmax(logits_test, -1) == ds.test.y))}
 
 
@@ -129,19 +164,30 @@ def build_coresets(config: Any, emb: np.ndarray, scores: dict, labels: np.ndarra
 
 
 def train_coresets(config: Any, ds: data_lib.Dataset, coresets: list[np.ndarray], key: jax.Array,
-                   mesh=None, seeds: list[int] | None = None) -> dict[str, np.ndarray]:
+                   mesh=None, seeds: list[int] | None = None, stages: loop.Stages | None = None,
+                   names: list[str] | None = None) -> dict[str, np.ndarray]:
   """Trains one fresh classifier per coreset (a vmap over runs, sharded over the mesh devices).
 
+  The steps run in chunks of `config.checkpoint_every` (the whole run when 0) as the stage 'coresets' (a
+  `ResumableLoop` in `stages.workdir/coresets` over the stacked states [R]; it saves at chunk ends and on
+  SIGTERM / SIGINT). Each chunk logs the runs' mean loss at its last step; the final row adds every run's test
+  and validation accuracy and final loss under `coreset/<name>/...`.
+
   Args:
-    config: the paper config (model, optimizer, num_steps, batch_size, mesh).
+    config: the paper config (model, optimizer, num_steps, batch_size, checkpoint_every, mesh).
     ds: the data set; coresets: R index arrays into ds.train.
     key: training key.
     mesh: device mesh (default from config.mesh).
     seeds: optional [R] seed per run: runs with the same seed share the training key (same
       initialisation and batch-draw stream), so methods are paired by seed. Default: one key per run.
+    stages: where the stage saves (None: nothing saved).
+    names: optional [R] names of the runs for the final row's keys (default 'run<r>').
 
   Returns:
     dict of [R] arrays: test_accuracy, val_accuracy, final_loss.
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   mesh = sharding.make_mesh(config.get("mesh")) if mesh is None else mesh
   n_dev = mesh.shape[sharding.DATA_AXIS] * mesh.shape[sharding.MODEL_AXIS]
@@ -150,21 +196,59 @@ def train_coresets(config: Any, ds: data_lib.Dataset, coresets: list[np.ndarray]
   coresets = list(coresets) + [coresets[-1]] * (r_pad - r)  # pad runs to a multiple of the devices
   idx, sizes = model_lib.pad_coresets(coresets)
   model, tx = model_lib.create_classifier(config, ds.num_classes, config.num_steps)
-  train_many = model_lib.make_coreset_trainer(model, tx, ds.input_shape, config.num_steps, config.batch_size)
+  init_many, steps_many = model_lib.make_coreset_chunks(model, tx, ds.input_shape, config.batch_size)
   runs = NamedSharding(mesh, P((sharding.DATA_AXIS, sharding.MODEL_AXIS)))
   rep = sharding.replicated_sharding(mesh)
-  fn = jax.jit(train_many, in_shardings=(runs, rep, rep, runs, runs), out_shardings=runs)
   if seeds is None:
     keys = jax.random.split(key, r_pad)
   else:
     seeds = list(seeds) + [seeds[-1]] * (r_pad - r)
     keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(jnp.asarray(seeds, jnp.int32))
-  states, losses = fn(keys, jnp.asarray(ds.train.x), jnp.asarray(ds.train.y), jnp.asarray(idx), jnp.asarray(sizes))
+  keys = jax.device_put(keys, runs)
+  x, y = jnp.asarray(ds.train.x), jnp.asarray(ds.train.y)
+  idx, sizes = jnp.asarray(idx), jnp.asarray(sizes)
+  init_fn = jax.jit(init_many, in_shardings=runs, out_shardings=runs)
+  compiled: dict[int, Any] = {}
+
+  def chunk_fn(n: int):
+    if n not in compiled:   # one program per chunk length (two at most: the chunk and a shorter last one)
+      compiled[n] = jax.jit(functools.partial(steps_many, n=n), in_shardings=(runs, runs, rep, rep, runs, runs, rep),
+                            out_shardings=runs, donate_argnums=0)
+    return compiled[n]
+
+  num_steps = int(config.num_steps)
+  every = int(config.get("checkpoint_every", 0) or 0)
+  chunk = max(1, min(every or num_steps, num_steps))
+  names = list(names) if names is not None else [f"run{i}" for i in range(r)]
   evaluate = jax.jit(model_lib.make_batched_eval(model))
-  test = evaluate(states, jnp.asarray(ds.test.x), jnp.asarray(ds.test.y))
-  val = evaluate(states, jnp.asarray(ds.val.x), jnp.asarray(ds.val.y))
-  return {"test_accuracy": np.asarray(test)[:r], "val_accuracy": np.asarray(val)[:r],
-          "final_loss": np.asarray(losses)[:r, -1]}
+
+  def accuracies(states):
+    return tuple(np.asarray(evaluate(states, jnp.asarray(s.x), jnp.asarray(s.y)))[:r] for s in (ds.test, ds.val))
+
+  test = val = None
+  with loop.stage_loop(stages, "coresets", num_steps) as lp:
+    target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=runs),
+                          jax.eval_shape(init_many, keys))
+    states, run = lp.start(lambda: init_fn(keys), target)
+    while not lp.finished and run.step < num_steps:
+      n = min(chunk, num_steps - run.step)
+      states, losses = chunk_fn(n)(states, keys, x, y, idx, sizes, jnp.int32(run.step))
+      last = np.asarray(jax.device_get(losses))[:r, -1]
+      row = {"coresets/train_loss": float(np.mean(last))}
+      if run.step + n < num_steps:
+        lp.boundary(run.step + n, states, row)
+        continue
+      # the last chunk: the final row holds every run's evaluation (computed again from the states on a rerun)
+      run.extra["final_loss"] = [float(v) for v in last]
+      test, val = accuracies(states)
+      for i, name in enumerate(names):
+        row.update({f"coreset/{name}/test_accuracy": float(test[i]), f"coreset/{name}/val_accuracy": float(val[i]),
+                    f"coreset/{name}/final_loss": float(last[i])})
+      lp.finish(states, row=row)
+  if test is None:   # a finished stage restored: its states evaluate as they did
+    test, val = accuracies(states)
+  return {"test_accuracy": test, "val_accuracy": val,
+          "final_loss": np.asarray(run.extra["final_loss"], np.float32)}
 
 
 def _plot_accuracy(results: dict, path: str, title: str) -> str:
@@ -202,23 +286,36 @@ def _plot_balance(results: dict, path: str, title: str) -> str:
 
 
 def run(config: Any, workdir: str) -> dict:
-  """One data set: scores, coresets (methods x rates x seeds), coreset training; results + plots."""
+  """One data set: scores, coresets (methods x rates x seeds), coreset training; results + plots.
+
+  The two training stages resume in `workdir/scores` and `workdir/coresets` (their checkpoints and
+  metrics.jsonl); the coreset selection between them is a deterministic function of the scores and its key,
+  selected again on a resume.
+
+  Args:
+    config: the paper config.
+    workdir: the run's folder.
+
+  Returns:
+    the results dict (also written to results.json).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped a stage (its checkpoint is saved; a rerun resumes it).
+  """
   os.makedirs(workdir, exist_ok=True)
   key = jax.random.key(config.seed)
   key_scores, key_select, key_train = jax.random.split(key, 3)
   ds = load_data(config, workdir)
-  sc = compute_scores(config, ds, key_scores)
-  writer = metrics_lib.MetricWriter(workdir)
-  for e in range(config.dynamics.epochs):
-    if (e + 1) % max(int(config.log_every), 1) == 0 or e + 1 == config.dynamics.epochs:
-      writer.write((e + 1) * sc["steps_per_epoch"], {"score_model/train_loss": sc["curves"]["loss"][e],
-                                                      "score_model/train_accuracy": sc["curves"]["accuracy"][e]})
+  stages = loop.Stages.from_config(config, workdir, label="d2pruning")
+  sc = compute_scores(config, ds, key_scores, stages)
   rows = build_coresets(config, sc["embeddings"], sc["scores"], ds.train.y, key_select)
   n = len(ds.train)
   coresets = [r["indices"] for r in rows] + [np.arange(n)] * config.num_seeds
+  names = [f"{r['variant']}/{r['rate']:g}/seed{r['seed']}" for r in rows]
+  names += [f"full/0/seed{s}" for s in range(config.num_seeds)]
   t0 = time.perf_counter()
   seeds = [r["seed"] for r in rows] + list(range(config.num_seeds))
-  out = train_coresets(config, ds, coresets, key_train, seeds=seeds)
+  out = train_coresets(config, ds, coresets, key_train, seeds=seeds, stages=stages, names=names)
   train_s = time.perf_counter() - t0
   acc, val = out["test_accuracy"], out["val_accuracy"]
 
@@ -240,9 +337,6 @@ def run(config: Any, workdir: str) -> dict:
     if r["seed"] == 0:
       d["coverage"] = _coverage(sc["embeddings"], r["indices"])
       d["difficulty_pct"] = float(pct[r["indices"]].mean())
-    writer.write(config.num_steps, {f"coreset/{v}/{rate}/seed{r['seed']}/test_accuracy": float(acc[i]),
-                                    f"coreset/{v}/{rate}/seed{r['seed']}/val_accuracy": float(val[i]),
-                                    f"coreset/{v}/{rate}/seed{r['seed']}/final_loss": float(out['final_loss'][i])})
   for v in by_variant.values():
     for d in v.values():
       d["mean"], d["std"] = float(np.mean(d["per_seed"])), float(np.std(d["per_seed"]))

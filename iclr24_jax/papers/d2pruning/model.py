@@ -50,14 +50,38 @@ def make_coreset_trainer(model: nn.Module, tx: optax.GradientTransformation, inp
   of iterations as the full data.
 
   Not `common.loop.train_loop`: that loop drives one state from host batches; here R independent runs are
-  one `vmap` of a whole-run `lax.scan` (one compiled program for ~100 runs, sharded over devices by run), with
-  nothing to log, checkpoint or select between steps.
+  one `vmap` of a `lax.scan` over steps (one compiled program for ~100 runs, sharded over devices by run);
+  `make_coreset_chunks` cuts it into chunks that `experiment.train_coresets` checkpoints between.
+  """
+  init_many, steps_many = make_coreset_chunks(model, tx, input_shape, batch_size)
+
+  def train_many(keys, x, y, coresets, sizes):
+    return steps_many(init_many(keys), keys, x, y, coresets, sizes, 0, num_steps)
+
+  return train_many
+
+
+def make_coreset_chunks(model: nn.Module, tx: optax.GradientTransformation, input_shape: tuple[int, ...],
+                        batch_size: int) -> tuple[Callable, Callable]:
+  """`make_coreset_trainer` cut into resumable chunks of steps (pure; compile `steps_many` with n static).
+
+  Step t of run r draws its batch from `fold_in(key_batch_r, t)`, so chunks [0, a) then [a, T) run the steps of
+  one uninterrupted scan.
+
+  Args:
+    model, tx, input_shape, batch_size: as `make_coreset_trainer`'s.
+
+  Returns:
+    (init_many(keys [R]) -> TrainState [R], steps_many(states [R], keys [R], x, y, coresets [R, M], sizes [R],
+    start, n) -> (states [R], losses [R, n])): steps start .. start + n - 1 of every run (start traced, n static).
   """
   step = classify.make_train_step(model)
 
-  def train_one(key, x, y, coreset, size):
-    key_init, key_batch, key_train = jax.random.split(key, 3)
-    state = classify.init(key_init, model, input_shape, tx)
+  def init_one(key):
+    return classify.init(jax.random.split(key, 3)[0], model, input_shape, tx)
+
+  def steps_one(state, key, x, y, coreset, size, start, n):
+    _, key_batch, key_train = jax.random.split(key, 3)
 
     def body(state, t):
       u = jax.random.uniform(jax.random.fold_in(key_batch, t), (batch_size,))
@@ -65,13 +89,16 @@ def make_coreset_trainer(model: nn.Module, tx: optax.GradientTransformation, inp
       state, metrics = step(state, {"x": x[idx], "y": y[idx]}, key_train)
       return state, metrics["loss"]
 
-    state, losses = jax.lax.scan(body, state, jnp.arange(num_steps))
-    return state, losses
+    return jax.lax.scan(body, state, start + jnp.arange(n))
 
-  def train_many(keys, x, y, coresets, sizes):
-    return jax.vmap(train_one, in_axes=(0, None, None, 0, 0))(keys, x, y, coresets, sizes)
+  def init_many(keys):
+    return jax.vmap(init_one)(keys)
 
-  return train_many
+  def steps_many(states, keys, x, y, coresets, sizes, start, n):
+    one = lambda st, k, c, sz: steps_one(st, k, x, y, c, sz, start, n)
+    return jax.vmap(one)(states, keys, coresets, sizes)
+
+  return init_many, steps_many
 
 
 def make_batched_eval(model: nn.Module) -> Callable:

@@ -85,7 +85,7 @@ def make_dynamics_trainer(model: nn.Module, tx: optax.GradientTransformation, in
   Each epoch visits every example once in a fresh random order (the last batch is padded and masked,
   like a DataLoader's short last batch); epochs and batches are `lax.scan`s, so the whole run is one
   compiled program (not `common.loop.train_loop`: the per-example, per-epoch dynamics are outputs of the
-  scan, not metrics logged between steps).
+  scan, not metrics logged between steps). `make_dynamics_chunks` is the same run in resumable chunks of epochs.
 
   Args:
     model: a Linen classifier (`iclr24_jax.vision.create_model`).
@@ -97,35 +97,68 @@ def make_dynamics_trainer(model: nn.Module, tx: optax.GradientTransformation, in
     train(key, x [N, ...], y [N]) -> (final TrainState, dynamics: dict of [E, N] arrays p_gold,
     correct, margin, el2n; metrics: dict of [E] epoch means loss, accuracy).
   """
-  step = make_train_step(model)
+  init, epochs = make_dynamics_chunks(model, tx, input_shape, num_epochs, batch_size)
 
   def train(key: jax.Array, x: jax.Array, y: jax.Array):
-    n = x.shape[0]
-    steps = -(-n // batch_size)
-    key_init, key_order, key_train = jax.random.split(key, 3)
-    state = classify.init(key_init, model, input_shape, tx)
+    carry = epochs(init(key, x.shape[0]), key, x, y, 0, num_epochs)
+    return carry["state"], carry["dynamics"], carry["curves"]
+
+  return train
+
+
+def make_dynamics_chunks(model: nn.Module, tx: optax.GradientTransformation, input_shape: tuple[int, ...],
+                         num_epochs: int, batch_size: int) -> tuple[Callable, Callable]:
+  """`make_dynamics_trainer` cut into resumable chunks of epochs (pure; compile `epochs` with n static).
+
+  Epoch e draws its order from `jax.random.split(key_order, num_epochs)[e]`, so chunks [0, a) then [a, E) run
+  the scan of one uninterrupted run.
+
+  Args:
+    model, tx, input_shape, num_epochs, batch_size: as `make_dynamics_trainer`'s.
+
+  Returns:
+    (init(key, n) -> carry, epochs(carry, key, x [N, ...], y [N], start, n) -> carry): the carry holds 'state'
+    (TrainState), 'dynamics' (dict of [E, N] p_gold, correct, margin, el2n; epochs not run yet are zero) and
+    'curves' (dict of [E] loss, accuracy); `epochs` runs epochs start .. start + n - 1 (start traced, n static).
+  """
+  step = make_train_step(model)
+
+  def init(key: jax.Array, n: int) -> dict:
+    state = classify.init(jax.random.split(key, 3)[0], model, input_shape, tx)
+    dynamics = {"p_gold": jnp.zeros((num_epochs, n)), "correct": jnp.zeros((num_epochs, n), bool),
+                "margin": jnp.zeros((num_epochs, n)), "el2n": jnp.zeros((num_epochs, n))}
+    return {"state": state, "dynamics": dynamics,
+            "curves": {"loss": jnp.zeros(num_epochs), "accuracy": jnp.zeros(num_epochs)}}
+
+  def epochs(carry: dict, key: jax.Array, x: jax.Array, y: jax.Array, start: jax.Array, n: int) -> dict:
+    num = x.shape[0]
+    steps = -(-num // batch_size)
+    _, key_order, key_train = jax.random.split(key, 3)
+    keys = jax.lax.dynamic_slice_in_dim(jax.random.split(key_order, num_epochs), start, n)
 
     def epoch(state, key_e):
-      perm = jax.random.permutation(key_e, n)
-      order = jnp.pad(perm, (0, steps * batch_size - n), constant_values=n).reshape(steps, batch_size)
+      perm = jax.random.permutation(key_e, num)
+      order = jnp.pad(perm, (0, steps * batch_size - num), constant_values=num).reshape(steps, batch_size)
 
       def one_batch(carry, idx):
         state, stats_acc = carry
-        safe = jnp.minimum(idx, n - 1)
-        batch = {"x": x[safe], "y": y[safe], "mask": idx < n}
+        safe = jnp.minimum(idx, num - 1)
+        batch = {"x": x[safe], "y": y[safe], "mask": idx < num}
         state, metrics, stats = step(state, batch, key_train)
         stats_acc = {k: v.at[idx].set(stats[k].astype(v.dtype), mode="drop") for k, v in stats_acc.items()}
         return (state, stats_acc), metrics
 
-      init = {"p_gold": jnp.zeros(n), "correct": jnp.zeros(n, bool), "margin": jnp.zeros(n),
-              "el2n": jnp.zeros(n)}
-      (state, stats), metrics = jax.lax.scan(one_batch, (state, init), order)
+      zero = {"p_gold": jnp.zeros(num), "correct": jnp.zeros(num, bool), "margin": jnp.zeros(num),
+              "el2n": jnp.zeros(num)}
+      (state, stats), metrics = jax.lax.scan(one_batch, (state, zero), order)
       return state, (stats, jax.tree_util.tree_map(jnp.mean, metrics))
 
-    state, (dynamics, metrics) = jax.lax.scan(epoch, state, jax.random.split(key_order, num_epochs))
-    return state, dynamics, metrics
+    state, (dyn, curves) = jax.lax.scan(epoch, carry["state"], keys)
+    put = lambda full, part: jax.lax.dynamic_update_slice_in_dim(full, part.astype(full.dtype), start, 0)
+    return {"state": state, "dynamics": jax.tree_util.tree_map(put, carry["dynamics"], dyn),
+            "curves": {k: put(carry["curves"][k], curves[k]) for k in carry["curves"]}}
 
-  return train
+  return init, epochs
 
 
 def scores_from_dynamics(dynamics: dict[str, Any], el2n_epochs: int = 10) -> dict[str, np.ndarray]:

@@ -16,13 +16,15 @@ Official code: https://github.com/Algolzw/daclip-uir
 from iclr24_jax.papers.daclip.degradations import (DEGRADATIONS, degradation_captions, degrade, degrade_one,
                                                    load_clean_digits, make_suite)
 from iclr24_jax.papers.daclip.irsde import (IRSDESchedule, forward_euler_step, irsde_forward_sample, irsde_mean,
-                                            irsde_schedule, irsde_std, matching_loss, optimal_reverse_std,
-                                            optimal_reverse_step, reverse_posterior_step, reverse_sample,
-                                            reverse_sde_mean, reverse_sde_step, score_from_noise, x0_from_noise)
+                                            irsde_schedule, irsde_std, matching_loss, matching_loss_per_example,
+                                            optimal_reverse_std, optimal_reverse_step, reverse_posterior_step,
+                                            reverse_sample, reverse_sample_mean, reverse_sde_mean, reverse_sde_step,
+                                            score_from_noise, x0_from_noise)
 from iclr24_jax.papers.daclip.model import (DaClip, controller_loss, create_restorer, daclip_from_clip,
-                                            degradation_logits, init_daclip_params, make_controller_optimizer,
-                                            make_controller_train_step, make_restoration_train_step, predict_noise,
-                                            restoration_loss, restore, trainable_mask)
+                                            degradation_logits, heldout_matching_loss, init_daclip_params,
+                                            make_controller_optimizer, make_controller_train_step,
+                                            make_restoration_train_step, predict_noise, restoration_loss, restore,
+                                            trainable_mask)
 
 TITLE = "Controlling Vision-Language Models for Multi-Task Image Restoration"
 URL = "https://openreview.net/forum?id=t3vnnLeajU"
@@ -40,8 +42,8 @@ __all__ = [
     "make_controller_train_step", "trainable_mask", "degradation_logits",
     "IRSDESchedule", "irsde_schedule", "irsde_mean", "irsde_std", "irsde_forward_sample", "forward_euler_step",
     "optimal_reverse_step", "optimal_reverse_std", "score_from_noise", "x0_from_noise", "reverse_sde_mean",
-    "reverse_sde_step", "reverse_posterior_step", "matching_loss", "reverse_sample", "restore",
-    "create_restorer", "predict_noise", "restoration_loss", "make_restoration_train_step",
+    "reverse_sde_step", "reverse_posterior_step", "matching_loss", "matching_loss_per_example", "reverse_sample",
+    "reverse_sample_mean", "restore", "create_restorer", "predict_noise", "restoration_loss", "heldout_matching_loss", "make_restoration_train_step",
     "DEGRADATIONS", "degrade", "degrade_one", "make_suite", "degradation_captions", "load_clean_digits",
     "TITLE", "URL", "CODE", "BIBTEX",
 ]

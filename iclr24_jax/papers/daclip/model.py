@@ -34,7 +34,7 @@ from iclr24_jax.vision import clip
 
 __all__ = ["DaClip", "daclip_from_clip", "init_daclip_params", "controller_loss", "make_controller_optimizer",
            "make_controller_train_step", "degradation_logits", "create_restorer", "predict_noise", "restoration_loss",
-           "make_restoration_train_step", "trainable_mask", "restore", "noise_fn_for"]
+           "make_restoration_train_step", "trainable_mask", "restore", "noise_fn_for", "heldout_matching_loss"]
 
 
 class DaClip(nn.Module):
@@ -259,6 +259,44 @@ def restoration_loss(params: Any, model: nn.Module, batch: dict, key: jax.Array,
   return loss, {"loss": loss}
 
 
+def heldout_matching_loss(params: Any, model: nn.Module, batch: dict, times: jax.Array, noise: jax.Array,
+                          schedule: irsde.IRSDESchedule) -> jax.Array:
+  """Per-image IR-SDE matching loss on fixed draws: the training objective evaluated on held-out images.
+
+  Image i is scored at its R times times[i] with the forward noise noise[i] (x_t = m_t + sqrt(v_t) noise); every
+  model evaluated with the same draws sees the same x_t, so differences between models (conditions) are paired
+  draw by draw. The R draws run one after another (`lax.map`), each a forward pass over the B images.
+
+  Args:
+    params: restorer params.
+    model: the restorer UNet.
+    batch: {'gt', 'lq' [B, H, W, C]; optional 'e_c', 'e_d' [B, D]} as in `restoration_loss`.
+    times: [B, R] int times in 1..T.
+    noise: [B, R, H, W, C] standard-normal forward noise.
+    schedule: IRSDESchedule.
+
+  Returns:
+    [B] mean L1 matching loss of each image over its R draws.
+
+  Raises:
+    ValueError: times / noise shapes that do not match the batch.
+  """
+  gt, lq = batch["gt"], batch["lq"]
+  if times.ndim != 2 or times.shape[0] != gt.shape[0] or noise.shape != times.shape + gt.shape[1:]:
+    raise ValueError(f"times must be [B, R] and noise [B, R, H, W, C] for images {gt.shape}; got times "
+                     f"{times.shape}, noise {noise.shape}.")
+
+  def one_draw(tz):
+    t, z = tz
+    std = irsde.irsde_std(t, schedule).reshape((-1,) + (1,) * (gt.ndim - 1))
+    x_t = irsde.irsde_mean(gt, lq, t, schedule) + std * z                       # Eq. (5), as irsde_forward_sample
+    pred = predict_noise(model, params, x_t, lq, t, batch.get("e_c"), batch.get("e_d"))
+    return irsde.matching_loss_per_example(pred, x_t, gt, lq, t, schedule)
+
+  losses = jax.lax.map(one_draw, (jnp.swapaxes(times, 0, 1), jnp.swapaxes(noise, 0, 1)))   # [R, B]
+  return jnp.mean(losses, axis=0)
+
+
 def make_restoration_train_step(model: nn.Module, schedule: irsde.IRSDESchedule) -> Callable:
   """Pure `train_step(state, batch, key) -> (state, metrics)` for the restorer (key folded with the step).
 
@@ -279,15 +317,19 @@ def make_restoration_train_step(model: nn.Module, schedule: irsde.IRSDESchedule)
   return train_step
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one function object per model: jitted samplers reuse it
 def noise_fn_for(model: nn.Module) -> Callable:
   """noise_fn(params, x_t, mu, t, e_c=None, e_d=None) for `irsde.reverse_sample` with this restorer."""
   return lambda params, x_t, mu, t, e_c=None, e_d=None: predict_noise(model, params, x_t, mu, t, e_c, e_d)
 
 
 def restore(key: jax.Array, params: Any, lq_image: jax.Array, *, model: nn.Module, schedule: irsde.IRSDESchedule,
-            e_c: jax.Array | None = None, e_d: jax.Array | None = None, method: str = "posterior") -> jax.Array:
+            e_c: jax.Array | None = None, e_d: jax.Array | None = None, method: str = "posterior",
+            num_samples: int = 1) -> jax.Array:
   """Restores degraded images with the trained restorer: the reverse IR-SDE from x_T = mu + lambda z.
+
+  num_samples > 1 returns the mean of that many independent chains (`irsde.reverse_sample_mean`), an estimate of
+  the posterior mean; 1 returns one sample, as the official test script does.
 
   Args:
     key: PRNG key.
@@ -298,6 +340,7 @@ def restore(key: jax.Array, params: Any, lq_image: jax.Array, *, model: nn.Modul
     e_c: content embeddings [B, D] from DaClip (or None for a restorer trained without them).
     e_d: degradation embeddings [B, D] from DaClip (or None).
     method: 'posterior' (official test / validation sampler) or 'sde' (reverse-SDE Euler-Maruyama).
+    num_samples: chains averaged (1: one posterior sample).
 
   Returns:
     restored images [B, H, W, C] (unclipped; clip to [0, 1] before scoring).
@@ -308,5 +351,8 @@ def restore(key: jax.Array, params: Any, lq_image: jax.Array, *, model: nn.Modul
   for name, e in (("e_c", e_c), ("e_d", e_d)):
     if e is not None and (e.ndim != 2 or e.shape[0] != lq_image.shape[0]):
       raise ValueError(f"{name} must be [B, D] with B = {lq_image.shape[0]}, got {e.shape}.")
-  return irsde.reverse_sample(key, params, lq_image, noise_fn=noise_fn_for(model), schedule=schedule,
-                              method=method, e_c=e_c, e_d=e_d)
+  if int(num_samples) == 1:
+    return irsde.reverse_sample(key, params, lq_image, noise_fn=noise_fn_for(model), schedule=schedule,
+                                method=method, e_c=e_c, e_d=e_d)
+  return irsde.reverse_sample_mean(key, params, lq_image, noise_fn=noise_fn_for(model), schedule=schedule,
+                                   num_samples=int(num_samples), method=method, e_c=e_c, e_d=e_d)

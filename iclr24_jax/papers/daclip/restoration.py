@@ -2,8 +2,9 @@
 
 `condition_tables` (the embeddings each condition feeds the restorer: none / daclip / shuffled / oracle),
 `make_restorers`, `train_restorers` (C x S restorers through one compiled program, paired by seed),
-`restore_all` (reverse IR-SDE sampling of the test set) and `score` (PSNR / SSIM per condition, seed and
-degradation). The IR-SDE itself is in `irsde.py`; stages 0-1 in `train.py`.
+`heldout_draws` / `make_heldout_eval` (the matching loss on held-out images, the same draws for every model),
+`restore_all` (reverse IR-SDE sampling of the test set, the mean of K chains) and `score` (PSNR / SSIM per
+condition, seed and degradation). The IR-SDE itself is in `irsde.py`; stages 0-1 in `train.py`.
 """
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.daclip import degradations as deg
 from iclr24_jax.papers.daclip import irsde
 from iclr24_jax.papers.daclip import model as model_lib
-from iclr24_jax.papers.daclip.train import chunk_runner, train_scan
+from iclr24_jax.papers.daclip.train import chunk_runner, stage, train_scan
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -87,7 +89,52 @@ def make_restorers(cfg: Any, image_shape, embed_dim: int):
   return net, sde, tx, init
 
 
-def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, writer=None, progress=True):
+def heldout_draws(key: jax.Array, num_images: int, image_shape, num_steps: int, num_times: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Fixed (time, forward noise) draws for the held-out matching loss: R stratified times per image.
+
+  Draw r of every image falls in the r-th of R equal strata of 1..T (uniform inside it), so the R draws cover the
+  schedule evenly, as the uniform t of training does on average, with less variance. Every model is evaluated on
+  these same draws (the comparisons between conditions are paired draw by draw).
+
+  Args:
+    key: PRNG key (the evaluation's own: not a training key).
+    num_images: N.
+    image_shape: (H, W, C).
+    num_steps: T.
+    num_times: R, 1 <= R <= T.
+
+  Returns:
+    (times [N, R] int32 in 1..T, noise [N, R, H, W, C] float32) as numpy arrays.
+
+  Raises:
+    ValueError: R outside 1..T.
+  """
+  if not 1 <= int(num_times) <= int(num_steps):
+    raise ValueError(f"num_times={num_times} must be in 1..T={num_steps} (one draw per stratum of the T times).")
+  key_t, key_z = jax.random.split(key)
+  r = np.arange(int(num_times))
+  lo = 1 + (r * num_steps) // num_times                        # stratum r: lo..hi inclusive
+  hi = ((r + 1) * num_steps) // num_times
+  u = np.asarray(jax.random.uniform(key_t, (num_images, int(num_times))))
+  times = (lo + np.floor(u * (hi - lo + 1))).astype(np.int32)
+  times = np.minimum(times, hi).astype(np.int32)               # u < 1, but keep float rounding inside the stratum
+  noise = np.asarray(jax.random.normal(key_z, (num_images, int(num_times)) + tuple(image_shape)), np.float32)
+  return times, noise
+
+
+def make_heldout_eval(net, sde: irsde.IRSDESchedule):
+  """A compiled fn(params, gt, lq, cond [N, D], ctx [N, D], times [N, R], noise) -> [N] per-image matching loss
+  (`model.heldout_matching_loss`; cond -> e_d's slot, ctx -> e_c's, as in training)."""
+  @jax.jit
+  def fn(params, gt, lq, cond, ctx, times, noise):
+    batch = {"gt": gt, "lq": lq, "e_d": cond, "e_c": ctx}
+    return model_lib.heldout_matching_loss(params, net, batch, times, noise, sde)
+  return fn
+
+
+def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, writer=None, progress=True,
+                    heldout: dict | None = None, stages: loop_lib.Stages | None = None):
   """Trains C x S restorers (conditions x seeds) with one compiled program.
 
   Model m = (condition m // S, seed m % S); the seed fixes the init, the batch indices and the time / noise
@@ -103,9 +150,20 @@ def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, wri
     key: PRNG key.
     writer: optional MetricWriter.
     progress: print progress lines.
+    heldout: optional {'gt', 'lq' [N, H, W, C], 'cond', 'ctx' [C, N, D], 'times' [N, R], 'noise' [N, R, H, W, C]}:
+      the held-out matching loss of every model is evaluated after every chunk of `log_every` steps on these
+      fixed draws (logged as restorer_<condition>_s<seed>/heldout_loss).
+    stages: where each model's stage `restorer_<condition>_s<seed>` saves and resumes (`train_scan`'s lp); the
+      curve is read from the stage's logged rows, so a resumed model reports the curve of an uninterrupted one.
+      None: nothing saved.
 
   Returns:
-    (net, sde, stacked TrainState with leading axis C * S).
+    (net, sde, stacked TrainState with leading axis C * S, heldout): heldout is None without `heldout`, else
+    {'steps': [K] step counts, 'curve': [C * S, K] mean held-out loss after each chunk, 'per_image': [C * S, N]
+    per-image loss of the final models}.
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped a model's stage (its checkpoint is saved).
   """
   n_cond, s = cond_tab.shape[0], int(cfg.num_seeds)
   tr = data["train"]
@@ -131,20 +189,49 @@ def train_restorers(cfg: Any, data: dict, cond_tab, ctx_tab, key: jax.Array, wri
             "ctx": jnp.asarray(ctx_tab)}
   chunk = max(1, int(cfg.log_every))
   runner = chunk_runner(step, sample, key_train)
-  states = []
+  evaluate = make_heldout_eval(net, sde) if heldout is not None else None
+  states, curves, finals, steps = [], [], [], []
   for c_idx in range(n_cond):
     for s_idx in range(s):
       d = {**arrays, "cond_idx": jnp.int32(c_idx), "seed": jnp.int32(s_idx)}
-      state, _ = train_scan(None, None, init_jit(s_idx), d, key_train, int(cfg.num_steps), chunk, writer,
-                            f"restorer_{cfg.conditions[c_idx]}_s{s_idx}", progress, runner=runner)
+      name = f"restorer_{cfg.conditions[c_idx]}_s{s_idx}"
+
+      def heldout_loss(state, c_idx=c_idx):                       # [N] per-image loss on the fixed draws
+        return np.asarray(jax.device_get(evaluate(
+            state.params, heldout["gt"], heldout["lq"], heldout["cond"][c_idx], heldout["ctx"][c_idx],
+            heldout["times"], heldout["noise"])))
+
+      last = {}
+
+      def on_chunk(state, done, last=last, heldout_loss=heldout_loss):
+        del done
+        last["per_image"] = heldout_loss(state)
+        return {"heldout_loss": last["per_image"].mean()}
+
+      with stage(stages, name, int(cfg.num_steps)) as lp:
+        state, rows = train_scan(None, None, init_jit(s_idx), d, key_train, int(cfg.num_steps), chunk, writer,
+                                 name, progress, runner=runner, on_chunk=on_chunk if evaluate is not None else None,
+                                 lp=lp)
       states.append(state)
-  return net, sde, jax.tree_util.tree_map(lambda *v: jnp.stack(v), *states)
+      if evaluate is not None:
+        steps = [r["step"] for r in rows]
+        curves.append([r[f"{name}/heldout_loss"] for r in rows])
+        # The final models' losses: the last chunk's, or (a finished stage restored) the same program on the
+        # restored parameters.
+        finals.append(last["per_image"] if "per_image" in last else heldout_loss(state))
+  out = None if evaluate is None else {"steps": steps, "curve": np.asarray(curves), "per_image": np.stack(finals)}
+  return net, sde, jax.tree_util.tree_map(lambda *v: jnp.stack(v), *states), out
 
 
 def restore_all(cfg: Any, net, sde, params, test: dict, cond_tab, ctx_tab, key: jax.Array,
-                batch_size: int = 256) -> np.ndarray:
-  """Restored test images [C * S, N, H, W, 1] from every model (paired sampling noise per seed); one compiled
-  reverse-SDE chain, called per model and batch.
+                batch_size: int = 256, conditions: tuple[int, ...] | None = None,
+                num_samples: int = 1) -> tuple[np.ndarray, np.ndarray]:
+  """Restored test images from the models of the chosen conditions: the mean of `num_samples` reverse chains
+  (an estimate of the posterior mean) and the first chain alone; one compiled chain, called per model, batch and
+  chain. The sampling noise depends on the seed, batch and chain only: paired across conditions.
+
+  Chain k of a batch uses fold_in(k_batch, k), as `irsde.reverse_sample_mean` does, so the mean equals
+  `model.restore(k_batch, ..., num_samples=K)`; the chains run as a host loop to keep chain 0 as well.
 
   Args:
     cfg: the daclip ConfigDict (num_seeds S, restore_method 'posterior' (official) | 'sde').
@@ -156,37 +243,46 @@ def restore_all(cfg: Any, net, sde, params, test: dict, cond_tab, ctx_tab, key: 
     ctx_tab: [C, N, D] test context embeddings.
     key: PRNG key (folded with the seed and batch start).
     batch_size: images per call (the last batch is zero-padded).
+    conditions: indices (into the C conditions) to restore; None = all.
+    num_samples: K chains averaged per image.
 
   Returns:
-    numpy [C * S, N, H, W, C] restorations (not clipped).
+    (mean [C' * S, N, H, W, C], first chain [C' * S, N, H, W, C]) numpy restorations (not clipped), C' the
+    chosen conditions in the given order.
   """
   n_cond, s = cond_tab.shape[0], int(cfg.num_seeds)
   method = cfg.get("restore_method", "posterior")
+  conditions = tuple(range(n_cond)) if conditions is None else tuple(int(c) for c in conditions)
+  if int(num_samples) < 1:
+    raise ValueError(f"num_samples must be >= 1, got {num_samples}.")
 
   @jax.jit
-  def run(p, lq, cond, ctx, s_idx, start):
-    k = jax.random.fold_in(jax.random.fold_in(key, s_idx), start)
+  def run(p, lq, cond, ctx, s_idx, start, chain):
+    k = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, s_idx), start), chain)
     return model_lib.restore(k, p, lq, model=net, schedule=sde, e_c=ctx, e_d=cond, method=method)
 
   n = len(test["lq"])
   bs = min(batch_size, n)
-  outs = []
-  for m in range(n_cond * s):
-    c_idx, s_idx = divmod(m, s)
-    p = jax.tree_util.tree_map(lambda v: v[m], params)
-    per_model = []
-    for st in range(0, n, bs):
-      sl = slice(st, st + bs)
-      lq, cond, ctx = test["lq"][sl], cond_tab[c_idx, sl], ctx_tab[c_idx, sl]
-      pad = bs - len(lq)
-      if pad:
-        lq = np.concatenate([lq, np.zeros((pad,) + lq.shape[1:], lq.dtype)])
-        cond = np.concatenate([cond, np.zeros((pad, cond.shape[-1]), cond.dtype)])
-        ctx = np.concatenate([ctx, np.zeros((pad, ctx.shape[-1]), ctx.dtype)])
-      out = run(p, jnp.asarray(lq), jnp.asarray(cond), jnp.asarray(ctx), s_idx, st)
-      per_model.append(np.asarray(jax.device_get(out))[:bs - pad])
-    outs.append(np.concatenate(per_model))
-  return np.stack(outs)
+  means, firsts = [], []
+  for c_idx in conditions:
+    for s_idx in range(s):
+      p = jax.tree_util.tree_map(lambda v, m=c_idx * s + s_idx: v[m], params)
+      mean_m, first_m = [], []
+      for st in range(0, n, bs):
+        sl = slice(st, st + bs)
+        lq, cond, ctx = test["lq"][sl], cond_tab[c_idx, sl], ctx_tab[c_idx, sl]
+        pad = bs - len(lq)
+        if pad:
+          lq = np.concatenate([lq, np.zeros((pad,) + lq.shape[1:], lq.dtype)])
+          cond = np.concatenate([cond, np.zeros((pad, cond.shape[-1]), cond.dtype)])
+          ctx = np.concatenate([ctx, np.zeros((pad, ctx.shape[-1]), ctx.dtype)])
+        chains = [np.asarray(jax.device_get(run(p, jnp.asarray(lq), jnp.asarray(cond), jnp.asarray(ctx), s_idx, st,
+                                                k)))[:bs - pad] for k in range(int(num_samples))]
+        mean_m.append(np.mean(chains, axis=0))
+        first_m.append(chains[0])
+      means.append(np.concatenate(mean_m))
+      firsts.append(np.concatenate(first_m))
+  return np.stack(means), np.stack(firsts)
 
 
 def score(restored: np.ndarray, test: dict, conditions, num_seeds: int) -> dict:

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from iclr24_jax.common import data as common_data
+from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.finetune_dissect import finetune
 from iclr24_jax.papers.finetune_dissect import data as fd_data
@@ -102,23 +103,33 @@ def run(config: Any, workdir: str) -> dict:
   """Runs the synthetic study of `config`; writes results.json, metrics.jsonl (components per eval step, mean over
   seeds) and the curve / position plots.
 
+  Pretraining and each method's finetuning are resumable stages (`finetune.synthetic_study` with
+  `common.loop.Stages`): `workdir/pretrain` and `workdir/finetune_<method>` hold their checkpoints (every
+  `checkpoint_every` steps, every `checkpoint_every_secs` seconds, and on SIGTERM / SIGINT) and metrics.jsonl, so a
+  killed run started again resumes inside the stage it was in and reports what an uninterrupted run reports.
+
   Args:
     config: a configs/finetune_dissect.py ConfigDict (e.g. `get_config('tiny')`).
     workdir: output folder (created).
 
   Returns:
     The `summarise` dict (also in workdir/results.json), plus 'plots' (PNG paths) on process 0.
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped a stage (its checkpoint is saved; run again to resume).
   """
   if config.data.name in fd_data.DATASETS:   # the paper's own data: read first (DataNotFoundError
     fd_data.load(config.data)                  # naming the layout and source when absent)
     raise common_data.paper_data_not_wired("finetune_dissect", config.data)   # run() does not train on it yet
   os.makedirs(workdir, exist_ok=True)
-  study = finetune.synthetic_study(config, progress=print)
+  stages = loop.Stages.from_config(config, workdir, label="finetune_dissect")
+  study = finetune.synthetic_study(config, progress=print, stages=stages)
   results = summarise(study)
-  writer = metrics_lib.MetricWriter(workdir)
-  for i, step in enumerate(study["steps"]):
-    row = {f"{m}/{k}": float(np.mean(c[k][:, i])) for m, c in study["methods"].items() for k in (*COMPONENTS, "total")}
-    writer.write(int(step), row)
+  with metrics_lib.open_writer(workdir) as writer:
+    for i, step in enumerate(study["steps"]):
+      row = {f"{m}/{k}": float(np.mean(c[k][:, i])) for m, c in study["methods"].items()
+             for k in (*COMPONENTS, "total")}
+      writer.write(int(step), row)
   if jax.process_index() == 0:
     results["plots"] = [plot_curves(study, os.path.join(workdir, "components.png")),
                         plot_positions(study, os.path.join(workdir, "by_position.png"))]

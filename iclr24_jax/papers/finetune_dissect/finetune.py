@@ -9,6 +9,7 @@ are a `jax.vmap` and each method is one compiled program (lax.scan over evaluati
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable
 
 import jax
@@ -114,11 +115,48 @@ def scale_layer_init(params, scale: float):
   return {**params, "layers": layers}
 
 
+def make_pretrain_chunks(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: int, batch_size: int,
+                         learning_rate: float, init_scale: float = 1.0) -> tuple[Callable, Callable]:
+  """`make_pretrain` as two pure pieces, so a driver can run the steps in chunks (and save between them).
+
+  `init(key) -> (state, tables)` builds the world's facts and the TrainState; `run(state, key, tables, start, n)
+  -> (state, losses [n])` runs steps start .. start + n - 1 (`n` static). Step i draws its batch from
+  `fold_in(key_data, i)`, so chunks of any size compose to the whole run.
+
+  Args:
+    spec, config, steps, batch_size, learning_rate, init_scale: as in `make_pretrain` (`steps` sizes the schedule).
+
+  Returns:
+    (init, run): pure, jittable and vmappable over keys (`run` with `in_axes=(0, 0, 0, None)` and `n` static).
+  """
+  tx = make_optimizer(learning_rate, steps)
+  step_fn = lm_train.make_train_step(config)
+
+  def init(key):
+    key_facts, key_init, _ = jax.random.split(key, 3)
+    tables = grammar.fact_tables(key_facts, spec)
+    params = scale_layer_init(lm.init_params(key_init, config), float(init_scale))
+    return lm_train.init_train_state(params, tx), tables
+
+  def run(state, key, tables, start, n: int):
+    key_data = jax.random.split(key, 3)[2]
+
+    def body(state, i):
+      ids = grammar.sample_documents(jax.random.fold_in(key_data, i), spec, batch_size, tables, "general")
+      state, m = step_fn(state, {"ids": ids, "mask": jnp.ones_like(ids, bool)}, key_data)
+      return state, m["loss"]
+
+    return jax.lax.scan(body, state, start + jnp.arange(n))
+
+  return init, run
+
+
 def make_pretrain(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: int, batch_size: int,
                   learning_rate: float, init_scale: float = 1.0) -> Callable:
   """`pretrain(key) -> (params, tables, loss [steps])`: random init, `steps` full-model steps on the general mix.
 
-  The key is split into the world's facts (`grammar.fact_tables`), the init and the data stream.
+  The key is split into the world's facts (`grammar.fact_tables`), the init and the data stream. One program:
+  `make_pretrain_chunks`' pieces with a single chunk of every step.
 
   Args:
     spec: the grammar of the pretraining documents (`pretrain_spec`).
@@ -133,21 +171,12 @@ def make_pretrain(spec: grammar.GrammarSpec, config: lm.LlamaConfig, *, steps: i
     pure `pretrain(key)` -> (params pytree, tables {'general' [G], 'domain' [D], 'counterfactual' [D]},
     losses [steps] float32); jittable and vmappable over keys.
   """
-  tx = make_optimizer(learning_rate, steps)
-  step_fn = lm_train.make_train_step(config)
+  init, run = make_pretrain_chunks(spec, config, steps=steps, batch_size=batch_size, learning_rate=learning_rate,
+                                   init_scale=init_scale)
 
   def pretrain(key):
-    key_facts, key_init, key_data = jax.random.split(key, 3)
-    tables = grammar.fact_tables(key_facts, spec)
-    params = scale_layer_init(lm.init_params(key_init, config), float(init_scale))
-    state = lm_train.init_train_state(params, tx)
-
-    def body(state, i):
-      ids = grammar.sample_documents(jax.random.fold_in(key_data, i), spec, batch_size, tables, "general")
-      state, m = step_fn(state, {"ids": ids, "mask": jnp.ones_like(ids, bool)}, key_data)
-      return state, m["loss"]
-
-    state, losses = jax.lax.scan(body, state, jnp.arange(steps))
+    state, tables = init(key)
+    state, losses = run(state, key, tables, 0, steps)
     return state.params, tables, losses
 
   return pretrain
@@ -186,6 +215,54 @@ def base_fit(params, config: lm.LlamaConfig, spec: grammar.GrammarSpec, tables: 
           "value": nll[:, pv].mean()}
 
 
+def make_finetune_chunks(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.LoraConfig | None, *,
+                         steps: int, eval_every: int, batch_size: int, learning_rate: float, warmup_frac: float = 0.1,
+                         grad_clip: float = 1.0) -> tuple[Callable, Callable]:
+  """`make_finetune` as two pure pieces, so a driver can run its evaluation chunks a few at a time.
+
+  `init(key, base_params) -> state` (the TrainState; LoRA adapters drawn from the key);
+  `run(state, key, base_params, tables, probes, start, n) -> (state, (deltas [n, V, N, T], losses [n * eval_every]))`
+  runs evaluation chunks start .. start + n - 1 (`n` static), each `eval_every` steps then the probe scoring. Step
+  i draws its batch from `fold_in(key_data, i)`, so chunks compose to the whole run.
+
+  Args:
+    spec, config, lora, steps, eval_every, batch_size, learning_rate, warmup_frac, grad_clip: as in `make_finetune`.
+
+  Returns:
+    (init, run): pure, jittable and vmappable over seeds.
+
+  Raises:
+    ValueError: `steps` is not a multiple of `eval_every`.
+  """
+  if steps % eval_every:
+    raise ValueError(f"finetune steps ({steps}) must be a multiple of eval_every ({eval_every}).")
+  tx = make_optimizer(learning_rate, steps, warmup_frac, grad_clip)
+  step_fn = lm_train.make_train_step(config, lora)
+
+  def init(key, base_params):
+    key_lora = jax.random.split(key)[0]
+    return lm_train.init_train_state(base_params, tx, lora_config=lora, key=key_lora if lora else None)
+
+  def run(state, key, base_params, tables, probes, start, n: int):
+    key_data = jax.random.split(key)[1]
+    flat = probes.reshape(-1, probes.shape[-1])
+
+    def train_chunk(state, c):
+      def body(state, i):
+        ids = grammar.sample_documents(jax.random.fold_in(key_data, i), spec, batch_size, tables, "domain")
+        state, m = step_fn(state, {"ids": ids, "mask": jnp.ones_like(ids, bool)}, key_data)
+        return state, m["loss"]
+      state, losses = jax.lax.scan(body, state, c * eval_every + jnp.arange(eval_every))
+      ft = lm_train.model_params(state, lora)
+      delta = dissect.token_logprob_change(base_params, ft, config, flat)
+      return state, (delta.reshape(probes.shape), losses)
+
+    state, (deltas, losses) = jax.lax.scan(train_chunk, state, start + jnp.arange(n))
+    return state, (deltas, losses.reshape(-1))
+
+  return init, run
+
+
 def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.LoraConfig | None, *, steps: int,
                   eval_every: int, batch_size: int, learning_rate: float, warmup_frac: float = 0.1,
                   grad_clip: float = 1.0) -> Callable:
@@ -193,6 +270,7 @@ def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.Lo
 
   Finetunes the base on the domain mix (full when `lora` is None, else LoRA adapters), and after every
   `eval_every` steps scores the probe versions: Eq. (1) with `dissect.token_logprob_change` (LoRA merged).
+  One program: `make_finetune_chunks`' pieces with a single chunk of every evaluation.
 
   Args:
     spec: the grammar.
@@ -216,29 +294,13 @@ def make_finetune(spec: grammar.GrammarSpec, config: lm.LlamaConfig, lora: lm.Lo
   Raises:
     ValueError: `steps` is not a multiple of `eval_every`.
   """
-  if steps % eval_every:
-    raise ValueError(f"finetune steps ({steps}) must be a multiple of eval_every ({eval_every}).")
-  tx = make_optimizer(learning_rate, steps, warmup_frac, grad_clip)
-  step_fn = lm_train.make_train_step(config, lora)
-  num_evals = steps // eval_every
+  init, run = make_finetune_chunks(spec, config, lora, steps=steps, eval_every=eval_every, batch_size=batch_size,
+                                   learning_rate=learning_rate, warmup_frac=warmup_frac, grad_clip=grad_clip)
 
   def finetune(key, base_params, tables, probes):
-    key_lora, key_data = jax.random.split(key)
-    state = lm_train.init_train_state(base_params, tx, lora_config=lora, key=key_lora if lora else None)
-    flat = probes.reshape(-1, probes.shape[-1])
-
-    def train_chunk(state, c):
-      def body(state, i):
-        ids = grammar.sample_documents(jax.random.fold_in(key_data, i), spec, batch_size, tables, "domain")
-        state, m = step_fn(state, {"ids": ids, "mask": jnp.ones_like(ids, bool)}, key_data)
-        return state, m["loss"]
-      state, losses = jax.lax.scan(body, state, c * eval_every + jnp.arange(eval_every))
-      ft = lm_train.model_params(state, lora)
-      delta = dissect.token_logprob_change(base_params, ft, config, flat)
-      return state, (delta.reshape(probes.shape), losses)
-
-    _, (deltas, losses) = jax.lax.scan(train_chunk, state, jnp.arange(num_evals))
-    return deltas, losses.reshape(-1)
+    state = init(key, base_params)
+    _, (deltas, losses) = run(state, key, base_params, tables, probes, 0, steps // eval_every)
+    return deltas, losses
 
   return finetune
 
@@ -329,21 +391,117 @@ def method_lora(method: str, lora: Any) -> lm.LoraConfig | None:
   return lora_config(int(m), float(lora["alpha_over_rank"]), tuple(lora["targets"]))
 
 
-def synthetic_study(config: Any, progress: Callable[[str], None] | None = None) -> dict:
+def _pretrain_staged(config: Any, pre_spec: grammar.GrammarSpec, cfg: lm.LlamaConfig, keys: jax.Array,
+                     stages: Any) -> tuple[Any, dict, np.ndarray]:
+  """The pretraining of every seed as the stage 'pretrain': chunks of `config.log_every` steps (one vmapped program
+  each); its state is the TrainState [S] with the losses so far, so a resumed stage ends as an uninterrupted one."""
+  from iclr24_jax.common import loop
+  steps = int(config.pretrain.steps)
+  init, run = make_pretrain_chunks(pre_spec, cfg, steps=steps, batch_size=int(config.pretrain.batch_size),
+                                   learning_rate=float(config.pretrain.learning_rate),
+                                   init_scale=float(config.pretrain.get("init_scale", 1.0)))
+  state0, tables = jax.jit(jax.vmap(init))(keys)   # the tables are a function of the keys: rebuilt on resume
+  calls = {}
+
+  def call(carry, start, n):
+    if n not in calls:
+      def chunk(carry, keys, tables, start):
+        st, losses = jax.vmap(lambda s, k, t: run(s, k, t, start, n))(carry["state"], keys, tables)
+        return {"state": st, "losses": jax.lax.dynamic_update_slice_in_dim(carry["losses"], losses, start, 1)}
+      calls[n] = jax.jit(chunk)
+    return calls[n](carry, keys, tables, jnp.int32(start))
+
+  every = _chunk_size(config, "log_every", steps)
+  with loop.stage_loop(stages, "pretrain", steps) as lp:
+    carry, rs = lp.start(lambda: {"state": state0, "losses": jnp.zeros((keys.shape[0], steps), jnp.float32)})
+    while not lp.finished and rs.step < steps:
+      n = min(every, steps - rs.step)
+      t0 = time.perf_counter()
+      carry = jax.block_until_ready(call(carry, rs.step, n))
+      rs.extra["seconds"] = rs.extra.get("seconds", 0.0) + time.perf_counter() - t0
+      losses = np.asarray(carry["losses"][:, rs.step:rs.step + n])
+      lp.boundary(rs.step + n, carry, {"pretrain/loss": float(losses.mean())}, loss_key="pretrain/loss")
+    lp.finish(carry)
+  return carry["state"].params, tables, np.asarray(carry["losses"])
+
+
+def _finetune_staged(config: Any, fn_chunks: tuple[Callable, Callable], method: str, keys: jax.Array, base: Any,
+                     tables: dict, probes: jax.Array, stages: Any) -> tuple[np.ndarray, np.ndarray, float]:
+  """One method's finetuning of every seed as the stage 'finetune_<method>': one evaluation chunk (`eval_every`
+  steps and the probe scoring) per call; its state is the TrainState [S] with the deltas and losses so far."""
+  from iclr24_jax.common import loop
+  init, run = fn_chunks
+  steps, eval_every = int(config.num_steps), int(config.eval_every)
+  num_evals = steps // eval_every
+  calls = {}
+
+  def call(carry, start, n):
+    if n not in calls:
+      def chunk(carry, keys, base, tables, probes, start):
+        st, (deltas, losses) = jax.vmap(lambda s, k, b, t, p: run(s, k, b, t, p, start, n))(
+            carry["state"], keys, base, tables, probes)
+        return {"state": st,
+                "deltas": jax.lax.dynamic_update_slice_in_dim(carry["deltas"], deltas, start, 1),
+                "losses": jax.lax.dynamic_update_slice_in_dim(carry["losses"], losses, start * eval_every, 1)}
+      calls[n] = jax.jit(chunk)
+    return calls[n](carry, keys, base, tables, probes, jnp.int32(start))
+
+  def fresh():
+    s = keys.shape[0]
+    return {"state": jax.jit(jax.vmap(init))(keys, base),
+            "deltas": jnp.zeros((s, num_evals, *probes.shape[1:]), jnp.float32),
+            "losses": jnp.zeros((s, steps), jnp.float32)}
+
+  with loop.stage_loop(stages, f"finetune_{method}", steps) as lp:
+    carry, rs = lp.start(fresh)
+    while not lp.finished and rs.step < steps:
+      c = rs.step // eval_every
+      t0 = time.perf_counter()
+      carry = jax.block_until_ready(call(carry, c, 1))
+      rs.extra["seconds"] = rs.extra.get("seconds", 0.0) + time.perf_counter() - t0
+      comp = components(np.asarray(carry["deltas"][:, c:c + 1]))
+      row = {f"{method}/{k}": float(comp[k].mean()) for k in ("topic", "style", "factual", "total")}
+      row[f"{method}/loss"] = float(np.asarray(carry["losses"][:, rs.step:rs.step + eval_every]).mean())
+      lp.boundary(rs.step + eval_every, carry, row, loss_key=f"{method}/loss")
+    lp.finish(carry)
+  return np.asarray(carry["deltas"]), np.asarray(carry["losses"]), float(rs.extra.get("seconds", 0.0))
+
+
+def _chunk_size(config: Any, key: str, steps: int) -> int:
+  """`config[key]` steps per compiled call (the log interval), at most `steps`; checks that the checkpoint interval
+  falls on a chunk boundary (else it would never be due)."""
+  n = max(1, min(int(config.get(key, 0) or steps), steps))
+  every = int(config.get("checkpoint_every", 0) or 0)
+  if every % n:
+    raise ValueError(f"checkpoint_every ({every}) must be a multiple of {key} ({n}): saves happen at chunk "
+                     f"boundaries; set --config.checkpoint_every to a multiple of {n}.")
+  return n
+
+
+def synthetic_study(config: Any, progress: Callable[[str], None] | None = None, stages: Any = None) -> dict:
   """Pretrains `config.num_seeds` tiny Llamas on the general mix (one vmapped program) and finetunes each with
   every method of `config.methods`; returns the components over steps.
 
+  With `stages` (a `common.loop.Stages`), pretraining and each method's finetuning are resumable stages
+  ('pretrain', 'finetune_<method>') in chunks of `log_every` / `eval_every` steps that save every
+  `checkpoint_every` steps and on SIGTERM / SIGINT; a finished stage restores without training. Without, each is
+  one compiled program (the chunks compose to the same steps).
+
   Args:
     config: a configs/finetune_dissect.py ConfigDict (data, model, pretrain, optimizer, lora, methods, num_seeds,
-      num_steps, eval_every, seed).
+      num_steps, eval_every, seed; log_every and checkpoint_every with `stages`).
     progress: called with one line of text after pretraining and after each method; None for silence.
+    stages: `common.loop.Stages` (where the stages save), or None (nothing saved).
 
   Returns:
     dict(steps [E], pretrain_loss [S, P], base_fit {'per_token' and `FIT_SLOTS`: [S] the base's loss on fresh
     documents}, entropy (`grammar.general_entropy` of the study's grammar), methods: {method: dict(topic, style,
     factual, total [S, E], by_position {component: [S, T]}, loss [S, steps], seconds)}, spec, model_config).
+
+  Raises:
+    ValueError: with `stages`, a checkpoint_every that is no multiple of log_every and eval_every.
+    common.loop.Preempted: SIGTERM / SIGINT stopped a stage (its checkpoint is saved).
   """
-  import time
   spec = spec_from_config(config.data)
   pre_spec = pretrain_spec(spec, config.pretrain)
   cfg = model_config(spec, config.model, max_seq_len=max(64, pre_spec.seq_len))
@@ -351,12 +509,17 @@ def synthetic_study(config: Any, progress: Callable[[str], None] | None = None) 
   root = jax.random.key(int(config.seed))
   key_pre, key_probe, key_ft = jax.random.split(root, 3)
   key_fit = jax.random.fold_in(key_probe, 1)
+  if stages is not None:
+    _chunk_size(config, "eval_every", int(config.num_steps))
   t0 = time.time()
-  pre = jax.jit(jax.vmap(make_pretrain(pre_spec, cfg, steps=int(config.pretrain.steps),
-                                       batch_size=int(config.pretrain.batch_size),
-                                       learning_rate=float(config.pretrain.learning_rate),
-                                       init_scale=float(config.pretrain.get("init_scale", 1.0)))))
-  base, tables, pre_loss = jax.block_until_ready(pre(jax.random.split(key_pre, seeds)))
+  if stages is None:
+    pre = jax.jit(jax.vmap(make_pretrain(pre_spec, cfg, steps=int(config.pretrain.steps),
+                                         batch_size=int(config.pretrain.batch_size),
+                                         learning_rate=float(config.pretrain.learning_rate),
+                                         init_scale=float(config.pretrain.get("init_scale", 1.0)))))
+    base, tables, pre_loss = jax.block_until_ready(pre(jax.random.split(key_pre, seeds)))
+  else:
+    base, tables, pre_loss = _pretrain_staged(config, pre_spec, cfg, jax.random.split(key_pre, seeds), stages)
   # The base's fit on fresh documents of the study's grammar (the fact tables are the same in both specs).
   num_fit = int(config.data.get("num_fit_documents", 512))
   fit = jax.jit(jax.vmap(lambda p, tb, k: base_fit(p, cfg, spec, tb, k, num_fit)))
@@ -373,15 +536,22 @@ def synthetic_study(config: Any, progress: Callable[[str], None] | None = None) 
          "methods": {}, "spec": spec, "model_config": cfg}
   for method in config.methods:
     t0 = time.time()
-    fn = jax.jit(jax.vmap(make_finetune(
-        spec, cfg, method_lora(method, config.lora), steps=int(config.num_steps), eval_every=int(config.eval_every),
-        batch_size=int(opt.batch_size), learning_rate=float(opt.learning_rate), warmup_frac=float(opt.warmup_frac),
-        grad_clip=float(opt.grad_clip))))
+    sizes = dict(steps=int(config.num_steps), eval_every=int(config.eval_every), batch_size=int(opt.batch_size),
+                 learning_rate=float(opt.learning_rate), warmup_frac=float(opt.warmup_frac),
+                 grad_clip=float(opt.grad_clip))
+    lora = method_lora(method, config.lora)
     # Same finetuning data stream and probes for every method (paired by seed).
-    deltas, loss = jax.block_until_ready(fn(jax.random.split(key_ft, seeds), base, tables, probes))
+    keys = jax.random.split(key_ft, seeds)
+    if stages is None:
+      fn = jax.jit(jax.vmap(make_finetune(spec, cfg, lora, **sizes)))
+      deltas, loss = jax.block_until_ready(fn(keys, base, tables, probes))
+      seconds = time.time() - t0
+    else:
+      deltas, loss, seconds = _finetune_staged(config, make_finetune_chunks(spec, cfg, lora, **sizes), method, keys,
+                                               base, tables, probes, stages)
     comp = components(np.asarray(deltas))
     comp["loss"] = np.asarray(loss)
-    comp["seconds"] = time.time() - t0
+    comp["seconds"] = seconds
     out["methods"][method] = comp
     if progress:
       progress(f"{method}: {comp['seconds']:.1f}s; final topic {comp['topic'][:, -1].round(3)} style "

@@ -6,7 +6,7 @@ study.py holds reproduce(workdir, fast) (the reproduction rows) and benchmark(qu
 second vs number of particles and image size, 1 and all devices).
 
 Where things are: the method in `smc.py` (FPS), `operators.py`, `resampling.py`, `exact.py` (exact posteriors and
-Kalman references), `baselines.py` (DPS, pseudo-inverse), `model.py`; compiled batched sampler runs in `runs.py`;
+Kalman references), `baselines.py` (DPS, pseudo-inverse), `model.py`; compiled batched sampler runs in `programs.py`;
 the studies `run` launches in `study_exactness.py` (`exactness_study`, `gaussian_limit_study`) and
 `study_images.py` (`image_study`).
 """

@@ -135,8 +135,9 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
     ms = sorted(main)
     lo, hi = ms[0], ms[-1]
     floor = r["floor"]["main"]
-    best = r["dps"]["main"]["best_zeta"]
-    dps, dps_s = r["dps"]["main"]["best"], r["dps"]["main"]["best_seeds"]
+    dps_r = r["dps"]["main"]
+    best = dps_r["zeta"]
+    dps, dps_s = dps_r["test"], dps_r["test_seeds"]
     n_s = r["num_seeds"]
     common = (f"{r['description']}, sigma={r['sigmas']['main']}, {r['num_steps']} DDPM steps, {r['runs']} runs "
               f"(= {n_s} seeds of {r['runs'] // n_s}){_indexing_note(r['num_steps'])}")
@@ -168,7 +169,8 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
                    "notes": (f"criterion {lo_c}-{hi_c} (mean +- 2 se over seeds inside / outside); pooled ratio "
                              f"{_fps_line(per_m, 'obs_var_ratio')}; SW/floor {_fps_line(per_m, 'sw_ratio')}; "
                              f"weight TV {_fps_line(per_m, 'weight_tv')}; mean ESS/M {_fps_line(per_m, 'mean_ess_fraction')}; "
-                             f"exact-vs-exact draw {floor['obs_var_ratio']:.3f}; DPS (zeta {best}) {dps['obs_var_ratio']:.3g}"
+                             f"exact-vs-exact draw {floor['obs_var_ratio']:.3f}; DPS (zeta {best:g}, from "
+                             f"validation runs) {dps['obs_var_ratio']:.3g}"
                              + (f"; {ref_note}" if verdict == "no" and "paper" in name else "")
                              + ("; finite-M error: the telescoping increments have infinite variance where the "
                                 "kernel variance exceeds abar_t sigma^2 (every early step: abar_T sigma^2 ~ 1e-5), so "
@@ -187,15 +189,23 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
         plots=plots_ex)
     row["holds"] = judge(row["holds"])
     rows.append(_with_reference(row, ref_note))
+    # DPS's official configs fix zeta per image task; on the GMMs it is chosen from a grid on validation runs.
+    zeta_val = ", ".join(f"{z:g}: {v:.3g}" for z, v in dps_r["val_sw_by_zeta"].items())
+    zeta_test = ", ".join(f"{z:g}: {v:.3g}" for z, v in dps_r["test_sw_ratio_by_zeta"].items())
     row = stats.compare_row(
-        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (best zeta={best})",
+        paper=PAPER, experiment=f"exactness {dim}-D: FPS-DDPM M={hi} vs DPS (zeta={best:g}, chosen on validation runs)",
         metric="sliced W2 / floor (per seed)", a=main_s[hi]["sw_ratio"], b=dps_s["sw_ratio"],
         name_a=f"FPS M={hi}", name_b="DPS", direction="less", paired=False,
         paper_value="FPS is more accurate than DPS-style guidance", kind="claim", basis=BETTER,
-        notes=(f"DPS pooled SW/floor {dps['sw_ratio']:.3g}, weight TV {dps['weight_tv']:.3f}, rel. cov err "
-               f"{dps['cov_err']:.3f}, Var(A x)/exact {dps['obs_var_ratio']:.3g}; zeta grid "
-               f"{list(cfg.exactness.dps_zetas)} chosen by SW to the exact posterior (an oracle choice that favours "
-               f"DPS); telescoping M={hi}: {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}"),
+        notes=(f"FPS and DPS both run {r['num_steps']} steps (official 1000) with the exact denoiser; DPS's zeta "
+               f"chosen from {list(cfg.exactness.dps_zetas)} by sliced W2 on {r['runs']} validation runs (their own "
+               f"keys) against 2 independent exact draws, then scored on {r['runs']} test runs (other keys) against "
+               f"FPS's exact draws: validation SW by zeta {zeta_val}; test SW/floor by zeta (never used for the "
+               f"choice) {zeta_test}; DPS test pooled SW/floor {dps['sw_ratio']:.3g}, weight TV "
+               f"{dps['weight_tv']:.3f}, rel. cov err {dps['cov_err']:.3f}, Var(A x)/exact "
+               f"{dps['obs_var_ratio']:.3g}; the tuning is per observation (the same y as the test runs), which "
+               "still favours DPS over a step size carried across problems; "
+               f"telescoping M={hi}: {_seeds_str(tele_s[hi]['sw_ratio']) if tele_s else '-'}"),
         plots=plots_ex)
     row["holds"] = judge(row["holds"])
     rows.append(_with_reference(row, ref_note))
@@ -331,31 +341,29 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   cfg = get_config("")
   sched = schedules.from_config(cfg.schedule)
   steps = 10 if quick else 50
-  rows = []
   sizes = (16, 32) if quick else (16, 32, 64)
   particles = (1, 8, 64, 256) if quick else (1, 8, 64, 256, 1024)
   model = unet.create_model(ml_collections.ConfigDict({**cfg.model.to_dict()}))
-  for size in sizes:
-    shape = (size, size, 1)
-    params = model.init(jax.random.key(0), jnp.zeros((1,) + shape), jnp.zeros((1,)))["params"]
-    den = lambda x, t, p=params: model.apply({"params": p}, x, t)  # noqa: E731
+  params_of = {s: model.init(jax.random.key(0), jnp.zeros((1, s, s, 1)), jnp.zeros((1,)))["params"] for s in sizes}
+
+  def make_case(mesh, size_m):
+    size, m = size_m
+    shape, n_dev, params = (size, size, 1), mesh.devices.size, params_of[size]
+    den = lambda x, t: model.apply({"params": params}, x, t)  # noqa: E731
     op = operators.GaussianBlur(5, 1.0, shape)
-    for n_dev in sorted({1, jax.device_count()}):
-      if n_dev > 1 and size != sizes[0]:
-        continue
-      mesh = sharding.make_mesh(devices=jax.devices()[:n_dev])
-      data = sharding.data_sharding(mesh)
-      for m in particles:
-        if n_dev > 1 and m != particles[-1]:
-          continue
-        fn = jax.jit(jax.vmap(lambda k, y, m=m: smc.sample(k, den, sched, op, y, 0.05, m, steps)),
-                     in_shardings=(data, data), out_shardings=data)
-        keys = jax.device_put(jax.random.split(jax.random.key(1), n_dev), data)
-        ys = jax.device_put(jnp.zeros((n_dev,) + op.y_shape), data)
-        rows.append(bench.time_fn(fn, keys, ys, repeats=3 if quick else 5, items=n_dev * m * steps,
-                                  name="fps/sample (items = particle-steps)", size=f"{size}x{size}, M={m}",
-                                  batch=n_dev, particles=m, num_steps=steps, mesh_devices=n_dev))
-  return rows
+    data = sharding.data_sharding(mesh)
+    fn = jax.jit(jax.vmap(lambda k, y: smc.sample(k, den, sched, op, y, 0.05, m, steps)),
+                 in_shardings=(data, data), out_shardings=data)
+    keys = jax.device_put(jax.random.split(jax.random.key(1), n_dev), data)
+    ys = jax.device_put(jnp.zeros((n_dev,) + op.y_shape), data)
+    return fn, (keys, ys), dict(items=n_dev * m * steps, name="fps/sample (items = particle-steps)",
+                                size=f"{size}x{size}, M={m}", batch=n_dev, particles=m, num_steps=steps)
+
+  repeats = 3 if quick else 5
+  rows = bench.across_devices(make_case, sizes=[(s, m) for s in sizes for m in particles], counts=(1,),
+                              repeats=repeats)
+  more = [n for n in bench.device_counts() if n > 1]   # all devices: the smallest image, the most particles
+  return rows + bench.across_devices(make_case, sizes=[(sizes[0], particles[-1])], counts=more, repeats=repeats)
 
 
 def scale_program(config, mesh):

@@ -5,7 +5,7 @@ and DPS with the exact GMM denoiser against the exact GMM posterior (`gmm_proble
 `posterior_metrics`, `seed_metrics`, `group_floor`; plots `plot_exactness`, `plot_samples_2d`).
 `gaussian_limit_study`: what FPS samples with infinitely many particles for a Gaussian prior (exact Kalman filters).
 `experiment.run` calls both (config.task 'exactness' / 'both'); `study.reproduce` turns them into rows. This module
-imports only method modules (`runs.py`, `exact.py`, `operators.py`, `smc.py`, ...), never `experiment` or `study`.
+imports only method modules (`programs.py`, `exact.py`, `operators.py`, `smc.py`, ...), never `experiment` or `study`.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import metrics as dm
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers.fps import exact, operators, smc
-from iclr24_jax.papers.fps.runs import compile_call, dps_runs_fn, fps_runs_fn
+from iclr24_jax.papers.fps.programs import compile_call, dps_runs_fn, fps_runs_fn
 
 _sliced_w2 = jax.jit(dm.sliced_wasserstein, static_argnames=("num_projections", "p"))
 NUM_PROJECTIONS = 256
@@ -163,6 +163,50 @@ def gmm_problem(dim: int, cfg: Any):
       f"{dim}-D GMM (K=4), y = A x + sigma n with A [{k}, {dim}] Gaussian"
 
 
+DPS_SPLITS = ("val", "test")   # DPS's runs: the validation runs choose zeta, the test runs are scored
+
+
+def tune_dps(post: PosteriorSummary, x_val: dict, x_test: dict, refs_val, refs_test, a, floor_sw: float,
+             seed_floor: float, num_seeds: int) -> dict[str, Any]:
+  """DPS's step size chosen on validation runs and scored on test runs (which the choice never sees).
+
+  zeta = argmin over the grid of the validation runs' sliced W2 to independent exact draws (`refs_val`); the
+  rows then use the test runs at that zeta, scored like FPS against `refs_test`. The test runs' SW / floor at
+  every zeta is kept as a diagnostic (what an oracle choosing on the test runs would have seen); it plays no part
+  in the choice.
+
+  Args:
+    post: PosteriorSummary of the exact posterior.
+    x_val: {zeta: [R, D]} DPS samples of the validation runs (one per run).
+    x_test: {zeta: [R, D]} DPS samples of the test runs (other keys), the same zetas.
+    refs_val: list of exact draws [>= R, D] for the validation score, independent of `refs_test`.
+    refs_test: list of exact draws [>= R, D] the test runs (and FPS) are scored against.
+    a: [k, D] measurement matrix.
+    floor_sw: exact-vs-exact sliced W2 at R points (the sw_ratio denominator).
+    seed_floor: the same at the seed-group size (`group_floor`).
+    num_seeds: seed groups of the test runs (`seed_metrics`).
+
+  Returns:
+    {'zeta': the chosen step size, 'val_sw_by_zeta': {zeta: validation SW}, 'test': `posterior_metrics` of the
+    chosen zeta's test runs plus sw_ratio, 'test_seeds': their `seed_metrics`, 'test_sw_ratio_by_zeta':
+    {zeta: test SW / floor} (diagnostic)}.
+
+  Raises:
+    ValueError: the two splits hold different zetas, or no zeta at all.
+  """
+  if not x_val or set(x_val) != set(x_test):
+    raise ValueError(f"validation and test runs need the same non-empty zeta grid; got {sorted(x_val)} and "
+                     f"{sorted(x_test)}.")
+  val_sw = {float(z): posterior_metrics(post, x, refs_val, a)["sw"] for z, x in x_val.items()}
+  zeta = min(val_sw, key=val_sw.get)
+  test = {float(z): posterior_metrics(post, x, refs_test, a) for z, x in x_test.items()}
+  for met in test.values():
+    met["sw_ratio"] = met["sw"] / floor_sw
+  return {"zeta": zeta, "val_sw_by_zeta": val_sw, "test": test[zeta],
+          "test_seeds": seed_metrics(post, x_test[zeta], refs_test, a, num_seeds, seed_floor),
+          "test_sw_ratio_by_zeta": {z: m["sw_ratio"] for z, m in test.items()}}
+
+
 def _config_label(sampler: str, c: float, weights: str, small_sigma: float | None = None) -> str:
   label = f"{sampler} c={c}" + (" telescoping" if weights == "telescoping" else "")
   return label + (f" sigma={small_sigma}" if small_sigma is not None else "")
@@ -252,27 +296,30 @@ def exactness_study(cfg: Any, workdir: str, progress: bool = True) -> dict:
       if progress:
         print(f"[fps] exactness {dim}-D M={m}: {len(configs)} configs x {runs} runs in "
               f"{time.perf_counter() - t0:.1f}s", flush=True)
-    # DPS with a grid of step sizes; the best (oracle, by SW) is reported as the baseline.
+    # DPS: its step size zeta is chosen on validation runs (their own keys) scored against validation exact draws,
+    # then the test runs (other keys) are scored against the same exact draws as FPS (`tune_dps`). Both splits and
+    # both noise levels run as one compiled program.
+    t0 = time.perf_counter()
     dfn = dps_runs_fn(den, sched, op, runs, int(e.num_steps))
-    dconf = [(z, s) for s in sigmas for z in e.dps_zetas]
-    dargs = (jax.random.split(jax.random.key(dim * 31), len(dconf)), jnp.stack([y_of(sigmas[s]) for _, s in dconf]),
-             jnp.asarray([z for z, _ in dconf], jnp.float32))
+    zetas = [float(z) for z in e.dps_zetas]
+    dconf = [(split, s, z) for split in DPS_SPLITS for s in sigmas for z in zetas]
+    dkeys = jnp.concatenate([jax.random.split(jax.random.fold_in(jax.random.key(dim * 31), i), len(sigmas) * len(zetas))
+                             for i in range(len(DPS_SPLITS))])
+    dargs = (dkeys, jnp.stack([y_of(sigmas[s]) for _, s, _ in dconf]), jnp.asarray([z for *_, z in dconf], jnp.float32))
     small = runs * len(dconf) * int(e.num_steps) <= float(e.fast_compile_below)
     xd = jax.device_get(compile_call(dfn, *dargs, fast_compile=small)(*dargs))
-    for sname in sigmas:
-      by_zeta = {}
-      for i, (z, sn) in enumerate(dconf):
-        if sn == sname:
-          met = posterior_metrics(posts[sname], xd[i], refs[sname][1:], a_mat)
-          met["sw_ratio"] = met["sw"] / floors[sname]["sw"]
-          by_zeta[float(z)] = (met, i)
-      best = min(by_zeta, key=lambda z: by_zeta[z][0]["sw"])
-      res["dps"][sname] = {"best_zeta": best, "best": by_zeta[best][0],
-                           "best_seeds": seed_metrics(posts[sname], xd[by_zeta[best][1]], refs[sname][1:], a_mat,
-                                                      n_seeds, seed_floors[sname]),
-                           "by_zeta": {str(z): m for z, (m, _) in by_zeta.items()}}
+    for j, sname in enumerate(sigmas):
+      x_split = {split: {z: np.asarray(xd[i]) for i, (sp, sn, z) in enumerate(dconf) if sp == split and sn == sname}
+                 for split in DPS_SPLITS}
+      refs_val = posts[sname].draws(jax.random.key(3000 + int(dim) + 17 * j), 2, runs)
+      res["dps"][sname] = tune_dps(posts[sname], x_split["val"], x_split["test"], refs_val, refs[sname][1:], a_mat,
+                                   floors[sname]["sw"], seed_floors[sname], n_seeds)
       if dim == 2 and sname == "main":
-        res["samples"][f"DPS zeta={best}"] = np.asarray(xd[by_zeta[best][1]])
+        zeta = res["dps"][sname]["zeta"]
+        res["samples"][f"DPS zeta={zeta:g}"] = x_split["test"][zeta]
+    if progress:
+      print(f"[fps] exactness {dim}-D DPS: {len(dconf)} configs (validation + test) x {runs} runs in "
+            f"{time.perf_counter() - t0:.1f}s", flush=True)
     res["samples"]["exact posterior"] = np.asarray(refs["main"][0])
     out["dims"][int(dim)] = res
   out["plots"] = [plot_exactness(out, cfg, os.path.join(workdir, "exactness.png"))]
@@ -308,8 +355,9 @@ def plot_exactness(out: dict, cfg: Any, path: str) -> str:
         ls = ":" if small else ("-." if "telescoping" in label else "-")
         ax.plot(ms, [per_m[m][key] for m in ms], marker="o", ms=3, lw=1, ls=ls,
                 label=("FPS " + label) if not small else f"FPS {label.split(' sigma')[0]}, small sigma")
-      best = res["dps"]["main"]["best_zeta"]
-      ax.axhline(res["dps"]["main"]["best"][key], color="k", ls="--", lw=1, label=f"DPS (best zeta={best})")
+      zeta = res["dps"]["main"]["zeta"]
+      ax.axhline(res["dps"]["main"]["test"][key], color="k", ls="--", lw=1,
+                 label=f"DPS (zeta={zeta:g}, chosen on validation runs)")
       floor = 1.0 if key in ("sw_ratio", "obs_var_ratio") else res["floor"]["main"][key]
       ax.axhline(floor, color="gray", ls=":", lw=1, label="exact (floor / ratio 1)")
       if key == "obs_var_ratio":

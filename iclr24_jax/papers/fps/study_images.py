@@ -2,7 +2,7 @@
 
 `image_study` (a trained diffusion prior, `make_operator` for the tasks, `sample_scores`, the plot `plot_images`).
 `experiment.run` calls it (config.task 'images' / 'both'); `study.reproduce` turns it into rows. This module
-imports only method modules (`runs.py`, `operators.py`, `smc.py`, ...), never `experiment` or `study`.
+imports only method modules (`programs.py`, `operators.py`, `smc.py`, ...), never `experiment` or `study`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import numpy as np
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.diffusion import samplers
 from iclr24_jax.papers.fps import baselines, model as model_lib, operators, smc
-from iclr24_jax.papers.fps.runs import compile_call, dps_runs_fn, fps_runs_fn
+from iclr24_jax.papers.fps.programs import compile_call, dps_runs_fn, fps_runs_fn
 
 IMAGE_METHODS = ("fps", "fps_ddpm", "fps_ddim", "fps_m1", "fps_tele", "dps", "ddim", "pinv")
 

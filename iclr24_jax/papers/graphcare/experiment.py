@@ -46,12 +46,12 @@ def _synthetic_kwargs(dc: Any) -> dict:
               true_decay=float(dc.true_decay), embedding_dim=int(dc.embedding_dim))
 
 
-@functools.lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)   # read from disk once per process
 def _mimic_visits(data_dir: str):
   return data_lib.read_mimic3_demo(data_dir or None)
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=4)   # the knowledge graph is built once per setting
 def _mimic_kg(data_dir: str, dim: int, threshold: float, embedder: str = "tfidf", include_drugs: bool = True):
   mv = _mimic_visits(data_dir)
   raw, index = data_lib.mimic_concept_kg(mv, include_drugs=include_drugs)
@@ -128,7 +128,7 @@ def run(config: Any, workdir: str) -> dict:
 
   def eval_fn(state):
     m = train_lib.evaluate(model, state.params, val_batches, task, mesh)
-    return {f"val/{k}": v for k, v in m.items()}
+    return loop_lib.prefix_keys(m, "val")
 
   res = loop_lib.train_loop(init_fn=init_fn, train_step=train_lib.make_train_step(model, task),
                             batches=batcher.train_batches(train_idx, int(config.seed)), num_steps=int(config.num_steps),

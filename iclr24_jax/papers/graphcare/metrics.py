@@ -5,7 +5,7 @@ multiclass (length of stay, 10 classes): accuracy, macro-F1, weighted-F1, Cohen'
   weighted by support, over the classes present).
 multilabel (drug recommendation): sample-averaged Jaccard, F1, AUPRC and AUROC at threshold 0.5
   (sklearn `average='samples'`, `zero_division=1`, as in the official `graphcare.py`).
-Every function matches scikit-learn (tests/papers/test_graphcare.py checks it).
+Every function matches scikit-learn (tests/papers/graphcare/ checks it).
 """
 from __future__ import annotations
 

@@ -85,19 +85,6 @@ NOT_RUN = [
         reason="only the 100-patient MIMIC-III demo is available here (credentialed data); its rows are tiny",
         variant="configs/graphcare.py:mimic3_demo_<task> pointed at the full MIMIC-III / MIMIC-IV tables"),
 ]
-_TX_CACHE: dict = {}
-
-
-def cached_optimizer(opt_config: Any, num_steps: int):
-  """`make_optimizer`, memoised on the settings (the TrainState carries tx as static data: one tx object per
-  setting keeps the compiled step of an arm valid across folds). A constant schedule ignores num_steps."""
-  items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in dict(opt_config).items()))
-  key = (items, None if dict(opt_config).get("schedule", "constant") == "constant" else int(num_steps))
-  if key not in _TX_CACHE:
-    _TX_CACHE[key] = make_optimizer(opt_config, int(num_steps))
-  return _TX_CACHE[key]
-
-
 def fit_arm(config: Any, world: World, batcher: graphs_lib.Batcher, mesh, train_idx, val_idx, test_idx,
             seeds) -> dict:
   """Trains one arm for every seed at once and predicts the test patients with each seed's best-by-val params.
@@ -112,7 +99,7 @@ def fit_arm(config: Any, world: World, batcher: graphs_lib.Batcher, mesh, train_
   """
   model = make_model(config, world)
   task = world.dataset.task
-  tx = cached_optimizer(config.optimizer, int(config.num_steps))
+  tx = make_optimizer(config.optimizer, int(config.num_steps))   # one object per setting: one compile per arm
   sample = batcher.batch(train_idx[: config.batch_size])
   streams = {s: batcher.train_batches(train_idx, int(s)) for s in seeds}
   val = list(batcher.eval_batches(val_idx)) if val_idx is not None and len(val_idx) else None

@@ -119,10 +119,9 @@ def train_step(state: TrainState, batch: dict, key: jax.Array, *, model: nn.Modu
   return state.apply_gradients(grads), metrics
 
 
-@functools.lru_cache(maxsize=64)
 def make_train_step(model: nn.Module, task: str) -> Callable:
-  """`train_step` with the model and task bound: (state, batch, key) -> (state, metrics). Cached per (model,
-  task), so repeated runs reuse one function object and hence one compiled step."""
+  """`train_step` with the model and task bound: (state, batch, key) -> (state, metrics). A partial of hashable
+  arguments, which `common.loop` compiles once per distinct (model, task) across runs."""
   return functools.partial(train_step, model=model, task=task)
 
 
@@ -173,7 +172,7 @@ def compiled_predict(model: nn.Module, task: str, mesh=None) -> Callable:
   return _compiled_predict(model, task, mesh)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one jitted function per static value: jit caches by function identity
 def _compiled_predict(model: nn.Module, task: str, mesh) -> Callable:
   rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
   return jax.jit(functools.partial(predict_step, model=model, task=task), in_shardings=(rep, dat),
@@ -234,7 +233,7 @@ class SeedStates:
     return self.seeds.params
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one vmapped step per (model, task, seeds)
 def make_seeds_train_step(model: nn.Module, task: str, seeds: tuple[int, ...]) -> Callable:
   """`train_step` for several seeds at once, vmapped: one compiled program trains them together.
 
@@ -260,7 +259,7 @@ def make_seeds_train_step(model: nn.Module, task: str, seeds: tuple[int, ...]) -
   return step
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=64)   # one jitted function per static value: jit caches by function identity
 def _compiled_seeds_predict(model: nn.Module, task: str, mesh) -> Callable:
   rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
   fn = jax.vmap(functools.partial(predict_step, model=model, task=task), in_axes=(0, None))

@@ -14,10 +14,11 @@ Official code: https://github.com/ldcq/ldcq
     z = ldcq.act_maze(key, params, state, num_samples)       # the official maze2d two-stage planner
 """
 from iclr24_jax.papers.ldcq.train import (INITIAL_PRIORITY, PLANNERS, PRIORS, SCORES, LDCQParams, LDCQSpec,
-                                          QConfig, act, act_maze, encode, evaluate_bc, evaluate_policy,
-                                          evaluate_random, evaluate_skills, low_level_action, make_buffer,
-                                          q_dataset, q_init, q_train_step, q_values, sample_latents, train_bc,
-                                          train_diffusion, train_q, train_vae)
+                                          QConfig, act, act_maze, bc_init, bc_step, diffusion_init, diffusion_step,
+                                          encode, evaluate_bc, evaluate_policy, evaluate_random, evaluate_skills,
+                                          low_level_action, make_buffer, q_dataset, q_init, q_train_step, q_values,
+                                          sample_latents, stage_keys, train_bc, train_diffusion, train_q, train_steps,
+                                          train_vae, vae_init, vae_step)
 from iclr24_jax.papers.ldcq.data import make_segments, relabel_maze_rewards, segment_starts
 from iclr24_jax.papers.ldcq.losses import (bc_loss, gaussian_kl, gaussian_log_prob, latent_diffusion_loss, q_target,
                                            vae_loss)
@@ -42,7 +43,8 @@ __all__ = [
     # pieces
     "QNetwork", "BCPolicy", "twin_q_init", "twin_q_apply", "LDCQSpec", "LDCQParams", "QConfig", "PRIORS", "q_init",
     "q_values", "low_level_action", "encode", "train_vae", "train_diffusion", "train_bc", "train_q", "q_dataset",
-    "make_buffer", "evaluate_skills", "evaluate_bc", "evaluate_policy", "evaluate_random", "bc_loss",
+    "make_buffer", "vae_init", "vae_step", "diffusion_init", "diffusion_step", "bc_init", "bc_step", "stage_keys",
+    "train_steps", "evaluate_skills", "evaluate_bc", "evaluate_policy", "evaluate_random", "bc_loss",
     "gaussian_log_prob", "gaussian_kl",
     "make_segments", "segment_starts", "relabel_maze_rewards", "TITLE", "URL", "CODE", "BIBTEX",
 ]

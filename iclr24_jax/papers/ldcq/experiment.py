@@ -14,13 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import data as common_data
-from iclr24_jax.common import metrics, stats
+from iclr24_jax.common import loop, metrics, stats
 from iclr24_jax.diffusion import metrics as diff_metrics
 from iclr24_jax.diffusion.unet import MLPDenoiser
 from iclr24_jax.papers.ldcq import train as alg
 from iclr24_jax.papers.ldcq import data as data_lib
 from iclr24_jax.papers.ldcq.model import BCPolicy, QNetwork, SkillVAE
 from iclr24_jax.rl import offline as offline_lib
+from iclr24_jax.rl import replay
 
 METHODS = {"ldcq": "LDCQ (diffusion prior + Q)", "vae_q": "VAE prior + Q", "latent_bc": "latent BC (VAE prior)",
            "diffusion_prior": "diffusion prior, no Q", "bc": "BC", "random": "random policy (uniform actions)"}
@@ -108,12 +109,13 @@ def prepare(config: Any) -> dict[str, Any]:
 
 
 def compiled(fn, fast_compile: bool = False):
-  """`jax.jit(fn)`; with fast_compile on CPU each call lowers and compiles at XLA backend optimisation level 0
-  (the stages run once, and on this 2-core CPU their compilation costs more than the level-0 slowdown).
+  """`jax.jit(fn)`; with fast_compile on CPU it lowers and compiles at XLA backend optimisation level 0, once per
+  argument structure and shapes (the stages run once or a few chunk shapes, and on this 2-core CPU their
+  compilation costs more than the level-0 slowdown).
 
   Args:
     fn: the function to compile.
-    fast_compile: compile at level 0 on CPU (recompiles on every call: use for one-shot stages only).
+    fast_compile: compile at level 0 on CPU.
 
   Returns:
     a callable with fn's signature.
@@ -121,7 +123,16 @@ def compiled(fn, fast_compile: bool = False):
   jitted = jax.jit(fn)
   if not fast_compile or jax.default_backend() != "cpu":
     return jitted
-  return lambda *args: jitted.lower(*args).compile({"xla_backend_optimization_level": 0})(*args)
+  cache = {}
+
+  def call(*args):
+    leaves, tree = jax.tree.flatten(args)
+    sig = (tree, tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves))
+    if sig not in cache:
+      cache[sig] = loop.compile_fast(jitted, *args, cpu_only=True)
+    return cache[sig](*args)
+
+  return call
 
 
 def _sub(segs: dict[str, np.ndarray], idx: np.ndarray) -> dict[str, jax.Array]:
@@ -133,9 +144,72 @@ def _seed_keys(config: Any, num_seeds: int) -> jax.Array:
   return jax.vmap(lambda i: jax.random.fold_in(base, i))(jnp.arange(num_seeds))
 
 
+def _abstract(fn, *args) -> Any:
+  """`jax.eval_shape(fn, *args)` placed on the first device: the structure a stage's checkpoint restores into."""
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=device), jax.eval_shape(fn, *args))
+
+
+def train_stage(stages: loop.Stages | None, name: str, init: Any, init_args: tuple, chunk: Any, keys: jax.Array,
+                data: Any, every: int) -> tuple[Any, list[dict]]:
+  """One training stage of every seed, in chunks of `every` steps, resumable in `stages.workdir/name`.
+
+  The stage's state (leading axis [S]) is `init(*init_args)` or the stage's latest checkpoint; each chunk runs
+  `chunk(state, keys[:, i:i + n], data)` (the stage's step scanned over the consecutive step keys, vmapped over
+  seeds), so a stage cut anywhere draws the stream of one uninterrupted scan. A chunk end is a `ResumableLoop`
+  boundary: its row (the chunk's mean of each metric over steps and seeds, 'train/' keys) is logged, and it saves
+  when the config's interval is due or SIGTERM / SIGINT came (then `loop.Preempted`).
+
+  Args:
+    stages: where the stages save (None: nothing saved).
+    name: the stage's folder name.
+    init: (*init_args) -> the initial state [S, ...], pure (compiled here once, at XLA level 0 on CPU).
+    init_args: its arguments.
+    chunk: (state, keys [S, n], data) -> (state, metrics [S, n]), compiled.
+    keys: [S, num_steps] the stage's step keys (`alg.stage_keys`, vmapped).
+    data: the chunk's data argument.
+    every: steps per chunk (and per logged row).
+
+  Returns:
+    (final state, the stage's logged rows over every resume).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
+  """
+  num_steps = int(keys.shape[1])
+  every = max(1, min(int(every) or num_steps, num_steps))
+  with loop.stage_loop(stages, name, num_steps) as lp:
+    state, run = lp.start(lambda: compiled(init, fast_compile=True)(*init_args), _abstract(init, *init_args))
+    while not lp.finished and run.step < num_steps:
+      n = min(every, num_steps - run.step)
+      state, m = chunk(state, keys[:, run.step:run.step + n], data)
+      row = loop.prefix_keys({k: float(np.mean(v)) for k, v in jax.device_get(m).items()}, "train")
+      lp.boundary(run.step + n, state, row)
+    lp.finish(state)
+  return state, run.history
+
+
+def _q_carry(state: Any) -> Any:
+  """A Q state without its buffer's data (the Q data set, recomputed from its key on resume: up to
+  M x num_prior_samples latents per seed, far more than the networks): what the Q stage carries and saves."""
+  buf = state.extra["buffer"]
+  pri = {"tree": buf.tree, "insert": buf.insert, "size": buf.size, "max_priority": buf.max_priority}
+  return state.replace(extra={"target": state.extra["target"], "priorities": pri})
+
+
+def _q_full(carry: Any, data: dict, alpha: float) -> Any:
+  """`_q_carry` undone: the buffer rebuilt around the Q data set with the carried priorities."""
+  buf = replay.PrioritizedBuffer(data=data, alpha=alpha, **carry.extra["priorities"])
+  return carry.replace(extra={"target": carry.extra["target"], "buffer": buf})
+
+
 def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None, methods: tuple | None = None,
-             log=print) -> dict[str, Any]:
-  """Runs every stage for `num_seeds` independent seeds (each stage one jitted program vmapped over seeds).
+             log=print, stages: loop.Stages | None = None) -> dict[str, Any]:
+  """Runs every stage for `num_seeds` independent seeds (each stage's step vmapped over seeds and compiled once).
+
+  The training stages (vae, diffusion, q_ldcq, q_vae, bc) run in chunks of config.log_every steps (`train_stage`),
+  each resumable in `stages.workdir/<stage>`; the encodings, the Q data sets and the evaluations are functions of
+  the trained parameters and their keys, recomputed on a rerun.
 
   Args:
     config: the ldcq ConfigDict (`configs/ldcq.py`).
@@ -143,16 +217,18 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
     prep: the result of `prepare(config)` (None: computed here).
     methods: subset of METHODS to evaluate (None: config.methods).
     log: printer of progress lines.
+    stages: where the training stages save (None: nothing saved).
 
   Returns:
     dict with returns {method: [S, E]} (episode scores of config.eval.protocol: T - t at the goal for 'maze', the
     summed reward for 'return'), scores {method: [S, E]} (those normalised with the rl.offline references, as the
     official script normalises 800 - t with D4RL's), sw {'diffusion', 'gaussian'} [S]
     (held-out sliced W2 to the posterior means), histories, params (the LDCQ agent of every seed, leading axis S),
-    seconds per stage, and the held-out latents of seed 0 (for the plot).
+    seconds per stage, and the held-out latents of seed 0 (for the plot). histories: stage -> logged rows.
 
   Raises:
     ValueError: an unknown method or eval.protocol.
+    loop.Preempted: SIGTERM / SIGINT stopped a training stage (its checkpoint is saved).
   """
   prep = prep or prepare(config)
   methods = tuple(methods or config.methods)
@@ -163,7 +239,7 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
   sd, ad = prep["state_dim"], prep["action_dim"]
   spec_d = build_spec(config, sd, ad, "diffusion")
   spec_g = build_spec(config, sd, ad, "gaussian")
-  vae, den = spec_d.vae, spec_d.denoiser
+  vae = spec_d.vae
   segs = prep["segs"]
   train = {k: jnp.asarray(segs[k]) for k in ("states", "actions", "next_state")}
   dsub, qsub = _sub(segs, prep["diff_idx"]), _sub(segs, prep["q_idx"])
@@ -181,65 +257,104 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
     log(f"ldcq: {name} done in {secs[name]:.1f}s")
     return res
 
-  # 1. skill VAE
-  vae_fn = jit(jax.vmap(lambda k, data: alg.train_vae(
-      k, vae, data, num_steps=int(c.vae.num_steps), batch_size=int(c.vae.batch_size),
-      learning_rate=float(c.vae.learning_rate), beta=float(c.vae.beta), terminal_loss=bool(c.vae.terminal_loss)),
-      in_axes=(0, None)))
-  vae_params, hist["vae"] = timed("vae", vae_fn, k_vae, train)
+  every = int(c.log_every)
+  stage_keys = lambda k, n: jax.vmap(lambda kk: alg.stage_keys(kk, n))(k)  # noqa: E731  ([S], [S, n])
 
-  # 2. latent diffusion prior on (s_0, posterior mean) pairs; posterior means of the Q and held-out segments
+  def stage_program(step):   # (state, key, data) -> (state, metrics), scanned over keys [n], vmapped over seeds
+    return jax.vmap(lambda st, ks, data: alg.train_steps(lambda s_, k_: step(s_, k_, data), st, ks),
+                    in_axes=(0, 0, None))
+
+  def timed_stage(name, *args):
+    t0 = time.time()
+    res = train_stage(stages, name, *args)
+    secs[name] = time.time() - t0
+    log(f"ldcq: {name} done in {secs[name]:.1f}s")
+    return res
+
+  # 1. skill VAE
+  v = c.vae
+  k_init, keys = stage_keys(k_vae, int(v.num_steps))
+  vae_step = lambda st, k, data: alg.vae_step(st, k, data, vae=vae, batch_size=int(v.batch_size),  # noqa: E731
+                                              beta=float(v.beta), terminal_loss=bool(v.terminal_loss))
+  vae_state, hist["vae"] = timed_stage(
+      "vae", jax.vmap(lambda k, data: alg.vae_init(k, vae, data, float(v.learning_rate)), in_axes=(0, None)),
+      (k_init, train), jit(stage_program(vae_step)), keys, train, every)
+  vae_params = vae_state.params
+
+  # 2. posterior means of the diffusion, Q and held-out segments; the latent diffusion prior on (s_0, z) pairs
   need_diff = "ldcq" in methods or "diffusion_prior" in methods
   hold = prep["hold"]
   hold_j = _sub(hold, np.arange(min(1024, hold["states"].shape[0]))) if hold is not None else None
 
-  def prior_stage(k, vp, dsub, qsub, hold_j):
-    z_d, _ = alg.encode(vae, vp, dsub["states"], dsub["actions"])
-    z_q, _ = alg.encode(vae, vp, qsub["states"], qsub["actions"])
-    res = {"z_q": z_q}
+  def encodings(vp, dsub, qsub, hold_j):
+    res = {"z_d": alg.encode(vae, vp, dsub["states"], dsub["actions"])[0],
+           "z_q": alg.encode(vae, vp, qsub["states"], qsub["actions"])[0]}
     if hold_j is not None:
       res["z_hold"] = alg.encode(vae, vp, hold_j["states"], hold_j["actions"])[0]
-    if need_diff:
-      res["diffusion"], res["hist"] = alg.train_diffusion(
-          k, spec_d, dsub["states"][:, 0], z_d, num_steps=int(c.diffusion.num_steps),
-          batch_size=int(c.diffusion.batch_size), learning_rate=float(c.diffusion.learning_rate))
     return res
 
-  pri = timed("prior", jit(jax.vmap(prior_stage, in_axes=(0, 0, None, None, None))), k_diff, vae_params, dsub,
-              qsub, hold_j)
+  pri = timed("encode", jit(jax.vmap(encodings, in_axes=(0, None, None, None)), short=True), vae_params, dsub, qsub,
+              hold_j)
   if need_diff:
-    hist["diffusion"] = pri["hist"]
+    d = c.diffusion
+    k_init, keys = stage_keys(k_diff, int(d.num_steps))
+    pairs = {"s0": dsub["states"][:, 0], "z": pri["z_d"]}   # z: [S, M, Z], one set per seed's VAE
+    diff_step = lambda st, k, p: alg.diffusion_step(st, k, p["s0"], p["z"], spec=spec_d,  # noqa: E731
+                                                    batch_size=int(d.batch_size))
+    diff_init = jax.vmap(lambda k, z: alg.diffusion_init(k, spec_d, pairs["s0"], z, float(d.learning_rate)))
+    diff_chunk = jax.vmap(lambda st, ks, p: alg.train_steps(lambda s_, k_: diff_step(s_, k_, p), st, ks),
+                          in_axes=(0, 0, {"s0": None, "z": 0}))
+    diff_state, hist["diffusion"] = timed_stage("diffusion", diff_init, (k_init, pri["z_d"]),
+                                                jit(diff_chunk), keys, pairs, every)
+    pri["diffusion"] = diff_state.params
 
-  # 3. Q-learning with latents pre-sampled from each prior at s_H
+  # 3. Q-learning with latents pre-sampled from each prior at s_H (the Q data set, a function of the priors and
+  # k_data, is rebuilt on a rerun; the stage carries the networks and the replay priorities)
   n_q = int(qsub["s0"].shape[0]) if "s0" in qsub else int(qsub["states"].shape[0])
+  q = c.q
 
-  def q_stage(k, vp, dp, z_q, spec):
-    k_data, k_train = jax.random.split(k)
+  def q_data(k, vp, dp, z_q, spec):
     params = alg.LDCQParams(vae=vp, diffusion=dp, spec=spec)
-    data = alg.q_dataset(k_data, params, qsub["states"][:, 0], z_q, qsub["reward_sum"], qsub["next_state"],
-                         qsub["done"], int(c.q.num_prior_samples))
-    st, h = alg.train_q(k_train, q_config(c, spec, n_q), data, num_steps=int(c.q.num_steps),
-                        learning_rate=float(c.q.learning_rate), alpha=float(c.q.alpha))
-    return st.params, st.extra["target"], h
+    return alg.q_dataset(k, params, qsub["states"][:, 0], z_q, qsub["reward_sum"], qsub["next_state"],
+                         qsub["done"], int(q.num_prior_samples))
+
+  def q_stage(name, k, vp, dp, spec):
+    k_data, k_train = jax.vmap(jax.random.split, out_axes=1)(k)
+    k_init, keys = stage_keys(k_train, int(q.num_steps))
+    data = timed(f"{name}_data", jit(jax.vmap(lambda kk, vp_, dp_, z: q_data(kk, vp_, dp_, z, spec))), k_data, vp,
+                 dp, pri["z_q"])
+    cfg = q_config(c, spec, n_q)
+    alpha = float(q.alpha)
+    init = jax.vmap(lambda kk, data: _q_carry(alg.q_init(kk, cfg, alg.make_buffer(data, alpha), data["s0"].shape[1],
+                                                         data["z"].shape[1], float(q.learning_rate))))
+
+    def chunk(carry, ks, data):
+      st, m = alg.train_steps(lambda s_, k_: alg.q_train_step(s_, None, k_, cfg=cfg), _q_full(carry, data, alpha), ks)
+      return _q_carry(st), m
+
+    st, rows = timed_stage(name, init, (k_init, data), jit(jax.vmap(chunk)), keys, data, every)
+    return st.params, st.extra["target"], rows
 
   q_params = {}
   if "ldcq" in methods:
-    fn = jit(jax.vmap(lambda k, vp, dp, z: q_stage(k, vp, dp, z, spec_d)))
-    q_params["ldcq"] = timed("q_ldcq", fn, k_qd, vae_params, pri["diffusion"], pri["z_q"])
+    q_params["ldcq"] = q_stage("q_ldcq", k_qd, vae_params, pri["diffusion"], spec_d)
     hist["q_ldcq"] = q_params["ldcq"][2]
   if "vae_q" in methods:
-    fn = jit(jax.vmap(lambda k, vp, z: q_stage(k, vp, None, z, spec_g)))
-    q_params["vae_q"] = timed("q_vae", fn, k_qg, vae_params, pri["z_q"])
+    q_params["vae_q"] = q_stage("q_vae", k_qg, vae_params, None, spec_g)
     hist["q_vae"] = q_params["vae_q"][2]
 
   # 4. BC
   if "bc" in methods:
     policy = BCPolicy(ad, int(c.model.bc_hidden))
-    obs, act = jnp.asarray(prep["bc_obs"]), jnp.asarray(prep["bc_act"])
-    fn = jit(jax.vmap(lambda k: alg.train_bc(k, policy, obs, act, num_steps=int(c.bc.num_steps),
-                                                 batch_size=int(c.bc.batch_size),
-                                                 learning_rate=float(c.bc.learning_rate))), short=True)
-    bc_params, hist["bc"] = timed("bc", fn, k_bc)
+    rows = {"obs": jnp.asarray(prep["bc_obs"]), "act": jnp.asarray(prep["bc_act"])}
+    b = c.bc
+    k_init, keys = stage_keys(k_bc, int(b.num_steps))
+    bc_step = lambda st, k, r: alg.bc_step(st, k, r["obs"], r["act"], policy=policy,  # noqa: E731
+                                           batch_size=int(b.batch_size))
+    bc_init = jax.vmap(lambda k, r: alg.bc_init(k, policy, r["obs"], float(b.learning_rate)), in_axes=(0, None))
+    bc_state, hist["bc"] = timed_stage("bc", bc_init, (k_init, rows), jit(stage_program(bc_step)),
+                                       keys, rows, every)
+    bc_params = bc_state.params
 
   # 5. evaluation (same episode keys for every method: paired starts)
   env = prep["env"]
@@ -300,7 +415,7 @@ def pipeline(config: Any, num_seeds: int | None = None, prep: dict | None = None
     out["sw"] = {"diffusion": np.asarray(sw["diffusion"]), "gaussian": np.asarray(sw["gaussian"])}
     out["latents_seed0"] = {"posterior": np.asarray(pri["z_hold"][0]), "diffusion": np.asarray(sw["samples_diffusion"][0]),
                             "gaussian": np.asarray(sw["samples_gaussian"][0])}
-  out.update(hist=alg.to_numpy(hist), seconds=secs, agents=agents, num_seeds=s)
+  out.update(hist=hist, seconds=secs, agents=agents, num_seeds=s)
   return out
 
 
@@ -369,34 +484,37 @@ def plot_latents(path: str, lat: dict, title: str) -> str:
   return metrics.save_figure(fig, path)
 
 
-def _log_history(writer: metrics.MetricWriter, hist: dict, every: int) -> None:
-  for stage, h in hist.items():
-    n = len(next(iter(h.values())))
-    for i in range(0, n, max(1, every)):
-      writer.write(i, {"stage": stage, **{f"train/{k}": float(np.mean(v[:, i])) for k, v in h.items()
-                                          if np.ndim(v) == 2}})
+# The training stages' folders in a workdir (each its checkpoints/ and metrics.jsonl), in the order they run.
+STAGES = ("vae", "diffusion", "q_ldcq", "q_vae", "bc")
 
 
 def run(config: Any, workdir: str) -> dict:
-  """The whole LDCQ pipeline for config.num_seeds seeds: writes metrics.jsonl (losses averaged over seeds),
-  results.json (normalised scores per method and seed, held-out sliced W2), plots and a checkpoint of the agents.
+  """The whole LDCQ pipeline for config.num_seeds seeds: results.json (normalised scores per method and seed,
+  held-out sliced W2), plots, and per training stage a folder `workdir/<stage>` (vae, diffusion, q_ldcq, q_vae,
+  bc) with its metrics.jsonl (losses averaged over seeds and the chunk's steps) and checkpoints.
+
+  Each stage saves every config.checkpoint_every of its steps and/or checkpoint_every_secs seconds at its chunk
+  ends (chunks of config.log_every steps) and at its end, marked finished; SIGTERM / SIGINT save at the next chunk
+  end and raise `loop.Preempted`. A rerun skips the finished stages and resumes inside the one it was in; its
+  results equal an uninterrupted run's.
 
   Args:
     config: the ldcq ConfigDict (`configs/ldcq.py`).
-    workdir: output folder (created; a rerun replaces the checkpoint).
+    workdir: output folder (created; resumes from its stages' checkpoints).
 
   Returns:
     results dict: env, data_kind, num_seeds, methods (per-method score summary), seconds, sliced_w2_heldout,
-    checkpoint, plots, wall_seconds.
+    checkpoints (stage -> folder: the agents' parameters are the stages' last checkpoints), plots, wall_seconds.
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the run (the stage's checkpoint is saved).
   """
   if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
     data_lib.load(config.data)                  # naming the layout and source when absent)
     raise common_data.paper_data_not_wired("ldcq", config.data)   # run() does not train on it yet
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
-  writer = metrics.MetricWriter(workdir)
-  res = pipeline(config)
-  _log_history(writer, res["hist"], int(config.log_every))
+  res = pipeline(config, stages=loop.Stages.from_config(config, workdir, label="ldcq"))
   results = {"env": config.data.name, "data_kind": config.data.kind, "num_seeds": res["num_seeds"],
              "methods": _summary(res), "seconds": res["seconds"]}
   plots = []
@@ -406,16 +524,8 @@ def run(config: Any, workdir: str) -> dict:
     results["sliced_w2_heldout"] = {k: v.tolist() for k, v in res["sw"].items()}
     plots.append(plot_latents(os.path.join(workdir, "latents.png"), res["latents_seed0"],
                                "held-out latents (first 2 principal axes of the posterior means)"))
-  if int(config.checkpoint_every) >= 0:
-    import shutil
-    from iclr24_jax.common.checkpoint import Checkpointer
-    shutil.rmtree(os.path.join(workdir, "checkpoints"), ignore_errors=True)  # a rerun replaces the final agents
-    ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1, config=config)
-    tree = {k: {"vae": a.vae, "diffusion": a.diffusion, "q": a.q, "q_target": a.q_target}
-            for k, a in res["agents"].items() if k in ("ldcq", "vae_q")}
-    ckpt.save(int(config.q.num_steps), jax.device_get(tree))
-    ckpt.close()
-    results["checkpoint"] = os.path.join(workdir, "checkpoints")
+  results["checkpoints"] = {stage: os.path.join(workdir, stage, "checkpoints") for stage in STAGES
+                            if os.path.isdir(os.path.join(workdir, stage, "checkpoints"))}
   results["plots"] = plots
   results["wall_seconds"] = time.time() - t_start
   metrics.write_results(workdir, results)

@@ -8,7 +8,9 @@
   q_state, metrics = q_train_step(q_state, None, key, cfg=QConfig(...))   # prioritised replay inside the state
 
 Every function is pure and un-jitted; the stage trainers (`train_vae`, `train_diffusion`, `train_bc`, `train_q`)
-run their whole loop in one `lax.scan`, so a caller can `jax.vmap` them over seeds and jit once.
+run their whole loop in one `lax.scan`, so a caller can `jax.vmap` them over seeds and jit once. Each is an init and
+a step (`vae_init` / `vae_step`, ...) scanned over `stage_keys`; a driver that checkpoints mid-stage runs
+`train_steps` over consecutive slices of those keys (`experiment.pipeline`).
 """
 from __future__ import annotations
 
@@ -375,13 +377,69 @@ def q_train_step(state: TrainState, batch: dict[str, jax.Array] | None, key: jax
 
 
 # --- stage trainers (one lax.scan each) ---------------------------------------------------------------------------
+# Each stage is `<stage>_init(key, ...) -> TrainState` and a pure `<stage>_step(state, key, ...) -> (state, metrics)`;
+# `train_<stage>` runs them as one lax.scan over `stage_keys`. A driver that saves mid-stage runs `train_steps` over
+# consecutive slices of the same keys, so a stage cut into chunks draws the stream of the one scan.
 def _batches(key: jax.Array, n: int, batch_size: int) -> jax.Array:
   return jax.random.randint(key, (batch_size,), 0, n)
 
 
-def _scan_train(step_fn, state, key, num_steps: int):
-  keys = jax.random.split(key, num_steps)
+def stage_keys(key: jax.Array, num_steps: int) -> tuple[jax.Array, jax.Array]:
+  """A stage trainer's init key and its per-step keys.
+
+  Args:
+    key: the stage's PRNG key.
+    num_steps: the stage's steps.
+
+  Returns:
+    (init key, step keys [num_steps]).
+  """
+  k_init, k_train = jax.random.split(key)
+  return k_init, jax.random.split(k_train, num_steps)
+
+
+def train_steps(step_fn: Any, state: Any, keys: jax.Array) -> tuple[Any, dict[str, jax.Array]]:
+  """`state, metrics = step_fn(state, key)` for each of `keys` [n], as one lax.scan.
+
+  Args:
+    step_fn: (state, key) -> (state, metrics), pure.
+    state: the stage's state.
+    keys: [n] step keys (a slice of `stage_keys`' second output).
+
+  Returns:
+    (state after n steps, metrics with leaves [n]).
+  """
   return jax.lax.scan(step_fn, state, keys)
+
+
+def vae_init(key: jax.Array, vae: SkillVAE, segs: dict[str, jax.Array], learning_rate: float = 5e-5) -> TrainState:
+  """The skill VAE's TrainState (Adam), initialised on two segments of `segs` (see `train_vae`)."""
+  params = vae.init(key, segs["states"][:2], segs["actions"][:2])["params"]
+  return TrainState.create(params, optax.adam(learning_rate))
+
+
+def vae_step(state: TrainState, key: jax.Array, segs: dict[str, jax.Array], *, vae: SkillVAE, batch_size: int = 128,
+             beta: float = 0.05, terminal_loss: bool = True) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One Adam step of the skill VAE on a minibatch of segments drawn uniformly with replacement.
+
+  Args:
+    state: from `vae_init`.
+    key: this step's key (the minibatch and the latent sample).
+    segs: {'states': [M, H, D], 'actions': [M, H, A], 'next_state': [M, D]} float32 segments.
+    vae: the SkillVAE module.
+    batch_size: segments per step.
+    beta: weight of the KL term (`losses.vae_loss`).
+    terminal_loss: also fit the terminal-state head.
+
+  Returns:
+    (new state, `losses.vae_loss` metrics).
+  """
+  k_b, k_l = jax.random.split(key)
+  i = _batches(k_b, segs["states"].shape[0], batch_size)
+  batch = {"states": segs["states"][i], "actions": segs["actions"][i], "next_state": segs["next_state"][i]}
+  (_, met), g = jax.value_and_grad(losses.vae_loss, has_aux=True)(state.params, vae, batch, k_l, beta=beta,
+                                                                   terminal_loss=terminal_loss)
+  return state.apply_gradients(g), met
 
 
 def train_vae(key: jax.Array, vae: SkillVAE, segs: dict[str, jax.Array], *, num_steps: int, batch_size: int = 128,
@@ -393,7 +451,7 @@ def train_vae(key: jax.Array, vae: SkillVAE, segs: dict[str, jax.Array], *, num_
     key: PRNG key (init and training).
     vae: the SkillVAE module.
     segs: {'states': [M, H, D], 'actions': [M, H, A], 'next_state': [M, D]} float32 segments.
-    num_steps: Adam steps (one lax.scan), minibatches drawn uniformly with replacement.
+    num_steps: Adam steps (one lax.scan of `vae_step`), minibatches drawn uniformly with replacement.
     batch_size: segments per step.
     learning_rate: Adam step size.
     beta: weight of the KL term (`losses.vae_loss`).
@@ -402,20 +460,10 @@ def train_vae(key: jax.Array, vae: SkillVAE, segs: dict[str, jax.Array], *, num_
   Returns:
     (params, metrics with leaves [num_steps]).
   """
-  k_init, k_train = jax.random.split(key)
-  m = segs["states"].shape[0]
-  params = vae.init(k_init, segs["states"][:2], segs["actions"][:2])["params"]
-  state = TrainState.create(params, optax.adam(learning_rate))
-
-  def step(st, k):
-    k_b, k_l = jax.random.split(k)
-    i = _batches(k_b, m, batch_size)
-    batch = {"states": segs["states"][i], "actions": segs["actions"][i], "next_state": segs["next_state"][i]}
-    (_, met), g = jax.value_and_grad(losses.vae_loss, has_aux=True)(st.params, vae, batch, k_l, beta=beta,
-                                                                     terminal_loss=terminal_loss)
-    return st.apply_gradients(g), met
-
-  st, hist = _scan_train(step, state, k_train, num_steps)
+  k_init, keys = stage_keys(key, num_steps)
+  step = lambda st, k: vae_step(st, k, segs, vae=vae, batch_size=batch_size, beta=beta,  # noqa: E731
+                                terminal_loss=terminal_loss)
+  st, hist = train_steps(step, vae_init(k_init, vae, segs, learning_rate), keys)
   return st.params, hist
 
 
@@ -443,6 +491,35 @@ def encode(vae: SkillVAE, params: Any, states: jax.Array, actions: jax.Array, ch
   return mean.reshape(-1, mean.shape[-1])[:m], std.reshape(-1, std.shape[-1])[:m]
 
 
+def diffusion_init(key: jax.Array, spec: LDCQSpec, s0: jax.Array, latents: jax.Array,
+                   learning_rate: float = 1e-4) -> TrainState:
+  """The latent denoiser's TrainState (Adam), initialised on the first pair of (s0 [M, D], latents [M, Z])."""
+  params = spec.denoiser.init(key, latents[:1], jnp.zeros((1,), jnp.int32), cond=s0[:1])["params"]
+  return TrainState.create(params, optax.adam(learning_rate))
+
+
+def diffusion_step(state: TrainState, key: jax.Array, s0: jax.Array, latents: jax.Array, *, spec: LDCQSpec,
+                   batch_size: int = 128) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One Adam step of `latent_diffusion_loss` on pairs drawn with replacement.
+
+  Args:
+    state: from `diffusion_init`.
+    key: this step's key (the minibatch, the diffusion time and noise).
+    s0: [M, D] segment start states (the condition).
+    latents: [M, Z] the segments' posterior latents.
+    spec: LDCQSpec (its denoiser and schedule).
+    batch_size: pairs per step.
+
+  Returns:
+    (new state, {'loss'}).
+  """
+  k_b, k_l = jax.random.split(key)
+  i = _batches(k_b, s0.shape[0], batch_size)
+  (loss, _), g = jax.value_and_grad(losses.latent_diffusion_loss, has_aux=True)(
+      state.params, spec.denoiser, spec.make_schedule(), s0[i], latents[i], k_l)
+  return state.apply_gradients(g), {"loss": loss}
+
+
 def train_diffusion(key: jax.Array, spec: LDCQSpec, s0: jax.Array, latents: jax.Array, *, num_steps: int,
                     batch_size: int = 128, learning_rate: float = 1e-4) -> tuple[Any, dict[str, jax.Array]]:
   """Trains the latent diffusion prior on (s_0 [M, D], z [M, Z]) pairs with `latent_diffusion_loss`.
@@ -452,28 +529,34 @@ def train_diffusion(key: jax.Array, spec: LDCQSpec, s0: jax.Array, latents: jax.
     spec: LDCQSpec (its denoiser and schedule).
     s0: [M, D] segment start states (the condition).
     latents: [M, Z] the segments' posterior latents.
-    num_steps: Adam steps (one lax.scan).
+    num_steps: Adam steps (one lax.scan of `diffusion_step`).
     batch_size: pairs per step (drawn with replacement).
     learning_rate: Adam step size.
 
   Returns:
     (denoiser params, {'loss': [num_steps]}).
   """
-  k_init, k_train = jax.random.split(key)
-  m = s0.shape[0]
-  params = spec.denoiser.init(k_init, latents[:1], jnp.zeros((1,), jnp.int32), cond=s0[:1])["params"]
-  state = TrainState.create(params, optax.adam(learning_rate))
-  schedule = spec.make_schedule()
-
-  def step(st, k):
-    k_b, k_l = jax.random.split(k)
-    i = _batches(k_b, m, batch_size)
-    (loss, _), g = jax.value_and_grad(losses.latent_diffusion_loss, has_aux=True)(st.params, spec.denoiser, schedule,
-                                                                                  s0[i], latents[i], k_l)
-    return st.apply_gradients(g), {"loss": loss}
-
-  st, hist = _scan_train(step, state, k_train, num_steps)
+  k_init, keys = stage_keys(key, num_steps)
+  step = lambda st, k: diffusion_step(st, k, s0, latents, spec=spec, batch_size=batch_size)  # noqa: E731
+  st, hist = train_steps(step, diffusion_init(k_init, spec, s0, latents, learning_rate), keys)
   return st.params, hist
+
+
+def bc_init(key: jax.Array, policy: BCPolicy, observations: jax.Array, learning_rate: float = 1e-3) -> TrainState:
+  """The BC policy's TrainState (Adam), initialised on the first row of observations [N, D]."""
+  return TrainState.create(policy.init(key, observations[:1])["params"], optax.adam(learning_rate))
+
+
+def bc_step(state: TrainState, key: jax.Array, observations: jax.Array, actions: jax.Array, *, policy: BCPolicy,
+            batch_size: int = 256) -> tuple[TrainState, dict[str, jax.Array]]:
+  """One Adam step of `losses.bc_loss` on rows drawn with replacement (observations [N, D], actions [N, A]).
+
+  Returns:
+    (new state, {'loss'}).
+  """
+  i = _batches(key, observations.shape[0], batch_size)
+  (loss, _), g = jax.value_and_grad(losses.bc_loss, has_aux=True)(state.params, policy, observations[i], actions[i])
+  return state.apply_gradients(g), {"loss": loss}
 
 
 def train_bc(key: jax.Array, policy: BCPolicy, observations: jax.Array, actions: jax.Array, *, num_steps: int,
@@ -485,24 +568,16 @@ def train_bc(key: jax.Array, policy: BCPolicy, observations: jax.Array, actions:
     policy: the BCPolicy module.
     observations: [N, D] float32.
     actions: [N, A] float32.
-    num_steps: Adam steps (one lax.scan).
+    num_steps: Adam steps (one lax.scan of `bc_step`).
     batch_size: rows per step (drawn with replacement).
     learning_rate: Adam step size.
 
   Returns:
     (policy params, {'loss': [num_steps]}).
   """
-  k_init, k_train = jax.random.split(key)
-  n = observations.shape[0]
-  params = policy.init(k_init, observations[:1])["params"]
-  state = TrainState.create(params, optax.adam(learning_rate))
-
-  def step(st, k):
-    i = _batches(k, n, batch_size)
-    (loss, _), g = jax.value_and_grad(losses.bc_loss, has_aux=True)(st.params, policy, observations[i], actions[i])
-    return st.apply_gradients(g), {"loss": loss}
-
-  st, hist = _scan_train(step, state, k_train, num_steps)
+  k_init, keys = stage_keys(key, num_steps)
+  step = lambda st, k: bc_step(st, k, observations, actions, policy=policy, batch_size=batch_size)  # noqa: E731
+  st, hist = train_steps(step, bc_init(k_init, policy, observations, learning_rate), keys)
   return st.params, hist
 
 
@@ -576,10 +651,10 @@ def train_q(key: jax.Array, cfg: QConfig, data: dict[str, jax.Array], *, num_ste
   Returns:
     (final Q TrainState, metrics with leaves [num_steps]).
   """
-  k_init, k_train = jax.random.split(key)
+  k_init, keys = stage_keys(key, num_steps)
   buf = make_buffer(data, alpha)
   state = q_init(k_init, cfg, buf, data["s0"].shape[1], data["z"].shape[1], learning_rate)
-  return _scan_train(lambda st, k: q_train_step(st, None, k, cfg=cfg), state, k_train, num_steps)
+  return train_steps(lambda st, k: q_train_step(st, None, k, cfg=cfg), state, keys)
 
 
 # --- evaluation in a JAX env (PointMaze) --------------------------------------------------------------------------

@@ -225,6 +225,32 @@ def target_samples(params: Any, config: Any, tokenizer: Any, prompts: Sequence[s
   return [cache[p] for p in prompts]
 
 
+def derangement(n: int, seed: int = 1) -> np.ndarray:
+  """A random permutation of 0..n-1 with no fixed point: row i of a shuffled control reads row perm[i] != i.
+
+  A uniform permutation, then each fixed point i swapped with its right neighbour (cyclically): the swap keeps a
+  permutation and leaves neither place fixed (position i gets perm[i + 1], which is not i since i sat at i).
+
+  Args:
+    n: number of rows, >= 2.
+    seed: numpy seed.
+
+  Returns:
+    [n] int permutation with perm[i] != i for every i.
+
+  Raises:
+    ValueError: n < 2 (one row has no other row to read).
+  """
+  if int(n) < 2:
+    raise ValueError(f"a shuffled control needs at least 2 rows (another row to read), got n={n}.")
+  perm = np.random.default_rng(seed).permutation(int(n))
+  for i in range(int(n)):
+    if perm[i] == i:
+      j = (i + 1) % int(n)
+      perm[i], perm[j] = perm[j], perm[i]
+  return perm
+
+
 def bag_of_top_tokens(logprobs: np.ndarray, unigram: np.ndarray, tokenizer: Any, k: int = 10) -> list[str]:
   """Baseline: the k tokens most raised above the unigram estimate, decoded one by one and joined by spaces.
 

@@ -148,7 +148,7 @@ def train(config: Any, prep: dict, workdir: str | None = None, progress: bool = 
             "label_mask": prep["train_label_mask"][idx]}
 
   return loop_lib.train_loop(
-      init_fn=lambda k: model_lib.init_state(k, inverter, tx, prep["vocab_size"]),
+      init_fn=lambda k: model_lib.init(k, inverter, tx, prep["vocab_size"]),
       train_step=model_lib.make_train_step(inverter, bool(config.model.official_padding)),
       batches=batches, num_steps=int(config.num_steps), key=jax.random.key(rng_seed), workdir=workdir,
       mesh=sharding.make_mesh(config.get("mesh")), log_every=int(config.log_every),
@@ -231,7 +231,7 @@ def train_inverters(config: Any, prep: dict, arms: list[dict], progress: bool = 
 
   def init_fn(key):
     keys = jax.vmap(lambda s: jax.random.fold_in(key, s))(seed_arr)
-    return jax.vmap(lambda k: model_lib.init_state(k, inverter, tx, v))(keys)
+    return jax.vmap(lambda k: model_lib.init(k, inverter, tx, v))(keys)
 
   res = loop_lib.train_loop(
       init_fn=init_fn, train_step=model_lib.make_multi_train_step(

@@ -12,7 +12,7 @@ Pipeline (Sec. 4 of the paper; vec2text's `InversionFromLogitsModel`):
 Everything is a pure function of a parameter dict {'projection': Flax params, 't5': T5 params}:
 
   inverter = Inverter(t5_config, width=256, num_chunks=num_chunks(V, 256))
-  params = init(key, inverter)
+  params = init_params(key, inverter)
   loss, metrics = loss_fn(params, batch, key, inverter=inverter)        # batch: unrolled inputs + labels
   out = invert(params, logprobs, unigram, inverter=inverter, max_len=64)  # greedy prompt tokens
 """
@@ -241,7 +241,7 @@ class Inverter:
     return Projection(self.num_chunks, self.width, self.bottleneck, self.t5_config.d_model, self.dropout_rate)
 
 
-def init(key: jax.Array, inverter: Inverter) -> dict:
+def init_params(key: jax.Array, inverter: Inverter) -> dict:
   """Initial parameters of the inverter.
 
   Args:
@@ -305,7 +305,7 @@ def loss_fn(params: Mapping[str, Any], batch: Mapping[str, jax.Array], key: jax.
   return checks.poison(t5.seq2seq_loss(params["t5"], inverter.t5_config, t5_batch, input_embeds=embeds), ok)
 
 
-def init_state(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
+def init(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
   """The inverter's initial train state.
 
   Args:
@@ -315,7 +315,7 @@ def init_state(key: jax.Array, inverter: Inverter, tx: Any, vocab_size: int):
     TrainState with params {'projection', 't5'} and extra {'unigram': zeros [V]} (the official buffer starts at 0).
   """
   from iclr24_jax.common.train_state import TrainState
-  return TrainState.create(init(key, inverter), tx, extra={"unigram": jnp.zeros((vocab_size,), jnp.float32)})
+  return TrainState.create(init_params(key, inverter), tx, extra={"unigram": jnp.zeros((vocab_size,), jnp.float32)})
 
 
 def make_train_step(inverter: Inverter, official_padding: bool = False, unigram_decay: float = UNIGRAM_DECAY,

@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.mario import data as mario_data
 from iclr24_jax.papers.mario import train
@@ -20,7 +21,8 @@ from iclr24_jax.papers.mario import train
 def run(config: Any, workdir: str) -> dict:
   """Trains SFT then MaRio on config.data (train split) and evaluates both on the test split.
 
-  Writes workdir/metrics.jsonl (train metrics), workdir/samples.json (responses) and workdir/results.json.
+  Writes workdir/metrics.jsonl (train metrics), workdir/samples.json (responses) and workdir/results.json; the
+  training stages checkpoint in workdir/<stage>/ (`train.train_mario`), so a killed run resumes where it was.
 
   Args:
     config: a configs/mario.py ConfigDict (e.g. `get_config('tiny')`).
@@ -29,6 +31,9 @@ def run(config: Any, workdir: str) -> dict:
   Returns:
     {'sft': {reward: mean}, 'mario': {reward: mean}, 'mario_worst': {...}, 'sft_matched' (with
     config.sft_matched), 'timing': {...}, ...}.
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped a stage (its checkpoint is saved; a rerun resumes it).
   """
   os.makedirs(workdir, exist_ok=True)
   mario_data.load(config.data)   # fail fast with the layout and source before any model is loaded
@@ -40,7 +45,8 @@ def run(config: Any, workdir: str) -> dict:
   texts = [it["question"] + " " + it["rationale"] for it in train_items]
   models = train.load_models(config, texts)
   train_items = train.short_items(models, train_items, int(config.data.get("max_response_tokens", 0)))
-  out = train.train_mario(config, models, train_items)
+  # SFT and every Quark round resume in workdir/<stage> (sft, quark<r>, sft_matched<r>)
+  out = train.train_mario(config, models, train_items, stages=loop.Stages.from_config(config, workdir, label="mario"))
   names = tuple(config.rewards) + ("accuracy",)
   evals = {"sft": train.evaluate(models, config, out["sft"], test_items, None),
            "mario": train.evaluate(models, config, out["mario"], test_items, models.codes.best()),

@@ -184,7 +184,7 @@ def policy_params(models: Models, state) -> Any:
 
 def train_steps(models: Models, config: Any, state, kind: str, questions: Sequence[str], responses: Sequence[str],
                 prefixes: Sequence[Sequence[int]] | None, num_steps: int, rng: np.random.Generator,
-                history: list | None = None, stage: str = "") -> Any:
+                history: list | None = None, stage: str = "", lp: Any = None) -> Any:
   """`num_steps` SFT (kind 'sft', prefixes None) or Quark steps on minibatches drawn (shuffled, without
   replacement per epoch) from the rows.
 
@@ -199,6 +199,10 @@ def train_steps(models: Models, config: Any, state, kind: str, questions: Sequen
     rng: numpy Generator (minibatch order and the step keys).
     history: list that logged metric rows are appended to (every log_every steps and the last), or None.
     stage: name written into the history rows.
+    lp: a started `common.loop.ResumableLoop` of this stage (None: nothing saved). Its loop state's step is the
+      first step to run; its `extra` holds the minibatch cursor (step-key seed, epoch order, position) and `rng`'s
+      state, restored here and updated before every boundary (every config.checkpoint_every steps), where the
+      stage's checkpoint of `_carry(state)` is saved when due.
 
   Returns:
     The TrainState after `num_steps` steps.
@@ -219,10 +223,18 @@ def train_steps(models: Models, config: Any, state, kind: str, questions: Sequen
     raise ValueError(f"{n} training rows are fewer than one batch ({bsz}).")
   # Every row is encoded once (fixed width max_len), then minibatches are index slices.
   rows = quark.encode_examples(models.tokenizer, questions, responses, prefixes, max_len=int(config.max_len))
-  base_key = jax.random.key(int(rng.integers(2 ** 31)))
-  order = rng.permutation(n)
-  pos = 0
-  for i in range(int(num_steps)):
+  run = lp.run if lp is not None else None
+  if run is not None and "cursor" in run.extra:   # a resumed stage: the minibatch stream where it was saved
+    cur = run.extra["cursor"]
+    rng.bit_generator.state = _rng_state(run.extra["rng"])
+    seed, order, pos = int(cur["seed"]), np.asarray(cur["order"], np.int64), int(cur["pos"])
+  else:
+    seed = int(rng.integers(2 ** 31))
+    order, pos = rng.permutation(n), 0
+  base_key = jax.random.key(seed)
+  every = int(config.get("checkpoint_every", 0) or 0)
+  num_steps = int(num_steps)
+  for i in range(run.step if run is not None else 0, num_steps):
     if pos + bsz > n:
       order, pos = rng.permutation(n), 0
     idx = order[pos:pos + bsz]
@@ -231,8 +243,91 @@ def train_steps(models: Models, config: Any, state, kind: str, questions: Sequen
     batch.update(kl_scale=scale, entropy_scale=scale)
     state, metrics = step(state, batch, jax.random.fold_in(base_key, i))
     if history is not None and (i % max(int(config.log_every), 1) == 0 or i == num_steps - 1):
-      history.append({"stage": stage, "step": i, **{k: float(v) for k, v in jax.device_get(metrics).items()}})
+      row = {k: float(v) for k, v in jax.device_get(metrics).items()}
+      history.append({"stage": stage, "step": i, **row})
+      if lp is not None:
+        lp.write(i + 1, {f"{stage}/{k}": v for k, v in row.items()})
+    if lp is not None and ((every and (i + 1) % every == 0) or i + 1 == num_steps):
+      run.extra.update(cursor={"seed": seed, "order": [int(v) for v in order], "pos": pos},
+                       rng=_rng_json(rng.bit_generator.state))
+      lp.boundary(i + 1, _carry(state))
   return state
+
+
+def _rng_json(state: dict) -> dict:
+  """A numpy bit generator's state with its integers as strings (PCG64's are 128-bit: beyond JSON readers)."""
+  return {k: _rng_json(v) if isinstance(v, dict) else (str(v) if isinstance(v, int) else v) for k, v in state.items()}
+
+
+def _rng_state(saved: dict) -> dict:
+  """`_rng_json` undone."""
+  return {k: _rng_state(v) if isinstance(v, dict) else (int(v) if isinstance(v, str) and v.lstrip("-").isdigit()
+                                                         else v) for k, v in saved.items()}
+
+
+def _carry(state) -> Any:
+  """What a stage saves of a LoRA TrainState: adapters, optimizer state and step, not the frozen base (a function
+  of the pretrained model and the earlier stages, rebuilt on resume)."""
+  return state.replace(extra=None)
+
+
+def _resumed(carry, fresh) -> Any:
+  """`_carry` undone: the restored adapters on the fresh state's base."""
+  return carry.replace(extra=fresh.extra)
+
+
+def _pool_json(pool: control.DataPool) -> dict:
+  return {"questions": list(pool.questions), "responses": list(pool.responses),
+          "scores": {k: [float(x) for x in v] for k, v in pool.scores.items()},
+          "bins": {k: [int(x) for x in v] for k, v in pool.bins().items()}}
+
+
+def _pool_load(pool: control.DataPool, saved: dict) -> None:
+  """Puts a `_pool_json` pool back (its order and bins as saved: the re-binning is not redone)."""
+  pool.questions, pool.responses = list(saved["questions"]), list(saved["responses"])
+  pool.scores = {k: np.asarray(v, np.float64) for k, v in saved["scores"].items()}
+  pool._bins = {k: np.asarray(v, np.int64) for k, v in saved["bins"].items()}
+
+
+def _train_stage(stages: Any, name: str, models: Models, config: Any, fresh, kind: str, rows: Callable,
+                 num_steps: int, rng: np.random.Generator, timing: dict, seconds_key: str) -> tuple[Any, list[dict]]:
+  """One training stage (SFT, a Quark round or a matched-SFT round) as a resumable loop in stages.workdir/name.
+
+  Args:
+    stages: a `common.loop.Stages` (None: nothing saved).
+    name: the stage's folder and the history rows' stage name.
+    models, config, kind, num_steps, rng: as `train_steps`'.
+    fresh: the stage's initial TrainState (also the base the restored adapters go on).
+    rows: (LoopState) -> (questions, responses, prefixes) the stage trains on; called once per start, it keeps
+      what is not a function of the step (a sampled pool) in the loop state's `extra`, or restores it from there.
+    timing: {key: seconds}: the stage's training seconds (over every resume) go to `seconds_key`, and what
+      `rows` timed into the loop state's extra['timing'] is copied in.
+    seconds_key: see timing.
+
+  Returns:
+    (the TrainState after the stage, its history rows).
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
+  """
+  from iclr24_jax.common import loop
+  with loop.stage_loop(stages, name, num_steps) as lp:
+    carry, run = lp.start(lambda: _carry(fresh))
+    state = _resumed(carry, fresh) if (run.step or run.finished) else fresh
+    history = run.extra.setdefault("history", [])
+    questions, responses, prefixes = rows(run)
+    if not run.finished:
+      t0 = time.perf_counter()
+      state = train_steps(models, config, state, kind, questions, responses, prefixes, num_steps, rng, history,
+                          name, lp=lp)
+      jax.block_until_ready(state.params)
+      run.extra["seconds"] = run.extra.get("seconds", 0.0) + time.perf_counter() - t0
+      lp.finish(_carry(state))
+    elif "rng" in run.extra:   # a finished stage: the shared draws continue where it left them
+      rng.bit_generator.state = _rng_state(run.extra["rng"])
+    timing.update({k: v for k, v in run.extra.get("timing", {}).items()})
+    timing[seconds_key] = float(run.extra.get("seconds", 0.0))
+  return state, history
 
 
 def generate(models: Models, config: Any, params: Any, questions: Sequence[str],
@@ -317,8 +412,8 @@ def _is_valid(response: str) -> bool:
   return rewards_lib.ANSWER_MARKER in response
 
 
-def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: Callable[[str], None] = print
-                ) -> dict[str, Any]:
+def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: Callable[[str], None] = print,
+                stages: Any = None) -> dict[str, Any]:
   """SFT, then config.quark_rounds rounds of (sample -> score -> pool -> re-bin -> Quark steps).
 
   Official (main_n_new.py): the first round samples from the reference policy (the SFT model, no codes), later
@@ -331,6 +426,10 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
     models: the loaded models.
     train_items: MaRio items (question, rationale, answer) for SFT and the Quark prompts.
     log: called with one progress line per stage.
+    stages: where the stages save (a `common.loop.Stages`; None: nothing saved): 'sft', then per round
+      'quark<r>' (its sampled, scored and re-binned pool kept in the loop state) and 'sft_matched<r>', each
+      resumable in stages.workdir/<stage>; the minibatch cursors and the numpy draws' state are saved with them,
+      so a killed run resumes the uninterrupted run's stream.
 
   With config.sft_matched = 'pool' (or 'silver') a budget-matched SFT baseline trains beside MaRio: the SFT state
   continues with the SFT loss for the same steps as the Quark rounds, on the very pool rows each round trains on
@@ -354,13 +453,9 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   history: list[dict] = []
   timing: dict[str, float] = {}
 
-  t0 = time.perf_counter()
-  state = init(models, config, key_init)
-  state = train_steps(models, config, state, "sft", questions, silver, None, int(config.sft_steps), rng, history,
-                      "sft")
-  jax.block_until_ready(state.params)
-  timing["sft_s"] = time.perf_counter() - t0
-  sft_state = state
+  sft_state, rows = _train_stage(stages, "sft", models, config, init(models, config, key_init), "sft",
+                                 lambda run: (questions, silver, None), int(config.sft_steps), rng, timing, "sft_s")
+  history += rows
   log(f"[mario] SFT: {config.sft_steps} steps in {timing['sft_s']:.0f}s")
   # Quark starts from the SFT model and keeps it as the KL reference (official: --init-model and --ref-model are
   # the SFT checkpoint): the SFT adapters are merged into a new frozen base and fresh adapters train on top.
@@ -374,40 +469,44 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   matched_state = jax.tree.map(lambda x: jnp.array(x, copy=True), sft_state) if matched else None
   matched_rng = np.random.default_rng([int(config.seed), 1])   # its own stream: MaRio's draws are unchanged
   n_samples = int(config.samples_per_round)
-  # The expert rollouts: the silver rationales of the sampled questions (scored once).
   for r in range(int(config.quark_rounds)):
-    t0 = time.perf_counter()
-    pick = rng.choice(len(train_items), size=min(n_samples, len(train_items)), replace=False)
-    qs = [questions[i] for i in pick]
-    gs = [golds[i] for i in pick]
-    params = policy_params(models, state)
-    bins = None if r == 0 else models.codes.best()
-    resp = generate(models, config, params, qs, bins, jax.random.fold_in(key_sample, r),
-                    temperature=float(config.temperature), top_p=float(config.top_p))
-    keep = [i for i, x in enumerate(resp) if _is_valid(x)]
-    add_q = [qs[i] for i in keep] + ([qs[i] for i in range(len(qs))] if config.expert_rollouts else [])
-    add_r = [resp[i] for i in keep] + ([silver[i] for i in pick] if config.expert_rollouts else [])
-    add_g = [gs[i] for i in keep] + (gs if config.expert_rollouts else [])
-    t_gen = time.perf_counter() - t0
-    scores = score(models, config, add_q, add_r, add_g)
-    pool.add(add_q, add_r, scores)
-    t_score = time.perf_counter() - t0 - t_gen
-    pref = pool.prefixes()
-    state = train_steps(models, config, state, "quark", pool.questions, pool.responses, pref,
-                        int(config.quark_steps_per_round), rng, history, f"quark{r}")
-    jax.block_until_ready(state.params)
-    timing[f"round{r}_sample_s"] = t_gen
-    timing[f"round{r}_score_s"] = t_score
-    timing[f"round{r}_train_s"] = time.perf_counter() - t0 - t_gen - t_score
+
+    def sample_round(run, r=r):
+      """Round r's pool: sampled, scored and re-binned at the round's start, or as the round's checkpoint kept it."""
+      if "pool" in run.extra:
+        _pool_load(pool, run.extra["pool"])
+        return pool.questions, pool.responses, pool.prefixes()
+      t0 = time.perf_counter()
+      pick = rng.choice(len(train_items), size=min(n_samples, len(train_items)), replace=False)
+      qs = [questions[i] for i in pick]
+      gs = [golds[i] for i in pick]
+      params = policy_params(models, state)
+      bins = None if r == 0 else models.codes.best()
+      resp = generate(models, config, params, qs, bins, jax.random.fold_in(key_sample, r),
+                      temperature=float(config.temperature), top_p=float(config.top_p))
+      keep = [i for i, x in enumerate(resp) if _is_valid(x)]
+      # The expert rollouts: the silver rationales of the sampled questions (scored once).
+      add_q = [qs[i] for i in keep] + ([qs[i] for i in range(len(qs))] if config.expert_rollouts else [])
+      add_r = [resp[i] for i in keep] + ([silver[i] for i in pick] if config.expert_rollouts else [])
+      add_g = [gs[i] for i in keep] + (gs if config.expert_rollouts else [])
+      t_gen = time.perf_counter() - t0
+      pool.add(add_q, add_r, score(models, config, add_q, add_r, add_g))
+      run.extra["pool"] = _pool_json(pool)
+      run.extra["valid"] = [len(keep), len(qs)]
+      run.extra["timing"] = {f"round{r}_sample_s": t_gen, f"round{r}_score_s": time.perf_counter() - t0 - t_gen}
+      return pool.questions, pool.responses, pool.prefixes()
+
+    state, rows = _train_stage(stages, f"quark{r}", models, config, state, "quark", sample_round,
+                               int(config.quark_steps_per_round), rng, timing, f"round{r}_train_s")
+    history += rows
     if matched:
-      t1 = time.perf_counter()
       rows_q, rows_r = ((pool.questions, pool.responses) if matched == "pool" else (questions, silver))
-      matched_state = train_steps(models, config, matched_state, "sft", rows_q, rows_r, None,
-                                  int(config.quark_steps_per_round), matched_rng, history, f"sft_matched{r}")
-      jax.block_until_ready(matched_state.params)
-      timing[f"round{r}_sft_matched_s"] = time.perf_counter() - t1
-    log(f"[mario] round {r}: {len(keep)}/{len(qs)} valid samples, pool {len(pool)}; sample {t_gen:.0f}s, "
-        f"score {t_score:.0f}s, train {timing[f'round{r}_train_s']:.0f}s")
+      matched_state, rows = _train_stage(stages, f"sft_matched{r}", models, config, matched_state, "sft",
+                                         lambda run: (rows_q, rows_r, None), int(config.quark_steps_per_round),
+                                         matched_rng, timing, f"round{r}_sft_matched_s")
+      history += rows
+    log(f"[mario] round {r}: pool {len(pool)}; sample {timing.get(f'round{r}_sample_s', 0.0):.0f}s, "
+        f"score {timing.get(f'round{r}_score_s', 0.0):.0f}s, train {timing[f'round{r}_train_s']:.0f}s")
   return {"sft": sft_state, "mario": state, "sft_matched": matched_state, "history": history, "pool": pool,
           "timing": timing}
 

@@ -15,8 +15,8 @@ Official code: https://github.com/apple/ml-mdm (ml_mdm/models/nested_unet.py, di
 from iclr24_jax.papers.mdm.model import (NestAdapter, NestedUNet, apply_model, inner_model, level_ratios,
                                          level_schedules, load_inner, make_model, num_levels, pyramid,
                                          shifted_log_snr)
-from iclr24_jax.papers.mdm.training import (consistency, init_params, level_factors, level_shapes, loss_fn,
-                                            make_train_step, model_pyramid, null_label, sample)
+from iclr24_jax.papers.mdm.train import (consistency, init_params, level_factors, level_shapes, loss_fn,
+                                         make_train_step, model_pyramid, null_label, sample)
 
 TITLE = "Matryoshka Diffusion Models"
 URL = "https://arxiv.org/abs/2310.15111"

@@ -11,9 +11,9 @@ reproduce(workdir, fast): the paper's "nested + progressive converges faster tha
   consistency of joint samples; claims judged with `common.stats`.
 benchmark(quick): train step/s of the NestedUNet vs the single-resolution UNet, 1 and all devices.
 
-Where things are: the model in `model.py`; losses, steps and samplers in `training.py`; the pieces a run and the
+Where things are: the model in `model.py`; losses, steps and samplers in `train.py`; the pieces a run and the
 study share (data, networks from a config, held-out MSE, the compiled arm programs, FLOPs per step) in
-`pipeline.py`; the sample judge (MNIST CNN) in `judge.py`; `reproduce`, `qualify` and `benchmark` in `study.py`.
+`programs.py`; the sample judge (MNIST CNN) in `judge.py`; `reproduce`, `qualify` and `benchmark` in `study.py`.
 """
 from __future__ import annotations
 
@@ -33,9 +33,9 @@ from iclr24_jax.common import sharding
 from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.mdm import model as model_lib
-from iclr24_jax.papers.mdm import training
+from iclr24_jax.papers.mdm import train
 from iclr24_jax.papers.mdm.judge import train_judge
-from iclr24_jax.papers.mdm.pipeline import build, fast_compile, heldout_mse, inner_kwargs, load_images, loss_kwargs
+from iclr24_jax.papers.mdm.programs import build, heldout_mse, inner_kwargs, load_images, loss_kwargs
 from iclr24_jax.papers.mdm import data as mdm_data
 
 PAPER = "mdm"
@@ -50,13 +50,13 @@ def _train(config, workdir, model, scheds, image_shape, arrays, num_steps, loss_
   tx = make_optimizer(config.optimizer, num_steps)
 
   def init_fn(key):
-    p = training.init_params(key, model, image_shape)
+    p = train.init_params(key, model, image_shape)
     if init_params is not None:
       p = model_lib.load_inner(p, init_params)
     return TrainState.create(p, tx)
 
   stream = data_lib.BatchStream(arrays, config.batch_size, seed=config.seed)
-  step = training.make_train_step(model, scheds, **loss_kw)
+  step = train.make_train_step(model, scheds, **loss_kw)
   n_dev = int(config.get("mesh_devices", 0) or 0)
   mesh = sharding.make_mesh(config.get("mesh"), devices=jax.devices()[:n_dev] if n_dev else None)
   return loop_lib.train_loop(init_fn=init_fn, train_step=step, batches=stream, num_steps=num_steps,
@@ -102,8 +102,8 @@ def run(config: Any, workdir: str) -> dict:
     model, scheds = nets["nested"], nets["schedules"]["nested"]
     inner_params = None
     if config.arm == "progressive":
-      low_shape = training.level_shapes(model, 1, nets["image_shape"])[1][1:]
-      low_arrays = {"x": np.asarray(training.model_pyramid(model, jnp.asarray(arrays["x_train"]))[1]),
+      low_shape = train.level_shapes(model, 1, nets["image_shape"])[1][1:]
+      low_arrays = {"x": np.asarray(train.model_pyramid(model, jnp.asarray(arrays["x_train"]))[1]),
                     "y": arrays["y_train"]}
       res_in = _train(config, os.path.join(workdir, "inner"), nets["inner"], nets["schedules"]["inner"], low_shape,
                       low_arrays, config.inner_steps, inner_kwargs(config), name="mdm/inner")
@@ -116,7 +116,7 @@ def run(config: Any, workdir: str) -> dict:
   losses = [r["train/loss"] for r in res.history if "train/loss" in r]
   results.update(first_loss=losses[0] if losses else None, final_loss=losses[-1] if losses else None,
                  steps_per_s=res.steps_per_s)
-  compile_ = fast_compile if config.get("fast_compile", False) else lambda f, *a: jax.jit(f)
+  compile_ = loop_lib.compile_fast if config.get("fast_compile", False) else lambda f, *a: jax.jit(f)
   n_eval = min(256, arrays["x_eval"].shape[0])
   ev = (params, jnp.asarray(arrays["x_eval"][:n_eval]), jnp.asarray(arrays["y_eval"][:n_eval]))
   mse_fn = lambda p, x, y: heldout_mse(model, p, scheds, x, y, jax.random.key(123), lkw)  # noqa: E731
@@ -125,7 +125,7 @@ def run(config: Any, workdir: str) -> dict:
   s = config.sampler
   labels = jnp.arange(int(s.num_samples)) % 10
   sample_fn = functools.partial(
-      training.sample, model=model, schedules=scheds, image_shape=nets["image_shape"], guidance_scale=s.guidance_scale,
+      train.sample, model=model, schedules=scheds, image_shape=nets["image_shape"], guidance_scale=s.guidance_scale,
       num_steps=int(s.num_steps), method=s.method, eta=float(s.eta), prediction=config.diffusion.prediction,
       clip_x0=s.clip_x0)
   smp_args = (jax.random.key(config.seed + 1), params, labels)
@@ -134,7 +134,7 @@ def run(config: Any, workdir: str) -> dict:
   if not all(np.all(np.isfinite(v)) for v in levels):
     raise FloatingPointError("the sampler produced NaN/inf; lower the learning rate.")
   if len(levels) > 1:
-    results["consistency_mse"] = float(np.mean(training.consistency([jnp.asarray(v) for v in levels], model)))
+    results["consistency_mse"] = float(np.mean(train.consistency([jnp.asarray(v) for v in levels], model)))
   if config.judge.enabled:
     judge = train_judge(config.judge, arrays)
     results.update({f"samples_{k}": v for k, v in judge.score(levels[0], np.asarray(labels)).items()})

@@ -19,13 +19,12 @@ done; a run that is interrupted and restarted annotates only the pairs it has no
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import re
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+
+from iclr24_jax.common import jsonl_cache
 
 # The official prompt (rlaif/prompts.py, version 'default'), a fact of the paper's method.
 SYSTEM_PROMPT = ("You are a helpful and honest judge of good gameplaying and progress in the NetHack game. Always "
@@ -113,62 +112,18 @@ def label_from_margin(margin: float, tau: float) -> int:
   return TIE if abs(margin) < tau else (FIRST if margin > 0 else SECOND)
 
 
-class AnnotationCache:
-  """A JSONL file of annotations keyed by (judge name, task, caption_1, caption_2); append-only.
+class AnnotationCache(jsonl_cache.JsonlCache):
+  """Annotations keyed by (judge name, task, caption_1, caption_2): a `common.jsonl_cache.JsonlCache` (append-only
+  JSON lines, a line torn by an interruption skipped and annotated again).
 
   Args:
     path: the file (created with its folder on first write); None keeps annotations in memory only.
   """
 
-  def __init__(self, path: str | None):
-    self.path = path
-    self.records: dict[str, dict] = {}
-    if path and os.path.exists(path):
-      with open(path) as f:
-        for line in f:
-          line = line.strip()
-          if not line:
-            continue
-          try:
-            rec = json.loads(line)
-          except json.JSONDecodeError:
-            continue  # a line cut by an interruption: annotate that pair again
-          self.records[rec["key"]] = rec
-
   @staticmethod
   def key(judge: str, task: str, caption_1: str, caption_2: str) -> str:
-    """The cache key of one annotation: SHA-1 hex digest of [judge, task, caption_1, caption_2]."""
-    payload = json.dumps([judge, task, caption_1, caption_2])
-    return hashlib.sha1(payload.encode("utf-8")).hexdigest()
-
-  def get(self, key: str) -> dict | None:
-    """The cached record under `key` (see `AnnotationCache.key`), or None."""
-    return self.records.get(key)
-
-  def put_many(self, recs: Iterable[dict]) -> None:
-    """Adds records (each with its 'key') in memory and appends them to the JSONL file (one line each).
-
-    Args:
-      recs: annotation record dicts with a 'key' entry.
-    """
-    recs = list(recs)
-    for r in recs:
-      self.records[r["key"]] = r
-    if self.path and recs:
-      os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-      with open(self.path, "a+") as f:
-        f.seek(0, os.SEEK_END)
-        if f.tell() > 0:
-          f.seek(f.tell() - 1)
-          if f.read(1) != "\n":  # the last line was cut by an interruption: start a fresh line
-            f.write("\n")
-        for r in recs:
-          f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-  def __len__(self) -> int:
-    return len(self.records)
+    """The cache key of one annotation: SHA-256 hex digest of [judge, task, caption_1, caption_2]."""
+    return jsonl_cache.digest([judge, task, caption_1, caption_2])
 
 
 Judge = Callable[[Sequence[tuple[str, str]], str], list[dict]]
@@ -193,35 +148,28 @@ def annotate_pairs(pairs: Sequence[tuple[str, str]], task: str, judge: Judge, ju
   """
   cache = cache if cache is not None else AnnotationCache(None)
   keys = [AnnotationCache.key(judge_name, task, a, b) for a, b in pairs]
-  todo: dict[str, tuple[str, str]] = {}
-  for k, (a, b) in zip(keys, pairs):
-    if cache.get(k) is None and k not in todo:
-      if a == b:  # official: identical captions are a tie without an LLM call
-        cache.put_many([dict(key=k, caption_1=a, caption_2=b, label=TIE, margin=0.0, judge=judge_name)])
-      else:
-        todo[k] = (a, b)
-  fresh = set(todo)
-  items = list(todo.items())
-  for s in range(0, len(items), chunk_size):
-    chunk = items[s:s + chunk_size]
-    results = judge([p for _, p in chunk], task)
+  ties = {k: dict(caption_1=a, caption_2=b, label=TIE, margin=0.0, judge=judge_name)
+          for k, (a, b) in zip(keys, pairs) if a == b and k not in cache}
+  cache.put_many(ties)   # official: identical captions are a tie without an LLM call
+  fresh = {k for k in keys if k not in cache}
+
+  def annotate(chunk: list[tuple[str, str]]) -> list[dict]:
+    results = judge(chunk, task)
     if len(results) != len(chunk):
       raise ValueError(f"judge returned {len(results)} results for {len(chunk)} pairs.")
     recs = []
-    for (k, (a, b)), res in zip(chunk, results):
+    for (a, b), res in zip(chunk, results):
       lab = res.get("label")
       if lab not in (FIRST, SECOND, TIE, None):
         raise ValueError(f"judge label must be 0, 1, 2 or None, got {lab!r}.")
-      recs.append(dict(key=k, caption_1=a, caption_2=b, label=lab, margin=res.get("margin"), judge=judge_name,
+      recs.append(dict(caption_1=a, caption_2=b, label=lab, margin=res.get("margin"), judge=judge_name,
                        **({"text": res["text"]} if "text" in res else {})))
-    cache.put_many(recs)
-    if progress is not None:
-      progress(min(s + chunk_size, len(items)), len(items))
-  out = []
-  for k, (a, b) in zip(keys, pairs):
-    r = cache.get(k)
-    out.append(dict(caption_1=a, caption_2=b, label=r["label"], margin=r.get("margin"), cached=k not in fresh))
-  return out
+    return recs
+
+  recs = jsonl_cache.cached_map(annotate, [tuple(p) for p in pairs], keys, cache, chunk_size=chunk_size,
+                                progress=progress, what="pair")
+  return [dict(caption_1=a, caption_2=b, label=r["label"], margin=r.get("margin"), cached=k not in fresh)
+          for k, (a, b), r in zip(keys, pairs, recs)]
 
 
 # ------------------------------------------------------------------------------------------------- judges

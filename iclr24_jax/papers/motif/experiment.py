@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from iclr24_jax.common import data as common_data
+from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.papers.motif import annotators, nethack_motif, toy, train
 from iclr24_jax.papers.motif import data as motif_data
@@ -54,6 +55,10 @@ def plot_toy(agents: dict, names: Sequence[str], path: str, title: str) -> str:
 def run(config: Any, workdir: str) -> dict:
   """The Motif pipeline for config.env.name ('toy' or 'nethack'); writes results.json, metrics.jsonl, plots.
 
+  The toy world's reward model and agents are resumable stages in `workdir/reward_model` and `workdir/agents`
+  (their checkpoints and metrics.jsonl; a killed run resumes inside the stage it was in). NetHack's host-loop
+  pipeline does not resume yet.
+
   Args:
     config: the motif ConfigDict (`configs/motif.py`).
     workdir: output folder (created).
@@ -78,10 +83,10 @@ def run(config: Any, workdir: str) -> dict:
                        "'generate' or 'keywords' for NetHack.")
     judge, name = annotators.make_judge(config)
     res = nethack_motif.nethack_pipeline(config, workdir, judge, name)
-    writer = metrics_lib.MetricWriter(workdir)
-    for kind_, r in res["runs"].items():
-      for h in r["history"]:
-        writer.write(int(h["update"]), {f"{kind_}/{k}": v for k, v in h.items() if isinstance(v, (int, float))})
+    with metrics_lib.open_writer(workdir) as writer:
+      for kind_, r in res["runs"].items():
+        for h in r["history"]:
+          writer.write(int(h["update"]), {f"{kind_}/{k}": v for k, v in h.items() if isinstance(v, (int, float))})
     results = {k: v for k, v in res.items() if k != "runs"}
     results["runs"] = {k: {kk: vv for kk, vv in r.items() if kk != "history"} for k, r in res["runs"].items()}
     metrics_lib.write_results(workdir, metrics_lib.to_python(results))
@@ -95,15 +100,13 @@ def run(config: Any, workdir: str) -> dict:
   task = config.annotation.task or toy.TASK
   records = annotators.annotate(config, pairs, task, judge, name, annotators.cache_path(config, workdir, name.replace("/", "_")))
   agree = annotators.label_agreement(records)
-  fitted = train.fit_from_records(config, records, k_reward)
+  # The reward model and the agents resume in workdir/reward_model and workdir/agents (the annotations are cached)
+  stages = loop.Stages.from_config(config, workdir, label="motif")
+  fitted = train.fit_from_records(config, records, k_reward, stages=stages)
   settings = [(name, s) for s in config.intrinsic.settings]
-  agents = train.toy_agents(config, env, train.toy_settings(config, {name: fitted}, settings), k_agents, int(config.num_seeds))
   names = [s for _, s in settings]
-  writer = metrics_lib.MetricWriter(workdir)
-  curves = agents["curves"]["episode_return"].mean(1)
-  for u in range(curves.shape[1]):
-    if (u + 1) % max(1, int(config.log_every)) == 0 or u + 1 == curves.shape[1]:
-      writer.write(u + 1, {f"train/{n}/episode_return": float(curves[i, u]) for i, n in enumerate(names)})
+  agents = train.toy_agents(config, env, train.toy_settings(config, {name: fitted}, settings), k_agents,
+                            int(config.num_seeds), stages=stages, names=names)
   plot = plot_toy(agents, names, os.path.join(workdir, "toy_success.png"), f"toy world, labels: {name}")
   fit = fitted["fit"]
   results = {

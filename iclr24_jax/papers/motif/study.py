@@ -181,7 +181,7 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
           plots=[plot])
       if row["holds"] == "no":
         row["notes"] += (" Bug checks behind this 'no': the intrinsic reward, the count decay and the toy's events "
-                         "match hand-computed values (tests/papers/test_motif.py), and the agents do maximise the "
+                         "match hand-computed values (tests/papers/motif/), and the agents do maximise the "
                          "reward (the key / unlock rates above): the verdict is about "
                          + ("these reward values (no learned model) and budget." if kind == values
                             else "this reward model and budget."))

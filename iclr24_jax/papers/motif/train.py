@@ -106,7 +106,7 @@ def split_by_pair(data: dict, holdout: float, seed: int = 0) -> tuple[dict, dict
 
 
 def fit_reward(key: jax.Array, data: dict, num_steps: int, learning_rate: float, eps_quantile: float | None,
-               model: reward_model.RewardModel | None = None) -> dict[str, Any]:
+               model: reward_model.RewardModel | None = None, stages: Any = None, every: int = 0) -> dict[str, Any]:
   """Reward model + normalisation + threshold from training arrays (see `to_arrays`).
 
   Args:
@@ -116,12 +116,14 @@ def fit_reward(key: jax.Array, data: dict, num_steps: int, learning_rate: float,
     learning_rate: Adam step size.
     eps_quantile: threshold quantile of the normalised rewards, or None (no threshold).
     model: the RewardModel (None: the default).
+    stages, every: the resumable stage of `reward_model.fit_reward_model` (None: nothing saved).
 
   Returns:
     dict: params, rewards [M] (r_phi of data['messages']), mu, sigma, quantiles, eps, history.
   """
   params, hist = reward_model.fit_reward_model(key, data["messages"], data["pairs"], data["labels"],
-                                               data["weights"], num_steps, learning_rate, model)
+                                               data["weights"], num_steps, learning_rate, model, stages=stages,
+                                               every=every)
   r = reward_model.message_rewards(params, data["messages"], model)
   seen = data["occurrences"] > 0
   # mu, sigma over every message occurrence of the training pairs; quantiles over the unique training messages.
@@ -232,7 +234,8 @@ def toy_dataset(config: Any, env: toy.CaptionedGridWorld, key: jax.Array) -> lis
   return [toy.CAPTIONS[i] for i in ids]
 
 
-def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracle: bool = True) -> dict[str, Any]:
+def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracle: bool = True,
+                     stages: Any = None) -> dict[str, Any]:
   """Reward model + normalisation from annotation records, with held-out pair accuracy.
 
   Args:
@@ -241,6 +244,8 @@ def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracl
     records: annotation records.
     key: PRNG key of the reward model.
     oracle: also score against the toy oracle (toy world only).
+    stages: where the reward model's fit saves (a `common.loop.Stages`, stage 'reward_model'; None: nothing
+      saved; its steps per chunk: config.checkpoint_every).
 
   Returns:
     dict: fit (`fit_reward` output), train / heldout arrays, heldout_accuracy (vs the annotator's
@@ -250,7 +255,7 @@ def fit_from_records(config: Any, records: Sequence[dict], key: jax.Array, oracl
   train, held = split_by_pair(data, float(config.data.holdout), seed=int(config.seed))
   net = reward_net(config)
   fit = fit_reward(key, train, int(config.reward_steps), float(config.optimizer.learning_rate),
-                            config.intrinsic.eps_quantile, net)
+                   config.intrinsic.eps_quantile, net, stages=stages, every=int(config.get("checkpoint_every", 0) or 0))
   out = {"fit": fit, "train": train, "heldout": held, "model": net}
   out["train_accuracy"], _ = reward_model.pair_accuracy(fit["rewards"], train["pairs"], train["labels"])
   out["heldout_accuracy"], out["heldout_n"] = reward_model.pair_accuracy(fit["rewards"], held["pairs"],
@@ -334,33 +339,88 @@ def toy_settings(config: Any, fits: dict[str, dict], settings: Sequence[tuple[st
 
 
 def toy_agents(config: Any, env: toy.CaptionedGridWorld, settings: dict[str, jax.Array], key: jax.Array,
-               num_seeds: int) -> dict[str, Any]:
+               num_seeds: int, stages: Any = None, names: Sequence[str] | None = None) -> dict[str, Any]:
   """PPO agents for every setting x seed in one jitted, vmapped program (seed s shares its key across
   settings: paired comparisons).
 
+  The updates run in chunks of `config.agent.checkpoint_every` (0: all at once) as the stage 'agents' (a
+  `common.loop.ResumableLoop` in `stages.workdir/agents`): the checkpoint holds every agent's whole RunnerState
+  (networks, optimizer, environments mid-episode, key) and the curves so far, so a resumed stage continues the
+  uninterrupted run's stream. Rows log the mean episode return per setting every `config.log_every` updates.
+
   Args:
-    config: the motif ConfigDict (agent, eval_envs).
+    config: the motif ConfigDict (agent, eval_envs, log_every).
     env: the toy world.
     settings: `toy_settings` output (leading axis S).
     key: PRNG key (split into num_seeds seed keys).
     num_seeds: seeds per setting.
+    stages: where the stage saves (a `common.loop.Stages`; None: nothing saved).
+    names: S setting labels for the rows' keys (default the settings' indices).
 
   Returns:
     dict of numpy arrays: final stats [S, num_seeds] (success, key, unlock, bumps, locked, length), curves
     [S, num_seeds, num_updates] (episode_return = success of episodes finished in each rollout), seconds,
     env_steps.
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
+  from iclr24_jax.common import loop
   n_set = int(settings["alpha_ext"].shape[0])
-  train = make_toy_train(config.agent, env, int(config.eval_envs))
+  eval_envs = int(config.eval_envs)
   keys = jax.random.split(key, num_seeds)
   rep = lambda x: jnp.repeat(x, num_seeds, axis=0)
   flat_settings = jax.tree.map(rep, settings)
   flat_keys = jnp.tile(keys, n_set)
+
+  def agent(setting):
+    fn = toy_reward_fn(setting["caption_rewards"], setting["mu"], setting["sigma"], setting["eps"],
+                       setting["alpha_ext"], setting["alpha_int"], setting["beta"], env.spec.max_episode_steps)
+    return ppo.PPO(config.agent, env=env, reward_fn=fn)
+
+  num_updates = agent(jax.tree.map(lambda x: x[0], flat_settings)).num_updates
+
+  def init_one(k, setting):   # the first half of `make_toy_train`'s key split trains, the second evaluates
+    return {"runner": agent(setting).init(jax.random.split(k)[0]),
+            "curve": {"episode_return": jnp.zeros(num_updates), "reward": jnp.zeros(num_updates)}}
+
+  def chunk_one(state, setting, start, n):
+    runner, m = agent(setting).train_chunk(state["runner"], n)
+    put = lambda full, part: jax.lax.dynamic_update_slice_in_dim(full, part.astype(full.dtype), start, 0)
+    return {"runner": runner, "curve": {k: put(v, m[k]) for k, v in state["curve"].items()}}
+
+  def final_one(state, k, setting):
+    ts = state["runner"].train_state
+    policy = agent(setting).policy_fn(ts.params, ts.extra, deterministic=False)
+    return toy.episode_stats(env, policy, jax.random.split(k)[1], eval_envs)
+
+  chunk_fns: dict[int, Any] = {}
+  every = int(config.agent.get("checkpoint_every", 0) or 0)
+  chunk = max(1, min(every or num_updates, num_updates))
+  log_every = max(1, int(config.get("log_every", 1) or 1))
+  names = [str(v) for v in names] if names is not None else [str(i) for i in range(n_set)]
+  with loop.stage_loop(stages, "agents", num_updates, every_steps=every) as lp:
+    state, run = lp.start(lambda: jax.jit(jax.vmap(init_one))(flat_keys, flat_settings))
+    while not lp.finished and run.step < num_updates:
+      n, start = min(chunk, num_updates - run.step), run.step
+      if n not in chunk_fns:
+        chunk_fns[n] = jax.jit(jax.vmap(lambda st, se, s0, n=n: chunk_one(st, se, s0, n), in_axes=(0, 0, None)))
+      t0 = time.perf_counter()
+      state = jax.block_until_ready(chunk_fns[n](state, flat_settings, jnp.int32(start)))
+      run.extra["seconds"] = run.extra.get("seconds", 0.0) + time.perf_counter() - t0
+      ret = np.asarray(jax.device_get(state["curve"]["episode_return"])).reshape(n_set, num_seeds, -1).mean(1)
+      rows = {u: {f"train/{names[i]}/episode_return": float(ret[i, u - 1]) for i in range(n_set)}
+              for u in range(start + 1, start + n + 1) if u % log_every == 0 or u == num_updates}
+      for u in sorted(rows)[:-1] if start + n in rows else sorted(rows):
+        lp.write(u, rows[u])
+      lp.boundary(start + n, state, rows.get(start + n))
+    lp.finish(state)
   t0 = time.perf_counter()
-  out = jax.device_get(jax.jit(jax.vmap(train))(flat_keys, flat_settings))
-  seconds = time.perf_counter() - t0
+  final = jax.device_get(jax.jit(jax.vmap(final_one))(state, flat_keys, flat_settings))
+  seconds = float(run.extra.get("seconds", 0.0)) + time.perf_counter() - t0
+  curve = jax.device_get(state["curve"])
   shape = lambda x: np.asarray(x).reshape((n_set, num_seeds) + np.asarray(x).shape[1:])
-  return {"final": {k: shape(v) for k, v in out["final"].items()},
-          "curves": {k: shape(v) for k, v in out["curve"].items()}, "seconds": seconds,
+  return {"final": {k: shape(v) for k, v in final.items()},
+          "curves": {k: shape(v) for k, v in curve.items()}, "seconds": seconds,
           "env_steps": n_set * num_seeds * int(config.agent.num_steps) * int(config.agent.ppo.num_envs)
           * int(config.agent.ppo.rollout_steps)}

@@ -188,7 +188,7 @@ def reproduce_pretrained(workdir: str, fast: bool = False, *, get_config: Callab
   ck = float(np.mean([ckpt[t] for t in targets]))
   for r in rows:
     if r["holds"] == "no":  # a 'no' names the references that rule out a bug
-      r["notes"] += (f". 'no' after these references (tests/papers/test_nci.py): NCI's and DANN's gradients equal "
+      r["notes"] += (f". 'no' after these references (tests/papers/nci/): NCI's and DANN's gradients equal "
                      f"independently written reference losses, a flipped adversarial sign fails the direction test, "
                      f"fine-tuning starts exactly from the pretrained params; likely cause: the pool covers the "
                      f"target's style, so the checkpoint already reads the target ({100 * ck:.1f}%) and the "

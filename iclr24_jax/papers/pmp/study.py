@@ -235,7 +235,9 @@ def pmp_flops(num_nodes: int, relation_edges: tuple[int, ...], feature_dim: int,
   Per relation the shared layer runs on all N nodes: the alpha MLP 2 N F A + 2 N A C' (A = H, C' = 1 for two
   classes), the class filters T_c h_v 2 N C F^2, the class kernels 2 N C F H and biases 2 N C H, the self
   kernel 2 N F H; the partition aggregate adds E_r F values and computes each edge's partition index (clip,
-  gather, multiply-add: 4 integer operations per edge, which XLA's count includes). Then the relation mix 2 N (R H) H and the head
+  gather, multiply-add: 4 integer operations per edge, which XLA's count includes) and the input contract's index
+  checks on the edges (`common.checks.indices` on senders and receivers: two comparisons, an and, and the
+  all-reduce per index: 8 operations per edge). Then the relation mix 2 N (R H) H and the head
   2 N H C. Training: a matmul costs 3x its forward (the weight and the input gradients), except where its input
   is the node features themselves (the first alpha layer, T_c, the self kernel), whose input gradient is never
   needed: 2x. The aggregate has no backward for the same reason.
@@ -255,7 +257,7 @@ def pmp_flops(num_nodes: int, relation_edges: tuple[int, ...], feature_dim: int,
   on_inputs = 2 * n * f * h + 2 * n * c * f * f + 2 * n * f * h             # alpha layer 1, T_c, self kernel
   inner = 2 * n * h * (1 if c == 2 else c) + 2 * n * c * f * h + 2 * n * c * h  # alpha layer 2, W_c, b_c
   outer = 2 * n * (r * h) * h + 2 * n * h * c                                  # relation mix, head
-  aggregate = sum(relation_edges) * (f + 4)
+  aggregate = sum(relation_edges) * (f + 4 + 8)
   if not training:
     return float(r * (on_inputs + inner) + outer + aggregate)
   return float(r * (2 * on_inputs + 3 * inner) + 3 * outer + aggregate)

@@ -13,7 +13,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 
@@ -27,24 +26,6 @@ from iclr24_jax.papers.pmp import metrics as metrics_lib
 from iclr24_jax.papers.pmp.model import RelationalGNN, create_model
 
 SCORE_FNS = ("softmax", "sigmoid_logit")
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_optimizer(opt_items: tuple, num_steps: int) -> optax.GradientTransformation:
-  # One optimizer object per setting: the TrainState carries tx as static data, so a fresh tx per fit would
-  # change the state's tree structure and force a recompile of the same step for every seed.
-  return make_optimizer(ml_collections.ConfigDict(dict(opt_items)), num_steps)
-
-
-def cached_optimizer(opt_config: Any, num_steps: int) -> optax.GradientTransformation:
-  """`common.optim.make_optimizer`, memoised on the optimizer settings (so compiled steps are reused)."""
-  items = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in dict(opt_config).items()))
-  return _cached_optimizer(items, int(num_steps))
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_init_fn(model, num_relations: int, feature_dim: int, tx) -> Callable:
-  return functools.partial(init, model=model, num_relations=num_relations, feature_dim=feature_dim, tx=tx)
 
 
 def _dummy_graphs(num_relations: int) -> list:
@@ -111,7 +92,7 @@ def loss_fn(params: Any, model: RelationalGNN, batch: dict, key: jax.Array | Non
   return loss, {"loss": loss, "accuracy": acc}
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # one step closure per model: its compilation is reused
 def make_train_step(model: RelationalGNN, weighted_loss: bool = False) -> Callable:
   """Returns the pure `train_step(state, batch, key) -> (state, metrics)` (cached per model, so a compiled
   step is reused across seeds)."""
@@ -125,7 +106,7 @@ def make_train_step(model: RelationalGNN, weighted_loss: bool = False) -> Callab
   return train_step
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # one jitted function per static value: jit caches by function identity
 def make_predict(model: RelationalGNN) -> Callable:
   """Jitted `predict(params, batch) -> logits [N, C]` (no dropout)."""
 
@@ -207,7 +188,7 @@ def fit(config: Any, data: data_lib.GraphData, workdir: str | None = None, mesh=
   host_batch, _ = data_lib.make_batch(data, node_multiple=multiple, edge_multiple=multiple)
   batch = sharding.shard_batch(local_rows(host_batch), mesh)
   num_steps = int(config.num_steps)
-  tx = cached_optimizer(config.optimizer, num_steps)
+  tx = make_optimizer(config.optimizer, num_steps)   # equal settings: one object, so one compiled step
   score_fn = config.get("score_fn", "softmax")
   monitor = config.get("monitor", "auc")
   predict = make_predict(model)
@@ -221,7 +202,8 @@ def fit(config: Any, data: data_lib.GraphData, workdir: str | None = None, mesh=
                        "class (and the model may have diverged: lower optimizer.learning_rate).")
     return {f"val_{k}": v for k, v in val.items()}
 
-  init_fn = _cached_init_fn(model, len(data.relations), int(data.x.shape[1]), tx)
+  init_fn = functools.partial(init, model=model, num_relations=len(data.relations),
+                              feature_dim=int(data.x.shape[1]), tx=tx)   # keyed by value in common.loop
   # keep_best: the loop keeps the best-validation parameters in its checkpoints, so a resumed or rerun workdir
   # selects the same step as an uninterrupted run.
   result = loop_lib.train_loop(

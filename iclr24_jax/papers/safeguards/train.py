@@ -33,7 +33,7 @@ _fit_front_end = jax.jit(sg_model.fit_front_end, static_argnames=("num_iters",))
 
 
 # ----------------------------------------------------------------------------------------------- training
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # one jitted function per static value: jit caches by function identity
 def _forward(model):
   return jax.jit(lambda params, extra, x: classify.apply_model(model, params, extra, x, train=False)[0])
 
@@ -72,9 +72,9 @@ def train_detectors(config: Any, ds: sg_data.ConceptDataset, workdir: str | None
                             name="safeguards/detectors", steps_per_call=int(config.get("steps_per_call", 1)),
                             **loop_lib.checkpoint_options(config))
   if workdir is not None and not save:   # no checkpoints: still leave the training curve in metrics.jsonl
-    writer = metrics_lib.MetricWriter(workdir)
-    for row in res.history:
-      writer.write(row["step"], {k: v for k, v in row.items() if k != "step"})
+    with metrics_lib.open_writer(workdir) as writer:
+      for row in res.history:
+        writer.write(row["step"], {k: v for k, v in row.items() if k != "step"})
   return model, res
 
 

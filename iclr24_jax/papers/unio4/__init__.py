@@ -12,9 +12,9 @@ Official code: https://github.com/Lei-Kun/Uni-O4
     out = unio4.run_offline(config, dataset)                                       # all offline stages
     online = unio4.run_online(config.online, env, unio4.online_init(out, params, config))
 """
-from iclr24_jax.papers.unio4.algorithm import (FineTunePPO, evaluate_members, evaluation_program, get_env, improve,
-                                               online_init, prepare_data, pretrain, run_offline, run_online,
-                                               score_policies, two_learning_rate_optimizer)
+from iclr24_jax.papers.unio4.train import (FineTunePPO, evaluate_members, evaluation_program, get_env, improve,
+                                           online_init, prepare_data, pretrain, run_offline, run_online,
+                                           score_policies, two_learning_rate_optimizer)
 from iclr24_jax.papers.unio4.bc import (bc_step, ensemble_bc_loss, fit_bc_ensemble, make_policy, members,
                                         pairwise_disagreement)
 from iclr24_jax.papers.unio4.critics import (Critics, CriticState, critic_step, expectile_loss, fit_value_functions,

@@ -23,7 +23,7 @@ import optax
 
 from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4.model import GaussianPolicy, ensemble_size, init_ensemble, policy_from_params, stack_trees
 
@@ -67,7 +67,7 @@ def ensemble_bc_loss(params_list_or_stacked: Any, batch: dict, alpha: float, *,
 
 
 def bc_step(state: TrainState, batch: dict, *, policy: nn.Module, alpha: float) -> tuple[TrainState, dict]:
-  """One optimizer step of every ensemble member on `ensemble_bc_loss` (state from common.ensemble_state).
+  """One optimizer step of every ensemble member on `ensemble_bc_loss` (state from stages.ensemble_state).
 
   Args:
     state: TrainState over stacked params [K, ...] with per-member optimizer state.
@@ -77,7 +77,7 @@ def bc_step(state: TrainState, batch: dict, *, policy: nn.Module, alpha: float) 
     (new state, metrics with 'loss' and per-policy 'bc_loss' [K], 'nll' [K]).
   """
   (loss, m), grads = jax.value_and_grad(ensemble_bc_loss, has_aux=True)(state.params, batch, alpha, policy=policy)
-  return common.ensemble_apply_gradients(state, grads), {"loss": loss, **m}
+  return stages.ensemble_apply_gradients(state, grads), {"loss": loss, **m}
 
 
 def make_policy(action_dim: int, config: Any) -> GaussianPolicy:
@@ -86,9 +86,9 @@ def make_policy(action_dim: int, config: Any) -> GaussianPolicy:
                         tuple(config["log_std_bounds"]))
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # the jitted programs of one configuration
 def _programs(frozen_policy: tuple, frozen_bc: tuple, obs_dim: int, act_dim: int):
-  pcfg, bcfg = common.thaw(frozen_policy), common.thaw(frozen_bc)
+  pcfg, bcfg = stages.thaw(frozen_policy), stages.thaw(frozen_bc)
   policy = make_policy(act_dim, pcfg)
   tx = optax.adam(float(bcfg["lr"]))
   kw = dict(policy=policy, alpha=float(bcfg["alpha"]))
@@ -97,7 +97,7 @@ def _programs(frozen_policy: tuple, frozen_bc: tuple, obs_dim: int, act_dim: int
   @jax.jit
   def init(key):
     params = init_ensemble(key, policy, k, jnp.zeros((1, obs_dim)), identical=bool(bcfg.get("identical_init")))
-    return common.ensemble_state(params, tx)
+    return stages.ensemble_state(params, tx)
 
   @functools.partial(jax.jit, static_argnums=3)
   def chunk(state, data, key, n):
@@ -113,8 +113,8 @@ def _programs(frozen_policy: tuple, frozen_bc: tuple, obs_dim: int, act_dim: int
 
 
 def fit_bc_ensemble(key: jax.Array, data: data_lib.OfflineData, policy_config: Any, bc_config: Any,
-                    log_every: int = 0, callback: Callable[[int, dict], None] | None = None
-                    ) -> tuple[Any, GaussianPolicy, list[dict]]:
+                    log_every: int = 0, callback: Callable[[int, dict], None] | None = None,
+                    checkpoints: stages.Checkpoints | None = None) -> tuple[Any, GaussianPolicy, list[dict]]:
   """Trains the K behaviour policies jointly (the BC stage).
 
   Args:
@@ -122,19 +122,24 @@ def fit_bc_ensemble(key: jax.Array, data: data_lib.OfflineData, policy_config: A
     policy_config: hidden, activation, log_std_bounds.
     bc_config: num_policies (K), alpha, lr, batch_size, num_steps, identical_init (optional).
     log_every: steps per compiled chunk / logged row.
+    callback: called as callback(step, row) after each chunk.
+    checkpoints: resumable in `checkpoints.workdir/bc` (None: nothing saved).
 
   Returns:
-    (stacked params [K, ...], policy module, history rows {'step', 'loss', 'nll_<i>' ...}).
+    (stacked params [K, ...], policy module, history rows {'step', 'loss', 'nll_mean'}).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   if int(bc_config["num_policies"]) < 1:
     raise ValueError(f"unio4 bc.num_policies must be >= 1, got {bc_config['num_policies']}.")
-  policy, init, chunk = _programs(common.freeze(policy_config), common.freeze(bc_config), data.obs_dim,
+  policy, init, chunk = _programs(stages.freeze(policy_config), stages.freeze(bc_config), data.obs_dim,
                                   data.action_dim)
   num_steps = int(bc_config["num_steps"])
   k_init, k_train = jax.random.split(key)
-  state, history = common.run_in_chunks(
-      chunk, init(k_init), data, k_train, num_steps, log_every,
-      lambda m: {"loss": float(m["loss"]), "nll_mean": float(m["nll"].mean())}, callback)
+  state, history = stages.run_in_chunks(
+      chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
+      lambda m: {"loss": float(m["loss"]), "nll_mean": float(m["nll"].mean())}, callback, checkpoints, "bc")
   return state.params, policy, history
 
 

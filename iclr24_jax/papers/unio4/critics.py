@@ -23,7 +23,7 @@ import optax
 
 from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4.model import QNetwork
 from iclr24_jax.rl import networks, normalization
@@ -165,10 +165,10 @@ def critic_modules(spec: dict) -> tuple[nn.Module, nn.Module]:
   return v_module, q_module
 
 
-@functools.lru_cache(maxsize=32)
+@functools.lru_cache(maxsize=32)   # the jitted programs of one configuration
 def _programs(frozen_spec: tuple, obs_dim: int, act_dim: int) -> tuple[Callable, Callable]:
   """Jitted (init, chunk) of the supervised stage for one configuration (cached: reused across data sets)."""
-  spec = common.thaw(frozen_spec)
+  spec = stages.thaw(frozen_spec)
   v_module, q_module = critic_modules(spec)
   tx_v, tx_q = optax.adam(float(spec["v_lr"])), optax.adam(float(spec["q_lr"]))
   kw = dict(v_module=v_module, q_module=q_module, mode=spec["mode"], gamma=float(spec["gamma"]),
@@ -214,7 +214,8 @@ def critic_spec(config: Any) -> dict:
 
 
 def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any, log_every: int = 0,
-                        callback: Callable[[int, dict], None] | None = None) -> tuple[Critics, list[dict]]:
+                        callback: Callable[[int, dict], None] | None = None,
+                        checkpoints: stages.Checkpoints | None = None) -> tuple[Critics, list[dict]]:
   """Fits V and Q on the offline data (the supervised stage of Uni-O4).
 
   Args:
@@ -224,17 +225,22 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
       batch_size, num_steps, gamma, tau, target_update_freq, expectile.
     log_every: steps per compiled chunk / logged row (default: num_steps / 10).
     callback: called as callback(step, metrics) after each chunk.
+    checkpoints: resumable in `checkpoints.workdir/critic` (None: nothing saved).
 
   Returns:
     (Critics, history: list of {'step', 'v_loss', 'q_loss'} rows).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
   """
   spec = critic_spec(config)
   num_steps = int(config["num_steps"])
   if num_steps < 1:
     raise ValueError(f"unio4 critic.num_steps must be >= 1, got {num_steps}.")
-  init, chunk = _programs(common.freeze(spec), data.obs_dim, data.action_dim)
+  init, chunk = _programs(stages.freeze(spec), data.obs_dim, data.action_dim)
   k_init, k_train = jax.random.split(key)
-  state, history = common.run_in_chunks(chunk, init(k_init), data, k_train, num_steps, log_every,
-                                        lambda m: {k: float(v) for k, v in m.items()}, callback)
+  state, history = stages.run_in_chunks(chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
+                                        lambda m: {k: float(v) for k, v in m.items()}, callback, checkpoints,
+                                        "critic")
   v_module, q_module = critic_modules(spec)
   return Critics(state.v.params, state.q.params, data.obs_stats, v_module, q_module), history

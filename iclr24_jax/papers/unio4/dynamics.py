@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4.model import DynamicsMember, soft_clamp
 
@@ -131,9 +131,9 @@ def dynamics_loss(params: Any, inputs: jax.Array, targets: jax.Array, *, module:
   return loss, jax.lax.stop_gradient(jnp.mean(jnp.square(mean - targets), axis=(1, 2)))
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)   # the jitted programs of one configuration
 def _programs(frozen_cfg: tuple, obs_dim: int, act_dim: int):
-  cfg = common.thaw(frozen_cfg)
+  cfg = stages.thaw(frozen_cfg)
   hidden = tuple(cfg["hidden"])
   wds = tuple(float(w) for w in cfg["weight_decays"])
   if len(wds) != len(hidden) + 1:
@@ -176,7 +176,8 @@ def _programs(frozen_cfg: tuple, obs_dim: int, act_dim: int):
 
 
 def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, termination: str = "none",
-                   callback: Callable[[int, dict], None] | None = None) -> tuple[Dynamics, list[dict]]:
+                   callback: Callable[[int, dict], None] | None = None,
+                   checkpoints: stages.Checkpoints | None = None) -> tuple[Dynamics, list[dict]]:
   """Fits the dynamics ensemble with hold-out early stopping and elite selection.
 
   Args:
@@ -185,9 +186,14 @@ def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, term
       (steps between hold-out checks, ~ one epoch), patience (checks without > 1% improvement before stopping),
       holdout (max hold-out rows; at most 20% of the data).
     termination: a key of TERMINATIONS.
+    callback: called as callback(step, row) after each hold-out check.
+    checkpoints: resumable in `checkpoints.workdir/dynamics` (None: nothing saved).
 
   Returns:
     (Dynamics, history rows {'step', 'loss', 'train_mse', 'holdout_mse'}).
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the stage (its checkpoint is saved).
 
   Deviation: each member draws its own uniform minibatches (MOBILE iterates over a per-member bootstrap resample
   in epochs); a "hold-out check" happens every `eval_every` steps instead of after each epoch.
@@ -197,7 +203,7 @@ def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, term
   e, n_el = int(config["num_members"]), int(config["num_elites"])
   if not 1 <= n_el <= e:
     raise ValueError(f"unio4 dynamics: need 1 <= num_elites ({n_el}) <= num_members ({e}).")
-  module, init, chunk, holdout_mse, keep_improved = _programs(common.freeze(config), data.obs_dim, data.action_dim)
+  module, init, chunk, holdout_mse, keep_improved = _programs(stages.freeze(config), data.obs_dim, data.action_dim)
   n = int(data.num_rows)
   obs = np.asarray(data.observations[:n])
   act = np.asarray(data.actions[:n])
@@ -217,28 +223,33 @@ def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, term
   # Fixed-size index arrays (cyclic padding to the padded data size) keep the compiled chunk reusable.
   pad = int(data.observations.shape[0])
   train_idx = jnp.asarray(np.resize(train, pad), jnp.int32)
-  state = init(k_init)
-  best = state.params
-  best_loss = np.full(e, 1e10)
-  since, done, history = 0, 0, []
   max_steps, every, patience = int(config["max_steps"]), int(config["eval_every"]), int(config["patience"])
   hold_in, hold_t = inputs_std[hold], targets_j[hold]
-  while done < max_steps:
-    m = min(every, max_steps - done)
-    state, met = chunk(state, inputs_std, targets_j, train_idx, k_train, m)
-    done += m
-    h = np.asarray(holdout_mse(state.params, hold_in, hold_t))
-    improved = (best_loss - h) / best_loss > 0.01
-    best_loss = np.where(improved, h, best_loss)
-    best = keep_improved(best, state.params, jnp.asarray(improved))
-    since = 0 if improved.any() else since + 1
-    row = {"step": done, **{k: float(v) for k, v in jax.device_get(met).items()},
-           "holdout_mse": float(np.sort(best_loss)[:n_el].mean())}
-    history.append(row)
-    if callback:
-      callback(done, row)
-    if since >= patience:
-      break
+  with stages.stage_loop(checkpoints, "dynamics", max_steps) as lp:
+    # The state holds the training state and the best members; the early-stopping decisions (each member's best
+    # hold-out error, checks since the last improvement) go into the loop state's extra as JSON.
+    state, run = lp.start(lambda: (lambda st: {"train": st, "best": st.params})(init(k_init)))
+    best_loss = np.asarray(run.extra.get("best_loss", np.full(e, 1e10)), np.float64)
+    since = int(run.extra.get("since", 0))
+    while not lp.finished and run.step < max_steps and since < patience:
+      m = min(every, max_steps - run.step)
+      train, met = chunk(state["train"], inputs_std, targets_j, train_idx, k_train, m)
+      h = np.asarray(holdout_mse(train.params, hold_in, hold_t))
+      improved = (best_loss - h) / best_loss > 0.01
+      best_loss = np.where(improved, h, best_loss)
+      state = {"train": train, "best": keep_improved(state["best"], train.params, jnp.asarray(improved))}
+      since = 0 if improved.any() else since + 1
+      run.extra.update(best_loss=best_loss.tolist(), since=since)
+      row = {**{k: float(v) for k, v in jax.device_get(met).items()},
+             "holdout_mse": float(np.sort(best_loss)[:n_el].mean())}
+      if since >= patience:   # early stop: this check's row ends the stage, saved by finish at its step
+        lp.finish(state, step=run.step + m, row=row)
+      else:
+        lp.boundary(run.step + m, state, row)
+      if callback:
+        callback(run.step, {"step": run.step, **row})
+    lp.finish(state, step=run.step)
+  best, history = state["best"], run.history
   elites = np.argsort(best_loss)[:n_el].astype(np.int32)
   dyn = Dynamics(best, jnp.asarray(mean, jnp.float32), jnp.asarray(std, jnp.float32), jnp.asarray(elites), module,
                  termination)

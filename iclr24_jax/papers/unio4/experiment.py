@@ -7,7 +7,8 @@ Why not `common.loop.train_loop`: every stage already runs K steps per compiled 
 with on-device minibatches drawn from the resident data set), and the improvement stage is gated every
 `improve.eval_every` steps by an OPE in a learned model that can *replace the behaviour policy* inside the state:
 a decision train_loop's eval/keep_best (which only copies parameters out) cannot make. Online PPO is `rl.ppo`'s own
-compiled `train_chunk`.
+compiled `train_chunk`. Each stage still runs on `common.loop`'s pieces (one `ResumableLoop` per stage, through
+`stages.Checkpoints`): checkpoints, metrics.jsonl, preemption and exact resume.
 
   python -m experiments.main --config=configs/unio4.py:tiny --workdir=runs/unio4
 """
@@ -22,11 +23,14 @@ import numpy as np
 
 from iclr24_jax.common import data as common_data
 from iclr24_jax.common import metrics
-from iclr24_jax.papers.unio4 import algorithm, bc as bc_lib
+from iclr24_jax.papers.unio4 import bc as bc_lib, stages, train
 from iclr24_jax.papers.unio4 import improvement
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.rl import normalization
 from iclr24_jax.rl import offline as offline_lib
+
+# The stages of a run, each resumable in its own folder of the workdir (in this order).
+STAGES = ("critic", "dynamics", "bc", "improve", "online", "online_scratch")
 
 
 def dataset(config: Any) -> dict:
@@ -58,46 +62,59 @@ def _stats(config: Any, ds: dict) -> normalization.RunningStats:
 def _evaluator(config: Any, env: Any, ds: dict, key: jax.Array):
   policy = bc_lib.make_policy(env.spec.action_dim, config.model)
   stats = _stats(config, ds)
-  return lambda params: algorithm.evaluate_members(env, policy, params, stats, key, int(config.eval_episodes))
+  return lambda params: train.evaluate_members(env, policy, params, stats, key, int(config.eval_episodes))
 
 
-def _save_final(workdir: str, config: Any, off: dict) -> str:
-  from iclr24_jax.common.checkpoint import Checkpointer
-  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"), max_to_keep=1, config=config)
-  c = off["critics"]
-  tree = {"policies": off["params"], "behaviour": off["behaviour"], "bc": off["bc_params"], "v": c.v_params,
-          "q": c.q_params}
-  ckpt.save(int(config.num_steps), jax.device_get(tree))
-  ckpt.close()
-  return os.path.join(workdir, "checkpoints")
+def checkpoints(config: Any, workdir: str) -> stages.Checkpoints:
+  """Where and how often the run's stages save: `workdir/<stage>`, every config.checkpoint_every steps of the
+  stage and/or config.checkpoint_every_secs seconds (both 0: only each stage's final save).
+
+  Args:
+    config: the unio4 config.
+    workdir: the run's folder.
+
+  Returns:
+    stages.Checkpoints.
+  """
+  return stages.Checkpoints.from_config(config, workdir, label="unio4")
 
 
 def run(config: Any, workdir: str) -> dict:
   """Offline Uni-O4 on config.data, then (online.num_steps > 0) PPO fine-tuning from the chosen member, and PPO
-  from scratch beside it when online.compare_scratch. Writes metrics.jsonl, results.json, plots, a checkpoint.
-  `eval_episodes = 0` skips the real-environment evaluation of the offline members (the OPE alone picks the one
-  handed to fine-tuning; no offline plot)."""
+  from scratch beside it when online.compare_scratch.
+
+  Writes results.json and plots in workdir, and per stage a folder `workdir/<stage>` (critic, dynamics, bc,
+  improve, online, online_scratch) with its metrics.jsonl and checkpoints (`common.loop.ResumableLoop`: saves every
+  config.checkpoint_every steps of the stage and/or checkpoint_every_secs seconds, and at its end marked finished;
+  SIGTERM / SIGINT save at the next chunk end and stop). A killed run resumes inside the stage it was in, with the
+  gate's decisions restored, and skips the finished stages. `eval_episodes = 0` skips the real-environment
+  evaluation of the offline members (the OPE alone picks the one handed to fine-tuning; no offline plot).
+
+  Args:
+    config: the unio4 ConfigDict (`configs/unio4.py`).
+    workdir: the run's folder (created; resumes from its checkpoints).
+
+  Returns:
+    results dict: env, data_kind, best_ope / last_ope [K], replacements, per-stage seconds, the real-environment
+    returns and scores (eval_episodes > 0), online curves, checkpoints (stage -> folder), plots, wall_seconds.
+
+  Raises:
+    loop.Preempted: SIGTERM / SIGINT stopped the run (the stage's checkpoint is saved).
+  """
   if config.data.name in data_lib.DATASETS:   # the paper's own data: read first (DataNotFoundError
     data_lib.load(config.data)                  # naming the layout and source when absent)
     raise common_data.paper_data_not_wired("unio4", config.data)   # run() does not train on it yet
   t_start = time.time()
   os.makedirs(workdir, exist_ok=True)
-  writer = metrics.MetricWriter(workdir)
+  ckpt = checkpoints(config, workdir)
   env_name = config.data.name
   ds = dataset(config)
-  env = algorithm.get_env(env_name)
+  env = train.get_env(env_name)
   key = jax.random.key(int(config.seed))
   k_off, k_eval, k_on, k_scr = jax.random.split(key, 4)
-  progress = metrics.Progress(int(config.num_steps), name="unio4 improve")
-
-  def callback(stage, step, row):
-    writer.write(step, {"stage": stage, **{k: v for k, v in row.items() if k != "step"}})
-    if stage == "improve":
-      progress.update(step, row.get("loss"))
-
   # eval_episodes = 0: no real-environment evaluation (the OPE alone picks the member; no offline plot)
   evaluate_fn = _evaluator(config, env, ds, k_eval) if int(config.eval_episodes) > 0 else None
-  off = algorithm.run_offline(config, ds, k_off, evaluate_fn=evaluate_fn, callback=callback)
+  off = train.run_offline(config, ds, k_off, evaluate_fn=evaluate_fn, checkpoints=ckpt)
   results = {"env": env_name, "data_kind": config.data.kind, "best_ope": off["best_ope"].tolist(),
              "last_ope": off["last_ope"].tolist(), "replacements": off["replacements"], "seconds": off["seconds"]}
   plots = []
@@ -115,21 +132,20 @@ def run(config: Any, workdir: str) -> dict:
     sel = off["selected"]
     results["selected"] = sel
   if int(config.online.num_steps) > 0:
-    init = algorithm.online_init(off, bc_lib.members(off["params"])[sel], config)
-    cb = lambda stage, step, row: writer.write(step, {"stage": "online", **row})
-    on = algorithm.run_online(config.online, env, init, k_on, callback=cb)
+    init = train.online_init(off, bc_lib.members(off["params"])[sel], config)
+    on = train.run_online(config.online, env, init, k_on, checkpoints=ckpt, name="online")
     curves = {"PPO from Uni-O4": on}
     results["online_eval_return"] = on["eval_return"].tolist()
     results["online_env_steps"] = on["env_steps"].tolist()
     if bool(config.online.compare_scratch):
-      cb = lambda stage, step, row: writer.write(step, {"stage": "online_scratch", **row})
-      scr = algorithm.run_online(config.scratch, env, None, k_scr, callback=cb)
+      scr = train.run_online(config.scratch, env, None, k_scr, checkpoints=ckpt, name="online_scratch")
       curves["PPO from scratch"] = scr
       results["scratch_eval_return"] = scr["eval_return"].tolist()
       results["scratch_env_steps"] = scr["env_steps"].tolist()
     plots.append(plot_online(os.path.join(workdir, "online_curves.png"), env_name, curves))
-  if int(config.checkpoint_every) >= 0:
-    results["checkpoint"] = _save_final(workdir, config, off)
+  # The final offline ensemble (policies, behaviour policies) is improve's last checkpoint; V and Q are critic's.
+  results["checkpoints"] = {stage: os.path.join(workdir, stage, "checkpoints") for stage in STAGES
+                            if os.path.isdir(os.path.join(workdir, stage, "checkpoints"))}
   results["plots"] = plots
   results["wall_seconds"] = time.time() - t_start
   metrics.write_results(workdir, results)

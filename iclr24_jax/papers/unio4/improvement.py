@@ -21,7 +21,7 @@ import numpy as np
 
 from iclr24_jax.common import checks
 from iclr24_jax.common.train_state import TrainState
-from iclr24_jax.papers.unio4 import common
+from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.rl import losses, normalization
 
@@ -115,7 +115,7 @@ def offline_ppo_step(state: TrainState, obs: jax.Array, key: jax.Array, *, polic
   """One offline PPO update of all K members.
 
   Args:
-    state: common.ensemble_state over stacked params [K, ...], extra={'behaviour': stacked behaviour params}.
+    state: stages.ensemble_state over stacked params [K, ...], extra={'behaviour': stacked behaviour params}.
     obs: [B, D] raw states (one minibatch shared by the members, as in the official joint_train).
     key: the step key (folded with state.step).
     policy, critics, obs_stats, clip_eps, omega, obs_clip: see `policy_improvement_loss`.
@@ -127,7 +127,7 @@ def offline_ppo_step(state: TrainState, obs: jax.Array, key: jax.Array, *, polic
   grads, m = jax.grad(offline_ppo_loss, has_aux=True)(
       state.params, state.extra["behaviour"], obs, k, policy=policy, critics=critics, obs_stats=obs_stats,
       clip_eps=clip_eps, omega=omega, obs_clip=obs_clip)
-  return common.ensemble_apply_gradients(state, grads), m
+  return stages.ensemble_apply_gradients(state, grads), m
 
 
 def replace_if_better(behaviour_params: Any, candidate_params: Any, best_scores: jax.Array,

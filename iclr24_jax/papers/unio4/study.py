@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import bench, metrics, sharding, stats
-from iclr24_jax.papers.unio4 import algorithm, bc as bc_lib
-from iclr24_jax.papers.unio4 import common, improvement
+from iclr24_jax.papers.unio4 import bc as bc_lib, train
+from iclr24_jax.papers.unio4 import improvement, stages
 from iclr24_jax.papers.unio4 import data as data_lib
 from iclr24_jax.papers.unio4.critics import Critics, critic_modules
 from iclr24_jax.papers.unio4.experiment import data_score, dataset, norm, plot_offline, plot_online
@@ -65,7 +65,7 @@ def reproduction_config(fast: bool = False, *, get_config: Callable[[str], Any])
 
 def ope_rank_correlation(runs: list[dict]) -> float:
   """Spearman rank correlation between the OPE score and the real return over every (member, checkpoint) with
-  both numbers, pooled over `runs` (outputs of `algorithm.improve` with an `evaluate_fn`); step 0 counted once.
+  both numbers, pooled over `runs` (outputs of `train.improve` with an `evaluate_fn`); step 0 counted once.
 
   Returns:
     rho in [-1, 1] (NaN when fewer than 3 points or a constant column).
@@ -125,15 +125,15 @@ def run_seed(c, data, env, seed: int, online: bool) -> dict:
   env_name = c.data.name
   k_pre, k_imp, k_eval, k_noise, k_on, k_scr = jax.random.split(jax.random.key(seed), 6)
   t0 = time.time()
-  pre = algorithm.pretrain(c, data, k_pre)
-  ev = lambda p: algorithm.evaluate_members(env, pre["policy"], p, data.obs_stats, k_eval, int(c.eval_episodes))
+  pre = train.pretrain(c, data, k_pre)
+  ev = lambda p: train.evaluate_members(env, pre["policy"], p, data.obs_stats, k_eval, int(c.eval_episodes))
   out = {"seconds": dict(pre["seconds"])}
   runs = {}
   for arm in ARMS:
     ca = c.copy_and_resolve_references()
     ca.improve.replace_rule = "paired" if arm.endswith("paired rule") else "best"
     t = time.time()
-    runs[arm] = algorithm.improve(ca, pre, data, k_imp, replace=arm != "one-step", evaluate_fn=ev)
+    runs[arm] = train.improve(ca, pre, data, k_imp, replace=arm != "one-step", evaluate_fn=ev)
     out["seconds"][arm] = time.time() - t
   out["runs"] = runs
   out["bc"] = norm(env_name, runs["multi-step"]["env_returns"][0][1])
@@ -141,7 +141,7 @@ def run_seed(c, data, env, seed: int, online: bool) -> dict:
     out[arm] = norm(env_name, runs[arm]["env_returns"][-1][1])
   out["rho"] = ope_rank_correlation([runs[a] for a in ARMS])
   # The OPE's own noise: the final multi-step members scored on independent draws of start states / model noise.
-  draws = np.stack([algorithm.score_policies(c, pre, data, runs["multi-step"]["params"], jax.random.fold_in(k_noise, j))
+  draws = np.stack([train.score_policies(c, pre, data, runs["multi-step"]["params"], jax.random.fold_in(k_noise, j))
                     for j in range(int(c.study.ope_noise_draws))])          # [J, K]
   out["ope_noise_sd"] = float(np.mean(np.std(draws, axis=0, ddof=1)))
   margins = accepted_margins(runs["multi-step"])
@@ -150,9 +150,9 @@ def run_seed(c, data, env, seed: int, online: bool) -> dict:
   if online:
     multi = runs["multi-step"]
     sel = improvement.select_policy(multi["last_ope"], multi["env_returns"][-1][1], int(c.improve.select_top_k))
-    init = algorithm.online_init(pre, bc_lib.members(multi["params"])[sel], c)
-    on = algorithm.run_online(c.online, env, init, k_on)
-    scr = algorithm.run_online(c.scratch, env, None, k_scr)
+    init = train.online_init(pre, bc_lib.members(multi["params"])[sel], c)
+    on = train.run_online(c.online, env, init, k_on)
+    scr = train.run_online(c.scratch, env, None, k_scr)
     out["online"] = {"fine-tune": on, "scratch": scr}
     out["seconds"]["online"] = on["seconds"] + scr["seconds"]
   out["seconds"]["total"] = time.time() - t0
@@ -167,14 +167,14 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
   os.makedirs(workdir, exist_ok=True)
   c = reproduction_config(fast, get_config=get_config)
   env_name = c.data.name
-  env = algorithm.get_env(env_name)
+  env = train.get_env(env_name)
   seeds = tuple(range(int(c.study.seeds)))
   online = not fast
   rows: list[dict] = []
   for kind in tuple(c.study.kinds):
     c.data.kind = kind
     ds = dataset(c)
-    data = algorithm.prepare_data(c, ds)
+    data = train.prepare_data(c, ds)
     res = [run_seed(c, data, env, s, online and kind == "medium") for s in seeds]
     print(f"[unio4 reproduce] {kind}: {time.time() - t_start:.0f}s wall, {time.process_time():.0f}s process cpu",
           flush=True)
@@ -292,18 +292,18 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   fine-tuning updates (brax inverted_pendulum) on 1 and all devices (batch / environments split over 'data')."""
   c = get_config("")
   obs_dim, act_dim, k = 11, 3, int(c.bc.num_policies)
-  crit_spec = algorithm.critic_config(c)
+  crit_spec = train.critic_config(c)
   key = jax.random.key(0)
   critics = _synthetic_critics(obs_dim, act_dim, crit_spec, key)
   policy = bc_lib.make_policy(act_dim, c.model)
   params_host = jax.device_get(init_ensemble(key, policy, k, jnp.zeros((1, obs_dim))))
-  tx = algorithm.improvement_optimizer(c)
+  tx = train.improvement_optimizer(c)
   stats_ = normalization.init((obs_dim,))
 
   def offline_case(mesh, batch):
     rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)
     fresh = lambda: jax.tree.map(jnp.asarray, params_host)  # new buffers: the step donates its state
-    state = jax.device_put(common.ensemble_state(fresh(), tx, extra={"behaviour": fresh()}), rep)
+    state = jax.device_put(stages.ensemble_state(fresh(), tx, extra={"behaviour": fresh()}), rep)
     obs = jax.device_put(jax.random.normal(key, (batch, obs_dim)), dat)
     step = jax.jit(lambda s, o, kk: improvement.offline_ppo_step(s, o, kk, policy=policy, critics=critics,
                                                                  obs_stats=stats_, clip_eps=0.25, omega=0.7),
@@ -315,7 +315,7 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   rows = bench.across_devices(offline_case, sizes=(512, 2048) if quick else (512, 2048, 8192), carry=True,
                               repeats=5 if quick else 20)
   # online: PPO fine-tuning updates on brax inverted_pendulum
-  env = algorithm.get_env("brax/inverted_pendulum")
+  env = train.get_env("brax/inverted_pendulum")
   on = get_config("").online
   on.num_steps = 10
   on.ppo.update(dict(update_epochs=2, num_minibatches=4))
@@ -328,7 +328,7 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   def online_case(mesh, num_envs):
     cfg = on.copy_and_resolve_references()
     cfg.ppo.num_envs = num_envs
-    agent = algorithm.FineTunePPO(cfg, env, ip_policy, v_module, init, obs_stats, mesh=mesh)
+    agent = train.FineTunePPO(cfg, env, ip_policy, v_module, init, obs_stats, mesh=mesh)
     runner = jax.jit(agent.init)(jax.random.key(2))
     upd = jax.jit(agent.update, donate_argnums=0)
     return upd, (runner,), dict(
@@ -371,7 +371,7 @@ def scale_program(config, mesh):
   obs = jax.ShapeDtypeStruct((b, d), jnp.float32)
   act = jax.ShapeDtypeStruct((b, a), jnp.float32)
   vec = jax.ShapeDtypeStruct((b,), jnp.float32)
-  spec = critics_lib.critic_spec(algorithm.critic_config(config))
+  spec = critics_lib.critic_spec(train.critic_config(config))
   v_module, q_module = critics_lib.critic_modules(spec)
   num_q = 2 if (spec["mode"] == "iql" and spec["double_q"]) else 1
   v_f = rl_scale.mlp_flops(d, tuple(spec["v_hidden"]) + (1,))            # per example, forward
@@ -419,7 +419,7 @@ def scale_program(config, mesh):
     alpha = float(config.bc.alpha)
 
     def init():
-      return common.ensemble_state(init_ensemble(jax.random.key(0), policy, k, zeros_obs), tx)
+      return stages.ensemble_state(init_ensemble(jax.random.key(0), policy, k, zeros_obs), tx)
 
     def step(state, batch, _, key):
       del key
@@ -438,7 +438,7 @@ def scale_program(config, mesh):
 
     def init():
       params = init_ensemble(jax.random.key(0), policy, k, zeros_obs)
-      return common.ensemble_state(params, tx, extra={"behaviour": params})
+      return stages.ensemble_state(params, tx, extra={"behaviour": params})
 
     def step(state, obs_batch, critics, key):
       return improvement.offline_ppo_step(state, obs_batch, key, critics=critics, obs_stats=critics.obs_stats, **kw)

@@ -56,8 +56,7 @@ def test_one_and_eight_devices_agree(small_world):
   model = _bat(ckg)
   state = _init(model, batch, optax.adam(1e-3))
   out = []
-  for n in (1, 8):
-    mesh = sharding.make_mesh(devices=jax.devices()[:n])
+  for mesh in sharding.device_meshes((1, 8)):
     with jax.set_mesh(mesh):
       fn = jax.jit(lambda s, b: graphcare.loss_fn(s.params, b, jax.random.key(0), model=model, task="binary")[0],
                    in_shardings=(sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)))
