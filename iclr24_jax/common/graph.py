@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import compile_cache
+
 if not hasattr(jax, "tree_map"):
   jax.tree_map = jax.tree_util.tree_map  # jraph.zero_out_padding, get_fully_connected_graph
 if not hasattr(jax, "tree_leaves"):
@@ -151,15 +153,18 @@ def knn(x: jax.Array | np.ndarray, k: int, block_size: int = 2048, exclude_self:
   Returns:
     (distances [N, k] ascending, indices [N, k] int32).
   """
-  x = jnp.asarray(x, jnp.float32)
+  # Host inputs stay numpy: `cached_call` then keeps the whole executable (no tracing in a later process).
+  host = isinstance(x, np.ndarray) and (groups is None or isinstance(groups, np.ndarray))
+  x = np.asarray(x, np.float32) if host else jnp.asarray(x, jnp.float32)
   n = x.shape[0]
   if k > n - int(exclude_self):
     raise ValueError(f"knn: k={k} neighbours requested but only {n - int(exclude_self)} other points exist.")
   if groups is not None:
-    groups = jnp.asarray(groups, jnp.int32)
+    groups = np.asarray(groups, np.int32) if host else jnp.asarray(groups, jnp.int32)
     if groups.shape != (n,):
       raise ValueError(f"knn: groups must have shape [N] = ({n},); got {groups.shape}.")
-  d2, idx = _knn_blocked(x, groups, k, min(block_size, n), exclude_self)
+  d2, idx = compile_cache.cached_call(_knn_blocked, x, groups, k=k, block_size=min(block_size, n),
+                                      exclude_self=exclude_self)
   return (d2 if squared else jnp.sqrt(d2)), idx
 
 

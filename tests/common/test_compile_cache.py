@@ -1,10 +1,13 @@
 """The persistent compilation cache switch (iclr24_jax.common.compile_cache): the environment turns it off or moves
 it, and a program compiled once is loaded from the folder (not recompiled) after JAX's in-memory caches are gone."""
+import functools
 import os
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from iclr24_jax.common import compile_cache
 
@@ -52,3 +55,58 @@ def test_a_small_program_is_written_and_loaded_from_the_moved_folder(tmp_path):
   folder, min_time, hits, written = out.stdout.split()
   assert folder == str(tmp_path / "jax") and float(min_time) == 0.0
   assert written == "True" and int(hits) >= 1, out.stderr[-2000:]
+
+
+def _counting_program():
+  """A jitted x * scale + power with a static power, and the list its tracing appends to."""
+  traces = []
+
+  @functools.partial(jax.jit, static_argnames=("power",))
+  def program(x, scale, power):
+    traces.append(power)
+    return x ** power * scale + 1.0
+
+  return program, traces
+
+
+def test_cached_call_keeps_the_executable_on_disk_and_loads_it_without_tracing(tmp_path, monkeypatch):
+  monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
+  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+  program, traces = _counting_program()
+  x = np.asarray([1.0, 2.0, 3.0], np.float32)
+  # [1, 2, 3] ** 2 * 0.5 + 1 = [1.5, 3.0, 5.5]
+  np.testing.assert_array_equal(compile_cache.cached_call(program, x, np.float32(0.5), power=2), [1.5, 3.0, 5.5])
+  assert traces == [2] and len(list(tmp_path.glob("*.pkl"))) == 1
+  compile_cache._EXECUTABLES.clear()              # a new process: nothing in memory, the entry on disk
+  np.testing.assert_array_equal(compile_cache.cached_call(program, x, np.float32(0.5), power=2), [1.5, 3.0, 5.5])
+  assert traces == [2]                             # loaded whole: not traced again
+  # another static argument or shape is another program: [1, 8, 27] * 0.5 + 1 = [1.5, 5, 14.5]
+  np.testing.assert_array_equal(compile_cache.cached_call(program, x, np.float32(0.5), power=3), [1.5, 5.0, 14.5])
+  np.testing.assert_array_equal(compile_cache.cached_call(program, x[:2], np.float32(0.5), power=3), [1.5, 5.0])
+  assert traces == [2, 3, 3] and len(list(tmp_path.glob("*.pkl"))) == 3
+
+
+def test_cached_call_rewrites_a_broken_entry_and_leaves_device_arrays_to_jit(tmp_path, monkeypatch):
+  monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
+  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+  program, _ = _counting_program()
+  x = np.asarray([2.0], np.float32)
+  compile_cache.cached_call(program, x, np.float32(1.0), power=2)
+  (entry,) = tmp_path.glob("*.pkl")
+  entry.write_bytes(b"not an executable")
+  compile_cache._EXECUTABLES.clear()
+  np.testing.assert_array_equal(compile_cache.cached_call(program, x, np.float32(1.0), power=2), [5.0])  # 4 + 1
+  assert entry.stat().st_size > 100   # compiled again (lowered from the in-memory trace) and the entry rewritten
+  # a device array: the plain jitted call (nothing new on disk)
+  np.testing.assert_array_equal(compile_cache.cached_call(program, jnp.asarray(x), np.float32(1.0), power=2), [5.0])
+  assert len(list(tmp_path.glob("*.pkl"))) == 1
+
+
+def test_cached_call_writes_nothing_while_the_cache_is_off(tmp_path, monkeypatch):
+  monkeypatch.setenv(compile_cache.ENV_SWITCH, "0")
+  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+  assert compile_cache.executable_folder() is None
+  program, _ = _counting_program()
+  np.testing.assert_array_equal(
+      compile_cache.cached_call(program, np.asarray([3.0], np.float32), np.float32(2.0), power=1), [7.0])  # 6 + 1
+  assert not list(tmp_path.iterdir())

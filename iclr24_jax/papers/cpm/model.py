@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import checks
+from iclr24_jax.common import compile_cache
 
 PENALTIES = ("l1", "l2")
 STD_EPS = 1e-7          # official: feature_stds = std(0) + 1e-7
@@ -566,9 +567,9 @@ def cross_validate(features_a: jax.Array, features_b: jax.Array, labels: jax.Arr
   # objective; one fit to float32 resolution stands for both (saga's default 100 epochs can stop short of the
   # optimum at large C and score differently; in a tie GridSearchCV keeps liblinear, listed first).
   order = np.argsort(grid, kind="stable")                   # the path runs from strong to weak penalties
-  hits, refits, steps = _cv_program(xp, yp, folds, grid[order].astype(np.float32),
-                                    np.float32(DEFAULT_TOL if tol is None else tol), tuple(penalties), num_folds,
-                                    max_iter or DEFAULT_MAX_ITER)
+  hits, refits, steps = compile_cache.cached_call(
+      _cv_program, xp, yp, folds, grid[order].astype(np.float32), np.float32(DEFAULT_TOL if tol is None else tol),
+      penalties=tuple(penalties), num_folds=num_folds, max_iter=max_iter or DEFAULT_MAX_ITER)
   inv = np.argsort(order)
   hits, refits, steps = np.asarray(hits)[inv], np.asarray(refits)[inv], np.asarray(steps)[inv]
   fold_sizes = np.bincount(folds[:n], minlength=num_folds)

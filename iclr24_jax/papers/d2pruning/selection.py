@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from iclr24_jax.common import checks
+from iclr24_jax.common import compile_cache
 from iclr24_jax.common import graph as graph_lib
 from iclr24_jax.papers.d2pruning import dataset_graph
 from iclr24_jax.papers.d2pruning import message_passing as mp
@@ -234,7 +235,7 @@ def d2_select(embeddings, scores, groups, quotas, k: int = 10, gamma_forward: fl
   e_pad = -(-max(e, 1) // 4096) * 4096  # padded edge count: fewer distinct compiled shapes
   pad = e_pad - e
   budget = int(quotas.sum())
-  sel, rho = _d2_program(np.pad(senders, (0, pad), constant_values=n),
+  sel, rho = compile_cache.cached_call(_d2_program, np.pad(senders, (0, pad), constant_values=n),
                          np.pad(np.asarray(graph.edges, np.float32).reshape(-1), (0, pad)),
                          np.pad(receivers, (0, pad), constant_values=n), starts, degrees,
                          np.asarray(scores, np.float32), np.int32(budget), np.float32(gamma_forward),
