@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 ENV_SWITCH = "ICLR24_JAX_COMPILATION_CACHE"
 ENV_DIR = "ICLR24_JAX_COMPILATION_CACHE_DIR"
@@ -120,10 +121,12 @@ def cached_call(jitted, *args, **static_kwargs):
   most of its time (D2's selection: ~0.2 of 0.25 CPU s). Falls back to the plain call for anything but host
   (numpy) arguments, and where an executable cannot be stored or loaded.
 
-  The key holds the function's module and name, a digest of the package's source files (path, size, mtime), the JAX / jaxlib versions,
-  the backend, its devices, the default device and the host CPU's features, jax_enable_x64, every argument's shape and dtype and the
-  static arguments' reprs. An entry is a pickle of `jax.experimental.serialize_executable.serialize` (JAX pickles
-  the executable itself the same way): load one only from a folder you trust, as with JAX's own cache.
+  The key holds the function's module and name, a digest of the package's source files (path, size, mtime), the
+  JAX / jaxlib versions, the backend, its devices, the default device and the host CPU's features, jax_enable_x64,
+  every argument's shape and dtype and the static arguments' reprs. Only programs whose custom calls are XLA's TopK
+  or jaxlib's LAPACK kernels go to disk (others stay in memory). An entry is a pickle of
+  `jax.experimental.serialize_executable.serialize` (JAX pickles the executable itself the same way): load one
+  only from a folder you trust, as with JAX's own cache.
 
   Args:
     jitted: a `jax.jit`-wrapped function whose static arguments are all passed by keyword.
@@ -178,6 +181,21 @@ def _compile_fresh(lowered):
     compilation_cache.reset_cache()
 
 
+# Custom calls an executable kept on disk may hold: XLA's own TopK, and jaxlib's LAPACK kernels, whose function
+# pointers jaxlib fills only while lowering a linear-algebra op (`_load` fills them first: without that a loaded
+# LU or triangular solve crashes the process). Anything else (a Python callback, another library's kernel) may
+# depend on state of the process that compiled it: such a program stays in memory only.
+_STORABLE_CUSTOM_CALLS = re.compile(r"TopK|lapack_\w+")
+
+
+def _storable(compiled) -> bool:
+  try:
+    targets = set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
+  except Exception:  # noqa: BLE001  (no text to check: not stored)
+    return False
+  return all(_STORABLE_CUSTOM_CALLS.fullmatch(t) for t in targets)
+
+
 def _load(key: str):
   folder = executable_folder()
   path = folder and os.path.join(folder, key + ".pkl")
@@ -185,7 +203,10 @@ def _load(key: str):
     return None
   try:
     import pickle
+    import numpy as np
     from jax.experimental import serialize_executable
+    from jaxlib import lapack
+    lapack.prepare_lapack_call("getrf_ffi", np.float32)   # fills jaxlib's LAPACK pointers (see above)
     with open(path, "rb") as fh:
       payload, in_tree, out_tree, device_ids = pickle.load(fh)
     import jax
@@ -198,7 +219,7 @@ def _load(key: str):
 
 def _store(key: str, compiled) -> None:
   folder = executable_folder()
-  if not folder:
+  if not folder or not _storable(compiled):
     return
   try:
     import pickle

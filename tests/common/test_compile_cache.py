@@ -110,3 +110,41 @@ def test_cached_call_writes_nothing_while_the_cache_is_off(tmp_path, monkeypatch
   np.testing.assert_array_equal(
       compile_cache.cached_call(program, np.asarray([3.0], np.float32), np.float32(2.0), power=1), [7.0])  # 6 + 1
   assert not list(tmp_path.iterdir())
+
+
+def test_cached_call_keeps_python_callbacks_in_memory_only(tmp_path, monkeypatch):
+  monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
+  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+  program = jax.jit(lambda x: jax.pure_callback(lambda v: np.asarray(v) * 3.0, jax.ShapeDtypeStruct((2,), jnp.float32),
+                                                x))
+  np.testing.assert_array_equal(compile_cache.cached_call(program, np.asarray([1.0, 2.0], np.float32)), [3.0, 6.0])
+  assert not list(tmp_path.glob("*.pkl"))   # a callback points into this process: never written
+
+
+_LAPACK_CHILD = """
+import sys
+sys.path.insert(0, {root!r})
+from iclr24_jax.common import compile_cache
+compile_cache.enable_compilation_cache()
+import jax, numpy as np
+solve = jax.jit(lambda a, b: jax.numpy.linalg.solve(a, b))
+a = np.asarray([[2.0, 1.0], [1.0, 3.0]], np.float32)
+x = compile_cache.cached_call(solve, a, np.asarray([3.0, 5.0], np.float32))
+print(len(compile_cache._EXECUTABLES), *np.round(np.asarray(x), 5))
+"""
+
+
+def test_a_lapack_program_loads_whole_in_a_fresh_process(tmp_path):
+  # The second process loads the LU solve without lowering anything: jaxlib's LAPACK pointers must be filled
+  # by the loader (before that fix the call crashed the process).
+  env = {k: v for k, v in os.environ.items() if not k.startswith(("ICLR24_JAX", "JAX_COMPILATION"))}
+  env[compile_cache.ENV_DIR] = str(tmp_path / "jax")
+  outs = []
+  for _ in range(2):
+    out = subprocess.run([sys.executable, "-c", _LAPACK_CHILD.format(root=ROOT)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    outs.append(out.stdout.split())
+  assert len(list((tmp_path / "jax" / "executables").glob("*.pkl"))) == 1
+  # [[2, 1], [1, 3]] x = [3, 5]: x = (3 * 3 - 5, 2 * 5 - 3) / 5 = (0.8, 1.4)
+  assert outs[0] == outs[1] == ["1", "0.8", "1.4"]
