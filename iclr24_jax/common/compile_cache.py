@@ -188,12 +188,12 @@ def _compile_fresh(lowered):
 _STORABLE_CUSTOM_CALLS = re.compile(r"TopK|lapack_\w+")
 
 
-def _storable(compiled) -> bool:
+def _custom_calls(compiled) -> set[str] | None:
+  """The custom-call targets of a compiled program (None where its text cannot be read)."""
   try:
-    targets = set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
-  except Exception:  # noqa: BLE001  (no text to check: not stored)
-    return False
-  return all(_STORABLE_CUSTOM_CALLS.fullmatch(t) for t in targets)
+    return set(re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()))
+  except Exception:  # noqa: BLE001
+    return None
 
 
 def _load(key: str):
@@ -206,9 +206,10 @@ def _load(key: str):
     import numpy as np
     from jax.experimental import serialize_executable
     from jaxlib import lapack
-    lapack.prepare_lapack_call("getrf_ffi", np.float32)   # fills jaxlib's LAPACK pointers (see above)
     with open(path, "rb") as fh:
-      payload, in_tree, out_tree, device_ids = pickle.load(fh)
+      payload, in_tree, out_tree, device_ids, uses_lapack = pickle.load(fh)
+    if uses_lapack:   # ~0.1 s (scipy's LAPACK): only for the programs that call it
+      lapack.prepare_lapack_call("getrf_ffi", np.float32)   # fills jaxlib's LAPACK pointers (see above)
     import jax
     by_id = {d.id: d for d in jax.devices()}
     return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
@@ -219,7 +220,8 @@ def _load(key: str):
 
 def _store(key: str, compiled) -> None:
   folder = executable_folder()
-  if not folder or not _storable(compiled):
+  targets = _custom_calls(compiled) if folder else None
+  if targets is None or not all(_STORABLE_CUSTOM_CALLS.fullmatch(t) for t in targets):
     return
   try:
     import pickle
@@ -228,7 +230,8 @@ def _store(key: str, compiled) -> None:
     import jax
     # the devices it was compiled for (a host call runs on the default device, not on every device)
     device_ids = sorted(d.id for d in jax.tree.leaves(compiled.output_shardings)[0].device_set)
-    blob = pickle.dumps((*serialize_executable.serialize(compiled), device_ids))
+    uses_lapack = any(t.startswith("lapack_") for t in targets)
+    blob = pickle.dumps((*serialize_executable.serialize(compiled), device_ids, uses_lapack))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
     with os.fdopen(fd, "wb") as fh:
