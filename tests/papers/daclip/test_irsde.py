@@ -1,23 +1,16 @@
-"""Tests for DA-CLIP (iclr24_jax.papers.daclip): IR-SDE closed forms vs simulation and the bridge posterior,
-the controller's zero-init identity, the losses, the degradation suite, and a tiny end-to-end run."""
+"""DA-CLIP's IR-SDE (`papers/daclip/irsde.py`): the schedule against the official definitions, the
+closed-form marginal against simulation, the bridge posterior, the matching loss, and the reverse
+chains with the true noise: clean image restored, the spread of a Gaussian posterior, the mean of K
+posterior chains."""
 import math
-import os
 
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
-from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers import daclip
-from iclr24_jax.vision import clip
-
-
-@pytest.fixture(scope="module")
-def sde():
-  return daclip.irsde_schedule(T=100, lambda_=50.0, eps=0.005)
 
 
 def test_schedule_matches_official_definitions(sde):
@@ -124,157 +117,6 @@ def test_perfect_noise_makes_the_matching_loss_zero_at_the_first_step(sde):
   assert true_loss < 0.2 * zero_loss
 
 
-def _tiny_clip():
-  cfg = ml_collections.ConfigDict(dict(embed_dim=8, image=dict(name="vit", patch_size=4, width=16, depth=3, heads=2),
-                                       text=dict(name="transformer", max_len=6, width=16, depth=1, heads=2)))
-  model = clip.create_clip(cfg, 12)
-  params = model.init(jax.random.key(0), jnp.zeros((2, 8, 8, 1)), jnp.ones((2, 6), jnp.int32))["params"]
-  return model, params
-
-
-def test_zero_init_controller_gives_the_frozen_encoder_output():
-  clip_model, clip_params = _tiny_clip()
-  model = daclip.daclip_from_clip(clip_model)
-  params = daclip.init_daclip_params(model, clip_params, (8, 8, 1))
-  x = jnp.asarray(np.random.default_rng(0).random((3, 8, 8, 1)), jnp.float32)
-  e_c, e_d = jax.jit(model.apply)({"params": params}, x)
-  chex.assert_shape([e_c, e_d], (3, 8))
-  frozen = jax.jit(lambda p, x: clip_model.apply({"params": p}, x, method=clip.CLIP.encode_image,
-                                                 normalize=False))(clip_params, x)
-  np.testing.assert_allclose(np.asarray(e_c), np.asarray(frozen), rtol=1e-6, atol=1e-7)   # zero controls
-  np.testing.assert_allclose(np.asarray(e_d), np.asarray(frozen), rtol=1e-6, atol=1e-7)   # an exact copy at init
-  # Non-zero projections change e_c; only the controller side gets gradients (the encoder is frozen).
-  batch = {"image": x, "caption_emb": clip.l2_normalize(jnp.eye(3, 8)),
-           "degradation_emb": clip.l2_normalize(jnp.eye(3, 8)[::-1])}
-  grads = jax.jit(jax.grad(lambda p: daclip.controller_loss(p, model, batch)[0]))(params)
-  assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree_util.tree_leaves(grads["encoder"]))
-  assert float(jnp.abs(grads["control_proj_0"]["kernel"]).max()) > 0
-  with pytest.raises(ValueError, match="ViT"):
-    daclip.daclip_from_clip(clip.create_clip(ml_collections.ConfigDict(dict(
-        embed_dim=8, image=dict(name="cnn", features=(4,), dense=8), text=dict(name="transformer"))), 12))
-
-
-def test_controls_are_added_in_reversed_block_order():
-  """The controller's block-i control goes after frozen block L-1-i (official `control.pop()`): with only the
-  last projection non-zero, the frozen encoder's first block is the one that sees it."""
-  clip_model, clip_params = _tiny_clip()
-  model = daclip.daclip_from_clip(clip_model)
-  params = daclip.init_daclip_params(model, clip_params, (8, 8, 1))
-  params["control_proj_2"] = {"kernel": jnp.zeros((16, 16)), "bias": jnp.ones((16,))}    # control = +1 everywhere
-  x = jnp.asarray(np.random.default_rng(0).random((2, 8, 8, 1)), jnp.float32)
-  e_c, _ = model.apply({"params": params}, x)
-  vit = clip_model.image_encoder
-  ones = jnp.ones((2, 5, 16))
-  want = vit.apply({"params": clip_params["image_encoder"]}, x, controls=[ones, 0 * ones, 0 * ones])
-  np.testing.assert_allclose(np.asarray(e_c), np.asarray(want), rtol=1e-5, atol=1e-6)
-
-
-def test_controller_loss_by_hand_and_train_step_lowers_it():
-  clip_model, clip_params = _tiny_clip()
-  model = daclip.daclip_from_clip(clip_model)
-  params = daclip.init_daclip_params(model, clip_params, (8, 8, 1))
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.random((8, 8, 8, 1)), jnp.float32)
-  cap = clip.l2_normalize(jnp.asarray(rng.normal(size=(8, 8)), jnp.float32))
-  deg = clip.l2_normalize(jnp.asarray(rng.normal(size=(8, 8)), jnp.float32))
-  batch = {"image": x, "caption_emb": cap, "degradation_emb": deg}
-  loss, m = daclip.controller_loss(params, model, batch)
-  e_c, e_d = model.apply({"params": params}, x)
-  scale = math.exp(float(params["logit_scale"]))
-  want = clip.clip_loss(clip.l2_normalize(e_c), cap, scale) + clip.clip_loss(clip.l2_normalize(e_d), deg, scale)
-  np.testing.assert_allclose(float(loss), float(want), atol=1e-5)
-  np.testing.assert_allclose(float(m["content_loss"] + m["degradation_loss"]), float(loss), atol=1e-5)
-  opt = ml_collections.ConfigDict(dict(learning_rate=3e-3, schedule="constant", weight_decay=0.0))
-  state = TrainState.create(params, daclip.make_controller_optimizer(opt, 20, params))
-  step = jax.jit(chex.assert_max_traces(daclip.make_controller_train_step(model), n=1))
-  losses = []
-  for _ in range(6):
-    state, metrics = step(state, batch, jax.random.key(0))
-    losses.append(float(metrics["loss"]))
-  assert losses[-1] < losses[0]
-  chex.assert_trees_all_equal(state.params["encoder"], params["encoder"])        # frozen: bit-identical
-  with pytest.raises(KeyError, match="degradation_emb"):
-    daclip.controller_loss(params, model, {"image": x, "caption_emb": cap})
-
-
-def test_degradation_suite_is_deterministic_and_named():
-  x, _ = daclip.load_clean_digits(dataset="digits", size=16)
-  chex.assert_shape(x, (1797, 16, 16, 1))
-  assert len(daclip.DEGRADATIONS) >= 6
-  suite = daclip.make_suite(x[:21], seed=3, types=np.arange(21) % 7)
-  again = daclip.make_suite(x[:21], seed=3, types=np.arange(21) % 7)
-  np.testing.assert_array_equal(suite["lq"], again["lq"])
-  assert suite["lq"].min() >= 0 and suite["lq"].max() <= 1 and suite["lq"].dtype == np.float32
-  gt, lq = suite["gt"], suite["lq"]
-  # hazy: x t + A (1 - t) with t <= 0.6, A >= 0.7 lifts the black background to >= 0.28.
-  assert lq[1].min() >= 0.7 * 0.4 - 1e-6
-  # low-light: at most 0.35 of the peak.
-  assert lq[3].max() <= 0.35 + 1e-6
-  # uncompleted: some pixels set to exactly 1 that were not.
-  assert np.any((lq[6] == 1.0) & (gt[6] < 1.0))
-  # every type changes the image
-  assert all(np.abs(lq[i] - gt[i]).mean() > 1e-3 for i in range(7))
-  assert daclip.degradation_captions([0, 4]) == ["motion-blurry", "noisy"]
-  with pytest.raises(ValueError, match="unknown degradation"):
-    daclip.degrade_one(x[0], "foggy", np.random.default_rng(0))
-  with pytest.raises(ValueError, match="one degradation per image"):
-    daclip.degrade(x[:3], [0, 1])
-
-
-def test_restore_shapes_and_errors(sde):
-  net = daclip.create_restorer(ml_collections.ConfigDict(dict(base_channels=8, channel_mults=(1,),
-                                                              num_res_blocks=1, attention_levels=(0,), num_heads=2,
-                                                              out_channels=1, num_groups=4)))
-  x = jnp.zeros((2, 8, 8, 1))
-  e = jnp.zeros((2, 8))
-  params = net.init(jax.random.key(0), jnp.zeros((2, 8, 8, 2)), jnp.ones((2,)), cond=e, context=e[:, None])["params"]
-  small = daclip.irsde_schedule(T=3)
-  out = jax.jit(lambda k, p, lq, c, d: daclip.restore(k, p, lq, model=net, schedule=small, e_c=c, e_d=d))(
-      jax.random.key(0), params, x + 0.5, e, e)
-  chex.assert_shape(out, (2, 8, 8, 1))
-  assert np.isfinite(np.asarray(out)).all()
-  with pytest.raises(ValueError, match="e_c must be"):
-    daclip.restore(jax.random.key(0), params, x, model=net, schedule=small, e_c=jnp.zeros((3, 8)), e_d=e)
-  with pytest.raises(ValueError, match="method"):
-    daclip.restore(jax.random.key(0), params, x, model=net, schedule=small, method="ode")
-
-
-@pytest.mark.slow   # ~70 s CPU: ten small programs to compile (CLIP, controller, embeddings, UNet train, sampling)
-def test_experiment_run_tiny(tmp_path):
-  """Smoke run of the whole pipeline with the tiny config: files written, numbers in range, paired models."""
-  from iclr24_jax.configs import daclip as cfg_mod
-  from iclr24_jax.papers.daclip import experiment
-  cfg = cfg_mod.get_config("tiny")
-  res = experiment.run(cfg, str(tmp_path), progress=False)
-  for name in ("results.json", "restorations.png", "psnr_by_degradation.png", "heldout_loss.png",
-               "clip/metrics.jsonl", "controller/metrics.jsonl", "controller_s2/metrics.jsonl",
-               "restorer_oracle_s1/metrics.jsonl", "restorer_none_s0/checkpoints"):
-    assert (tmp_path / name).exists(), name
-  assert set(res["accuracy"]) == {"ed_zero_shot", "frozen_zero_shot", "frozen_linear_probe", "content_ec",
-                                  "content_frozen"}
-  assert len(res["accuracy_items_by_seed"]["ed_zero_shot"]) == cfg.controller.seeds
-  rest = res["restoration"]
-  assert rest["heldout_steps"] == list(range(1, cfg.num_steps + 1))          # log_every = 1: one point a step
-  for c in cfg.conditions:
-    loss = rest["heldout_loss"][c]
-    assert len(loss["per_seed"]) == cfg.num_seeds and len(loss["per_image"]) == res["num_test"]
-    np.testing.assert_allclose(np.mean(loss["per_seed"]), np.mean(loss["per_image"]), rtol=1e-5)
-    assert len(rest["single_sample"][c]["psnr"]) == cfg.num_seeds
-  assert all(0.0 <= v <= 1.0 for v in res["accuracy"].values())
-  assert len(res["accuracy_items"]["ed_zero_shot"]) == res["num_test"] == 7 * cfg.data.test_per_type
-  per = res["restoration"]["per_condition"]
-  assert set(per) == set(cfg.conditions)
-  for c in cfg.conditions:
-    assert len(per[c]["psnr"]) == cfg.num_seeds and np.isfinite(per[c]["psnr"]).all()
-    assert all(-1.0 <= v <= 1.0 for v in per[c]["ssim"])
-  with pytest.raises(ValueError, match="unknown variant"):
-    cfg_mod.get_config("huge")
-  bad = cfg_mod.get_config("tiny")
-  bad.restore_conditions = ("daclip", "unconditioned")
-  with pytest.raises(ValueError, match="restore_conditions"):
-    experiment.run(bad, str(tmp_path / "bad"), progress=False)
-
-
 @pytest.mark.parametrize("method", ["sde", "posterior"])
 def test_reverse_sample_with_the_true_noise_restores_the_clean_image(method):
   # The reference that rules out a sampler bug behind a weak restoration row: feed reverse_sample the exact noise
@@ -351,41 +193,6 @@ def test_reverse_chain_returns_the_spread_of_a_gaussian_posterior(method, tol):
     assert abs(wrong / s - 1) > 2 * tol, (scale, wrong / s)            # a scale error fails the spread check
 
 
-def test_chunk_runner_host_loop_equals_scan():
-  """The CPU host loop and the accelerator lax.scan run the same steps with the same keys (a conv step)."""
-  import flax.linen as nn
-  import optax
-  from iclr24_jax.papers.daclip import train as train_lib
-
-  net = nn.Conv(4, (3, 3))
-  tx = optax.adam(1e-2)
-  x_all = jax.random.normal(jax.random.key(0), (32, 8, 8, 2))
-  params = net.init(jax.random.key(1), x_all[:1])["params"]
-  state0 = TrainState.create(params, tx)
-
-  def step(state, batch, key):
-    def loss(p):
-      out = net.apply({"params": p}, batch)
-      return jnp.mean((out - jax.random.normal(key, out.shape)) ** 2)
-    val, g = jax.value_and_grad(loss)(state.params)
-    return state.apply_gradients(g), {"loss": val}
-
-  def sample(d, k):
-    return d["x"][jax.random.randint(k, (4,), 0, d["x"].shape[0])]
-
-  key = jax.random.key(2)
-  data = {"x": x_all}
-  out = {}
-  for scan in (True, False):
-    run = train_lib.chunk_runner(step, sample, key, scan=scan)
-    st, m1 = run(state0, data, 0, 3)
-    st, m2 = run(st, data, 3, 2)
-    out[scan] = (st.params, m1["loss"], m2["loss"], int(st.step))
-  chex.assert_trees_all_close(out[True][0], out[False][0], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose([out[True][1], out[True][2]], [out[False][1], out[False][2]], rtol=1e-5)
-  assert out[True][3] == out[False][3] == 5
-
-
 def test_mean_of_posterior_chains_keeps_a_quarter_of_the_posterior_variance():
   """x0 = mu + s z with the exact noise prediction: one posterior chain ends at spread `exact` (~0.953 s, the
   numpy recursion above) around mu; the mean of K = 4 independent chains must spread exact / 2 (its variance is
@@ -411,118 +218,3 @@ def test_mean_of_posterior_chains_keeps_a_quarter_of_the_posterior_variance():
   np.testing.assert_allclose(mean.std(), exact / np.sqrt(k), rtol=0.02)     # K chains: exact / 2
   with pytest.raises(ValueError, match="num_samples"):
     irsde.reverse_sample_mean(key, None, mu, noise_fn=oracle, schedule=sched, num_samples=0)
-
-
-def test_heldout_draws_are_stratified_and_the_heldout_loss_is_the_matching_loss(sde):
-  """Draw r of every image lies in the r-th of R equal strata of 1..T; the held-out loss of an image is the mean
-  over its draws of `matching_loss_per_example` at x_t = m_t + sigma_bar_t z, whose batch mean is `matching_loss`."""
-  from iclr24_jax.papers.daclip import restoration
-  times, noise = restoration.heldout_draws(jax.random.key(0), 50, (4, 4, 1), 100, 10)
-  chex.assert_shape(times, (50, 10))
-  chex.assert_shape(noise, (50, 10, 4, 4, 1))
-  lo = 1 + 10 * np.arange(10)                          # strata 1..10, 11..20, ..., 91..100
-  assert (times >= lo).all() and (times <= lo + 9).all()
-  assert len(np.unique(times[:, 0])) > 5               # uniform inside a stratum, not its left edge
-  again = restoration.heldout_draws(jax.random.key(0), 50, (4, 4, 1), 100, 10)
-  np.testing.assert_array_equal(again[0], times)
-  with pytest.raises(ValueError, match="num_times"):
-    restoration.heldout_draws(jax.random.key(0), 2, (4, 4, 1), 10, 11)
-
-  net = daclip.create_restorer(ml_collections.ConfigDict(dict(base_channels=8, channel_mults=(1,),
-                                                              num_res_blocks=1, attention_levels=(0,), num_heads=2,
-                                                              out_channels=1, num_groups=4)))
-  rng = np.random.default_rng(0)
-  gt = jnp.asarray(rng.random((3, 4, 4, 1)), jnp.float32)
-  lq = jnp.asarray(rng.random((3, 4, 4, 1)), jnp.float32)
-  params = net.init(jax.random.key(1), jnp.zeros((3, 4, 4, 2)), jnp.ones((3,)))["params"]
-  t2, z2 = times[:3, ::5], noise[:3, ::5]                                     # R = 2 draws per image
-  got = np.asarray(daclip.heldout_matching_loss(params, net, {"gt": gt, "lq": lq}, jnp.asarray(t2),
-                                                jnp.asarray(z2), sde))
-  per_draw = []
-  for r in range(2):
-    t = jnp.asarray(t2[:, r])
-    x_t = daclip.irsde_mean(gt, lq, t, sde) + daclip.irsde_std(t, sde)[:, None, None, None] * z2[:, r]
-    pred = daclip.predict_noise(net, params, x_t, lq, t)
-    per_ex = np.asarray(daclip.matching_loss_per_example(pred, x_t, gt, lq, t, sde))
-    np.testing.assert_allclose(per_ex.mean(), float(daclip.matching_loss(pred, x_t, gt, lq, t, sde)), rtol=1e-6)
-    per_draw.append(per_ex)
-  np.testing.assert_allclose(got, np.mean(per_draw, axis=0), rtol=1e-5)
-  with pytest.raises(ValueError, match="times must be"):
-    daclip.heldout_matching_loss(params, net, {"gt": gt, "lq": lq}, jnp.asarray(t2[:2]), jnp.asarray(z2), sde)
-
-
-def test_linear_probe_picks_its_regularisation_on_training_folds_only():
-  """Separable classes: the probe is perfect; labels unrelated to the features: it is near chance (1/3), not
-  silently perfect (the test labels never reach the fit), and its CV accuracy says so too."""
-  from iclr24_jax.papers.daclip import train as train_lib
-  rng = np.random.default_rng(0)
-  centres = 5.0 * np.eye(3, 8)
-  y_tr, y_te = rng.integers(0, 3, 150), rng.integers(0, 3, 90)
-  x_tr = centres[y_tr] + rng.normal(size=(150, 8)) + 10.0      # offset: the unit-normalisation keeps directions
-  x_te = centres[y_te] + rng.normal(size=(90, 8)) + 10.0
-  correct, info = train_lib.linear_probe(x_tr, y_tr, x_te, y_te)
-  chex.assert_shape(correct, (90,))
-  assert correct.mean() > 0.95 and info["cv_accuracy"] > 0.95
-  assert info["C"] in train_lib.PROBE_CS
-  noise_tr, noise_te = rng.normal(size=(150, 8)), rng.normal(size=(300, 8))
-  correct, info = train_lib.linear_probe(noise_tr, y_tr, noise_te, rng.integers(0, 3, 300))
-  assert abs(correct.mean() - 1 / 3) < 0.12 and info["cv_accuracy"] < 0.5
-
-
-def _comparable(tree, workdir: str):
-  """results.json's numbers without wall-clock figures (keys ending in '_s' or 'wall_s'), plot paths relative."""
-  if isinstance(tree, dict):
-    return {k: _comparable(v, workdir) for k, v in tree.items() if not k.endswith("_s")}
-  if isinstance(tree, list):
-    return [_comparable(v, workdir) for v in tree]
-  return tree.replace(workdir, "<workdir>") if isinstance(tree, str) else tree
-
-
-def _stage_rows(workdir: str) -> dict:
-  """Every stage's metrics.jsonl rows (stage folder -> rows without their timing columns)."""
-  from iclr24_jax.common import metrics as metrics_lib
-  out = {}
-  for name in sorted(os.listdir(workdir)):
-    path = os.path.join(workdir, name, "metrics.jsonl")
-    if os.path.exists(path):
-      out[name] = [{k: v for k, v in r.items() if not k.endswith(("_s", "steps_per_s"))}
-                   for r in metrics_lib.read_jsonl(path)]
-  return out
-
-
-@pytest.mark.slow   # ~5 min CPU: an uninterrupted tiny run, a run crashed inside a restorer stage, its resume
-def test_tiny_crash_inside_a_restorer_stage_then_resume_equals_uninterrupted(tmp_path):
-  """Killed without warning (nothing saved at the kill) at step 3 of restorer_daclip_s0, after its step-2
-  checkpoint: the launcher's rerun restores the finished stages without training, resumes that stage from step 2,
-  and reports the uninterrupted run's results.json numbers and metrics rows exactly."""
-  from iclr24_jax.common import checkpoint as ckpt_lib
-  from iclr24_jax.configs import daclip as cfg_mod
-  from iclr24_jax.launch import run as launch
-  cfg = cfg_mod.get_config("tiny")
-  every = int(cfg.checkpoint_every)
-  assert 0 < every < int(cfg.num_steps) and 0 < every < int(cfg.clip.num_steps)
-  full_wd, wd = str(tmp_path / "full"), str(tmp_path / "killed")
-  full = launch.run(cfg, full_wd).results
-
-  class Crash(Exception):
-    pass
-
-  def crash(step, row):
-    if "restorer_daclip_s0/loss" in row and step > every:
-      raise Crash(step)
-
-  with pytest.raises(Crash):
-    launch.run(cfg, wd, progress_fn=crash)
-  assert ckpt_lib.read_status(wd)["status"] == "failed"
-  steps = ckpt_lib.checkpoint_steps(wd)
-  assert steps[os.path.join("restorer_daclip_s0", "checkpoints")] == every       # saved before the kill
-  assert steps[os.path.join("clip", "checkpoints")] == int(cfg.clip.num_steps)    # a finished stage
-  assert os.path.join("restorer_daclip_s1", "checkpoints") not in steps          # not reached
-
-  logged = []
-  resumed = launch.run(cfg, wd, progress_fn=lambda step, row: logged.append(row)).results
-  trained = sorted({k.split("/")[0] for r in logged for k in r if k.endswith("/loss")})
-  assert "clip" not in trained and "controller" not in trained and "restorer_none_s0" not in trained
-  assert [r["step"] for r in logged if "restorer_daclip_s0/loss" in r] == list(range(every + 1, cfg.num_steps + 1))
-  assert _comparable(resumed, wd) == _comparable(full, full_wd)
-  assert _stage_rows(wd) == _stage_rows(full_wd)
