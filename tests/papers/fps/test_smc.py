@@ -1,110 +1,18 @@
-"""Tests for FPS (filtering posterior sampling): operators and their SVDs, the closed-form conditioning, the
-measurement sequence, resampling, the particle filter against an exact Kalman filter, DPS, configs and a smoke run.
-"""
-import os
-
+"""FPS's filter (`papers/fps/smc.py`): the closed-form conditioning against dense linear algebra, the
+weight as the marginal likelihood, the kernel rates, the measurement sequence's marginals and
+cross-step covariance, the particle filter against an exact Kalman filter, the telescoping weights
+against the exact posterior, `sample` (one trace, 1 vs 8 devices, image operators) and its errors."""
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
-from iclr24_jax.diffusion import samplers, schedules
+from iclr24_jax.diffusion import samplers
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, programs, smc, study_exactness, study_images
-
-SCHED = schedules.linear_beta_schedule()
-
-
-def _ops():
-  """Small instances of every operator (dense checks are O(n^2))."""
-  rng = np.random.default_rng(0)
-  mask = (rng.uniform(size=(6, 6, 1)) > 0.4).astype(np.float32)
-  return {
-      "inpainting": fps.Inpainting(mask),
-      "super_resolution": fps.SuperResolution(2, (4, 6, 2)),
-      "super_resolution_2d": fps.SuperResolution(3, (6, 6)),
-      "gaussian_blur": fps.GaussianBlur(3, 1.0, (6, 6, 1)),
-      "motion_blur": fps.MotionBlur(5, (7, 6), angle=30.0),
-      "dense_wide": fps.Dense(rng.standard_normal((3, 5))),
-      "dense_tall": fps.Dense(rng.standard_normal((6, 4))),
-  }
-
-
-OPS = _ops()
-
-
-def _basis_matrix(fn, shape):
-  """Columns fn(e_j) for the standard basis of `shape` -> [out, n]."""
-  n = int(np.prod(shape))
-  eye = np.eye(n, dtype=np.float32).reshape((n,) + tuple(shape))
-  return np.asarray(fn(jnp.asarray(eye))).reshape(n, -1).T
-
-
-# ------------------------------------------------------------------------------------------ operators
-
-
-@pytest.mark.parametrize("name", list(OPS))
-def test_adjoint_identity(name):
-  op = OPS[name]
-  rng = np.random.default_rng(1)
-  x = jnp.asarray(rng.standard_normal((3,) + op.x_shape), jnp.float32)
-  y = jnp.asarray(rng.standard_normal((3,) + op.y_shape), jnp.float32)
-  lhs = jnp.sum(op.forward(x) * y, axis=tuple(range(1, 1 + len(op.y_shape))))
-  rhs = jnp.sum(x * op.adjoint(y), axis=tuple(range(1, 1 + len(op.x_shape))))
-  np.testing.assert_allclose(lhs, rhs, rtol=1e-5, atol=1e-5)
-  chex.assert_shape(op.forward(x), (3,) + op.y_shape)
-  chex.assert_shape(op.adjoint(y), (3,) + op.x_shape)
-
-
-@pytest.mark.parametrize("name", list(OPS))
-def test_svd_reconstructs_operator(name):
-  op = OPS[name]
-  n = op.x_size
-  a = _basis_matrix(op.forward, op.x_shape)                 # [prod(y_shape), n]
-  vt = _basis_matrix(op.vt, op.x_shape)                     # [n, n] (complex for blurs)
-  np.testing.assert_allclose(vt @ vt.conj().T, np.eye(n), atol=1e-5)       # V is unitary
-  ys_shape = op.y_shape
-  ut = _basis_matrix(op.ut, ys_shape)                       # [m, prod(y_shape)]
-  np.testing.assert_allclose(ut @ ut.conj().T, np.eye(op.y_size), atol=1e-5)   # U^H has orthonormal rows
-  s = np.asarray(op.singular_values)
-  assert s.shape == (op.rank,) and np.all(s >= 0)
-  # A = U S V^H on the measurement space: U^H A = S_pad V^H
-  s_mat = np.zeros((op.y_size, n))
-  s_mat[np.arange(op.rank), np.arange(op.rank)] = s
-  np.testing.assert_allclose(ut @ a, s_mat @ vt, atol=1e-5)
-  # and the SVD path reproduces forward on random inputs
-  x = jnp.asarray(np.random.default_rng(2).standard_normal((2,) + op.x_shape), jnp.float32)
-  np.testing.assert_allclose(op.forward_svd(x), op.forward(x), atol=1e-5)
-  np.testing.assert_allclose(op.v(op.vt(x)), x, atol=1e-5)
-
-
-def test_inpainting_and_sr_values():
-  # Inpainting keeps observed pixels; SR averages blocks: [[1, 2], [3, 4]] -> 2.5.
-  op = fps.Inpainting(np.array([[1.0, 0.0], [0.0, 1.0]]))
-  np.testing.assert_array_equal(op.forward(jnp.array([[1.0, 2.0], [3.0, 4.0]])), [[1.0, 0.0], [0.0, 4.0]])
-  sr = fps.SuperResolution(2, (2, 2))
-  np.testing.assert_allclose(sr.forward(jnp.array([[1.0, 2.0], [3.0, 4.0]])), [[2.5]], rtol=1e-6)
-  np.testing.assert_allclose(sr.singular_values, [0.5], rtol=1e-6)   # row ones/4 has norm 1/2
-  k = fps.gaussian_kernel(5, 1.0)
-  np.testing.assert_allclose(k.sum(), 1.0, rtol=1e-12)
-  mk = fps.motion_kernel(7, angle=0.0, length=5)
-  np.testing.assert_allclose(mk.sum(), 1.0, rtol=1e-12)
-  assert np.count_nonzero(mk.sum(1)) == 1 and np.count_nonzero(mk.sum(0)) == 5   # a horizontal streak of 5 px
-
-
-def test_operators_are_pytrees_for_jit():
-  op = OPS["gaussian_blur"]
-  x = jnp.ones((1,) + op.x_shape)
-  f = jax.jit(lambda o, x: o.forward(x))
-  np.testing.assert_allclose(f(op, x), op.forward(x), rtol=1e-6)
-  leaves, tree = jax.tree_util.tree_flatten(op)
-  assert jax.tree_util.tree_unflatten(tree, leaves).x_shape == op.x_shape
-
-
-# ------------------------------------------------------------------------------- closed-form conditioning
+from iclr24_jax.papers.fps import programs
+from .helpers import SCHED, OPS, _basis_matrix, MEAN0, COV0, DEN, N_STEPS, _prior
 
 
 def _dense_measurement_rows(op):
@@ -189,9 +97,6 @@ def test_kernel_rates_reproduce_core_kernels():
   np.testing.assert_allclose(got1.var, 1 - a_s, rtol=1e-6)
 
 
-# ---------------------------------------------------------------------------------- measurement sequence
-
-
 def test_measurement_sequence_marginals():
   op = fps.Dense(np.array([[1.0, 0.5], [0.0, 2.0]]))
   a = np.asarray(op.a, np.float64)
@@ -213,41 +118,6 @@ def test_measurement_sequence_marginals():
   eps = (np.asarray(ys0[:-1]) - np.sqrt(np.asarray(a_s[:-1]))[:, None] * np.asarray(y)) / np.sqrt(
       1 - np.asarray(a_s[:-1]))[:, None]
   np.testing.assert_allclose(eps, np.broadcast_to(eps[0], eps.shape), atol=2e-4)
-
-
-# ----------------------------------------------------------------------------------------- resampling
-
-
-@pytest.mark.parametrize("scheme", ["multinomial", "systematic", "stratified"])
-def test_resampling_is_unbiased(scheme):
-  w = np.array([0.05, 0.4, 0.15, 0.3, 0.1])
-  m, reps = 5, 4000
-  idx = jax.jit(jax.vmap(lambda k: fps.resample(k, jnp.log(jnp.asarray(w)), scheme)))(
-      jax.random.split(jax.random.key(0), reps))
-  counts = np.stack([np.bincount(np.asarray(r), minlength=m) for r in idx])    # [reps, M]
-  se = counts.std(0, ddof=1) / np.sqrt(reps) + 1e-12
-  assert np.all(np.abs(counts.mean(0) - m * w) < 5 * se + 1e-9)
-  if scheme == "systematic":   # every particle gets floor(M w) or ceil(M w) copies
-    assert np.all((counts >= np.floor(m * w)) & (counts <= np.ceil(m * w)))
-
-
-def test_ess_values():
-  np.testing.assert_allclose(fps.ess(jnp.zeros(8)), 8.0, rtol=1e-5)
-  np.testing.assert_allclose(fps.ess(jnp.array([0.0, -jnp.inf, -jnp.inf])), 1.0, rtol=1e-5)
-
-
-# ------------------------------------------------------------------------- the filter vs exact references
-
-
-D = 2
-_RNG = np.random.default_rng(0)
-MEAN0 = np.array([0.5, -0.3])
-_L = _RNG.standard_normal((D, D))
-COV0 = _L @ _L.T + 0.5 * np.eye(D)
-GAUSS = gmm_lib.GaussianMixture(jnp.ones(1), jnp.asarray(MEAN0[None], jnp.float32),
-                                jnp.asarray(COV0[None], jnp.float32))
-DEN = gmm_lib.gmm_denoiser(GAUSS, SCHED)
-N_STEPS = 30
 
 
 @pytest.fixture(scope="module")
@@ -301,49 +171,6 @@ def test_gaussian_prior_matches_kalman_filter(filter_fn):
   assert np.all(np.abs(z_cov) < 5), z_cov
   # The filter is informative: the posterior variance along A is far below the prior's.
   assert (a @ p_ref @ a.T)[0, 0] < 0.5 * (a @ COV0 @ a.T)[0, 0]
-
-
-# ----------------------------------------------------- the exact posterior: noise tracking and telescoping
-
-
-def _prior(dim):
-  rng = np.random.default_rng(10 + dim)
-  l = rng.standard_normal((dim, dim))
-  return rng.standard_normal(dim) * 0.5, l @ l.T + 0.5 * np.eye(dim)
-
-
-@pytest.mark.parametrize("dim", [1, 2])
-def test_noise_tracking_kalman_is_the_exact_posterior(dim):
-  # All y_t = A x_t + sqrt(abar_t) sigma n share n: carrying n in the state gives p(x_0 | y) exactly, for the
-  # bridge's sequences AND for arbitrary ones ending at y (the y_t, t > 0, carry no information about x_0).
-  # FPS's HMM with the SAME exact kernel (only the emissions differ) is several times too narrow along A.
-  mean0, cov0 = _prior(dim)
-  a = np.array([[1.0, 0.5][:dim]])
-  op = fps.Dense(a)
-  sigma, y = 0.25, np.array([0.9])
-  _, a_t, a_s = samplers.sampling_grid(SCHED, 100)
-  y_start, ys = jax.vmap(lambda k: fps.measurement_sequence(k, op, jnp.asarray(y, jnp.float32), a_t, a_s, 0.95))(
-      jax.random.split(jax.random.key(0), 3))
-  rng = np.random.default_rng(1)
-  arb = np.concatenate([rng.standard_normal((3, 99, 1)) * 3, np.broadcast_to(y, (3, 1, 1))], 1)
-  pm, pc = fps.gaussian_posterior(mean0, cov0, a, y, sigma)
-  for y0, seq in ((y_start, ys), (rng.standard_normal((3, 1)), arb)):
-    seq = np.asarray(seq, np.float64)
-    seq[:, -1] = y
-    m, p = fps.noise_tracking_kalman(mean0, cov0, a, sigma, y0, seq, a_t, a_s)
-    chex.assert_shape(m, (3, dim))
-    np.testing.assert_allclose(m, np.broadcast_to(pm, m.shape), rtol=1e-7, atol=1e-9)
-    np.testing.assert_allclose(p, pc, rtol=1e-7, atol=1e-10)
-    ms, p_fps = fps.kalman_reference(mean0, cov0, a, sigma, y0, seq, a_t, a_s, sampler="exact")
-    ratio = (a @ p_fps @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0]
-    assert ratio < 0.5, ratio     # FPS's emission model alone makes the posterior over-confident
-  # Closed form for one (almost) noiseless step, D = k = 1, A = 1, y_start = y = 1: y = x_0 + sigma n with
-  # x_0 ~ N(0, s0), n ~ N(0, 1): posterior variance s0 sigma^2 / (s0 + sigma^2), mean s0 y / (s0 + sigma^2).
-  if dim == 1:
-    m1, p1 = fps.noise_tracking_kalman(np.zeros(1), np.eye(1) * 2.0, np.eye(1), 0.5, np.ones(1), np.ones((1, 1)),
-                                       np.array([1.0 - 1e-12]), np.array([1.0]))
-    np.testing.assert_allclose(p1[0, 0], 2.0 * 0.25 / 2.25, rtol=1e-6)
-    np.testing.assert_allclose(m1[0], 2.0 / 2.25, rtol=1e-6)
 
 
 def test_measurement_sequence_cross_step_covariance():
@@ -431,26 +258,6 @@ def test_telescoping_weights_target_the_exact_posterior(weights_fn, dim):
     assert z[0.0] > 5, (sampler, z)    # the test tells the two weightings apart
 
 
-def test_telescoping_limit_is_exact_for_fine_ddpm_and_fps_is_not():
-  # M -> infinity, 1000 DDPM steps, exact denoiser: the telescoping limit is the exact posterior to < 1% in
-  # Var(A x) and to 0.01 posterior std in the mean; FPS's limit (averaged over 20 bridge sequences) is < 0.3x.
-  mean0, cov0 = _prior(2)
-  a = np.array([[1.0, 0.5]])
-  op = fps.Dense(a)
-  _, a_t, a_s = samplers.sampling_grid(SCHED, 1000)
-  for sigma in (0.25, 1.0):
-    y = np.array([0.9])
-    pm, pc = fps.gaussian_posterior(mean0, cov0, a, y, sigma)
-    tm, tp = fps.telescoping_reference(mean0, cov0, a, sigma, y, a_t, a_s, sampler="ddpm")
-    np.testing.assert_allclose((a @ tp @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0], 1.0, atol=0.01)
-    assert np.linalg.norm(tm - pm) < 0.01 * np.sqrt(np.trace(pc))
-    y0, ys = jax.vmap(lambda k: fps.measurement_sequence(k, op, jnp.asarray(y, jnp.float32), a_t, a_s, 0.95))(
-        jax.random.split(jax.random.key(3), 20))
-    ms, p = fps.kalman_reference(mean0, cov0, a, sigma, y0, ys, a_t, a_s, sampler="ddpm")
-    _, cov = fps.moments_over_sequences(ms, p)
-    assert (a @ cov @ a.T)[0, 0] / (a @ pc @ a.T)[0, 0] < 0.3
-
-
 def test_sample_traces_once_and_shapes():
   op = fps.Dense(np.array([[1.0, 0.5]]))
 
@@ -510,69 +317,6 @@ def test_sample_on_image_operators(name):
   assert float(jnp.max(res)) < float(jnp.linalg.norm(y))
 
 
-# ----------------------------------------------------------------------------------------------- DPS
-
-
-@pytest.fixture(scope="module")
-def dps_fn():
-  op = fps.Dense(np.array([[1.0, 0.5]]))
-  return jax.jit(lambda k, z: fps.dps_sample(k, DEN, SCHED, op, jnp.array([1.5]), 256, 20, z)), op
-
-
-def test_dps_with_zero_step_is_ddpm(dps_fn):
-  fn, _ = dps_fn
-  x = fn(jax.random.key(0), 0.0)
-  ref = samplers.sample(DEN, SCHED, (256, 2), jax.random.key(0), method="ddpm", num_steps=20)
-  np.testing.assert_allclose(x, ref, rtol=1e-5, atol=1e-5)
-
-
-def test_dps_guidance_reduces_the_residual(dps_fn):
-  fn, op = dps_fn
-  res = lambda x: float(jnp.mean(jnp.abs(op.forward(x)[:, 0] - 1.5)))  # noqa: E731
-  assert res(fn(jax.random.key(0), 0.3)) < 0.5 * res(fn(jax.random.key(0), 0.0))
-
-
-@pytest.mark.parametrize("clip", [None, 1.0])
-def test_dps_step_is_the_official_dps_update(clip):
-  """dps_step against a numpy re-implementation of the official DPS step (p_sample_loop + PosteriorSampling,
-  clip_denoised): x0 = clamp((x - sqrt(1 - a_t) eps) / sqrt(a_t)); mean = q_posterior_mean(x0, x);
-  x' = mean + sqrt(var) z - zeta grad_x ||y - A x0(x)||, for a linear eps(x, t) = W x + b + c t whose Jacobian is W,
-  so grad = -J^T A^T r / ||r|| with J = diag(|x0| < 1) (I - sqrt(1 - a_t) W) / sqrt(a_t). Variance beta-tilde (the
-  documented deviation from the learned-range variance)."""
-  rng = np.random.default_rng(5)
-  w = 0.3 * rng.standard_normal((3, 3))
-  bias, c = rng.standard_normal(3), 0.01
-  a_mat = rng.standard_normal((2, 3))
-  op = fps.Dense(a_mat)
-  x_t = rng.standard_normal((4, 3)) * 1.5
-  y = rng.standard_normal(2)
-  t, a_t, a_s, zeta = 40.0, 0.45, 0.62, 0.7
-  den = lambda x, tt: x @ jnp.asarray(w.T, jnp.float32) + jnp.asarray(bias, jnp.float32) + c * tt[:, None]  # noqa
-  key = jax.random.key(3)
-  out, norms = jax.jit(lambda x: fps.dps_step(den, op, jnp.asarray(y, jnp.float32), x, jnp.float32(t), a_t, a_s, key,
-                                              zeta, clip_x0=clip))(jnp.asarray(x_t, jnp.float32))
-  eps = x_t @ w.T + bias + c * t
-  x0_raw = (x_t - np.sqrt(1 - a_t) * eps) / np.sqrt(a_t)
-  x0 = x0_raw if clip is None else np.clip(x0_raw, -clip, clip)
-  alpha = a_t / a_s
-  mean = (np.sqrt(a_s) * (1 - alpha) * x0 + np.sqrt(alpha) * (1 - a_s) * x_t) / (1 - a_t)   # q_posterior_mean
-  var = (1 - a_s) / (1 - a_t) * (1 - alpha)
-  z = np.asarray(jax.random.normal(key, (4, 3)), np.float64)
-  r = y[None] - x0 @ a_mat.T
-  norm = np.linalg.norm(r, axis=1)
-  jac = (np.eye(3) - np.sqrt(1 - a_t) * w) / np.sqrt(a_t)                  # d x0_raw / d x
-  mask = np.ones_like(x0_raw) if clip is None else (np.abs(x0_raw) < clip).astype(float)
-  grad = -np.einsum("bi,ij->bj", mask * (r @ a_mat) / norm[:, None], jac)  # J^T A^T r / ||r||, J = diag(mask) jac
-  want = mean + np.sqrt(var) * z - zeta * grad
-  if clip is not None:
-    assert 0 < mask.sum() < mask.size                                     # the clamp is active on some entries
-  np.testing.assert_allclose(norms, norm, rtol=1e-5)
-  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
-
-
-# ---------------------------------------------------------------------------------------------- errors
-
-
 def test_clear_errors():
   op = fps.Dense(np.array([[1.0, 0.5]]))
   call = lambda **kw: fps.sample(jax.random.key(0), DEN, SCHED, op, kw.pop("y", jnp.array([0.1])),  # noqa: E731
@@ -618,152 +362,3 @@ def test_clear_errors():
     fps.Dense(np.zeros(3))
   with pytest.raises(ValueError, match="must end in shape"):
     fps.SuperResolution(2, (4, 4)).forward(jnp.zeros((3, 3)))
-
-
-# ----------------------------------------------------------------------------------- config, prior, run
-
-
-def test_config_variants():
-  for v in fps_config.VARIANTS:
-    c = fps_config.get_config(v)
-    assert c.paper == "fps"
-    for field in ("seed", "model", "optimizer", "num_steps", "data", "log_every", "eval_every", "checkpoint_every",
-                  "mesh"):
-      assert field in c
-  assert fps_config.get_config("super_resolution").images.tasks == ("super_resolution",)
-  assert fps_config.get_config("official").fps.sampler == "ddim"
-  with pytest.raises(ValueError, match="unknown variant"):
-    fps_config.get_config("ffhq")
-
-
-def test_prior_train_step_lowers_loss():
-  import optax
-  from iclr24_jax.diffusion import train, unet
-  cfg = fps_config.get_config("tiny_images")
-  model = unet.create_model(cfg.model)
-  x = jnp.asarray(np.random.default_rng(0).uniform(-1, 1, (16, 16, 16, 1)), jnp.float32)
-  tx = optax.adam(3e-3)
-  state0 = jax.jit(lambda k: train.init(k, model, (16, 16, 1), tx))(jax.random.key(0))
-  traced_step = chex.assert_max_traces(train.make_train_step(model, SCHED), n=1)
-  # one compile at XLA level 0 (compile-bound on CPU; values agree with the default level to rounding)
-  step = programs.compile_call(jax.jit(traced_step), state0, {"x": x}, jax.random.key(1))
-  state = state0
-  for _ in range(20):
-    state, _ = step(state, {"x": x}, jax.random.key(1))   # the step folds state.step into the key
-  # the same fixed (t, eps) draw before and after training
-  loss_fn = jax.jit(lambda p: train.diffusion_loss(lambda xt, t: model.apply({"params": p}, xt, t), x,
-                                                      jax.random.key(9), SCHED)[0])
-  loss = programs.compile_call(loss_fn, state0.params)
-  assert float(loss(state.params)) < float(loss(state0.params))
-
-
-def test_range_verdict_and_library_metrics():
-  # mean +- 2 se of [0.9, 1.0, 1.1] = 1.0 +- 0.115: inside [0.8, 1.25] -> yes; [0.2, 0.21, 0.22] -> no;
-  # [0.7, 0.8, 0.9] = 0.8 +- 0.115 straddles 0.8 -> inconclusive; one value has no se.
-  from iclr24_jax.papers.fps import study
-  assert study.range_verdict([0.9, 1.0, 1.1]) == "yes"
-  assert study.range_verdict([0.2, 0.21, 0.22]) == "no"
-  assert study.range_verdict([0.7, 0.8, 0.9]) == "inconclusive"
-  assert study.range_verdict([1.3]) == "no"
-  # posterior_metrics on the library's mixture: 3 points at the means of a 2-component mixture with weights
-  # (0.25, 0.75): fractions (1/3, 2/3) -> TV = |1/3 - 1/4| = 1/12.
-  g = gmm_lib.GaussianMixture(jnp.array([0.25, 0.75]), jnp.array([[0.0, 0.0], [4.0, 0.0]]),
-                              jnp.stack([jnp.eye(2) * 0.1] * 2))
-  post = study_exactness.PosteriorSummary(g)
-  x = np.array([[0.0, 0.0], [4.0, 0.0], [4.0, 0.1]])
-  met = study_exactness.posterior_metrics(post, x, [x], np.eye(2))
-  np.testing.assert_allclose(met["weight_tv"], 1 / 12, rtol=1e-6)
-  np.testing.assert_allclose(met["sw"], 0.0, atol=1e-6)    # identical clouds
-  np.testing.assert_allclose(post.mean, [3.0, 0.0], rtol=1e-6)
-
-
-def test_exactness_dps_step_size_is_chosen_on_validation_runs_only():
-  """`tune_dps` picks zeta on the validation runs and reports the test runs at that zeta, even where the test runs
-  would favour another zeta (the old oracle choice would have picked 1.0 here)."""
-  g = gmm_lib.GaussianMixture(jnp.array([0.25, 0.75]), jnp.array([[0.0, 0.0], [4.0, 0.0]]),
-                              jnp.stack([jnp.eye(2) * 0.1] * 2))
-  post = study_exactness.PosteriorSummary(g)
-  rng = np.random.default_rng(0)
-  ref_val, ref_test = rng.standard_normal((8, 2)), rng.standard_normal((8, 2)) + [4.0, 0.0]
-  shift = np.array([2.0, 0.0])
-  # validation: zeta 0.1 reproduces its exact draw (SW 0), zeta 1.0 is shifted; test: the other way round
-  x_val = {0.1: ref_val, 1.0: ref_val + shift}
-  x_test = {0.1: ref_test + shift, 1.0: ref_test}
-  out = study_exactness.tune_dps(post, x_val, x_test, [ref_val], [ref_test], np.eye(2), floor_sw=0.5,
-                                 seed_floor=0.5, num_seeds=2)
-  assert out["zeta"] == 0.1
-  np.testing.assert_allclose(out["val_sw_by_zeta"][0.1], 0.0, atol=1e-6)
-  assert out["val_sw_by_zeta"][1.0] > 0.5
-  # the rows see the chosen zeta's test runs, scored against the test draws (an independent call gives the same)
-  want = study_exactness.posterior_metrics(post, ref_test + shift, [ref_test], np.eye(2))
-  np.testing.assert_allclose(out["test"]["sw"], want["sw"], rtol=1e-6)
-  np.testing.assert_allclose(out["test"]["sw_ratio"], want["sw"] / 0.5, rtol=1e-6)
-  np.testing.assert_allclose(out["test_sw_ratio_by_zeta"][1.0], 0.0, atol=1e-5)   # visible, never chosen on
-  assert all(len(v) == 2 for v in out["test_seeds"].values())
-  with pytest.raises(ValueError, match="same non-empty zeta grid"):
-    study_exactness.tune_dps(post, x_val, {0.1: ref_test}, [ref_val], [ref_test], np.eye(2), 0.5, 0.5, 2)
-
-
-def test_run_tiny_smoke(tmp_path):
-  cfg = fps_config.get_config("tiny")
-  res = experiment.run(cfg, str(tmp_path), progress=False)
-  assert os.path.exists(tmp_path / "results.json")
-  for p in res["exactness"]["plots"] + res["gaussian_limit"]["plots"]:
-    assert os.path.exists(p)
-  r2 = res["exactness"]["dims"][2]
-  assert set(r2["fps"]) == {"ddpm c=0.95", "ddpm c=0.95 sigma=0.05", "ddpm c=0.95 telescoping",
-                            "ddpm c=0.95 telescoping sigma=0.05"}
-  assert all(np.isfinite(v) for v in r2["fps"]["ddpm c=0.95"][4].values())
-  seeds = r2["fps_seeds"]["ddpm c=0.95 telescoping"][4]
-  assert all(len(v) == cfg.exactness.num_seeds and np.all(np.isfinite(v)) for v in seeds.values())
-  # DPS: one zeta in the tiny grid, chosen on validation runs; the test runs' metrics are those reported
-  dps = r2["dps"]["main"]
-  assert dps["zeta"] == 0.3 and set(dps["val_sw_by_zeta"]) == {0.3}
-  assert dps["test"]["sw_ratio"] == dps["test_sw_ratio_by_zeta"][0.3] and np.isfinite(dps["test"]["sw"])
-  # the Gaussian limit: the noise-tracking filter is the exact posterior on FPS's own sequences
-  nt = [r for r in res["gaussian_limit"]["rows"] if r["filter"] == "noise_tracking"]
-  assert nt and all(abs(r["obs_var_ratio"] - 1) < 1e-6 for r in nt)
-
-
-def test_split_images_keeps_validation_apart_from_the_test_images():
-  """Test images = the generator's first draw (the same whatever the validation count, so earlier rows' test set is
-  kept); validation images come from the rest of the pool: no image is in both."""
-  pool = np.arange(40, dtype=np.float32).reshape(40, 1, 1, 1)    # image i is the value i
-  test, val = study_images.split_images(pool, 12, 8, seed=0)
-  want = pool[np.random.default_rng(0).choice(40, 12, replace=False)]
-  np.testing.assert_array_equal(test, want)
-  np.testing.assert_array_equal(study_images.split_images(pool, 12, 0, seed=0)[0], want)
-  assert val.shape == (8, 1, 1, 1) and not set(val.ravel()) & set(test.ravel())
-  assert len(set(val.ravel())) == 8
-  with pytest.raises(ValueError, match="num_val_images"):
-    study_images.split_images(pool, 35, 8, seed=0)
-
-
-def test_dps_step_size_is_never_tuned_on_the_test_images(tmp_path):
-  """Several DPS step sizes and no validation images: refused before the prior is trained."""
-  cfg = fps_config.get_config("tiny_images")
-  cfg.images.methods = ("fps", "dps")
-  cfg.images.dps_zetas = (0.3, 1.0)
-  cfg.images.num_val_images = 0
-  with pytest.raises(ValueError, match="validation images"):
-    study_images.image_study(cfg, str(tmp_path), progress=False)
-  assert not (tmp_path / "prior").exists()
-  assert fps_config.get_config("images").images.num_val_images > 0
-
-
-@pytest.mark.slow
-def test_run_tiny_images_smoke(tmp_path):
-  """The image path end to end; DPS picks its step size on 2 validation images (the best mean PSNR there) and runs
-  the test images at that step size, with FPS's number of steps."""
-  cfg = fps_config.get_config("tiny_images")
-  cfg.images.methods = ("fps", "pinv", "dps")
-  cfg.images.dps_zetas = (0.3, 3.0)
-  cfg.images.num_val_images = 2
-  res = experiment.run(cfg, str(tmp_path), progress=False)
-  task = res["images"]["tasks"]["inpainting"]
-  sc = task["scores"]
-  assert set(sc) == {"fps", "pinv", "dps"} and all(np.isfinite(v["psnr"]) for v in sc.values())
-  val = task["dps_val_psnr_by_zeta"]
-  assert set(val) == {0.3, 3.0} and task["dps_zeta"] == max(val, key=val.get)
-  assert res["images"]["num_val_images"] == 2 and res["images"]["num_steps"] == cfg.fps.num_steps
-  assert os.path.exists(tmp_path / "images.png")
