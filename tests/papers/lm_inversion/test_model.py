@@ -1,21 +1,14 @@
-"""lm_inversion: unrolling, the unigram EMA, top-k access, metrics on hand-worked examples, a learning train step,
-the baselines, and a smoke run of the tiny config."""
-import math
-
+"""lm_inversion's model (`papers/lm_inversion/model.py`): unroll shapes and padding, the unigram EMA
+by hand, top-k access (vec2text's rule), a learning train step compiled once, the vmapped multi
+step and the sample inverter (slow), the distribution check's errors."""
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from iclr24_jax.common import data as data_lib
-from iclr24_jax.configs import lm_inversion as cfg_mod
 from iclr24_jax.lm import t5
 from iclr24_jax.papers import lm_inversion as li
-from iclr24_jax.papers.lm_inversion import data as li_data
-
-needs_data = pytest.mark.skipif(data_lib.shared_data_dir() is None,
-                                reason="../shared/data (or $ICLR24_DATA) is absent: the prompts come from it")
 
 
 def test_unroll_shapes_padding_and_unigram():
@@ -75,68 +68,6 @@ def test_topk_access_is_vec2texts_rule_after_the_unigram():
     li.topk_access(lp, 6)
   with pytest.raises(ValueError, match="static k_max"):
     li.topk_access(lp, jnp.array(2))
-
-
-def test_bleu_hand_worked():
-  # hyp "the cat sat on the mat" vs ref "the cat sat on a mat": precisions 5/6, 3/5, 2/4, 1/3, BP 1
-  # BLEU = 100 (5/6 * 3/5 * 1/2 * 1/3)^(1/4) = 100 (1/12)^(1/4) = 53.7285
-  np.testing.assert_allclose(li.sentence_bleu("the cat sat on the mat", "the cat sat on a mat"),
-                             100 * (1 / 12) ** 0.25, rtol=1e-9)
-  assert li.sentence_bleu("the same words here", "the same words here") == pytest.approx(100.0)
-  # official (sacrebleu corpus BLEU, no effective order): under 4 tokens there are no 3- or 4-grams, precision 0,
-  # BLEU 0. The issue's example "Is it" vs "Is it raining": 0.00; with effective order p1 = p2 = 1 and
-  # BP = exp(1 - 3/2), so 100 e^-0.5 = 60.65.
-  assert li.sentence_bleu("Is it", "Is it raining") == 0.0
-  np.testing.assert_allclose(li.sentence_bleu("Is it", "Is it raining", effective_order=True),
-                             100 * math.exp(-0.5), rtol=1e-12)
-  # effective order, "the cat" vs "the dog": p1 = 1/2; p2 has no match -> exp smoothing 1 / (2 * 1) -> 50
-  assert li.sentence_bleu("the cat", "the dog", effective_order=True) == pytest.approx(50.0)
-  assert li.sentence_bleu("the cat", "the dog") == 0.0
-  # 13a splits the final '?': "Is it raining?" vs "Is it raining ?" are the same 4 tokens
-  assert li.sentence_bleu("Is it raining?", "Is it raining ?") == pytest.approx(100.0)
-  assert li.sentence_bleu("dog", "the cat") == 0.0 and li.sentence_bleu("", "the cat") == 0.0
-  with pytest.raises(ValueError, match="unknown BLEU tokenizer"):
-    li.sentence_bleu("a", "a", tokenize="spacy")
-
-
-@needs_data
-def test_bleu_equals_sacrebleu_through_the_official_call():
-  """Against sacrebleu itself, called as the official `evaluate` sacrebleu metric does (corpus_bleu of one
-  sentence, defaults), on real prompts and damaged copies of them (dropped, swapped, case-changed words, cut
-  short); sentence_bleu (effective order) against sacrebleu.sentence_bleu."""
-  import sacrebleu
-  prompts = [r["input"] for r in li_data.textdata.load_llmbar()][:80]
-  prompts += [r["question"] for r in li_data.textdata.load_mario("quarel", "test")][:70]
-  rng = np.random.default_rng(0)
-  pairs = []
-  for p in prompts:
-    w = p.split()
-    q = [x.upper() if rng.random() < 0.1 else x for x in w if rng.random() > 0.3]
-    if len(q) > 3 and rng.random() < 0.5:
-      i = rng.integers(len(q) - 1)
-      q[i], q[i + 1] = q[i + 1], q[i]
-    pairs.append((" ".join(q[: rng.integers(1, len(q) + 2)]), p))
-  ours = [li.sentence_bleu(h, r) for h, r in pairs]
-  ref = [sacrebleu.corpus_bleu([h], [[r]]).score for h, r in pairs]
-  np.testing.assert_allclose(ours, ref, rtol=1e-9, atol=1e-9)
-  assert sum(0 < b < 100 for b in ref) > 50 and sum(b == 0 for b in ref) > 3   # both regimes exercised
-  eff = [li.sentence_bleu(h, r, effective_order=True) for h, r in pairs]
-  np.testing.assert_allclose(eff, [sacrebleu.sentence_bleu(h, [r]).score for h, r in pairs], rtol=1e-9, atol=1e-9)
-
-
-def test_token_f1_and_exact_match_hand_worked():
-  # sets {a, b, c} vs {b, c, d, e}: P = 2/3, R = 1/2, F1 = 2 (1/3) / (7/6) = 4/7
-  assert li.token_f1("a b c", "b c d e") == pytest.approx(4 / 7)
-  # official: case-sensitive sets, {A, b} vs {a, B} share nothing; lower-cased (the variant) they are equal
-  assert li.token_f1("A b b", "a B") == 0.0
-  assert li.token_f1("A b b", "a B", lowercase=True) == pytest.approx(1.0)
-  m = li.metrics(["a b c", "Is it?", "x"], ["b c d e", "Is it?", "y"])
-  assert m["exact_match"] == pytest.approx(100 / 3)
-  assert m["token_f1"] == pytest.approx(100 * (4 / 7 + 1 + 0) / 3)
-  # BLEU: "Is it?" is 3 tokens under 13a, so 0 officially; the two others share no word
-  assert m["bleu"] == 0.0
-  with pytest.raises(ValueError, match="one per example"):
-    li.metrics(["a"], ["a", "b"])
 
 
 def _tiny_inverter(v=40, width=8):
@@ -214,70 +145,6 @@ def test_sample_inverter_memorises_a_batch():
   assert float(np.mean(np.asarray(out.tokens) == labels)) > 0.8
 
 
-def test_target_samples_cached_per_prompt_and_resumed(tmp_path):
-  """Sampled continuations: cached per prompt (a subset reuses them), a lost batch is regenerated identically."""
-  from iclr24_jax import lm
-  from iclr24_jax.lm import tokenizer as tok_lib
-  tok = tok_lib.train_bpe(["is the sky blue today? can a dog fly over the sea?"] * 4, vocab_size=300)
-  assert li_data.special_ids(tok) == [0, 1, 2, 3]  # train_bpe's pad, bos, eos, unk: forbidden in the samples
-  cfg = lm.tiny_config(vocab_size=tok.vocab_size)
-  params = lm.init_params(jax.random.key(0), cfg)
-  prompts = ["is the sky blue", "can a dog fly", "the sea", "a dog", "blue sky today"]
-  kw = dict(model_id="tiny", max_tokens=8, new_tokens=3, batch_size=2)
-  texts = li.target_samples(params, cfg, tok, prompts, str(tmp_path), **kw)
-  assert len(texts) == 5 and all(t.strip() for t in texts)
-  import glob, json
-  (path,) = glob.glob(str(tmp_path / "samples_*.json"))
-  with open(path) as f:
-    data = json.load(f)
-  assert data["texts"] == dict(zip(prompts, texts))
-  del data["texts"]["the sea"], data["texts"]["a dog"]  # the second batch was lost: it is regenerated the same
-  with open(path, "w") as f:
-    json.dump(data, f)
-  assert li.target_samples(params, cfg, tok, prompts, str(tmp_path), **kw) == texts
-  assert li.target_samples(None, cfg, tok, prompts[3:], str(tmp_path), **kw) == texts[3:]  # all cached: no LM
-
-
-def test_baselines():
-  rng = np.random.default_rng(0)
-  train = np.asarray(jax.nn.log_softmax(jnp.asarray(rng.normal(size=(6, 50)) * 2), -1))
-  test = train[[4, 1]] + 0.01 * rng.normal(size=(2, 50))
-  np.testing.assert_array_equal(li.nearest_by_kl(test, train, block=1), [4, 1])
-
-  class Tok:
-    def decode(self, ids):
-      return f" w{ids[0]}"
-
-  lp = np.log(np.array([[0.1, 0.6, 0.3]]))
-  assert li.bag_of_top_tokens(lp, np.zeros(3), Tok(), k=2) == ["w1 w2"]
-  # against the unigram estimate token 2 is raised most
-  assert li.bag_of_top_tokens(lp, np.log(np.array([0.1, 0.9, 0.05])), Tok(), k=1) == ["w2"]
-
-
-def test_derangement_is_a_permutation_without_fixed_points():
-  """Every row of a shuffled control reads another row, and each row is read exactly once (the same inputs as the
-  unshuffled arm, reassigned), for the sizes where a uniform permutation often has fixed points."""
-  from iclr24_jax.papers.lm_inversion import data as data_lib
-  for n in (2, 3, 5, 500):
-    for seed in range(20):
-      perm = data_lib.derangement(n, seed)
-      np.testing.assert_array_equal(np.sort(perm), np.arange(n))
-      assert (perm != np.arange(n)).all(), (n, seed, perm)
-  np.testing.assert_array_equal(data_lib.derangement(2, 0), [1, 0])          # the only derangement of 2
-  with pytest.raises(ValueError, match="at least 2"):
-    data_lib.derangement(1)
-
-
-def test_split_is_by_prompt_and_errors():
-  prompts = [f"q{i}" for i in range(20)]
-  train, test = li.split_prompts(prompts, 5)
-  assert len(test) == 5 and len(train) == 15 and not set(train) & set(test)
-  with pytest.raises(ValueError, match="unique"):
-    li.split_prompts(["a", "a", "b"], 1)
-  with pytest.raises(ValueError, match="no training prompt"):
-    li.split_prompts(prompts, 20)
-
-
 def test_distribution_check_names_the_problem():
   from iclr24_jax.papers.lm_inversion.model import check_distributions
   with pytest.raises(ValueError, match="log_softmax"):
@@ -289,51 +156,3 @@ def test_distribution_check_names_the_problem():
   check_distributions(np.log(np.full((2, 5), 0.2, np.float32)))
   # a masked / top-k row (-inf entries, less than all the mass) is a valid input
   check_distributions(np.array([[np.log(0.5), np.log(0.3), -np.inf, -np.inf, -np.inf]], np.float32))
-
-
-@needs_data
-def test_prompts_are_deduplicated_and_capped():
-  from iclr24_jax.lm import tokenizer as tok_lib
-  tok = tok_lib.train_bpe(["Is the sky blue? Can a dog fly?"] * 3, vocab_size=300)
-  prompts = li_data.load_prompts(tok, max_tokens=16, sources=("obqa",))
-  assert len(prompts) == len(set(prompts)) > 400
-  assert max(len(tok.encode(p)) for p in prompts) <= 17  # the cut text re-encodes to about its 16 tokens
-
-
-@needs_data
-def test_tiny_run_smoke(tmp_path):
-  from iclr24_jax.configs import lm_inversion as cfg_mod
-  from iclr24_jax.papers.lm_inversion import experiment
-  c = cfg_mod.get_config("tiny")
-  c.data.cache_dir = str(tmp_path / "cache")
-  res = experiment.run(c, str(tmp_path / "run"))
-  assert res["num_test"] == 32 and res["num_chunks"] == 8
-  assert set(res["test"]) == {"bleu", "token_f1", "exact_match"} and np.isfinite(res["final_train_loss"])
-  # the distribution cache is complete and reused: two files (train, test), each marked done for every row
-  import json
-  states = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("dist_*.json")]
-  assert sorted(s["rows_done"] for s in states) == [32, 64] and all(s["rows_done"] == s["num_prompts"] for s in states)
-  (samples,) = [json.loads(p.read_text()) for p in (tmp_path / "cache").glob("samples_*.json")]
-  assert len(samples["texts"]) == 96 and samples["new_tokens"] == 4
-
-
-@pytest.mark.slow
-@needs_data
-def test_study_fast_rows(tmp_path, monkeypatch):
-  """The whole study on the tiny config: every arm trains and the rows carry seed-judged verdicts."""
-  from iclr24_jax.papers.lm_inversion import study
-  monkeypatch.setenv("ICLR24_LM_INVERSION_CACHE", str(tmp_path / "cache"))
-  rows = study.reproduce(str(tmp_path / "study"), fast=True, get_config=cfg_mod.get_config)
-  # 10 seed comparisons (F1 and BLEU each): shuffled input (claims), the sample inverter's own control (checks),
-  # vs samples (claims only where that control says 'yes'), bag of tokens and nearest by KL (measurements)
-  compared = [r for r in rows if r.get("judgement")]
-  assert len(compared) == 10 and all(r["judgement"]["n"] == 3 for r in compared)
-  assert all(r["holds"] in ("yes", "no", "inconclusive") for r in compared if r["kind"] in ("claim", "check"))
-  assert all(r["holds"] is None for r in compared if r["kind"] == "measurement")
-  by_metric = {r["metric"]: r for r in compared}
-  for key in ("token_f1", "bleu"):
-    control = by_metric[f"{key}: sample inversion (T5) vs sample inversion, shuffled input"]
-    vs_samples = by_metric[f"{key}: inverter vs sample inversion (T5)"]
-    assert control["kind"] == "check"
-    assert vs_samples["kind"] == ("claim" if control["holds"] == "yes" else "measurement")
-  assert sum(r["metric"].startswith("top-") for r in rows) == 2
