@@ -1,14 +1,78 @@
-"""The annotator kit: choice_logprobs / score_suffixes (one prefill, reused cache), debiased_preference, judges,
-the resumable cache."""
-import json
-
+"""Scoring (`lm/scoring.py`): token log-probabilities against log-softmax, 1 vs 8 devices, the text
+helpers; choice_logprobs / score_suffixes (one prefill, reused cache) against token log-probability
+differences, one compile per bucket, debiased_preference by hand, SmolLM2 (embedded model)."""
 import jax
 import numpy as np
 import pytest
 
 from iclr24_jax import lm
-from iclr24_jax.lm import annotate, corpus, scoring
+from iclr24_jax.lm import corpus, llama, scoring
+from iclr24_jax.lm import generation as gen_lib
 from iclr24_jax.lm import tokenizer as tok_lib
+from .helpers import CFG, _ids
+
+
+def test_scoring_matches_log_softmax(params, fwd):
+  ids = _ids(2, 8)
+  mask = np.ones((2, 8), bool)
+  mask[1, 5:] = False
+
+  @jax.jit
+  def score(p, i, m):
+    return (scoring.token_logprobs(p, CFG, i, m), scoring.sequence_logprob(p, CFG, i, m),
+            scoring.next_token_logprobs(p, CFG, i, m))
+
+  lp, (s, n), nxt = jax.device_get(score(params, ids, mask))
+  logits = np.asarray(fwd(params, ids, mask), np.float64)
+  ref = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  for b in range(2):
+    for t in range(1, 8):
+      want = ref[b, t - 1, ids[b, t]] if mask[b, t] else 0.0
+      np.testing.assert_allclose(lp[b, t], want, rtol=1e-5, atol=1e-5)
+  assert np.all(lp[:, 0] == 0)
+  np.testing.assert_allclose(s, lp.sum(1), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(n, [7, 4])
+  np.testing.assert_allclose(nxt[1], ref[1, 4], rtol=1e-5, atol=1e-5)  # row 1's last real token is t=4
+  np.testing.assert_allclose(nxt[0], ref[0, 7], rtol=1e-5, atol=1e-5)
+
+
+def test_scoring_one_vs_eight_devices(params):
+  """The same batch sharded over 1 and 8 devices gives the same scores."""
+  from iclr24_jax.common import sharding
+  ids = _ids(8, 6)
+  mask = np.ones((8, 6), bool)
+  fn = jax.jit(lambda p, i, m: scoring.token_logprobs(p, CFG, i, m))
+  outs = []
+  for mesh in sharding.device_meshes((1, 8)):
+    batch = sharding.shard_batch((ids, mask), mesh)
+    outs.append(np.asarray(fn(sharding.replicate(params, mesh), *batch)))
+  np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
+
+
+def test_text_helpers_with_trained_tokenizer():
+  """score_continuations and Generator (batching, padding rows, bucketing) on a tiny model + trained BPE."""
+  from iclr24_jax.lm import corpus, tokenizer as tok_lib
+  tok = tok_lib.train_bpe(corpus.TRAIN_TEXTS, vocab_size=300)
+  cfg = llama.tiny_config(vocab_size=tok.vocab_size)
+  p = llama.init_params(jax.random.key(3), cfg)
+  prompts, conts = ["Bees visit", "The moon", "A river"], [" flowers", " orbits the earth", " begins"]
+  res = scoring.score_continuations(p, cfg, tok, prompts, conts, batch_size=2)
+  np.testing.assert_array_equal(res["num_tokens"], [len(tok.encode(c)) for c in conts])
+  np.testing.assert_allclose(res["mean_logprob"], res["sum_logprob"] / res["num_tokens"], rtol=1e-6)
+  assert np.all(res["sum_logprob"] < 0)
+  alone = scoring.score_continuations(p, cfg, tok, prompts[2:], conts[2:], batch_size=2)
+  np.testing.assert_allclose(alone["sum_logprob"], res["sum_logprob"][2:], rtol=1e-5, atol=1e-5)
+  ids, mask, tmask = scoring.encode_pairs(tok, prompts[:1], conts[:1])
+  assert tmask.sum() == len(tok.encode(conts[0])) and not tmask[0, :len(tok.encode(prompts[0]))].any()
+  gen = gen_lib.Generator(p, cfg, tok, chat=False, batch_size=2, stop_ids=())
+  texts = gen(prompts, max_new_tokens=5)
+  ids_out = gen.generate_ids(prompts, max_new_tokens=5)
+  assert len(texts) == 3 and all(len(x) == 5 for x in ids_out)
+  assert texts == [tok.decode(x) for x in ids_out]
+  assert gen(prompts[:1], max_new_tokens=5)[0] == texts[0]  # batch composition does not change a row
+  assert len(gen._compiled) == 1  # one program for all of these calls
+  with pytest.raises(TypeError, match="list of prompts"):
+    gen("one prompt")
 
 
 @pytest.fixture(scope="module")
@@ -114,110 +178,6 @@ def test_debiased_preference_hand_values_and_positional_judge():
     lm.debiased_preference(np.zeros((3, 3)), np.zeros((3, 3)))
   with pytest.raises(ValueError, match=r"\[N, 2\]"):
     lm.debiased_preference(np.zeros((3, 2)), np.zeros((2, 2)))
-
-
-def _pair_prompts(pairs, order):
-  return [f"Which is better? (a) {x if order == 0 else y} (b) {y if order == 0 else x}" for x, y in pairs]
-
-
-def test_fake_judges_positional_and_known_preference():
-  pairs = [(f"good{i}", f"bad{i}") for i in range(20)]
-  options = ["Output (a)", "Output (b)"]
-  # The always-"(a)" judges: debiased log-odds exactly 0.
-  for judge in (lm.ConstantJudge("Output (a)"),
-                lm.FakeJudge(preference=lambda p, o: 3.0 * o.endswith("(a)"), noise=0.0)):
-    lp_ab, lp_ba = (judge.choice_logprobs(_pair_prompts(pairs, o), options) for o in (0, 1))
-    assert np.all(lp_ab[:, 0] > lp_ab[:, 1]) and np.all(lp_ba[:, 0] > lp_ba[:, 1])
-    np.testing.assert_array_equal(np.asarray(lm.debiased_preference(lp_ab, lp_ba)), 0.0)
-
-  # A judge that prefers the 'good' output by 1 nat and option (a) by 3 nats: the bias cancels, 1.0 remains.
-  def prefers_good(prompt, option):
-    shown = prompt.split("(a) ")[1].split(" (b) ")
-    named = shown[0] if option.endswith("(a)") else shown[1]
-    return 1.0 * named.startswith("good") + 3.0 * option.endswith("(a)")
-  judge = lm.FakeJudge(preference=prefers_good, noise=0.0)
-  lp_ab, lp_ba = (judge.choice_logprobs(_pair_prompts(pairs, o), options) for o in (0, 1))
-  np.testing.assert_allclose(lm.debiased_preference(lp_ab, lp_ba), 1.0, atol=1e-6)
-  # With noise the preference is still recovered on average and the judge is deterministic.
-  noisy = lm.FakeJudge(seed=3, preference=prefers_good, noise=0.5)
-  a = noisy.choice_logprobs(_pair_prompts(pairs, 0), options)
-  np.testing.assert_array_equal(a, lm.FakeJudge(seed=3, preference=prefers_good, noise=0.5).choice_logprobs(
-      _pair_prompts(pairs, 0), options))
-  np.testing.assert_allclose(np.logaddexp(a[:, 0], a[:, 1]), 0.0, atol=1e-12)  # rows normalised over options
-  d = np.asarray(lm.debiased_preference(a, noisy.choice_logprobs(_pair_prompts(pairs, 1), options)))
-  assert np.all(d > 0)  # noise 0.5 per score: the 1-nat preference wins on every one of these 20 pairs
-  assert lm.FakeJudge(seed=1, choices=["x", "y"])(["p1", "p2"], 5) == lm.FakeJudge(seed=1, choices=["x", "y"])(
-      ["p1", "p2"], 5)
-  with pytest.raises(TypeError, match="wrap it in a list"):
-    lm.FakeJudge()("one prompt", 5)
-
-
-def test_cache_roundtrip_values_torn_line_and_key(tmp_path):
-  path = tmp_path / "sub" / "c.jsonl"
-  c = lm.GenerationCache(path)
-  k1 = lm.cache_key("m", "p", {"max_new_tokens": 5})
-  assert k1 != lm.cache_key("m", "p", {"max_new_tokens": 6}) != lm.cache_key("m2", "p", {"max_new_tokens": 5})
-  assert k1 == lm.cache_key("m", "p", {"max_new_tokens": 5})
-  c.put(k1, "hello")
-  c.put_many({"k2": [-1.5, -0.25]}, meta={"kind": "choice"})
-  with open(path, "a") as f:
-    f.write('{"key": "torn", "te')  # an interrupted write
-  again = lm.GenerationCache(path)
-  assert again.get(k1) == "hello" and again.get("k2") == [-1.5, -0.25] and again.skipped_lines == 1
-  assert again.get("torn") is None and (again.hits, again.misses) == (2, 1)
-  with pytest.raises(TypeError, match="str or a list of floats"):
-    c.put("k3", {"a": 1})
-  with pytest.raises(ValueError, match="finite"):
-    c.put("k4", [float("nan")])
-  with pytest.raises(ValueError, match="model_id"):
-    lm.cache_key("", "p")
-
-
-def test_cached_map_dedupes_resumes_and_keeps_order(tmp_path):
-  calls = []
-  def fn(prompts):
-    calls.append(list(prompts))
-    return [[float(len(p)), -1.0] for p in prompts]
-  prompts = ["ccc", "a", "bb", "a", "dddd"]
-  cache = lm.GenerationCache(tmp_path / "c.jsonl")
-  out = lm.cached_map(fn, prompts, cache, model_id="m", settings={"o": 2}, chunk_size=2)
-  assert out == [[3.0, -1.0], [1.0, -1.0], [2.0, -1.0], [1.0, -1.0], [4.0, -1.0]]
-  assert calls == [["a", "bb"], ["ccc", "dddd"]]  # unique prompts, shortest first, in chunks
-  calls.clear()
-  resumed = lm.GenerationCache(tmp_path / "c.jsonl")
-  assert lm.cached_map(fn, prompts + ["eeeee"], resumed, model_id="m", settings={"o": 2}) == out + [[5.0, -1.0]]
-  assert calls == [["eeeee"]] and resumed.hits == 4
-  with pytest.raises(ValueError, match="model id"):
-    lm.cached_map(fn, prompts, cache)
-  with pytest.raises(ValueError, match="one value per prompt"):
-    lm.cached_map(lambda ps: ["x"], ["p", "q"])
-
-
-def test_chatml_to_messages():
-  p = "<|im_start|>system\nBe fair.\n<|im_end|>\n<|im_start|>user\n Which? \n<|im_end|>"
-  assert lm.chatml_to_messages(p) == [{"role": "system", "content": "Be fair."},
-                                       {"role": "user", "content": "Which?"}]
-  assert lm.chatml_to_messages(" plain ") == [{"role": "user", "content": "plain"}]
-
-
-def test_smollm_judge_plumbing_on_a_tiny_model():
-  tok = lm.load_smollm2_tokenizer()
-  cfg = lm.tiny_config(vocab_size=tok.vocab_size, max_seq_len=512)
-  params = lm.init_params(jax.random.key(1), cfg)
-  judge = lm.SmolLMJudge(params, cfg, tok, batch_size=2, widths=(64, 128, 256), model_id="tiny",
-                         logit_bias={"direct": {tok.encode("a")[0]: 50.0}})
-  prompts = ["<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\nPick (a) or (b).<|im_end|>",
-             "<|im_start|>user\nAnother, longer question about two outputs?<|im_end|>", "Plain text prompt."]
-  lp = judge.choice_logprobs(prompts, ["Output (a)", "Output (b)"])
-  ref = lm.choice_logprobs(lm.fuse_params(params), cfg, tok, [judge.render(p) for p in prompts],
-                           ["Output (a)", "Output (b)"])
-  np.testing.assert_allclose(lp, ref, atol=1e-6)
-  np.testing.assert_allclose(judge.answer_margins(prompts), lp[:, 0] - lp[:, 1], atol=1e-6)
-  assert judge.render(prompts[0]).endswith("<|im_start|>assistant\n")
-  # generation: the biased kind answers the biased token; order of answers = order of prompts
-  out = judge(prompts, 3, kind="direct")
-  assert out == ["aaa"] * 3
-  assert judge.decoding_settings("direct")["logit_bias"] is not None and judge.decoding_settings("x")["logit_bias"] is None
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,6 @@
-"""The embedded pretrained models: SmolLM2-135M-Instruct (GGUF) and all-MiniLM-L6-v2 (safetensors).
-
-One module-scoped load each. Expected figures for a correct SmolLM2 forward come from
-shared/notes/smollm2-offline.md: the chat answer "The capital of France is Paris.", a natural sentence
-about -3.7 nats/token against about -8.4 for the same words shuffled, and a long paragraph about -2.4
-(a wrong rope layout still answers "Paris" but falls to about -4.5 on long text).
-"""
+"""Weight import (`lm/weights.py`): the safetensors round trip, Llama / GPT-2 against transformers'
+Flax models (slow), and the embedded SmolLM2-135M-Instruct (GGUF): config, answers, scores, the RoPE
+layout, torch transformers on the same GGUF (slow), compact formats."""
 import functools
 
 import jax
@@ -12,21 +8,63 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from iclr24_jax.lm import bert, corpus, generation, llama, scoring, weights
+from iclr24_jax.lm import corpus, generation, llama, scoring, weights
+from .helpers import CFG, _ids
+
+
+def test_safetensors_roundtrip(params, tmp_path):
+  weights.save_safetensors_llama(params, CFG, tmp_path)
+  p2, cfg2 = weights.load_safetensors_llama(tmp_path)
+  assert cfg2.replace(head_dim=None) == CFG.replace(max_seq_len=cfg2.max_seq_len)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), p2, params)
+
+
+def _hf_flat(params_hf, transpose_kernels=True):
+  from flax.traverse_util import flatten_dict
+  sd = {}
+  for k, v in flatten_dict(params_hf, sep=".").items():
+    v = np.asarray(v)
+    if k.endswith(".kernel"):
+      sd[k[:-7] + ".weight"] = v.T if transpose_kernels else v
+    elif k.endswith(".embedding"):
+      sd[k[:-10] + ".weight"] = v
+    elif k.endswith(".scale"):
+      sd[k[:-6] + ".weight"] = v
+    else:
+      sd[k] = v
+  return sd
+
+
+@pytest.mark.slow
+def test_matches_transformers_flax_llama_and_gpt2(tmp_path):
+  """Our forward equals transformers' Flax Llama (rope base 10000, untied: the settings it handles) and
+  Flax GPT-2 with the same random weights."""
+  transformers = pytest.importorskip("transformers")
+  from safetensors.numpy import save_file
+  import json
+  ids = _ids(2, 12, vocab=100)
+  hc = transformers.LlamaConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0,
+                                tie_word_embeddings=False, max_position_embeddings=64, rms_norm_eps=1e-5)
+  m = transformers.FlaxLlamaForCausalLM(hc, seed=0)
+  save_file({k: np.ascontiguousarray(v) for k, v in _hf_flat(m.params).items()}, str(tmp_path / "model.safetensors"))
+  with open(tmp_path / "config.json", "w") as f:
+    json.dump(hc.to_dict(), f)
+  p, cfg = weights.load_safetensors_llama(tmp_path)
+  np.testing.assert_allclose(np.asarray(llama.forward(p, cfg, jnp.asarray(ids))), np.asarray(m(ids).logits),
+                             rtol=1e-5, atol=1e-5)
+  hc = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+  m = transformers.FlaxGPT2LMHeadModel(hc, seed=0)
+  cfg = weights.gpt2_config_from_hf(hc.to_dict())
+  p = weights.convert_hf_gpt2_state_dict(_hf_flat(m.params), cfg)
+  np.testing.assert_allclose(np.asarray(llama.forward(p, cfg, jnp.asarray(ids))), np.asarray(m(ids).logits),
+                             rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
 def smol():
   try:
     return weights.load_smollm2()
-  except FileNotFoundError as e:
-    pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
-def minilm():
-  try:
-    return bert.load_minilm()
   except FileNotFoundError as e:
     pytest.skip(str(e))
 
@@ -57,44 +95,6 @@ def test_smollm2_scores_natural_text(smol):
   mean = total / count
   assert mean[0] > mean[1] + 2.0, mean  # notes: -3.7 vs -8.4
   assert -3.5 < mean[2] < -1.5, mean
-
-
-def test_minilm_paraphrase_beats_unrelated(minilm):
-  params, config, tok = minilm
-  emb = bert.embed_sentences(params, config, tok, [a for pair in corpus.PARAPHRASES for a in pair] +
-                             list(corpus.UNRELATED))
-  assert emb.shape == (2 * len(corpus.PARAPHRASES) + len(corpus.UNRELATED), 384) and emb.dtype == np.float32
-  np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, rtol=1e-5)
-  k = len(corpus.PARAPHRASES)
-  para = [float(emb[2 * i] @ emb[2 * i + 1]) for i in range(k)]
-  unrelated = [float(emb[2 * i] @ emb[2 * k + i]) for i in range(k)]
-  assert min(para) > max(unrelated), (para, unrelated)
-
-
-def test_minilm_pooling_matches_reference(minilm):
-  """sentence-transformers pooling for this model: masked mean of the last hidden states, then L2 norm."""
-  params, config, tok = minilm
-  texts = ["A man is playing a guitar.", "Short.", "Another, somewhat longer sentence about the weather today."]
-  ids, mask = bert.encode_texts(tok, texts)
-  ours = np.asarray(jax.jit(functools.partial(bert.encode, config=config))(params, ids=ids, mask=mask))
-  emb = bert.embed_sentences(params, config, tok, texts)
-  m = mask[..., None].astype(np.float64)
-  pooled = (ours * m).sum(1) / m.sum(1)
-  np.testing.assert_allclose(emb, pooled / np.linalg.norm(pooled, axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
-  # a text's embedding does not depend on the other texts in its batch (padding)
-  np.testing.assert_allclose(bert.embed_sentences(params, config, tok, texts[1:2]), emb[1:2], rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.slow
-def test_minilm_encoder_matches_transformers_flax_bert(minilm):
-  """Our BERT equals transformers' FlaxBertModel on the same safetensors."""
-  transformers = pytest.importorskip("transformers")
-  params, config, tok = minilm
-  ids, mask = bert.encode_texts(tok, ["A man is playing a guitar.", "Short."])
-  ours = np.asarray(bert.encode(params, config, jnp.asarray(ids), jnp.asarray(mask)))
-  ref = transformers.FlaxBertModel.from_pretrained(str(bert.find_minilm()))
-  hidden = np.asarray(ref(input_ids=ids, attention_mask=mask.astype("i4")).last_hidden_state)
-  np.testing.assert_allclose(ours[mask], hidden[mask], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.slow
