@@ -1,41 +1,16 @@
-"""UNet / MLP denoisers, the training loss and step, the experiment's smoke run and (slow) digits check."""
-import json
-import os
-
+"""The denoisers (`diffusion/unet.py`): the timestep embedding by hand, the UNet's shapes and every kind
+of conditioning, the MLP denoiser, errors, a nesting hook contributing zeros; the fully conditioned
+UNet's train step lowers a fixed batch's loss (here, beside the other user of its ~6 s fixture)."""
 import chex
 import flax.linen as nn
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
-from iclr24_jax.common import loop as loop_lib
-from iclr24_jax.common import sharding
-from iclr24_jax.diffusion import process, schedules, train, unet
-
-# Two levels; attention (self + cross) only in the middle block keeps the CPU compile short.
-TINY_UNET = dict(base_channels=8, channel_mults=(1, 2), num_res_blocks=1, attention_levels=(), num_heads=2,
-                 num_groups=4)
-
-
-def _perturb(params, key, scale=0.1):
-  """Random non-zero params (the zero-initialised output layers would hide context and skip paths).
-
-  One normal draw for the whole flattened tree: a draw per leaf would cost a random-number kernel compile each.
-  """
-  flat, unravel = jax.flatten_util.ravel_pytree(params)
-  return unravel(flat + scale * jax.random.normal(key, flat.shape))
-
-
-_fast_jit = loop_lib.compile_fast   # one-shot programs: compile time dominates them on CPU
-
-
-def _cond_batch(b):
-  """Every kind of conditioning for a batch of b: class labels, a vector, context tokens with a mask."""
-  return dict(class_labels=jnp.arange(b) % 11, cond=jnp.ones((b, 5)), context=jnp.ones((b, 4, 6)),
-              context_mask=jnp.tile(jnp.array([[1, 1, 0, 0]], bool), (b, 1)))
+from iclr24_jax.diffusion import schedules, train, unet
+from .helpers import TINY_UNET, _perturb, _fast_jit, _cond_batch
 
 
 class _Inner(nn.Module):
@@ -121,18 +96,6 @@ def test_unet_shapes_and_conditioning(cond_unet):
   chex.assert_shape(shapes, (2, 16, 16, 3))
 
 
-@pytest.fixture(scope="module")
-def mlp_setup():
-  """A small MLP denoiser on [B, 2, 3] data with class labels (3 classes) and a vector condition, and its state."""
-  model = unet.MLPDenoiser(hidden=16, num_blocks=2, time_embed_dim=8, num_classes=3)
-  rng = np.random.default_rng(0)
-  batch = {"x": rng.standard_normal((16, 2, 3)).astype(np.float32), "y": (np.arange(16) % 3).astype(np.int32),
-           "cond": rng.standard_normal((16, 2)).astype(np.float32)}
-  st = _fast_jit(lambda k: train.init(k, model, (2, 3), optax.adam(1e-2), class_labels=jnp.zeros((1,), int),
-                                               cond=jnp.zeros((1, 2))), jax.random.key(0))(jax.random.key(0))
-  return model, st, batch
-
-
 def test_mlp_denoiser_shapes(mlp_setup):
   model, st, batch = mlp_setup
   p = _perturb(st.params, jax.random.key(1))
@@ -159,51 +122,6 @@ def test_model_errors():
     unet.create_model({"name": "unet", "channels": 3})
   with pytest.raises(ValueError, match="unknown diffusion model"):
     unet.create_model({"name": "dit"})
-
-
-def test_loss_hand_computed():
-  # A two-step schedule with alpha_bar = (0.75, 0.25); t = 1: alpha = 0.5, sigma = sqrt(0.75) = 0.8660254.
-  sched = schedules.from_alpha_bars([0.75, 0.25])
-  x0 = jnp.array([[1.0, -1.0]])
-  noise = jnp.array([[0.5, -0.5]])
-  t = jnp.array([1])
-  zero = lambda x_t, t: jnp.zeros_like(x_t)  # noqa: E731
-  loss = lambda **kw: train.diffusion_loss(zero, x0, jax.random.key(0), sched, t=t, noise=noise, **kw)[0]  # noqa
-  # eps target: mean(0.5^2, 0.5^2) = 0.25; x0 target: mean(1, 1) = 1.
-  np.testing.assert_allclose(loss(prediction="eps"), 0.25, atol=1e-6)
-  np.testing.assert_allclose(loss(prediction="x0"), 1.0, atol=1e-6)
-  # v = alpha eps - sigma x0 = 0.25 - 0.8660254 = -0.6160254 (and +0.6160254): loss = 0.3794873.
-  np.testing.assert_allclose(loss(prediction="v"), 0.3794873, atol=1e-6)
-  # min-SNR: SNR = 0.25 / 0.75 = 1/3; gamma = 5 -> eps weight min(1/3, 5) / (1/3) = 1 -> 0.25;
-  # gamma = 0.1 -> 0.1 / (1/3) = 0.3 -> 0.075; x0 weight min(1/3, 0.1) = 0.1 -> 0.1; v weight 0.1 / (4/3) = 0.075.
-  np.testing.assert_allclose(loss(prediction="eps", weighting="min_snr"), 0.25, atol=1e-6)
-  np.testing.assert_allclose(loss(prediction="eps", weighting="min_snr", min_snr_gamma=0.1), 0.075, atol=1e-6)
-  np.testing.assert_allclose(loss(prediction="x0", weighting="min_snr", min_snr_gamma=0.1), 0.1, atol=1e-6)
-  np.testing.assert_allclose(loss(prediction="v", weighting="min_snr", min_snr_gamma=0.1), 0.3794873 * 0.075,
-                             atol=1e-6)
-
-
-def test_min_snr_losses_agree_across_parameterisations():
-  # One x0 estimate expressed as eps, x0 and v gives the same min-SNR-weighted loss (Hang et al. 2023, Sec. 3.4).
-  sched = schedules.cosine_beta_schedule(1000)
-  rng = np.random.default_rng(0)
-  x0 = rng.standard_normal((16, 4, 4, 1)).astype(np.float32)
-  x0_hat = x0 + 0.3 * rng.standard_normal(x0.shape).astype(np.float32)
-  t = rng.integers(0, 1000, 16).astype(np.int32)
-  noise = rng.standard_normal(x0.shape).astype(np.float32)
-
-  @jax.jit
-  def losses(x0, x0_hat, t, noise):
-    per = {}
-    for pred in ("eps", "x0", "v"):
-      fn = lambda x, tt, pred=pred: process.convert(x, x0_hat, sched.alpha_bar(tt), "x0", pred)  # noqa: E731
-      per[pred] = train.diffusion_loss(fn, x0, jax.random.key(5), sched, prediction=pred, weighting="min_snr",
-                                          t=t, noise=noise)[1]["per_example"]
-    return per
-
-  per = losses(x0, x0_hat, t, noise)
-  np.testing.assert_allclose(per["eps"], per["x0"], rtol=2e-3, atol=1e-6)
-  np.testing.assert_allclose(per["v"], per["x0"], rtol=2e-3, atol=1e-6)
 
 
 def test_unet_train_step_lowers_fixed_batch_loss(cond_unet):
@@ -233,84 +151,6 @@ def test_unet_train_step_lowers_fixed_batch_loss(cond_unet):
   after = float(fixed_loss(new.params))
   assert np.isfinite(float(metrics["loss"])) and int(new.step) == 25
   assert after < 0.9 * before, (before, after)
-
-
-def test_condition_dropout_exact(mlp_setup):
-  model, st, batch = mlp_setup
-  sched = schedules.linear_beta_schedule(100)
-  key = jax.random.key(1)
-  # cond_drop_prob = 1 trains exactly the unconditional model: null label (num_classes = 3) and a zero condition.
-  a, _ = _fast_jit(train.make_train_step(model, sched, cond_drop_prob=1.0), st, batch, key)(st, batch, key)
-  null_batch = {**batch, "y": np.full((16,), 3, np.int32), "cond": np.zeros_like(batch["cond"])}
-  b, _ = _fast_jit(train.make_train_step(model, sched), st, null_batch, key)(st, null_batch, key)
-  chex.assert_trees_all_close(a.params, b.params, rtol=1e-6, atol=1e-7)
-
-
-def test_train_step_same_on_1_and_8_devices(mlp_setup):
-  model, st0, batch = mlp_setup
-  sched = schedules.ContinuousSchedule("cosine")
-  step = train.make_train_step(model, sched, prediction="v", weighting="min_snr")
-  outs = []
-  for mesh in sharding.device_meshes((1, 8)):
-    with jax.set_mesh(mesh):
-      st = sharding.replicate(st0, mesh)
-      fn = loop_lib.compile_step(step, mesh, donate=False)  # st0 is reused for the second mesh
-      for _ in range(3):
-        st, m = fn(st, sharding.shard_batch(batch, mesh), jax.random.key(3))
-      outs.append((jax.device_get(st.params), float(m["loss"])))
-  chex.assert_trees_all_close(outs[0][0], outs[1][0], rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-5)
-
-
-def test_training_errors():
-  sched = schedules.linear_beta_schedule(10)
-  with pytest.raises(ValueError, match="floating"):
-    train.diffusion_loss(lambda x, t: x, jnp.ones((2, 3), jnp.int32), jax.random.key(0), sched)
-  with pytest.raises(ValueError, match="returned shape"):
-    train.diffusion_loss(lambda x, t: x[:, :1], jnp.ones((2, 3)), jax.random.key(0), sched)
-  with pytest.raises(ValueError, match="weighting"):
-    train.loss_weight(jnp.ones(2), "eps", "p2")
-  with pytest.raises(ValueError, match="cond_name"):
-    train.make_denoiser(unet.MLPDenoiser(), {}, cond_name="label")
-
-
-def test_configs():
-  from iclr24_jax.configs import diffusion as cfg_mod
-  for v in ("", "tiny", "x16", "v_cosine", "continuous", "unconditional"):
-    c = cfg_mod.get_config(v)
-    assert c.paper == "diffusion"
-    unet.create_model(c.model)
-    schedules.from_config(c.schedule)
-  with pytest.raises(ValueError, match="unknown variant"):
-    cfg_mod.get_config("huge")
-
-
-def test_experiment_smoke_run(tmp_path):
-  from iclr24_jax.configs import diffusion as cfg_mod
-  from iclr24_jax.diffusion import experiment, study
-  cfg = cfg_mod.get_config("tiny")
-  res = {**experiment.run(cfg, str(tmp_path)), **study.judge_run(str(tmp_path), cfg)}
-  for f in ("metrics.jsonl", "results.json", "samples.npz", "samples.png", "data.png", "loss.png"):
-    assert os.path.exists(tmp_path / f), f
-  with open(tmp_path / "results.json") as fh:
-    saved = json.load(fh)
-  assert saved["num_steps"] == 20 and np.isfinite(saved["final_loss"])
-  assert 0.0 <= res["samples_accuracy"] <= 1.0
-
-
-@pytest.mark.slow
-def test_digits_unet_learns_recognisable_samples(tmp_path):
-  """The default config: the loss falls and the digits CNN recognises the requested digit above chance.
-
-  With n = 200 samples, chance accuracy 0.1 has binomial SE sqrt(0.1 * 0.9 / 200) = 0.021; we require 3 SE above.
-  """
-  from iclr24_jax.configs import diffusion as cfg_mod
-  from iclr24_jax.diffusion import experiment, study
-  cfg = cfg_mod.get_config("")
-  res = {**experiment.run(cfg, str(tmp_path)), **study.judge_run(str(tmp_path), cfg)}
-  assert res["final_loss"] < 0.7 * res["first_loss"], res
-  n = cfg.sampler.num_samples
-  assert res["samples_accuracy"] > 0.1 + 3 * np.sqrt(0.09 / n), res
 
 
 def test_unet_inner_contributing_zeros_reproduces_the_plain_unet():
