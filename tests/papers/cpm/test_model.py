@@ -71,6 +71,7 @@ def test_standardisation_is_pooled_over_a_and_b():
   x = cpm.pair_differences(fa, fb, mean, std)
   np.testing.assert_allclose(x[:, 0], [-4 / np.sqrt(5.0)] * 2, rtol=1e-5)
   np.testing.assert_allclose(x[:, 1], [0.0, 0.0], atol=1e-6)
+  # A per-side standardisation would centre A and B separately and give x = z_A - z_B = [-1, 1] * c: not this.
 
 
 def test_fit_end_to_end_matches_sklearn_on_pooled_differences():
