@@ -14,6 +14,7 @@ first observation of the next one, and `info['final_obs']` holds the last observ
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -67,23 +68,76 @@ def _stack_dicts(items: Sequence[dict]) -> dict[str, np.ndarray]:
   return {k: np.stack([np.asarray(it[k]) for it in items]) for k in items[0]}
 
 
+class ReplayMismatch(RuntimeError):
+  """A game replayed from a saved state did not reach the saved observation (`NetHackVecEnv.set_state`)."""
+
+
+def _encode_rng_state(state: dict) -> dict:
+  """numpy's bit-generator state with its 128-bit integers as strings (JSON-safe)."""
+  inner = {k: str(v) for k, v in state["state"].items()}
+  return dict(state, state=inner)
+
+
+def _decode_rng_state(saved: dict) -> dict:
+  return dict(saved, state={k: int(v) for k, v in saved["state"].items()})
+
+
+def _fingerprint(obs: dict, i: int) -> int:
+  """crc32 of game i's observation arrays (every key, in sorted order)."""
+  crc = 0
+  for k in sorted(obs):
+    crc = zlib.crc32(np.ascontiguousarray(obs[k][i]).tobytes(), crc)
+  return int(crc)
+
+
 def _seeded_wrapper_cls():
   import gymnasium as gym
 
   class SeededNetHack(gym.Wrapper):
     """Seeds NetHack's own RNGs (core, disp; no anti-TAS reseeding) before every reset from a private stream, so
-    a run is reproducible and every episode is a different game. (gymnasium's reset(seed=) does not reach them.)"""
+    a run is reproducible and every episode is a different game. (gymnasium's reset(seed=) does not reach them.)
 
-    def __init__(self, env, seed: int):
+    It also records what replays the current episode: the stream's state before the episode's seeds were drawn
+    and the actions taken since (`replay_state` / `replay`), since NetHack's C state cannot be saved."""
+
+    def __init__(self, env, seed: int, index: int = 0):
       super().__init__(env)
+      self.index = index
       self._rng = np.random.default_rng(seed)
+      self._episode_rng = self._rng.bit_generator.state
+      self._actions: list[int] = []
 
     def reset(self, *, seed=None, options=None):
       if seed is not None:
         self._rng = np.random.default_rng(seed)
+      self._episode_rng, self._actions = self._rng.bit_generator.state, []
       core, disp = (int(x) for x in self._rng.integers(0, 2**62, size=2))
       self.env.unwrapped.seed(core=core, disp=disp, reseed=False)
       return self.env.reset(options=options)
+
+    def step(self, action):
+      self._actions.append(int(action))
+      return self.env.step(action)
+
+    def replay_state(self) -> dict:
+      """{'rng': the seed stream's state at the current episode's reset, 'actions': its actions so far}."""
+      return {"rng": _encode_rng_state(self._episode_rng), "actions": list(self._actions)}
+
+    def replay(self, saved: dict):
+      """Resets to the saved episode's seeds and steps its actions; returns the last observation."""
+      self._rng.bit_generator.state = _decode_rng_state(saved["rng"])
+      obs, _ = self.reset()
+      for a in saved["actions"]:
+        obs, _, term, trunc, _ = self.step(a)
+        if term or trunc:
+          raise ReplayMismatch(f"the saved episode ended after {len(self._actions)} of its "
+                               f"{len(saved['actions'])} actions on replay.")
+      return obs
+
+    def replay_own(self, saved: Sequence[dict]):
+      """`replay(saved[index])`: one call for every game of a vector env (gymnasium's `call` passes the same
+      arguments to each)."""
+      return self.replay(saved[self.index])
 
   return SeededNetHack
 
@@ -119,7 +173,7 @@ class NetHackVecEnv:
     wrapper = _seeded_wrapper_cls()
 
     def make(i):
-      return lambda: wrapper(gym.make(task, **make_kwargs), seed + i)
+      return lambda: wrapper(gym.make(task, **make_kwargs), seed + i, i)
 
     cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     self.venv = cls([make(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -128,13 +182,15 @@ class NetHackVecEnv:
     self.observation_space = self.venv.single_observation_space
     self.episode_return = np.zeros(num_envs, np.float64)
     self.episode_length = np.zeros(num_envs, np.int64)
+    self._last_obs: dict[str, np.ndarray] | None = None
 
   def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
     """Resets every game (with `seed`, game i's seed stream restarts at seed + i)."""
     obs, _ = self.venv.reset(seed=None if seed is None else [seed + i for i in range(self.num_envs)])
     self.episode_return[:] = 0
     self.episode_length[:] = 0
-    return {k: np.asarray(v) for k, v in obs.items()}
+    self._last_obs = {k: np.asarray(v) for k, v in obs.items()}
+    return self._last_obs
 
   def step(self, actions: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, dict]:
     """Steps every game.
@@ -170,7 +226,57 @@ class NetHackVecEnv:
     self.episode_length[done] = 0
     info = dict(info)
     info.update(final_obs=final, episode_return=ep_ret, episode_length=ep_len)
+    self._last_obs = obs
     return obs, reward, term, trunc, info
+
+  def get_state(self) -> dict[str, Any]:
+    """What puts every game back where it is now (JSON-safe), for a checkpoint.
+
+    NetHack's C state cannot be saved, so each game is kept as its replay: the seed stream's state at the
+    current episode's reset and the actions since (at most the episode's step limit), with the episode's running
+    return and length and a crc32 of the current observation that `set_state` checks the replay against.
+
+    Returns:
+      dict: games (one replay dict per game), episode_return [N], episode_length [N], fingerprint [N].
+
+    Raises:
+      RuntimeError: before the first reset (there is no game yet).
+    """
+    if self._last_obs is None:
+      raise RuntimeError("NetHackVecEnv.get_state: reset the environment first.")
+    return {"games": list(self.venv.call("replay_state")), "episode_return": self.episode_return.tolist(),
+            "episode_length": self.episode_length.tolist(),
+            "fingerprint": [_fingerprint(self._last_obs, i) for i in range(self.num_envs)]}
+
+  def set_state(self, saved: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Puts every game back where `get_state` saw it (by replaying its episode) and returns the observation.
+
+    Args:
+      saved: a `get_state` dict of an env with the same num_envs, task and keyword arguments.
+
+    Returns:
+      obs dict of [N, ...] arrays: the observation the saved games were at.
+
+    Raises:
+      ValueError: the saved state holds another number of games.
+      ReplayMismatch: a replayed game did not reach the saved observation (another nle version or build, or a
+        game event that depends on the wall clock, such as the moon phase); start the run afresh.
+    """
+    games = saved["games"]
+    if len(games) != self.num_envs:
+      raise ValueError(f"the saved NetHack state holds {len(games)} games; this env has {self.num_envs}.")
+    per_game = self.venv.call("replay_own", games)
+    obs = {k: np.stack([np.asarray(o[k]) for o in per_game]) for k in self.observation_keys}
+    for i, want in enumerate(saved["fingerprint"]):
+      if _fingerprint(obs, i) != int(want):
+        raise ReplayMismatch(
+            f"NetHack game {i} replayed from the checkpoint ({len(games[i]['actions'])} actions into its episode) "
+            "does not reach the saved observation: the game is not reproducible here (another nle build, or an "
+            "event that depends on the wall clock such as the moon phase). Start the run afresh (--fresh).")
+    self.episode_return[:] = np.asarray(saved["episode_return"], np.float64)
+    self.episode_length[:] = np.asarray(saved["episode_length"], np.int64)
+    self._last_obs = obs
+    return {k: v.copy() for k, v in obs.items()}
 
   def close(self) -> None:
     """Closes the underlying gymnasium vector environment of the NetHack games."""
