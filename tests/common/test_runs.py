@@ -284,7 +284,7 @@ LOOP_CONFIGS = [("classify", "tiny"), ("pmp", "tiny"), ("graphcare", "tiny"), ("
                 ("diffusion", "tiny"), ("lm", "tiny"), ("lm", "tiny_lora"), ("safeguards", "tiny"), ("mdm", "tiny"),
                 ("clip_ood", "tiny"), ("lm_inversion", "tiny"), ("coboosting", "tiny"),
                 ("unio4", "tiny"), ("ldcq", "tiny"), ("ppo", "tiny"), ("d2pruning", "tiny"), ("motif", "tiny"),
-                ("mario", "tiny"), ("finetune_dissect", "tiny")]
+                ("motif", "tiny,nethack"), ("mario", "tiny"), ("finetune_dissect", "tiny")]
 
 
 @pytest.mark.slow
