@@ -8,6 +8,8 @@ NetHack is a C game, so it runs on the host; the policy runs in JAX (see ppo_hos
   obs, reward, terminated, truncated, info = env.step(actions)   # actions [N] int in [0, env.num_actions)
   info['final_obs']                                # the observation before the auto-reset (== obs where not done)
   decode_messages(obs['message'])                  # -> list of N strings
+  saved = env.get_state()                          # JSON: each game as its replay (for a checkpoint)
+  obs = env.set_state(saved)                       # a new env: replays the games, checks the observation
 
 Auto-reset happens in the same step (gymnasium's SAME_STEP mode): after an episode ends, `obs` is already the
 first observation of the next one, and `info['final_obs']` holds the last observation of the ended episode.
