@@ -9,7 +9,7 @@ NetHack is a C game, so it runs on the host; the policy runs in JAX (see ppo_hos
   info['final_obs']                                # the observation before the auto-reset (== obs where not done)
   decode_messages(obs['message'])                  # -> list of N strings
   saved = env.get_state()                          # JSON: each game as its replay (for a checkpoint)
-  obs = env.set_state(saved)                       # a new env: replays the games, checks the observation
+  obs = env.set_state(saved)                       # a new env: replays the games, checks their observations
 
 Auto-reset happens in the same step (gymnasium's SAME_STEP mode): after an episode ends, `obs` is already the
 first observation of the next one, and `info['final_obs']` holds the last observation of the ended episode.
@@ -71,7 +71,7 @@ def _stack_dicts(items: Sequence[dict]) -> dict[str, np.ndarray]:
 
 
 class ReplayMismatch(RuntimeError):
-  """A game replayed from a saved state did not reach the saved observation (`NetHackVecEnv.set_state`)."""
+  """A game replayed from a saved state did not reproduce its observations (`NetHackVecEnv.set_state`)."""
 
 
 def _encode_rng_state(state: dict) -> dict:
@@ -84,11 +84,10 @@ def _decode_rng_state(saved: dict) -> dict:
   return dict(saved, state={k: int(v) for k, v in saved["state"].items()})
 
 
-def _fingerprint(obs: dict, i: int) -> int:
-  """crc32 of game i's observation arrays (every key, in sorted order)."""
-  crc = 0
+def _obs_crc(obs: dict, crc: int = 0) -> int:
+  """crc32 of one game's observation arrays (every key, in sorted order), continuing `crc`."""
   for k in sorted(obs):
-    crc = zlib.crc32(np.ascontiguousarray(obs[k][i]).tobytes(), crc)
+    crc = zlib.crc32(np.ascontiguousarray(obs[k]).tobytes(), crc)
   return int(crc)
 
 
@@ -99,8 +98,9 @@ def _seeded_wrapper_cls():
     """Seeds NetHack's own RNGs (core, disp; no anti-TAS reseeding) before every reset from a private stream, so
     a run is reproducible and every episode is a different game. (gymnasium's reset(seed=) does not reach them.)
 
-    It also records what replays the current episode: the stream's state before the episode's seeds were drawn
-    and the actions taken since (`replay_state` / `replay`), since NetHack's C state cannot be saved."""
+    It also records what replays the current episode, since NetHack's C state cannot be saved: the stream's state
+    before the episode's seeds were drawn, the actions taken since, and a crc32 chained over every observation of
+    the episode, which a replay must reproduce (`replay_state` / `replay`)."""
 
     def __init__(self, env, seed: int, index: int = 0):
       super().__init__(env)
@@ -108,6 +108,7 @@ def _seeded_wrapper_cls():
       self._rng = np.random.default_rng(seed)
       self._episode_rng = self._rng.bit_generator.state
       self._actions: list[int] = []
+      self._crc: int | None = None
 
     def reset(self, *, seed=None, options=None):
       if seed is not None:
@@ -115,25 +116,41 @@ def _seeded_wrapper_cls():
       self._episode_rng, self._actions = self._rng.bit_generator.state, []
       core, disp = (int(x) for x in self._rng.integers(0, 2**62, size=2))
       self.env.unwrapped.seed(core=core, disp=disp, reseed=False)
-      return self.env.reset(options=options)
+      obs, info = self.env.reset(options=options)
+      self._crc = _obs_crc(obs)
+      return obs, info
 
     def step(self, action):
       self._actions.append(int(action))
-      return self.env.step(action)
+      out = self.env.step(action)
+      self._crc = _obs_crc(out[0], self._crc)
+      return out
 
     def replay_state(self) -> dict:
-      """{'rng': the seed stream's state at the current episode's reset, 'actions': its actions so far}."""
-      return {"rng": _encode_rng_state(self._episode_rng), "actions": list(self._actions)}
+      """{'rng': the seed stream's state at the current episode's reset, 'actions': its actions so far, 'crc':
+      the crc32 chained over its observations (None before the first reset)}."""
+      return {"rng": _encode_rng_state(self._episode_rng), "actions": list(self._actions), "crc": self._crc}
 
     def replay(self, saved: dict):
-      """Resets to the saved episode's seeds and steps its actions; returns the last observation."""
+      """Resets to the saved episode's seeds and steps its actions; returns the last observation.
+
+      Raises:
+        ReplayMismatch: the replayed observations differ from the saved episode's (their chained crc32).
+      """
       self._rng.bit_generator.state = _decode_rng_state(saved["rng"])
       obs, _ = self.reset()
+      done = False
       for a in saved["actions"]:
         obs, _, term, trunc, _ = self.step(a)
-        if term or trunc:
-          raise ReplayMismatch(f"the saved episode ended after {len(self._actions)} of its "
-                               f"{len(saved['actions'])} actions on replay.")
+        done = done or term or trunc
+      if done or self._crc != int(saved["crc"]):
+        # nle 1.3.0 reads the wall clock (moon phase, night, and flavour hashed from the game's start time such as
+        # shopkeeper names: NetHack-LE/nle#129), so a replay in another second can differ where those show.
+        raise ReplayMismatch(
+            f"NetHack game {self.index} replayed from the checkpoint ({len(saved['actions'])} actions into its "
+            "episode) does not reproduce the saved observations: the game is not reproducible here (another nle "
+            "build, or game details nle derives from the wall clock: the moon phase, night, and flavour hashed "
+            "from the game's start time, such as shopkeeper names). Start the run afresh (--fresh).")
       return obs
 
     def replay_own(self, saved: Sequence[dict]):
@@ -184,15 +201,13 @@ class NetHackVecEnv:
     self.observation_space = self.venv.single_observation_space
     self.episode_return = np.zeros(num_envs, np.float64)
     self.episode_length = np.zeros(num_envs, np.int64)
-    self._last_obs: dict[str, np.ndarray] | None = None
 
   def reset(self, seed: int | None = None) -> dict[str, np.ndarray]:
     """Resets every game (with `seed`, game i's seed stream restarts at seed + i)."""
     obs, _ = self.venv.reset(seed=None if seed is None else [seed + i for i in range(self.num_envs)])
     self.episode_return[:] = 0
     self.episode_length[:] = 0
-    self._last_obs = {k: np.asarray(v) for k, v in obs.items()}
-    return self._last_obs
+    return {k: np.asarray(v) for k, v in obs.items()}
 
   def step(self, actions: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray, dict]:
     """Steps every game.
@@ -228,27 +243,27 @@ class NetHackVecEnv:
     self.episode_length[done] = 0
     info = dict(info)
     info.update(final_obs=final, episode_return=ep_ret, episode_length=ep_len)
-    self._last_obs = obs
     return obs, reward, term, trunc, info
 
   def get_state(self) -> dict[str, Any]:
     """What puts every game back where it is now (JSON-safe), for a checkpoint.
 
     NetHack's C state cannot be saved, so each game is kept as its replay: the seed stream's state at the
-    current episode's reset and the actions since (at most the episode's step limit), with the episode's running
-    return and length and a crc32 of the current observation that `set_state` checks the replay against.
+    current episode's reset, the actions since (at most the episode's step limit) and a crc32 chained over the
+    episode's observations, which `set_state` checks the replay against; with the episodes' running returns and
+    lengths.
 
     Returns:
-      dict: games (one replay dict per game), episode_return [N], episode_length [N], fingerprint [N].
+      dict: games (one replay dict per game: rng, actions, crc), episode_return [N], episode_length [N].
 
     Raises:
       RuntimeError: before the first reset (there is no game yet).
     """
-    if self._last_obs is None:
+    games = list(self.venv.call("replay_state"))
+    if any(g["crc"] is None for g in games):
       raise RuntimeError("NetHackVecEnv.get_state: reset the environment first.")
-    return {"games": list(self.venv.call("replay_state")), "episode_return": self.episode_return.tolist(),
-            "episode_length": self.episode_length.tolist(),
-            "fingerprint": [_fingerprint(self._last_obs, i) for i in range(self.num_envs)]}
+    return {"games": games, "episode_return": self.episode_return.tolist(),
+            "episode_length": self.episode_length.tolist()}
 
   def set_state(self, saved: dict[str, Any]) -> dict[str, np.ndarray]:
     """Puts every game back where `get_state` saw it (by replaying its episode) and returns the observation.
@@ -261,24 +276,17 @@ class NetHackVecEnv:
 
     Raises:
       ValueError: the saved state holds another number of games.
-      ReplayMismatch: a replayed game did not reach the saved observation (another nle version or build, or a
-        game event that depends on the wall clock, such as the moon phase); start the run afresh.
+      ReplayMismatch: a replayed game did not reproduce the saved episode's observations (another nle build, or
+        game details nle derives from the wall clock); start the run afresh.
     """
     games = saved["games"]
     if len(games) != self.num_envs:
       raise ValueError(f"the saved NetHack state holds {len(games)} games; this env has {self.num_envs}.")
     per_game = self.venv.call("replay_own", games)
     obs = {k: np.stack([np.asarray(o[k]) for o in per_game]) for k in self.observation_keys}
-    for i, want in enumerate(saved["fingerprint"]):
-      if _fingerprint(obs, i) != int(want):
-        raise ReplayMismatch(
-            f"NetHack game {i} replayed from the checkpoint ({len(games[i]['actions'])} actions into its episode) "
-            "does not reach the saved observation: the game is not reproducible here (another nle build, or an "
-            "event that depends on the wall clock such as the moon phase). Start the run afresh (--fresh).")
     self.episode_return[:] = np.asarray(saved["episode_return"], np.float64)
     self.episode_length[:] = np.asarray(saved["episode_length"], np.int64)
-    self._last_obs = obs
-    return {k: v.copy() for k, v in obs.items()}
+    return obs
 
   def close(self) -> None:
     """Closes the underlying gymnasium vector environment of the NetHack games."""

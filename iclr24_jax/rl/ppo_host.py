@@ -114,9 +114,10 @@ class HostPPO:
   """PPO for host environments with discrete actions (see module docstring).
 
   Args:
-    config: a PPO config (the configs/ppo.py `ppo_defaults()` layout): ppo.{rollout_steps, update_epochs, num_minibatches,
-      gamma, gae_lambda, clip_eps, value_clip_eps, ent_coef, vf_coef, normalize_advantages, reward_scale,
-      reward_clip (optional, 0 = none)}, optimizer, num_steps (= updates, for the learning-rate schedule).
+    config: a PPO config (the configs/ppo.py `ppo_defaults()` layout): ppo.{rollout_steps, update_epochs,
+      num_minibatches, gamma, gae_lambda, clip_eps, value_clip_eps, ent_coef, vf_coef, normalize_advantages,
+      reward_scale, reward_clip (optional, 0 = none)}, optimizer, num_steps (= updates, for the learning-rate
+      schedule).
       ppo.num_envs is taken from `env`.
     env: the vectorised host environment.
     model: Flax module obs -> (Categorical, value).

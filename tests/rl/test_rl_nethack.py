@@ -128,7 +128,7 @@ def test_host_ppo_with_reward_hook(env):
 def test_get_state_set_state_continues_the_same_games():
   """A checkpoint of the games mid-episode (after an auto-reset: 12-step episodes, 30 steps taken) restored into a
   new env by replay: the same observation, then the same steps, rewards and episode totals as the original env;
-  a wrong fingerprint is refused with ReplayMismatch."""
+  a saved game whose observations the replay does not reproduce (its crc32 changed) is refused (ReplayMismatch)."""
   import json
   rng = np.random.default_rng(0)
   with nethack.NetHackVecEnv(num_envs=2, seed=5, max_episode_steps=12) as a, \
@@ -151,6 +151,7 @@ def test_get_state_set_state_continues_the_same_games():
       for x, y in zip(ra[1:4], rb[1:4]):
         np.testing.assert_array_equal(y, x)
       np.testing.assert_array_equal(rb[4]["episode_return"], ra[4]["episode_return"])
-    saved["fingerprint"][1] ^= 1
+    assert b.get_state() == a.get_state()                   # the same seeds, actions and observation chains
+    saved["games"][1]["crc"] ^= 1
     with pytest.raises(nethack.ReplayMismatch, match="game 1"):
       b.set_state(saved)
