@@ -9,7 +9,7 @@ the policy's. The encoder-decoder path (a T5 with the codes after the decoder st
 
   batch = mario.encode_examples(tok, questions, responses, prefixes, max_len=96)
   step = mario.make_quark_step(config, lora_config, kl_coef=0.1)           # pure: step(state, batch, key)
-  out = mario.sample(params, config, prompt_ids, prompt_mask, codes, key, max_new_tokens=48)
+  out = mario.sample(key, params, config, prompt_ids, prompt_mask, codes, max_new_tokens=48)
 """
 from __future__ import annotations
 
@@ -223,8 +223,8 @@ def quark_step(state, batch, key, *, config, lora_config=None, kl_coef: float = 
   return make_quark_step(config, lora_config, kl_coef, entropy_coef, task_coef)(state, batch, key)
 
 
-def sample(params: Any, config: Any, prompt_ids: jax.Array, prompt_mask: jax.Array, codes: jax.Array | None,
-           key: jax.Array, max_new_tokens: int, temperature: float = 1.0, top_p: float = 0.9,
+def sample(key: jax.Array, params: Any, config: Any, prompt_ids: jax.Array, prompt_mask: jax.Array,
+           codes: jax.Array | None, max_new_tokens: int, temperature: float = 1.0, top_p: float = 0.9,
            stop_ids: Sequence[int] = (), pad_id: int = 0) -> generation.GenerationOutput:
   """Samples responses conditioned on control codes (top-p; temperature 0 = greedy).
 
@@ -233,10 +233,10 @@ def sample(params: Any, config: Any, prompt_ids: jax.Array, prompt_mask: jax.Arr
   token (`t5.generate(decoder_prefix=codes)`; the returned tokens then start with the codes).
 
   Args:
+    key: PRNG key.
     params, config: the policy (merged / fused params are fastest).
     prompt_ids: [B, P] ids (Llama: left-padded); prompt_mask: [B, P] bool.
     codes: [B, K] control-code ids, or None.
-    key: PRNG key.
     max_new_tokens, temperature, top_p: decoding (static).
     stop_ids: stop tokens (static); pad_id: written after a stop (Llama).
 
