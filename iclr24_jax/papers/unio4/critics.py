@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from iclr24_jax.common import checks
+from iclr24_jax.common import checks, optim
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -168,7 +168,7 @@ def critic_modules(spec: dict) -> tuple[nn.Module, nn.Module]:
 @functools.lru_cache(maxsize=32)   # the jitted programs of one configuration
 def _programs(frozen_spec: tuple, obs_dim: int, act_dim: int) -> tuple[Callable, Callable]:
   """Jitted (init, chunk) of the supervised stage for one configuration (cached: reused across data sets)."""
-  spec = stages.thaw(frozen_spec)
+  spec = optim.thaw(frozen_spec)
   v_module, q_module = critic_modules(spec)
   tx_v, tx_q = optax.adam(float(spec["v_lr"])), optax.adam(float(spec["q_lr"]))
   kw = dict(v_module=v_module, q_module=q_module, mode=spec["mode"], gamma=float(spec["gamma"]),
@@ -237,7 +237,7 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
   num_steps = int(config["num_steps"])
   if num_steps < 1:
     raise ValueError(f"unio4 critic.num_steps must be >= 1, got {num_steps}.")
-  init, chunk = _programs(stages.freeze(spec), data.obs_dim, data.action_dim)
+  init, chunk = _programs(optim.freeze(spec), data.obs_dim, data.action_dim)
   k_init, k_train = jax.random.split(key)
   state, history = stages.run_in_chunks(chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
                                         lambda m: {k: float(v) for k, v in m.items()}, callback, checkpoints,
