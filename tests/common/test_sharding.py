@@ -2,7 +2,6 @@
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest

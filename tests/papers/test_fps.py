@@ -13,7 +13,7 @@ from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, programs, smc, study_exactness, study_images
+from iclr24_jax.papers.fps import experiment, programs, study_exactness, study_images
 
 SCHED = schedules.linear_beta_schedule()
 

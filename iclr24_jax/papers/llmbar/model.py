@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from iclr24_jax import lm
 from iclr24_jax.lm import tokenizer as tok_lib
-from iclr24_jax.lm.annotate import SMOLLM2_ID, ConstantJudge, chatml_to_messages, stable_hash  # noqa: F401
+from iclr24_jax.lm.annotate import SMOLLM2_ID, stable_hash
 from iclr24_jax.papers.llmbar import prompts as prompts_lib
 
 KINDS = ("metrics", "reference", "direct", "cot", "rating", "free")

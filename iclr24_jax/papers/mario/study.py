@@ -76,7 +76,7 @@ def _accuracy_note(arms: dict, items) -> str:
     a, k = _valid_accuracy(acc, valid)
     parts.append(f"{name} {a:.3f} on {k}/{len(np.ravel(valid))} valid")
   ans, share = _majority_baseline(items)
-  return (f"accuracy on valid responses (with 'So the answer is'): " + ", ".join(parts)
+  return ("accuracy on valid responses (with 'So the answer is'): " + ", ".join(parts)
           + f"; majority baseline (always '{ans}'): {share:.3f}")
 
 
