@@ -160,6 +160,7 @@ def update_weights(weights: jax.Array, client_logits: jax.Array, labels: jax.Arr
   def ce(w):
     return jnp.mean(losses.cross_entropy(losses.ensemble_logits(client_logits, w), labels))
   loss, grad = jax.value_and_grad(ce)(weights)
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:146-153 (weight step)
   return jnp.clip(weights - step_size * jnp.sign(grad), 0.0, 1.0), loss
 
 
@@ -252,6 +253,7 @@ def generator_loss(method: Method, gen_params: Any, batch_stats: Any, z: jax.Arr
     l_h = losses.hard_sample_loss(t, targets, knob["hardness"])
     mask = knob["adv_mask"] * losses.disagreement_mask(s, t) + (1.0 - knob["adv_mask"])
   l_a = losses.adversarial_loss(s, t, method.adv_temperature, mask)
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:114 (bn = 0)
   loss = method.oh_weight * l_h + method.adv_weight * l_a
   metrics = {"gen_loss": loss, "hard_ce": l_h, "adv_kl": -l_a,
              "ensemble_acc_on_targets": jnp.mean((jnp.argmax(t, -1) == targets).astype(jnp.float32))}
@@ -334,6 +336,7 @@ def ods_perturb(logits_fn: Callable[[jax.Array], jax.Array], x: jax.Array, key: 
     Perturbed inputs [B, ...] (no gradient flows through them).
   """
   k = jax.eval_shape(logits_fn, x).shape[-1]  # the class count only: no forward pass traced for it
+  # official: rong-dai/Co-Boosting@b95d715 datafree_kd.py:313-319 (ODS)
   r = jax.random.uniform(key, (x.shape[0], k), minval=-1.0, maxval=1.0)
   g = jax.grad(lambda v: jnp.sum(r * jax.nn.softmax(logits_fn(v) / temperature, axis=-1)))(x)
   return jax.lax.stop_gradient(x + eps * jnp.sign(g))

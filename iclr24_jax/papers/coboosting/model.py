@@ -101,6 +101,7 @@ def init_generator(key: jax.Array, generator: Generator, nz: int) -> dict:
 
   kinds = [kind(path) for path, _ in flat]
   sizes = [int(np.prod(s.shape)) if k.startswith("normal") else 0 for k, (_, s) in zip(kinds, flat)]
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:194-202 (reset_model)
   noise = 0.02 * jax.random.normal(key, (max(sum(sizes), 1),), jnp.float32)
   leaves, offset = [], 0
   for k, (_, s), n in zip(kinds, flat, sizes):

@@ -43,6 +43,7 @@ def logit_bias_for(tokenizer: tok_lib.Tokenizer, kind: str, favor: float = promp
   if kind not in ("direct", "cot"):
     return None
   bias: dict[int, float] = {}
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:92-106 (process_openai_kwargs)
   for word in prompts_lib.TOKENS_TO_AVOID:
     ids = tokenizer.encode(word, add_bos=False)
     if len(ids) == 1:

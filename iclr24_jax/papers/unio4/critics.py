@@ -83,6 +83,7 @@ def expectile_loss(diff: jax.Array, expectile: float) -> jax.Array:
   """
   ok = checks.in_range("unio4.expectile_loss", "expectile", expectile, 0.0, 1.0, low_open=True, high_open=True,
                        hint="IQL's expectile tau (0.5 is the mean).")
+  # official: Lei-Kun/Uni-O4@1eecc45 critic.py:296-298 (expectile_loss)
   weight = jnp.where(diff > 0, expectile, 1.0 - expectile)
   return checks.poison(weight * jnp.square(diff), ok)
 
@@ -101,8 +102,10 @@ def value_loss(v_params: Any, q_target: Any, batch: dict, *, v_module: nn.Module
   """
   v = v_module.apply({"params": v_params}, batch["obs"])
   if mode == "sarsa":
+    # official: Lei-Kun/Uni-O4@1eecc45 critic.py:44-45 (V on the return)
     return jnp.mean(jnp.square(v - batch["returns"]))
   target = jax.lax.stop_gradient(jnp.min(q_module.apply({"params": q_target}, batch["obs"], batch["actions"]), 0))
+  # official: Lei-Kun/Uni-O4@1eecc45 critic.py:302-309 (IQL V)
   return jnp.mean(expectile_loss(target - v, expectile))
 
 
@@ -122,6 +125,7 @@ def q_loss(q_params: Any, q_target: Any, v_params: Any, batch: dict, *, v_module
     nxt = jnp.min(q_module.apply({"params": q_target}, batch["next_obs"], batch["next_actions"]), 0)
   else:
     nxt = v_module.apply({"params": v_params}, batch["next_obs"])
+  # official: Lei-Kun/Uni-O4@1eecc45 critic.py:186-191 (SARSA Q), 317-327 (IQL Q)
   y = jax.lax.stop_gradient(batch["rewards"] + gamma * batch["not_done"] * nxt)
   q = q_module.apply({"params": q_params}, batch["obs"], batch["actions"])  # [num_q, B]
   return jnp.sum(jnp.mean(jnp.square(q - y[None]), axis=-1))
