@@ -16,6 +16,7 @@ first observation of the next one, and `info['final_obs']` holds the last observ
 """
 from __future__ import annotations
 
+import importlib
 import zlib
 from typing import Any, Sequence
 
@@ -34,7 +35,7 @@ BLSTATS_LEN = 27
 
 def _nle():
   try:
-    import nle  # noqa: F401  (registers the NetHack gymnasium envs)
+    importlib.import_module("nle")  # registers the NetHack gymnasium envs
     from nle import nethack
   except ImportError as e:
     raise ImportError("NetHack needs the 'nle' package (pip install nle==1.3.0 gymnasium==1.2.0).") from e

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("nle")
 
 from iclr24_jax.configs import ppo as ppo_config  # noqa: E402
-from iclr24_jax.rl import distributions, nethack, ppo, ppo_host  # noqa: E402
+from iclr24_jax.rl import distributions, nethack, ppo_host  # noqa: E402
 
 
 def test_decode_message_hand_built():
