@@ -15,12 +15,13 @@ step it applied from) and `status.json` ('running' | 'preempted' | 'failed' | 'f
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import socket
 import warnings
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
 import orbax.checkpoint as ocp
@@ -425,7 +426,9 @@ def check_config(workdir: str, config: Any, allow_change: bool = False) -> dict[
     raise ConfigDrift(f"the config differs from the one that trained {workdir} (its {CONFIG_FILE}"
                       f"{' and ' + CHANGES_FILE if os.path.exists(os.path.join(workdir, CHANGES_FILE)) else ''}):\n"
                       f"{lines}\nResume with the recorded config, pass --allow_config_change to accept and record the "
-                      "change, or start over with --fresh or a new --workdir.", changes)
+                      "change (from Python: `launch.run.run(..., allow_config_change=True)`, or "
+                      "`checkpoint.check_config(workdir, config, allow_change=True)` before calling the experiment), "
+                      "or start over with --fresh or a new --workdir.", changes)
   if jax.process_index() == 0:
     row = {"step": resumed_step(workdir), "checkpoints": checkpoint_steps(workdir),
            "time": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -433,6 +436,54 @@ def check_config(workdir: str, config: Any, allow_change: bool = False) -> dict[
     with open(os.path.join(workdir, CHANGES_FILE), "a") as f:
       f.write(json.dumps(row, default=str) + "\n")
   return changes
+
+
+# Workdirs whose config a caller checked for the run in progress (`config_checked`): the launcher checks before
+# anything runs (and before it reads a finished workdir), so the staged drivers' own check (`ensure_config`) does
+# not read and compare the record a second time inside a launched run.
+_CHECKED: set[str] = set()
+
+
+@contextlib.contextmanager
+def config_checked(workdir: str) -> Iterator[None]:
+  """While active, `ensure_config(workdir, ...)` trusts the check its caller made (the launcher's `check_config`).
+
+  Args:
+    workdir: the run's folder, its config already checked (and recorded) for this run.
+  """
+  path = os.path.abspath(workdir)
+  added = path not in _CHECKED
+  _CHECKED.add(path)
+  try:
+    yield
+  finally:
+    if added:
+      _CHECKED.discard(path)
+
+
+def ensure_config(workdir: str, config: Any) -> dict[str, tuple[Any, Any]]:
+  """`check_config(workdir, config)` unless the run in progress checked it already (`config_checked`).
+
+  For code that opens a run's workdir itself (`loop.Stages.from_config`), so that `experiment.run(config, workdir)`
+  called directly refuses a changed config as the launcher does, instead of restoring stages that an older config
+  trained. To accept a change from Python, call `check_config(workdir, config, allow_change=True)` first (it
+  records the change; this check then finds the config equal to the record).
+
+  Args:
+    workdir: the run's folder (created here if missing).
+    config: this start's config.
+
+  Returns:
+    {} (an accepted change is recorded by `check_config(..., allow_change=True)`, never here).
+
+  Raises:
+    ConfigDrift: the config differs from the workdir's record; the message lists every key as old -> new.
+  """
+  path = os.path.abspath(workdir)
+  if path in _CHECKED:
+    return {}
+  os.makedirs(path, exist_ok=True)
+  return check_config(path, config)
 
 
 def read_status(workdir: str) -> dict:

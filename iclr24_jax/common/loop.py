@@ -1002,7 +1002,28 @@ class Stages:
 
   @classmethod
   def from_config(cls, config: Any, workdir: str | None, label: str = "") -> "Stages":
-    """`checkpoint_options(config)`'s intervals, the config recorded, progress unless `config.progress` is False."""
+    """The stages of a run of `config` in `workdir`, its config checked against the workdir's record first.
+
+    `checkpoint_options(config)`'s intervals, the config recorded, progress unless `config.progress` is False.
+    The workdir's config record is checked as the launcher checks it (`checkpoint.ensure_config`; skipped inside
+    a launched run, which checked it already), so `experiment.run(config, workdir)` called directly on a workdir
+    that another config trained is refused instead of restoring that config's finished stages.
+
+    Args:
+      config: the run's config (the whole experiment config, as the launcher records it).
+      workdir: the run's folder (None: nothing written or checked).
+      label: the progress lines' prefix (the paper's slug).
+
+    Returns:
+      Stages.
+
+    Raises:
+      checkpoint.ConfigDrift: `config` differs from the one recorded in `workdir` (the keys, old -> new). To
+        accept the change, call `checkpoint.check_config(workdir, config, allow_change=True)` first (it records
+        it), or run through `launch.run.run(..., allow_config_change=True)` / `--allow_config_change`.
+    """
+    if workdir is not None:
+      ckpt_lib.ensure_config(workdir, config)
     opts = checkpoint_options(config)
     return cls(workdir, every_steps=opts["checkpoint_every"], every_secs=opts["checkpoint_every_secs"],
                config=config, progress=bool(config.get("progress", True)) and jax.process_index() == 0,
