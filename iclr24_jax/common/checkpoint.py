@@ -63,6 +63,22 @@ def _write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
+class _Manager(ocp.CheckpointManager):
+  """orbax's CheckpointManager, except that it never asks JAX's preemption sync point itself.
+
+  orbax's `save` calls `multihost_utils.reached_preemption_sync_point(step)` with the checkpoint's step (for its
+  logs and metrics only; the saves here are forced), once on the caller's thread and once from the thread that
+  finalises an async save. The service keeps only the last id it was given and sets the agreed stop to the
+  largest last id of all processes + 1, so those calls (a stage's own step count, at a time that differs between
+  processes) would replace the consecutive ids `common.loop.StopCheck` gives it, and the agreed id could be one
+  that no process ever reaches. The loop decides preemption itself (`StopCheck`), so this query answers False.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 class Checkpointer:
   """Thin wrapper over `orbax.checkpoint.CheckpointManager` saving the composite described in the module docstring.
 
@@ -83,7 +99,7 @@ class Checkpointer:
     os.makedirs(self.directory, exist_ok=True)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._manager = _Manager(self.directory, options=options)
     self.async_save = async_save
     path = os.path.join(self.directory, "config.json")
     if config is not None and jax.process_index() == 0 and not os.path.exists(path):

@@ -454,22 +454,37 @@ def stop_on_signals(immediate: bool = False) -> Iterator[None]:
       clear_stop()
 
 
+# The number of stop checks this process has made, over every loop and stage: the id each check gives JAX's
+# preemption sync point. The service agrees on (the largest last id of all processes) + 1 and answers True only at
+# a call with exactly that id, so the ids must be consecutive and the same sequence on every process. A loop's step
+# is neither across the loops of one run: a staged driver's stages each count from 0 (a notice that came while the
+# last stage ended would agree on an id the next stage reaches mid-way or never), and a chunked loop's steps jump
+# by the chunk (max + 1 is then never a step). Every process runs the same loops with the same boundaries, so the
+# n-th check is the same boundary everywhere.
+_SYNC_IDS = [0]
+
+
 class StopCheck:
   """`check(step, sync_point) -> reason | None` at step boundaries: the same answer on every process.
 
   One process: the pending request (`stop_requested`). Several: JAX's preemption sync point (SIGTERM seen by any
-  host, agreed step), and at sync points (the loop's logging boundaries, where it waits for the device anyway) any
-  process's SIGINT / request, gathered with `multihost_utils.process_allgather`.
+  host; its id is this process's count of stop checks over every loop and stage of the run, not the loop's step:
+  see `_SYNC_IDS`), and at sync points (the loop's logging boundaries, where it waits for the device anyway) any
+  process's SIGINT / request, gathered with `multihost_utils.process_allgather`. Every `train_loop`,
+  `ResumableLoop` (each stage of `Stages`) and own driver makes its checks through this class, so they share the
+  one sequence of ids.
   """
 
   def __init__(self):
     self.multi = jax.process_count() > 1
 
   def __call__(self, step: int, sync_point: bool = True) -> str | None:
+    del step   # the stop is agreed on by this process's count of checks (see `_SYNC_IDS`), not by a loop's step
     if not self.multi:
       return stop_requested()
     from jax.experimental import multihost_utils
-    if _preemption_sync_manager() is not None and multihost_utils.reached_preemption_sync_point(int(step)):
+    _SYNC_IDS[0] += 1
+    if _preemption_sync_manager() is not None and multihost_utils.reached_preemption_sync_point(_SYNC_IDS[0]):
       return stop_requested() or "SIGTERM"
     if sync_point:
       flags = multihost_utils.process_allgather(np.int32(stop_requested() is not None))
