@@ -11,7 +11,9 @@ mid-save leaves the previous complete step as the latest one. Restoring needs an
 
 The workdir holds one run: `run.lock` (pid, host, start time) while a launcher runs in it, `config.json` (the
 config of the first start, never overwritten), `config_changes.jsonl` (changes accepted later, each with the
-step it applied from) and `status.json` ('running' | 'preempted' | 'failed' | 'finished').
+step it applied from) and `status.json` ('running' | 'preempted' | 'failed' | 'finished'). The config record is
+checked by the launcher (`check_config`) and, for a staged driver called without it, by `loop.Stages.from_config`
+(`ensure_config`), once per run.
 """
 from __future__ import annotations
 

@@ -33,7 +33,8 @@ The pieces (`train_loop` is their composition; a paper with its own driver uses 
   StopCheck       SIGTERM / SIGINT (`stop_on_signals`) seen at a step boundary, one agreed step on multi-host
   Preempted       raised once the checkpoint of that boundary is saved; the launcher turns it into one line
   ResumableLoop   the pieces above put together for an own driver's loop (one per stage of a staged driver)
-  Stages          a staged driver's ResumableLoops, one folder per stage (`stage_loop`)
+  Stages          a staged driver's ResumableLoops, one folder per stage (`stage_loop`); `from_config` checks
+                  the workdir's config record (`checkpoint.ensure_config`) unless the launcher did
 
 An own driver (say, a chunked loop whose batches are drawn on device from a key; `papers/cdgm/train.py:fit` is
 the worked example) reads:
