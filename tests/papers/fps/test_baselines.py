@@ -19,7 +19,7 @@ def dps_fn():
 def test_dps_with_zero_step_is_ddpm(dps_fn):
   fn, _ = dps_fn
   x = fn(jax.random.key(0), 0.0)
-  ref = samplers.sample(DEN, SCHED, (256, 2), jax.random.key(0), method="ddpm", num_steps=20)
+  ref = samplers.sample(jax.random.key(0), DEN, SCHED, (256, 2), method="ddpm", num_steps=20)
   np.testing.assert_allclose(x, ref, rtol=1e-5, atol=1e-5)
 
 
