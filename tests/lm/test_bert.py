@@ -1,5 +1,5 @@
 """The BERT encoder (`lm/bert.py`) on the embedded all-MiniLM-L6-v2 (safetensors): paraphrases, pooling
-against a reference, the encoder against transformers' Flax BERT (slow)."""
+against a reference, the encoder against transformers' Flax BERT (slow). MiniLM is loaded once per module."""
 import functools
 
 import jax
