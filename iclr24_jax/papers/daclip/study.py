@@ -69,7 +69,7 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
   the PSNR of the posterior mean (`restore_samples` chains) of none and DA-CLIP. restoration=False runs (a) only.
 
   Args:
-    workdir: output folder (the run goes to workdir/run).
+    workdir: output folder (the run goes to workdir/run, a fast one to workdir/run_tiny).
     fast: the 'tiny' config variant.
     restoration: also run (b).
     get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
@@ -80,7 +80,9 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
   cfg = get_config("tiny" if fast else "")
   cfg.restoration = bool(restoration)
   t0 = time.time()
-  res = experiment.run(cfg, os.path.join(workdir, "run"), progress=not fast)
+  # The tiny and the full run resume in their own folders: one workdir holds the stages of one config (a rerun
+  # with another config is refused, `common.loop.Stages.from_config`).
+  res = experiment.run(cfg, os.path.join(workdir, "run_tiny" if fast else "run"), progress=not fast)
   items = res["accuracy_items"]
   plots = res["plots"]
   setting = (f"{res['num_train']} degraded training / {res['num_test']} held-out test digits "
