@@ -1,4 +1,7 @@
-"""daclip: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+"""daclip: the small-scale reproductions (`reproduce_seeds`, its one-seed miniature `reproduce`) and the benchmark.
+
+`reproduce_seeds` is the 3-seed study (`--only daclip_seeds`, outside the main job: registry.EXTENDED);
+`reproduce`, the main job's, runs the same stages at one controller and one restorer seed.
 
 The method lives in the package's method modules and `experiment.run`; this module holds the study that the
 paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call it).

@@ -1,4 +1,7 @@
-"""lm_inversion: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+"""lm_inversion: the small-scale reproductions (`reproduce_seeds`, its one-seed miniature `reproduce`), the benchmark.
+
+`reproduce_seeds` is the study below (`--only lm_inversion_seeds`, outside the main job: registry.EXTENDED);
+`reproduce`, the main job's, runs it at one seed without the top-k arms, on the same prompts and caches.
 
 Reproduction: distribution inverters trained on SmolLM2-135M's next-token distributions of ~2,000 real prompts
 (3 seeds, and one inverter trained per top-k access level k = 1, 10, 100, in one vmapped program), evaluated on 500

@@ -1,4 +1,7 @@
-"""mdm: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+"""mdm: the small-scale reproductions (`reproduce_seeds`, its one-seed miniature `reproduce`) and the benchmark.
+
+`reproduce_seeds` is the 3-seed study with the sample judge's learning curve (`--only mdm_seeds`, outside the main
+job: registry.EXTENDED); `reproduce`, the main job's, runs the same study at one seed without the curve.
 
 The method lives in the package's method modules and `experiment.run`; this module holds the studies
 that the paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call them).
