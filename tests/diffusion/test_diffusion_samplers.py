@@ -44,7 +44,7 @@ def _data(g, key, n):
 @functools.partial(jax.jit, static_argnames=("n", "method", "num_steps", "prediction", "eta"))
 def _sample(g, den_schedule, samp_schedule, key, n, method, num_steps=None, prediction="eps", eta=0.0):
   den = gmm_lib.gmm_denoiser(g, den_schedule, prediction)
-  return samplers.sample(den, samp_schedule, (n, g.dim), key, method=method, num_steps=num_steps,
+  return samplers.sample(key, den, samp_schedule, (n, g.dim), method=method, num_steps=num_steps,
                          prediction=prediction, eta=eta)
 
 
@@ -142,7 +142,7 @@ def test_single_steps_compose_to_the_sampler(ring, lin):
   den = gmm_lib.gmm_denoiser(ring, lin, "v")
   key = jax.random.key(6)
   for method, kw in (("ddpm", {}), ("ddim", {"eta": 0.5})):
-    full, traj = samplers.sample(den, lin, (64, 2), key, method=method, num_steps=20, prediction="v",
+    full, traj = samplers.sample(key, den, lin, (64, 2), method=method, num_steps=20, prediction="v",
                                  return_trajectory=True, **kw)
     times, a_t, a_s = samplers.sampling_grid(lin, 20)
     key_init, step_keys = samplers.split_sampler_keys(key, 20)
@@ -201,8 +201,8 @@ def test_classifier_free_guidance():
   # guidance_scale = 1 reproduces the plain conditional sampler.
   sched = schedules.linear_beta_schedule(50)
   den2 = lambda x, t, c: 0.1 * x + c[:, None]  # noqa: E731
-  a = samplers.sample(den2, sched, (3, 2), jax.random.key(0), cond=cond)
-  b = samplers.sample(den2, sched, (3, 2), jax.random.key(0), cond=cond, null_cond=null, guidance_scale=1.0)
+  a = samplers.sample(jax.random.key(0), den2, sched, (3, 2), cond=cond)
+  b = samplers.sample(jax.random.key(0), den2, sched, (3, 2), cond=cond, null_cond=null, guidance_scale=1.0)
   np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
@@ -233,28 +233,28 @@ def test_sample_levels_matches_per_level_samplers():
   joint = lambda xs, t: (den_h(xs[0], t), den_l(xs[1], t))  # noqa: E731
   rng = np.random.default_rng(0)
   x_T = (jnp.asarray(rng.standard_normal((4, 6)), jnp.float32), jnp.asarray(rng.standard_normal((4, 3)), jnp.float32))
-  out = samplers.sample_levels(joint, (high, low), [(4, 6), (4, 3)], jax.random.key(0), method="ddim",
+  out = samplers.sample_levels(jax.random.key(0), joint, (high, low), [(4, 6), (4, 3)], method="ddim",
                                num_steps=10, x_T=x_T)
-  ref_h = samplers.sample(den_h, high, (4, 6), jax.random.key(1), method="ddim", num_steps=10, x_T=x_T[0])
-  ref_l = samplers.sample(den_l, low, (4, 3), jax.random.key(1), method="ddim", num_steps=10, x_T=x_T[1])
+  ref_h = samplers.sample(jax.random.key(1), den_h, high, (4, 6), method="ddim", num_steps=10, x_T=x_T[0])
+  ref_l = samplers.sample(jax.random.key(1), den_l, low, (4, 3), method="ddim", num_steps=10, x_T=x_T[1])
   np.testing.assert_allclose(out[0], ref_h, rtol=1e-5, atol=1e-5)
   np.testing.assert_allclose(out[1], ref_l, rtol=1e-5, atol=1e-5)
-  wrong = samplers.sample(den_h, low, (4, 6), jax.random.key(1), method="ddim", num_steps=10, x_T=x_T[0])
+  wrong = samplers.sample(jax.random.key(1), den_h, low, (4, 6), method="ddim", num_steps=10, x_T=x_T[0])
   assert float(jnp.max(jnp.abs(wrong - ref_h))) > 1e-2
   # DDPM: stochastic; shapes per level, and a mismatched schedule list is an error.
-  xs = samplers.sample_levels(joint, (high, low), [(4, 6), (4, 3)], jax.random.key(0), method="ddpm", num_steps=5)
+  xs = samplers.sample_levels(jax.random.key(0), joint, (high, low), [(4, 6), (4, 3)], method="ddpm", num_steps=5)
   chex.assert_shape(list(xs), [(4, 6), (4, 3)])
   with pytest.raises(ValueError, match="one shape per schedule"):
-    samplers.sample_levels(joint, (high,), [(4, 6), (4, 3)], jax.random.key(0))
+    samplers.sample_levels(jax.random.key(0), joint, (high,), [(4, 6), (4, 3)])
   with pytest.raises(ValueError, match="time units"):
-    samplers.sample_levels(joint, (high, schedules.squaredcos_cap_v2(50)), [(4, 6), (4, 3)], jax.random.key(0))
+    samplers.sample_levels(jax.random.key(0), joint, (high, schedules.squaredcos_cap_v2(50)), [(4, 6), (4, 3)])
 
 
 def test_samplers_are_shape_agnostic():
   sched = schedules.linear_beta_schedule(20)
   den = lambda x, t: 0.5 * x  # noqa: E731
   for shape in ((4, 7), (2, 4, 4, 3)):
-    chex.assert_shape(samplers.sample(den, sched, shape, jax.random.key(0), method="ddim", num_steps=5), shape)
+    chex.assert_shape(samplers.sample(jax.random.key(0), den, sched, shape, method="ddim", num_steps=5), shape)
 
 
 def test_gmm_score_matches_autodiff_and_tweedie(ring, gmm8):
@@ -328,13 +328,13 @@ def test_sliced_wasserstein_of_a_shift():
 def test_sampler_errors(lin):
   den = lambda x, t: x  # noqa: E731
   with pytest.raises(ValueError, match="unknown sampler"):
-    samplers.sample(den, lin, (2, 2), jax.random.key(0), method="euler")
+    samplers.sample(jax.random.key(0), den, lin, (2, 2), method="euler")
   with pytest.raises(ValueError, match="null_cond"):
-    samplers.sample(lambda x, t, c: x, lin, (2, 2), jax.random.key(0), cond=jnp.zeros(2), guidance_scale=2.0)
+    samplers.sample(jax.random.key(0), lambda x, t, c: x, lin, (2, 2), cond=jnp.zeros(2), guidance_scale=2.0)
   with pytest.raises(ValueError, match="x_T has shape"):
-    samplers.sample(den, lin, (2, 2), jax.random.key(0), x_T=jnp.zeros((3, 2)))
+    samplers.sample(jax.random.key(0), den, lin, (2, 2), x_T=jnp.zeros((3, 2)))
   with pytest.raises(ValueError, match="denoiser returned shape"):
-    samplers.sample(lambda x, t: x[:, :1], lin, (2, 2), jax.random.key(0), num_steps=2)
+    samplers.sample(jax.random.key(0), lambda x, t: x[:, :1], lin, (2, 2), num_steps=2)
   with pytest.raises(ValueError, match="variance"):
     samplers.ddpm_transition(jnp.zeros((1, 2)), jnp.zeros((1, 2)), 0.5, 0.6, variance="learned")
   with pytest.raises(ValueError, match=r"\[B, 2\]"):

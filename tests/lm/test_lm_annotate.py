@@ -1,13 +1,12 @@
 """The annotator kit: choice_logprobs / score_suffixes (one prefill, reused cache), debiased_preference, judges,
 the resumable cache."""
-import json
 
 import jax
 import numpy as np
 import pytest
 
 from iclr24_jax import lm
-from iclr24_jax.lm import annotate, corpus, scoring
+from iclr24_jax.lm import corpus, scoring
 from iclr24_jax.lm import tokenizer as tok_lib
 
 

@@ -1,5 +1,4 @@
 """Tiny random decoder-only LMs: shapes, padding, KV cache, layouts, generation, scoring, references."""
-import functools
 
 import chex
 import jax

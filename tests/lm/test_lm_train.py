@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from iclr24_jax.lm import llama, lora, t5, train
+from iclr24_jax.lm import llama, lora, train
 
 CFG = llama.tiny_config(vocab_size=64)
 LCFG = lora.LoraConfig(rank=4, alpha=8.0, targets=("q_proj", "v_proj", "down_proj"))

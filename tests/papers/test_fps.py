@@ -13,7 +13,7 @@ from iclr24_jax.configs import fps as fps_config
 from iclr24_jax.diffusion import gmm as gmm_lib
 from iclr24_jax.diffusion import samplers, schedules
 from iclr24_jax.papers import fps
-from iclr24_jax.papers.fps import experiment, programs, smc, study_exactness, study_images
+from iclr24_jax.papers.fps import experiment, programs, study_exactness, study_images
 
 SCHED = schedules.linear_beta_schedule()
 
@@ -522,7 +522,7 @@ def dps_fn():
 def test_dps_with_zero_step_is_ddpm(dps_fn):
   fn, _ = dps_fn
   x = fn(jax.random.key(0), 0.0)
-  ref = samplers.sample(DEN, SCHED, (256, 2), jax.random.key(0), method="ddpm", num_steps=20)
+  ref = samplers.sample(jax.random.key(0), DEN, SCHED, (256, 2), method="ddpm", num_steps=20)
   np.testing.assert_allclose(x, ref, rtol=1e-5, atol=1e-5)
 
 

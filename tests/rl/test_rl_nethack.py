@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("nle")
 
 from iclr24_jax.configs import ppo as ppo_config  # noqa: E402
-from iclr24_jax.rl import distributions, nethack, ppo, ppo_host  # noqa: E402
+from iclr24_jax.rl import distributions, nethack, ppo_host  # noqa: E402
 
 
 def test_decode_message_hand_built():
@@ -123,3 +123,35 @@ def test_host_ppo_with_reward_hook(env):
   assert int(state.step) == 2 * 1 * 2
   assert all(np.isfinite(h["loss"]) for h in hist)
   assert hist[-1]["hook_reward"] >= hist[-1]["extrinsic_reward"]
+
+
+def test_get_state_set_state_continues_the_same_games():
+  """A checkpoint of the games mid-episode (after an auto-reset: 12-step episodes, 30 steps taken) restored into a
+  new env by replay: the same observation, then the same steps, rewards and episode totals as the original env;
+  a saved game whose observations the replay does not reproduce (its crc32 changed) is refused (ReplayMismatch)."""
+  import json
+  rng = np.random.default_rng(0)
+  with nethack.NetHackVecEnv(num_envs=2, seed=5, max_episode_steps=12) as a, \
+       nethack.NetHackVecEnv(num_envs=2, seed=5, max_episode_steps=12) as b:
+    a.reset(seed=5)
+    for _ in range(30):
+      obs, *_ = a.step(rng.integers(0, a.num_actions, 2))
+    saved = json.loads(json.dumps(a.get_state()))           # what a checkpoint's JSON holds
+    assert [len(g["actions"]) for g in saved["games"]] == [30 - 2 * 12] * 2   # two 12-step episodes truncated
+    b.reset(seed=5)
+    got = b.set_state(saved)
+    for k in obs:
+      np.testing.assert_array_equal(got[k], obs[k])
+    np.testing.assert_array_equal(b.episode_length, a.episode_length)
+    for _ in range(15):                                     # across the next auto-reset
+      act = rng.integers(0, a.num_actions, 2)
+      ra, rb = a.step(act), b.step(act)
+      for k in ra[0]:
+        np.testing.assert_array_equal(rb[0][k], ra[0][k])
+      for x, y in zip(ra[1:4], rb[1:4]):
+        np.testing.assert_array_equal(y, x)
+      np.testing.assert_array_equal(rb[4]["episode_return"], ra[4]["episode_return"])
+    assert b.get_state() == a.get_state()                   # the same seeds, actions and observation chains
+    saved["games"][1]["crc"] ^= 1
+    with pytest.raises(nethack.ReplayMismatch, match="game 1"):
+      b.set_state(saved)

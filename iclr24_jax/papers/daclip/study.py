@@ -118,9 +118,9 @@ def _study(workdir: str, cfg: Any, fast: bool, restoration: bool) -> list[dict]:
   the PSNR of the posterior mean (`restore_samples` chains) of none and DA-CLIP. restoration=False runs (a) only.
 
   Args:
-    workdir: output folder (the run goes to workdir/run).
+    workdir: output folder (the run goes to workdir/run, a fast one to workdir/run_tiny).
     cfg: the daclip config (configs/daclip.py).
-    fast: a smoke run (no progress lines).
+    fast: a smoke run (the tiny config: no progress lines, its own run folder).
     restoration: also run (b).
 
   Returns:
@@ -128,7 +128,9 @@ def _study(workdir: str, cfg: Any, fast: bool, restoration: bool) -> list[dict]:
   """
   cfg.restoration = bool(restoration)
   t0 = time.time()
-  res = experiment.run(cfg, os.path.join(workdir, "run"), progress=not fast)
+  # The tiny and the full run resume in their own folders: one workdir holds the stages of one config (a rerun
+  # with another config is refused, `common.loop.Stages.from_config`).
+  res = experiment.run(cfg, os.path.join(workdir, "run_tiny" if fast else "run"), progress=not fast)
   items = res["accuracy_items"]
   plots = res["plots"]
   setting = (f"{res['num_train']} degraded training / {res['num_test']} held-out test digits "
