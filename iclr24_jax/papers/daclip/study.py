@@ -69,9 +69,10 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
               *, get_config: Callable[[str], Any]) -> list[dict]:
   """The main job's miniature of `reproduce_seeds`: one controller and one restorer seed (`get_config('one_seed')`).
 
-  The same stages on the same data at one seed: rows judged over seeds are 'inconclusive' by rule (`stats.judge`
-  needs 3 seeds); the rows judged by a paired bootstrap over the held-out images keep their verdicts. Each row's
-  notes point to the extended study.
+  The same stages on the same data at one seed. Its claims and checks are the seeded study's, so they are
+  recorded as measurements (`stats.miniature_rows`): the one-seed verdict (over seeds 'inconclusive' by rule; a
+  paired bootstrap over the held-out images where the row has one) stays in the notes, which point to the
+  extended study's judged rows.
 
   Args:
     workdir: output folder (the run goes to workdir/run).
@@ -82,10 +83,8 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
   Returns:
     list of reproduction row dicts.
   """
-  rows = _study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast, restoration)
-  for r in rows:
-    r["notes"] = f"Miniature of the main job (1 seed): {SEEDS_ROWS}. " + (r.get("notes") or "")
-  return rows
+  return stats.miniature_rows(_study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast, restoration),
+                               "1 seed", SEEDS_ROWS)
 
 
 def reproduce_seeds(workdir: str, fast: bool = False, restoration: bool = True,

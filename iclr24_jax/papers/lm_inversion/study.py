@@ -101,9 +101,10 @@ SEEDS_ROWS = ("the seed-judged claims are in the extended study's rows (lm_inver
 def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """The main job's miniature of the study: one seed, no top-k arms (`get_config('one_seed')`).
 
-  The same study as `reproduce_seeds` on the same prompts, cached distributions and samples, at one seed: every
-  seed-judged verdict is 'inconclusive' by rule (`stats.judge` needs 3 seeds), the per-prompt bootstrap intervals
-  in the notes still read; each row's notes point to the extended study for the judged claims.
+  The same study as `reproduce_seeds` on the same prompts, cached distributions and samples, at one seed. Its
+  claims and checks are the seeded study's, so they are recorded as measurements (`stats.miniature_rows`: the
+  one-seed verdict, 'inconclusive' by rule since `stats.judge` needs 3 seeds, and the per-prompt bootstrap
+  intervals stay in the notes, which point to the extended study's judged rows).
 
   Args:
     workdir: where the plot goes.
@@ -113,10 +114,8 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
   Returns:
     Row dicts (paper, experiment, metric, ours, paper_value, holds, kind, notes[, plots]).
   """
-  rows = _study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast)
-  for r in rows:
-    r["notes"] = (f"Miniature of the main job (1 seed, no top-k arms): {SEEDS_ROWS}. " + (r.get("notes") or ""))
-  return rows
+  return stats.miniature_rows(_study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast),
+                               "1 seed, no top-k arms", SEEDS_ROWS)
 
 
 def reproduce_seeds(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:

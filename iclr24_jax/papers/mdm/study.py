@@ -109,8 +109,9 @@ SEEDS_ROWS = ("the 3-seed rows and the sample judge's learning curve are the ext
 def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """The main job's miniature of `reproduce_seeds`: one seed, no sample curve (`get_config('one_seed')`).
 
-  The same three arms at the same equal high-res steps, judge included, at seed 0 only: rows judged over seeds are
-  'inconclusive' by rule (`stats.judge` needs 3 seeds). Each row's notes point to the extended study.
+  The same three arms at the same equal high-res steps, judge included, at seed 0 only. Its claims are the seeded
+  study's, so they are recorded as measurements (`stats.miniature_rows`: the one-seed verdict, 'inconclusive' by
+  rule since `stats.judge` needs 3 seeds, stays in the notes, which point to the extended study's rows).
 
   Args:
     workdir: output folder (created).
@@ -120,10 +121,8 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
   Returns:
     list of reproduction row dicts.
   """
-  rows = _study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast)
-  for r in rows:
-    r["notes"] = f"Miniature of the main job (1 seed, no sample curve): {SEEDS_ROWS}. " + (r.get("notes") or "")
-  return rows
+  return stats.miniature_rows(_study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast),
+                               "1 seed, no sample curve", SEEDS_ROWS)
 
 
 def reproduce_seeds(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
