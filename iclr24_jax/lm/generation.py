@@ -250,6 +250,10 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
       logits = logits + bias
     return sample_token(jax.random.fold_in(key, step), logits, temperature, top_k, top_p)
 
+  if b > 1:
+    # Several rows share each weight read: lay the weights out for GEMMs once, before the loop (the head as a
+    # float32 [D, V] table, int8 kernels widened to bfloat16; `quant.batched_decoding_params`).
+    params = quant.batched_decoding_params(params)
   if use_cache:
     cache = llama.init_cache(config, b, total, cache_dtype or llama.param_dtype(params))
     logits, cache = llama.forward(params, config, prompt_ids, prompt_mask, cache=cache, last_only=True)
@@ -262,7 +266,9 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
 
   def next_logits(carry, step, last, live):
     feed = jnp.where(live, last, pad_id)
-    p_step = quant.bind_to_step(params, step)  # keeps compact weights' widening inside each step
+    # One row: keep the compact weights' widening fused into each step's dots (no hoisted float32 copy).
+    # Several rows: the weights are already GEMM-ready (see above); binding would copy them every step.
+    p_step = quant.bind_to_step(params, step) if b == 1 else params
     if use_cache:
       return llama.forward(p_step, config, feed[:, None], live[:, None], cache=carry, last_only=True)
     seq, seq_mask = carry
