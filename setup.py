@@ -42,7 +42,7 @@ TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
         "pyflakes>=3",  # tests/test_registry.py: no undefined names after code moves between modules
         "setuptools>=68", "wheel>=0.41",  # tests/common/test_install.py builds a wheel without build isolation
         "mkdocs>=1.6,<2", "mkdocstrings-python>=1.10",  # tests/test_docs.py: the API reference builds (--strict)
-        "sacrebleu>=2.4"]  # tests/papers/test_lm_inversion.py: our BLEU against sacrebleu (the official metric)
+        "sacrebleu>=2.4"]  # tests/papers/lm_inversion/test_evaluation.py: our BLEU against sacrebleu (the official metric)
 # Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles
 # llama.cpp from source, natively for the build machine's CPU; not in 'all' so that setup and CI stay fast).
 # On 2 cores: CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python took ~40 min

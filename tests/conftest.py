@@ -1,6 +1,5 @@
 """Test setup: 8 simulated CPU devices (before JAX is used), the persistent compilation cache, shared-data lookup,
 quiet logs."""
-import os
 import pathlib
 import sys
 

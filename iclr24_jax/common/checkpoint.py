@@ -11,16 +11,19 @@ mid-save leaves the previous complete step as the latest one. Restoring needs an
 
 The workdir holds one run: `run.lock` (pid, host, start time) while a launcher runs in it, `config.json` (the
 config of the first start, never overwritten), `config_changes.jsonl` (changes accepted later, each with the
-step it applied from) and `status.json` ('running' | 'preempted' | 'failed' | 'finished').
+step it applied from) and `status.json` ('running' | 'preempted' | 'failed' | 'finished'). The config record is
+checked by the launcher (`check_config`) and, for a staged driver called without it, by `loop.Stages.from_config`
+(`ensure_config`), once per run.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
 import socket
 import warnings
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import jax
 import orbax.checkpoint as ocp
@@ -62,6 +65,22 @@ def _write_json(path: str, obj: Any) -> None:
   os.replace(tmp, path)
 
 
+class _Manager(ocp.CheckpointManager):
+  """orbax's CheckpointManager, except that it never asks JAX's preemption sync point itself.
+
+  orbax's `save` calls `multihost_utils.reached_preemption_sync_point(step)` with the checkpoint's step (for its
+  logs and metrics only; the saves here are forced), once on the caller's thread and once from the thread that
+  finalises an async save. The service keeps only the last id it was given and sets the agreed stop to the
+  largest last id of all processes + 1, so those calls (a stage's own step count, at a time that differs between
+  processes) would replace the consecutive ids `common.loop.StopCheck` gives it, and the agreed id could be one
+  that no process ever reaches. The loop decides preemption itself (`StopCheck`), so this query answers False.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 class Checkpointer:
   """Thin wrapper over `orbax.checkpoint.CheckpointManager` saving the composite described in the module docstring.
 
@@ -82,7 +101,7 @@ class Checkpointer:
     os.makedirs(self.directory, exist_ok=True)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=async_save)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    self._manager = _Manager(self.directory, options=options)
     self.async_save = async_save
     path = os.path.join(self.directory, "config.json")
     if config is not None and jax.process_index() == 0 and not os.path.exists(path):
@@ -425,7 +444,9 @@ def check_config(workdir: str, config: Any, allow_change: bool = False) -> dict[
     raise ConfigDrift(f"the config differs from the one that trained {workdir} (its {CONFIG_FILE}"
                       f"{' and ' + CHANGES_FILE if os.path.exists(os.path.join(workdir, CHANGES_FILE)) else ''}):\n"
                       f"{lines}\nResume with the recorded config, pass --allow_config_change to accept and record the "
-                      "change, or start over with --fresh or a new --workdir.", changes)
+                      "change (from Python: `launch.run.run(..., allow_config_change=True)`, or "
+                      "`checkpoint.check_config(workdir, config, allow_change=True)` before calling the experiment), "
+                      "or start over with --fresh or a new --workdir.", changes)
   if jax.process_index() == 0:
     row = {"step": resumed_step(workdir), "checkpoints": checkpoint_steps(workdir),
            "time": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -433,6 +454,54 @@ def check_config(workdir: str, config: Any, allow_change: bool = False) -> dict[
     with open(os.path.join(workdir, CHANGES_FILE), "a") as f:
       f.write(json.dumps(row, default=str) + "\n")
   return changes
+
+
+# Workdirs whose config a caller checked for the run in progress (`config_checked`): the launcher checks before
+# anything runs (and before it reads a finished workdir), so the staged drivers' own check (`ensure_config`) does
+# not read and compare the record a second time inside a launched run.
+_CHECKED: set[str] = set()
+
+
+@contextlib.contextmanager
+def config_checked(workdir: str) -> Iterator[None]:
+  """While active, `ensure_config(workdir, ...)` trusts the check its caller made (the launcher's `check_config`).
+
+  Args:
+    workdir: the run's folder, its config already checked (and recorded) for this run.
+  """
+  path = os.path.abspath(workdir)
+  added = path not in _CHECKED
+  _CHECKED.add(path)
+  try:
+    yield
+  finally:
+    if added:
+      _CHECKED.discard(path)
+
+
+def ensure_config(workdir: str, config: Any) -> dict[str, tuple[Any, Any]]:
+  """`check_config(workdir, config)` unless the run in progress checked it already (`config_checked`).
+
+  For code that opens a run's workdir itself (`loop.Stages.from_config`), so that `experiment.run(config, workdir)`
+  called directly refuses a changed config as the launcher does, instead of restoring stages that an older config
+  trained. To accept a change from Python, call `check_config(workdir, config, allow_change=True)` first (it
+  records the change; this check then finds the config equal to the record).
+
+  Args:
+    workdir: the run's folder (created here if missing).
+    config: this start's config.
+
+  Returns:
+    {} (an accepted change is recorded by `check_config(..., allow_change=True)`, never here).
+
+  Raises:
+    ConfigDrift: the config differs from the workdir's record; the message lists every key as old -> new.
+  """
+  path = os.path.abspath(workdir)
+  if path in _CHECKED:
+    return {}
+  os.makedirs(path, exist_ok=True)
+  return check_config(path, config)
 
 
 def read_status(workdir: str) -> dict:

@@ -33,7 +33,8 @@ The pieces (`train_loop` is their composition; a paper with its own driver uses 
   StopCheck       SIGTERM / SIGINT (`stop_on_signals`) seen at a step boundary, one agreed step on multi-host
   Preempted       raised once the checkpoint of that boundary is saved; the launcher turns it into one line
   ResumableLoop   the pieces above put together for an own driver's loop (one per stage of a staged driver)
-  Stages          a staged driver's ResumableLoops, one folder per stage (`stage_loop`)
+  Stages          a staged driver's ResumableLoops, one folder per stage (`stage_loop`); `from_config` checks
+                  the workdir's config record (`checkpoint.ensure_config`) unless the launcher did
 
 An own driver (say, a chunked loop whose batches are drawn on device from a key; `papers/cdgm/train.py:fit` is
 the worked example) reads:
@@ -454,22 +455,37 @@ def stop_on_signals(immediate: bool = False) -> Iterator[None]:
       clear_stop()
 
 
+# The number of stop checks this process has made, over every loop and stage: the id each check gives JAX's
+# preemption sync point. The service agrees on (the largest last id of all processes) + 1 and answers True only at
+# a call with exactly that id, so the ids must be consecutive and the same sequence on every process. A loop's step
+# is neither across the loops of one run: a staged driver's stages each count from 0 (a notice that came while the
+# last stage ended would agree on an id the next stage reaches mid-way or never), and a chunked loop's steps jump
+# by the chunk (max + 1 is then never a step). Every process runs the same loops with the same boundaries, so the
+# n-th check is the same boundary everywhere.
+_SYNC_IDS = [0]
+
+
 class StopCheck:
   """`check(step, sync_point) -> reason | None` at step boundaries: the same answer on every process.
 
   One process: the pending request (`stop_requested`). Several: JAX's preemption sync point (SIGTERM seen by any
-  host, agreed step), and at sync points (the loop's logging boundaries, where it waits for the device anyway) any
-  process's SIGINT / request, gathered with `multihost_utils.process_allgather`.
+  host; its id is this process's count of stop checks over every loop and stage of the run, not the loop's step:
+  see `_SYNC_IDS`), and at sync points (the loop's logging boundaries, where it waits for the device anyway) any
+  process's SIGINT / request, gathered with `multihost_utils.process_allgather`. Every `train_loop`,
+  `ResumableLoop` (each stage of `Stages`) and own driver makes its checks through this class, so they share the
+  one sequence of ids.
   """
 
   def __init__(self):
     self.multi = jax.process_count() > 1
 
   def __call__(self, step: int, sync_point: bool = True) -> str | None:
+    del step   # the stop is agreed on by this process's count of checks (see `_SYNC_IDS`), not by a loop's step
     if not self.multi:
       return stop_requested()
     from jax.experimental import multihost_utils
-    if _preemption_sync_manager() is not None and multihost_utils.reached_preemption_sync_point(int(step)):
+    _SYNC_IDS[0] += 1
+    if _preemption_sync_manager() is not None and multihost_utils.reached_preemption_sync_point(_SYNC_IDS[0]):
       return stop_requested() or "SIGTERM"
     if sync_point:
       flags = multihost_utils.process_allgather(np.int32(stop_requested() is not None))
@@ -1002,7 +1018,28 @@ class Stages:
 
   @classmethod
   def from_config(cls, config: Any, workdir: str | None, label: str = "") -> "Stages":
-    """`checkpoint_options(config)`'s intervals, the config recorded, progress unless `config.progress` is False."""
+    """The stages of a run of `config` in `workdir`, its config checked against the workdir's record first.
+
+    `checkpoint_options(config)`'s intervals, the config recorded, progress unless `config.progress` is False.
+    The workdir's config record is checked as the launcher checks it (`checkpoint.ensure_config`; skipped inside
+    a launched run, which checked it already), so `experiment.run(config, workdir)` called directly on a workdir
+    that another config trained is refused instead of restoring that config's finished stages.
+
+    Args:
+      config: the run's config (the whole experiment config, as the launcher records it).
+      workdir: the run's folder (None: nothing written or checked).
+      label: the progress lines' prefix (the paper's slug).
+
+    Returns:
+      Stages.
+
+    Raises:
+      checkpoint.ConfigDrift: `config` differs from the one recorded in `workdir` (the keys, old -> new). To
+        accept the change, call `checkpoint.check_config(workdir, config, allow_change=True)` first (it records
+        it), or run through `launch.run.run(..., allow_config_change=True)` / `--allow_config_change`.
+    """
+    if workdir is not None:
+      ckpt_lib.ensure_config(workdir, config)
     opts = checkpoint_options(config)
     return cls(workdir, every_steps=opts["checkpoint_every"], every_secs=opts["checkpoint_every_secs"],
                config=config, progress=bool(config.get("progress", True)) and jax.process_index() == 0,

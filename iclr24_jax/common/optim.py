@@ -33,6 +33,25 @@ def freeze(value: Any) -> Any:
   return value
 
 
+def thaw(frozen: Any) -> Any:
+  """Inverse of `freeze` at the mapping levels: tuples of (str, value) pairs become dicts again, recursively.
+
+  A compiled-program cache keyed on `freeze(config)` rebuilds the settings inside with `thaw`. Lists come back
+  as tuples (freeze made them tuples), and a list of (str, value) pairs would come back as a dict: settings that
+  round-trip must not hold such lists.
+
+  Args:
+    frozen: a value from `freeze`.
+
+  Returns:
+    nested dicts / tuples / scalars with the settings' values (`freeze(thaw(f)) == f`).
+  """
+  if isinstance(frozen, tuple) and frozen and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+                                                   for x in frozen):
+    return {k: thaw(v) for k, v in frozen}
+  return frozen
+
+
 def memoized_optimizer(builder: Callable[..., optax.GradientTransformation]
                        ) -> Callable[..., optax.GradientTransformation]:
   """Decorates an optimizer builder so equal arguments (settings compared by value) return the same object.

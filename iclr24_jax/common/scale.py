@@ -53,7 +53,7 @@ only these:
                          abstract_params=scale.abstract(state.params, state_sh.params), ...)
 
 Deep stacks should be scanned (`lax.scan` over stacked layer weights: one compiled layer) and, under a mesh,
-keep their activations batch-sharded (`lm.layers.constrain_batch`), or XLA may follow the FSDP-sharded weights
+keep their activations batch-sharded (`common.sharding.constrain_batch`), or XLA may follow the FSDP-sharded weights
 and replicate the activations instead.
 
 `analyse(program, mesh)` compiles and returns one row (a dict); its keys (binding, read by other code):
@@ -478,7 +478,7 @@ def analyse(program: Program, mesh: Mesh) -> dict[str, Any]:
   Args:
     program: the Program (its args carry shardings over `mesh`).
     mesh: the device mesh; it is also set as the current mesh while tracing (`jax.set_mesh`), so activation
-      sharding constraints in the model (`lm.llama.constrain_batch`) apply.
+      sharding constraints in the model (`common.sharding.constrain_batch`) apply.
 
   Returns:
     The row described in the module docstring (all byte and FLOP figures per device, for one step).

@@ -79,6 +79,30 @@ def data_sharding(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P(DATA_AXIS))
 
 
+def constrain_batch(x: jax.Array) -> jax.Array:
+  """Pins an activation's leading (batch) axis to the mesh's 'data' axis when a mesh is set (`jax.set_mesh`).
+
+  Without a mesh (CPU tests, eager use), or when the 'data' axis does not divide B, it returns `x` unchanged.
+  Under a ('data', 'model') mesh it keeps the residual stream batch-sharded and whole over 'model' (the
+  Megatron layout). Without it XLA's sharding propagation may follow the FSDP-sharded weights instead:
+  measured on flan-t5-xl over 8 devices, it kept every activation whole on every device and all-reduced them
+  (10.9 GB of temporaries per device for a 2-layer stack at batch 256 x 512, 2.7 GB with the constraint); on
+  the clip_ood paper step over 8 devices every device held the whole batch of 33,600 images (20 GB in
+  float32) and activations were sharded over their width instead. MaxText pins activations the same way
+  (logical activation constraints). Used by the LM family (Llama, T5) and the CLIP towers.
+
+  Args:
+    x: [B, ...] activations.
+
+  Returns:
+    [B, ...]: x, with a sharding constraint P('data') when the current mesh has a 'data' axis dividing B.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty or DATA_AXIS not in mesh.axis_names or x.shape[0] % mesh.shape[DATA_AXIS]:
+    return x
+  return jax.lax.with_sharding_constraint(x, P(DATA_AXIS))
+
+
 def replicated_sharding(mesh: Mesh) -> NamedSharding:
   """Sharding of a fully replicated array (params, keys, scalars)."""
   return NamedSharding(mesh, P())

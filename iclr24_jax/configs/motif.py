@@ -74,14 +74,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.nethack = ml_collections.ConfigDict(dict(
       task="NetHackScore-v0", num_envs=4, collect_steps=250, num_pairs=300, max_unique_pairs=24,
       updates=4, rollout_steps=64, max_episode_steps=0, goal="defaultgoal",
-      alpha_ext=0.1, alpha_int=0.1))  # official NetHackScore weights
+      alpha_ext=0.1, alpha_int=0.1,  # official NetHackScore weights
+      checkpoint_every=2))   # PPO updates between saves of each NetHack agent (games saved as replays)
   # The NetHack agents (host-loop PPO) start from the PPO defaults; `nethack_motif.agent_config` sets the budget
   # above and the official reward scale and clip.
   c.nethack.agent = ppo_config.ppo_defaults()
   c.log_every = 10
   c.eval_every = 0
   # The reward model saves every checkpoint_every Adam steps, the toy agents every agent.checkpoint_every PPO
-  # updates (their whole RunnerStates), both also every checkpoint_every_secs and on SIGTERM / SIGINT.
+  # updates (their whole RunnerStates), the NetHack agents every nethack.checkpoint_every updates; all also every
+  # checkpoint_every_secs and on SIGTERM / SIGINT.
   c.checkpoint_every = 100
   c.agent.checkpoint_every = 25
   c.checkpoint_every_secs = 600.0
@@ -129,7 +131,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.agent.ppo.update(dict(num_envs=8, rollout_steps=16, num_minibatches=2, update_epochs=1))
     c.num_steps = 3
     c.nethack.update(dict(num_envs=2, collect_steps=20, num_pairs=20, max_unique_pairs=4, updates=1,
-                          rollout_steps=8))
+                          rollout_steps=8, checkpoint_every=1))
     if c.annotation.annotator == "smollm2":  # tiny runs load no LM (the tests cover the LM judge)
       c.annotation.annotator = "keywords" if "nethack" in parts else "oracle"
   return c

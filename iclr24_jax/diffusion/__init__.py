@@ -1,7 +1,7 @@
 """Diffusion core: noise schedules, forward process, DDPM / DDIM samplers, UNet and MLP denoisers, the
 denoising loss, and an exact Gaussian-mixture denoiser. See README.md in this folder for the API.
 
-Modules: schedules, process, samplers, gmm, metrics, unet, training (and experiment, the 'diffusion' check).
+Modules: schedules, process, samplers, gmm, metrics, unet, train (and experiment, the 'diffusion' check).
 """
 from iclr24_jax.diffusion import gmm, metrics, process, samplers, schedules, train, unet
 from iclr24_jax.diffusion.gmm import GaussianMixture, gmm_denoiser, make_gmm, ring_gmm
@@ -19,7 +19,7 @@ from iclr24_jax.diffusion.train import (diffusion_loss, init, loss_weight, make_
 from iclr24_jax.diffusion.unet import MLPDenoiser, UNet, create_model, timestep_embedding, unet_flops
 
 __all__ = [
-    "gmm", "metrics", "process", "samplers", "schedules", "training", "unet",
+    "gmm", "metrics", "process", "samplers", "schedules", "train", "unet",
     "GaussianMixture", "gmm_denoiser", "make_gmm", "ring_gmm",
     "component_frequencies", "moment_errors", "sliced_wasserstein", "sliced_wasserstein_vs_data",
     "convert", "eps_to_x0", "posterior_mean_var", "predict_eps", "predict_x0", "q_mean_var", "q_sample",

@@ -72,11 +72,11 @@ def make_sample_fn(model, schedule, cfg: Any, num_classes: int):
     if num_classes:
       den = train.make_denoiser(model, params, cond_name="class_labels")
       if s.get("guidance_scale") is not None:
-        return samplers.sample(den, schedule, shape, key, cond=labels,
+        return samplers.sample(key, den, schedule, shape, cond=labels,
                                null_cond=jnp.full_like(labels, num_classes), guidance_scale=float(s.guidance_scale),
                                **kw)
-      return samplers.sample(den, schedule, shape, key, cond=labels, **kw)
-    return samplers.sample(train.make_denoiser(model, params), schedule, shape, key, **kw)
+      return samplers.sample(key, den, schedule, shape, cond=labels, **kw)
+    return samplers.sample(key, train.make_denoiser(model, params), schedule, shape, **kw)
 
   return sample_fn
 

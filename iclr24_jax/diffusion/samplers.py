@@ -319,9 +319,10 @@ def level_transitions(method: str, xs_t: Sequence[jax.Array], outs: Sequence[jax
                           clip_x0=clip_x0) for x, o, a_t, a_s in zip(xs_t, outs, alpha_bars_t, alpha_bars_s))
 
 
-def sample_levels(denoiser: Callable, schedules: Sequence[Schedule], shapes: Sequence[tuple[int, ...]],
-                  key: jax.Array, *, method: str = "ddim", num_steps: int | None = None, spacing: str | None = None,
-                  eta: float = 0.0, prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None,
+def sample_levels(key: jax.Array, denoiser: Callable, schedules: Sequence[Schedule],
+                  shapes: Sequence[tuple[int, ...]], *, method: str = "ddim", num_steps: int | None = None,
+                  spacing: str | None = None, eta: float = 0.0, prediction: str = "eps", variance: str = "posterior",
+                  clip_x0: Any = None,
                   x_T: Sequence[jax.Array] | None = None, cond: Any = None, null_cond: Any = None,
                   guidance_scale: float | None = None, return_trajectory: bool = False):
   """Joint reverse chain over L resolution levels sharing one time grid, in one `lax.scan`.
@@ -334,11 +335,11 @@ def sample_levels(denoiser: Callable, schedules: Sequence[Schedule], shapes: Seq
   `normal(fold_in(key_init, r))` and its step i uses `fold_in(step_keys[i], r)`.
 
   Args:
+    key: randomness.
     denoiser: (xs_t tuple of L [B, ...], t [B]) -> tuple of L predictions; or (xs_t, t, c) with `cond`.
     schedules: L schedules of the same kind and time units (discrete with equal T, or continuous); the time grid
       is that of schedules[0].
     shapes: L shapes [B, ...] (same B).
-    key: randomness.
     method, num_steps, spacing, eta, prediction, variance, clip_x0: as in `sample`.
     x_T: optional L starting noises.
     cond, null_cond, guidance_scale: as in `sample`.
@@ -388,7 +389,7 @@ def sample_levels(denoiser: Callable, schedules: Sequence[Schedule], shapes: Seq
   return (xs0, traj) if return_trajectory else xs0
 
 
-def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: jax.Array, *,
+def sample(key: jax.Array, denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], *,
            method: str = "ddpm", num_steps: int | None = None, spacing: str | None = None, eta: float = 0.0,
            prediction: str = "eps", variance: str = "posterior", clip_x0: Any = None, x_T: jax.Array | None = None,
            cond: Any = None, null_cond: Any = None, guidance_scale: float | None = None,
@@ -396,10 +397,10 @@ def sample(denoiser: Callable, schedule: Schedule, shape: tuple[int, ...], key: 
   """Draws samples by running the reverse chain in one `lax.scan`.
 
   Args:
+    key: split as `split_sampler_keys(key, N)`: x_T from key_init, step i from step_keys[i].
     denoiser: (x_t, t) -> prediction; or (x_t, t, c) -> prediction when `cond` is given.
     schedule: the schedule the denoiser was trained with.
     shape: [B, ...] of the samples.
-    key: split as `split_sampler_keys(key, N)`: x_T from key_init, step i from step_keys[i].
     method: 'ddpm' (ancestral, DDPM Algorithm 2) or 'ddim' (DDIM Eq. 12 with `eta`).
     num_steps, spacing: the time grid (see `sampling_grid`); fewer steps than T stride the chain.
     eta: DDIM's eta (0 = deterministic).

@@ -74,7 +74,7 @@ def gmm_exactness(gmm: gmm_lib.GaussianMixture, schedule, n: int, key: jax.Array
   """
   key_s, key_sw = jax.random.split(key)
   den = gmm_lib.gmm_denoiser(gmm, schedule)
-  x = samplers.sample(den, sampler_schedule or schedule, (n, gmm.dim), key_s, method=method, num_steps=num_steps,
+  x = samplers.sample(key_s, den, sampler_schedule or schedule, (n, gmm.dim), method=method, num_steps=num_steps,
                       eta=eta)
   sw, floor = dm.sliced_wasserstein_vs_data(x, lambda k, m: gmm.sample(k, m), key_sw, num_refs=num_refs)
   errs = dm.moment_errors(gmm, x)
@@ -121,7 +121,7 @@ def _gmm_rows(workdir: str, fast: bool) -> list[dict]:
   axes[0, 0].scatter(data[:, 0], data[:, 1], s=1)
   axes[0, 0].set_title("data", fontsize=8)
   for ax, (name, (g, sched, kw, wrong)) in zip(axes[0, 1:], plots_data.items()):
-    x = np.asarray(samplers.sample(gmm_lib.gmm_denoiser(g, sched), wrong or sched, (2000, 2), jax.random.key(1), **kw))
+    x = np.asarray(samplers.sample(jax.random.key(1), gmm_lib.gmm_denoiser(g, sched), wrong or sched, (2000, 2), **kw))
     ax.scatter(x[:, 0], x[:, 1], s=1)
     ax.set_title(name.replace("2-D ring, ", "").replace(" (", "\n("), fontsize=7)
   for ax in axes[0]:
@@ -190,7 +190,7 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
 
   def sample_images(params, x_T, key):
     den = train.make_denoiser(model, params)
-    return samplers.sample(den, schedule, x_T.shape, key, method="ddim", num_steps=sample_steps, x_T=x_T)
+    return samplers.sample(key, den, schedule, x_T.shape, method="ddim", num_steps=sample_steps, x_T=x_T)
 
   def sample_case(mesh, size):
     rep, dat = sharding.replicated_sharding(mesh), sharding.data_sharding(mesh)

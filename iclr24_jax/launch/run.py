@@ -101,7 +101,8 @@ def run(config: Any, workdir: str, *, fresh: bool = False, allow_config_change: 
     loop_lib.clear_stop()
     ckpt_lib.write_status(workdir, "running")
     try:
-      with loop_lib.stop_on_signals(immediate=True), loop_lib.observe(progress_fn):
+      with (loop_lib.stop_on_signals(immediate=True), loop_lib.observe(progress_fn),
+            ckpt_lib.config_checked(workdir)):   # checked above: the staged drivers' `Stages` skip their own check
         results = module.run(config, workdir)
     except loop_lib.Preempted as e:
       ckpt_lib.write_status(workdir, "preempted", step=e.step, signal=e.signal_name)

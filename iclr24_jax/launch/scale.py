@@ -2,6 +2,7 @@
 
   iclr24 scale                          # every paper with a `paper` config, at 8 and 64 devices
   iclr24 scale --only finetune_dissect  # one paper (comma-separated for several)
+  iclr24 scale --only pmp               # every variant in configs/pmp.py:SCALE_VARIANTS (one row per data set)
   iclr24 scale --devices 8 --mesh 2,4   # one device count in this process, an explicit mesh
   iclr24 scale --run --steps 10         # on an accelerator: also run each step on random inputs
   iclr24 scale --table                  # run nothing; rebuild SCALE.md from results/scale
@@ -44,15 +45,26 @@ def _slugs(only: str) -> list[str]:
   return wanted or list(registry.PAPERS)
 
 
-def paper_entry(slug: str):
+def scale_variants(slug: str) -> tuple[str, ...]:
+  """The config variants `iclr24 scale` compiles for `slug`: the config module's `SCALE_VARIANTS`, else ('paper',).
+
+  A paper evaluated on several data sets at different sizes lists one variant per data set (pmp:
+  `('paper', 'paper,amazon', 'paper,tfinance')`), so each graph's row can be regenerated from the command line.
+  """
+  import importlib
+  cfg_mod = importlib.import_module(f"iclr24_jax.configs.{slug}")
+  return tuple(getattr(cfg_mod, "SCALE_VARIANTS", ("paper",)))
+
+
+def paper_entry(slug: str, variant: str = "paper"):
   """(config, study module) of a paper with a `paper` variant and `scale_program`, or (None, reason)."""
   import importlib
   from iclr24_jax import registry
   try:
     cfg_mod = importlib.import_module(f"iclr24_jax.configs.{slug}")
-    config = cfg_mod.get_config("paper")
+    config = cfg_mod.get_config(variant)
   except ValueError:
-    return None, "no 'paper' config variant yet"
+    return None, f"no {variant!r} config variant yet"
   study = registry.study_module(slug)
   if not hasattr(study, "scale_program"):
     return None, "no scale_program in its study module yet"
@@ -65,10 +77,10 @@ def analyse_papers(slugs: list[str], mesh_shape: tuple[int, int] | None, run: bo
   from iclr24_jax.common import scale
   devices = jax.device_count()
   rows = []
-  for slug in slugs:
-    config, study = paper_entry(slug)
+  for slug, variant in ((s, v) for s in slugs for v in scale_variants(s)):
+    config, study = paper_entry(slug, variant)
     if config is None:
-      print(f"--- {slug}: skipped ({study})", flush=True)
+      print(f"--- {slug}:{variant}: skipped ({study})", flush=True)
       continue
     if mesh_shape is not None:
       if mesh_shape[0] * mesh_shape[1] != devices:
@@ -93,7 +105,7 @@ def analyse_papers(slugs: list[str], mesh_shape: tuple[int, int] | None, run: bo
     row["source"] = str(config.scale.get("source", ""))
     row["host_load"] = round(os.getloadavg()[0], 1)  # compile_s depends on how busy the machine was
     rows.append(row)
-    print(f"--- {slug} on {row['mesh']}: {row.get('compile_s', '?')} s compile, "
+    print(f"--- {slug}:{variant} on {row['mesh']}: {row.get('compile_s', '?')} s compile, "
           f"peak {scale.gb(row.get('peak_bytes'))} GB/device ({time.time() - t0:.0f} s)", flush=True)
   return rows
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
 
 from iclr24_jax.lm import quant
 
@@ -121,25 +120,3 @@ def dense_init(key: jax.Array, d_in: int, d_out: int, dtype=jnp.float32, bias: b
   if bias:
     p["bias"] = jnp.zeros((d_out,), dtype)
   return p
-
-
-def constrain_batch(x: jax.Array) -> jax.Array:
-  """Pins an activation's leading (batch) axis to the mesh's 'data' axis when a mesh is set (`jax.set_mesh`).
-
-  Without a mesh (CPU tests, eager use) it returns `x` unchanged. Under a ('data', 'model') mesh it keeps the
-  residual stream batch-sharded and whole over 'model' (the Megatron layout). Without it XLA's sharding
-  propagation may follow the FSDP-sharded weights instead: measured on flan-t5-xl over 8 devices, it kept every
-  activation whole on every device and all-reduced them (10.9 GB of temporaries per device for a 2-layer stack
-  at batch 256 x 512, 2.7 GB with the constraint).
-  MaxText pins activations the same way (logical activation constraints).
-
-  Args:
-    x: [B, ...] activations.
-
-  Returns:
-    x, with a sharding constraint P('data') when the current mesh has a 'data' axis dividing B.
-  """
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or "data" not in mesh.axis_names or x.shape[0] % mesh.shape["data"]:
-    return x
-  return jax.lax.with_sharding_constraint(x, P("data"))

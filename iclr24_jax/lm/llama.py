@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common.sharding import constrain_batch
 from iclr24_jax.lm import layers
 from iclr24_jax.lm import quant
 
@@ -572,7 +573,7 @@ def _trunk_hidden_states(params: Params, config: LlamaConfig, ids: jax.Array, ma
   """`hidden_states` without a cache for the stacked (scanned) and/or rematerialised forms."""
   b, t = ids.shape
   positions = jnp.maximum(jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
-  x = layers.constrain_batch(embed_tokens(params, ids))
+  x = constrain_batch(embed_tokens(params, ids))
   if config.position == "learned":
     x = x + jnp.take(params["pos_embed"], jnp.minimum(positions, config.max_seq_len - 1), axis=0)
     cos = sin = None
@@ -581,7 +582,7 @@ def _trunk_hidden_states(params: Params, config: LlamaConfig, ids: jax.Array, ma
   allowed = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
 
   def block(x, layer):
-    return layers.constrain_batch(_layer_block(layer, x, cos, sin, allowed, config))
+    return constrain_batch(_layer_block(layer, x, cos, sin, allowed, config))
 
   if config.remat != "none":
     # Inside a scan the loop already keeps XLA from merging the recomputation away (MaxText: prevent_cse=False).

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common.sharding import constrain_batch
 from iclr24_jax.lm import layers
 from iclr24_jax.lm.generation import GenerationOutput, decode_loop, sample_token
 
@@ -248,13 +249,13 @@ def _run_layers(stack_layers_: Any, x: jax.Array, block, config: T5Config) -> ja
   """x <- block(x, layer) over a stack's layers: a Python loop (list) or one lax.scan (stacked), each layer
   rematerialised when config.remat says so, the activations kept batch-sharded under a mesh."""
   def step(x, layer):
-    return layers.constrain_batch(block(x, layer))
+    return constrain_batch(block(x, layer))
 
   if config.remat != "none":
     policy = {"full": jax.checkpoint_policies.nothing_saveable,
               "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}[config.remat]
     step = jax.checkpoint(step, policy=policy, prevent_cse=not isinstance(stack_layers_, dict))
-  x = layers.constrain_batch(x)
+  x = constrain_batch(x)
   if isinstance(stack_layers_, dict):
     return jax.lax.scan(lambda c, layer: (step(c, layer), None), x, stack_layers_)[0]
   for layer in stack_layers_:

@@ -16,7 +16,8 @@ Modules (import what you need; heavy dependencies load lazily):
 """
 from iclr24_jax.rl import distributions, losses, networks, normalization, replay, rollout  # noqa: F401
 from iclr24_jax.rl.distributions import Categorical, ClippedGaussian, Gaussian, TanhGaussian, make_gaussian
-from iclr24_jax.rl.envs import BraxEnv, Env, EnvSpec, EnvState, GymnaxEnv, TimeStep, make_env
+from iclr24_jax.rl.env_base import Env, EnvSpec, EnvState, TimeStep
+from iclr24_jax.rl.envs import BraxEnv, GymnaxEnv, make_env
 from iclr24_jax.rl.losses import gae, gae_from_dones, ppo_clip_objective, ppo_loss, value_loss
 from iclr24_jax.rl.ppo import PPO, make_train
 from iclr24_jax.rl.rollout import Transition, evaluate

@@ -28,7 +28,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from iclr24_jax.rl.env_base import Env, EnvSpec, EnvState, TimeStep  # noqa: F401 (re-exported)
+from iclr24_jax.rl.env_base import Env, EnvSpec
 
 # Fastest brax backend on CPU per environment, measured here (see module docstring / README.md).
 BRAX_DEFAULT_BACKEND = {"inverted_pendulum": "spring", "inverted_double_pendulum": "spring", "hopper": "spring",

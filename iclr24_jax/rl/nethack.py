@@ -8,12 +8,16 @@ NetHack is a C game, so it runs on the host; the policy runs in JAX (see ppo_hos
   obs, reward, terminated, truncated, info = env.step(actions)   # actions [N] int in [0, env.num_actions)
   info['final_obs']                                # the observation before the auto-reset (== obs where not done)
   decode_messages(obs['message'])                  # -> list of N strings
+  saved = env.get_state()                          # JSON: each game as its replay (for a checkpoint)
+  obs = env.set_state(saved)                       # a new env: replays the games, checks their observations
 
 Auto-reset happens in the same step (gymnasium's SAME_STEP mode): after an episode ends, `obs` is already the
 first observation of the next one, and `info['final_obs']` holds the last observation of the ended episode.
 """
 from __future__ import annotations
 
+import importlib
+import zlib
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -31,7 +35,7 @@ BLSTATS_LEN = 27
 
 def _nle():
   try:
-    import nle  # noqa: F401  (registers the NetHack gymnasium envs)
+    importlib.import_module("nle")  # registers the NetHack gymnasium envs
     from nle import nethack
   except ImportError as e:
     raise ImportError("NetHack needs the 'nle' package (pip install nle==1.3.0 gymnasium==1.2.0).") from e
@@ -67,23 +71,93 @@ def _stack_dicts(items: Sequence[dict]) -> dict[str, np.ndarray]:
   return {k: np.stack([np.asarray(it[k]) for it in items]) for k in items[0]}
 
 
+class ReplayMismatch(RuntimeError):
+  """A game replayed from a saved state did not reproduce its observations (`NetHackVecEnv.set_state`)."""
+
+
+def _encode_rng_state(state: dict) -> dict:
+  """numpy's bit-generator state with its 128-bit integers as strings (JSON-safe)."""
+  inner = {k: str(v) for k, v in state["state"].items()}
+  return dict(state, state=inner)
+
+
+def _decode_rng_state(saved: dict) -> dict:
+  return dict(saved, state={k: int(v) for k, v in saved["state"].items()})
+
+
+def _obs_crc(obs: dict, crc: int = 0) -> int:
+  """crc32 of one game's observation arrays (every key, in sorted order), continuing `crc`."""
+  for k in sorted(obs):
+    crc = zlib.crc32(np.ascontiguousarray(obs[k]).tobytes(), crc)
+  return int(crc)
+
+
 def _seeded_wrapper_cls():
   import gymnasium as gym
 
   class SeededNetHack(gym.Wrapper):
     """Seeds NetHack's own RNGs (core, disp; no anti-TAS reseeding) before every reset from a private stream, so
-    a run is reproducible and every episode is a different game. (gymnasium's reset(seed=) does not reach them.)"""
+    a run is reproducible and every episode is a different game. (gymnasium's reset(seed=) does not reach them.)
 
-    def __init__(self, env, seed: int):
+    It also records what replays the current episode, since NetHack's C state cannot be saved: the stream's state
+    before the episode's seeds were drawn, the actions taken since, and a crc32 chained over every observation of
+    the episode, which a replay must reproduce (`replay_state` / `replay`)."""
+
+    def __init__(self, env, seed: int, index: int = 0):
       super().__init__(env)
+      self.index = index
       self._rng = np.random.default_rng(seed)
+      self._episode_rng = self._rng.bit_generator.state
+      self._actions: list[int] = []
+      self._crc: int | None = None
 
     def reset(self, *, seed=None, options=None):
       if seed is not None:
         self._rng = np.random.default_rng(seed)
+      self._episode_rng, self._actions = self._rng.bit_generator.state, []
       core, disp = (int(x) for x in self._rng.integers(0, 2**62, size=2))
       self.env.unwrapped.seed(core=core, disp=disp, reseed=False)
-      return self.env.reset(options=options)
+      obs, info = self.env.reset(options=options)
+      self._crc = _obs_crc(obs)
+      return obs, info
+
+    def step(self, action):
+      self._actions.append(int(action))
+      out = self.env.step(action)
+      self._crc = _obs_crc(out[0], self._crc)
+      return out
+
+    def replay_state(self) -> dict:
+      """{'rng': the seed stream's state at the current episode's reset, 'actions': its actions so far, 'crc':
+      the crc32 chained over its observations (None before the first reset)}."""
+      return {"rng": _encode_rng_state(self._episode_rng), "actions": list(self._actions), "crc": self._crc}
+
+    def replay(self, saved: dict):
+      """Resets to the saved episode's seeds and steps its actions; returns the last observation.
+
+      Raises:
+        ReplayMismatch: the replayed observations differ from the saved episode's (their chained crc32).
+      """
+      self._rng.bit_generator.state = _decode_rng_state(saved["rng"])
+      obs, _ = self.reset()
+      done = False
+      for a in saved["actions"]:
+        obs, _, term, trunc, _ = self.step(a)
+        done = done or term or trunc
+      if done or self._crc != int(saved["crc"]):
+        # nle 1.3.0 reads the wall clock (moon phase, night, and flavour hashed from the game's start time such as
+        # shopkeeper names: NetHack-LE/nle#129), so a replay in another second can differ where those show.
+        raise ReplayMismatch(
+            f"NetHack game {self.index} replayed from the checkpoint ({len(saved['actions'])} actions into its "
+            "episode) does not reproduce the saved observations: the game is not reproducible here (another nle "
+            "build, or game details nle derives from the wall clock: the moon phase, night, and flavour hashed "
+            "from the game's start time, such as shopkeeper names). Start the run afresh (--fresh).")
+      return obs
+
+    def replay_own(self, saved: Sequence[dict]):
+      """`replay(saved[index])`: one call for every game of a vector env (gymnasium's `call` passes the same
+      arguments to each)."""
+      return self.replay(saved[self.index])
 
   return SeededNetHack
 
@@ -119,7 +193,7 @@ class NetHackVecEnv:
     wrapper = _seeded_wrapper_cls()
 
     def make(i):
-      return lambda: wrapper(gym.make(task, **make_kwargs), seed + i)
+      return lambda: wrapper(gym.make(task, **make_kwargs), seed + i, i)
 
     cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     self.venv = cls([make(i) for i in range(num_envs)], autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
@@ -171,6 +245,49 @@ class NetHackVecEnv:
     info = dict(info)
     info.update(final_obs=final, episode_return=ep_ret, episode_length=ep_len)
     return obs, reward, term, trunc, info
+
+  def get_state(self) -> dict[str, Any]:
+    """What puts every game back where it is now (JSON-safe), for a checkpoint.
+
+    NetHack's C state cannot be saved, so each game is kept as its replay: the seed stream's state at the
+    current episode's reset, the actions since (at most the episode's step limit) and a crc32 chained over the
+    episode's observations, which `set_state` checks the replay against; with the episodes' running returns and
+    lengths.
+
+    Returns:
+      dict: games (one replay dict per game: rng, actions, crc), episode_return [N], episode_length [N].
+
+    Raises:
+      RuntimeError: before the first reset (there is no game yet).
+    """
+    games = list(self.venv.call("replay_state"))
+    if any(g["crc"] is None for g in games):
+      raise RuntimeError("NetHackVecEnv.get_state: reset the environment first.")
+    return {"games": games, "episode_return": self.episode_return.tolist(),
+            "episode_length": self.episode_length.tolist()}
+
+  def set_state(self, saved: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Puts every game back where `get_state` saw it (by replaying its episode) and returns the observation.
+
+    Args:
+      saved: a `get_state` dict of an env with the same num_envs, task and keyword arguments.
+
+    Returns:
+      obs dict of [N, ...] arrays: the observation the saved games were at.
+
+    Raises:
+      ValueError: the saved state holds another number of games.
+      ReplayMismatch: a replayed game did not reproduce the saved episode's observations (another nle build, or
+        game details nle derives from the wall clock); start the run afresh.
+    """
+    games = saved["games"]
+    if len(games) != self.num_envs:
+      raise ValueError(f"the saved NetHack state holds {len(games)} games; this env has {self.num_envs}.")
+    per_game = self.venv.call("replay_own", games)
+    obs = {k: np.stack([np.asarray(o[k]) for o in per_game]) for k in self.observation_keys}
+    self.episode_return[:] = np.asarray(saved["episode_return"], np.float64)
+    self.episode_length[:] = np.asarray(saved["episode_length"], np.int64)
+    return obs
 
   def close(self) -> None:
     """Closes the underlying gymnasium vector environment of the NetHack games."""

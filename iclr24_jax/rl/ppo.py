@@ -32,7 +32,7 @@ from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.rl import envs as envs_lib
 from iclr24_jax.rl import losses, networks, normalization
 from iclr24_jax.rl import rollout as rollout_lib
-from iclr24_jax.rl.envs import Env, EnvState
+from iclr24_jax.rl.env_base import Env, EnvState
 
 RewardFn = Callable[[rollout_lib.Transition], jax.Array]
 

@@ -4,7 +4,10 @@ The environment steps on the host (Python/C); acting and learning are jitted JAX
 
   agent = HostPPO(config, env, model, reward_hook=None)
   state = agent.init(jax.random.key(0))
-  state, history = agent.train(state, num_updates, key)       # or, step by step:
+  state, history = agent.train(state, num_updates, key)       # or, round by round (u = 0, 1, ...):
+  state, metrics = agent.update(state, u, key)                  # collect + learn with fold_in(key, u)
+  saved = agent.env_state(); agent.restore_env(saved)           # the games mid-episode, for a checkpoint
+  # or, step by step:
   batch = agent.collect(state, key)                             # host loop, [T, N] arrays
   state, metrics = agent.learn(state, batch, key)               # hook -> GAE -> epochs of minibatch SGD
 
@@ -111,9 +114,10 @@ class HostPPO:
   """PPO for host environments with discrete actions (see module docstring).
 
   Args:
-    config: a PPO config (the configs/ppo.py `ppo_defaults()` layout): ppo.{rollout_steps, update_epochs, num_minibatches,
-      gamma, gae_lambda, clip_eps, value_clip_eps, ent_coef, vf_coef, normalize_advantages, reward_scale,
-      reward_clip (optional, 0 = none)}, optimizer, num_steps (= updates, for the learning-rate schedule).
+    config: a PPO config (the configs/ppo.py `ppo_defaults()` layout): ppo.{rollout_steps, update_epochs,
+      num_minibatches, gamma, gae_lambda, clip_eps, value_clip_eps, ent_coef, vf_coef, normalize_advantages,
+      reward_scale, reward_clip (optional, 0 = none)}, optimizer, num_steps (= updates, for the learning-rate
+      schedule).
       ppo.num_envs is taken from `env`.
     env: the vectorised host environment.
     model: Flax module obs -> (Categorical, value).
@@ -264,6 +268,46 @@ class HostPPO:
     m["episode_return"] = float(batch["episode_return"][done].mean()) if done.any() else float("nan")
     return state, m
 
+  def update(self, state: TrainState, u: int, key: jax.Array) -> tuple[TrainState, dict]:
+    """Round `u` of collect + learn with the keys of `fold_in(key, u)`, so a run resumed at round u draws what an
+    uninterrupted one does.
+
+    Args:
+      state: TrainState of the ActorCritic.
+      u: the round's index (0-based).
+      key: the run's PRNG key.
+
+    Returns:
+      (new TrainState, the `learn` metrics with 'update' (u + 1) and 'env_steps' (after the round) added).
+    """
+    k_collect, k_learn = jax.random.split(jax.random.fold_in(key, u))
+    batch = self.collect(state, k_collect)
+    state, m = self.learn(state, batch, k_learn)
+    m["update"] = u + 1
+    m["env_steps"] = (u + 1) * self.num_envs * self.rollout_steps
+    return state, m
+
+  def env_state(self) -> dict:
+    """The environments' state for a checkpoint (`env.get_state()`, JSON-safe; NetHackVecEnv has it).
+
+    Raises:
+      TypeError: the environment cannot save its state.
+    """
+    if not hasattr(self.env, "get_state"):
+      raise TypeError(f"{type(self.env).__name__} has no get_state / set_state: its episodes cannot be resumed.")
+    return self.env.get_state()
+
+  def restore_env(self, saved: dict) -> None:
+    """Puts the environments back where `env_state` saw them (`env.set_state`); the next `collect` continues
+    those episodes.
+
+    Args:
+      saved: an `env_state` dict.
+    """
+    if not hasattr(self.env, "set_state"):
+      raise TypeError(f"{type(self.env).__name__} has no get_state / set_state: its episodes cannot be resumed.")
+    self._obs = self.env.set_state(saved)
+
   def train(self, state: TrainState, num_updates: int, key: jax.Array,
             log_fn: Callable[[int, dict], None] | None = None) -> tuple[TrainState, list[dict]]:
     """`num_updates` rounds of collect + learn; update u uses fold_in(key, u). Returns (state, metric rows).
@@ -279,12 +323,7 @@ class HostPPO:
     """
     history = []
     for u in range(num_updates):
-      k = jax.random.fold_in(key, u)
-      k_collect, k_learn = jax.random.split(k)
-      batch = self.collect(state, k_collect)
-      state, m = self.learn(state, batch, k_learn)
-      m["update"] = u + 1
-      m["env_steps"] = (u + 1) * self.num_envs * self.rollout_steps
+      state, m = self.update(state, u, key)
       history.append(m)
       if log_fn is not None:
         log_fn(u + 1, m)

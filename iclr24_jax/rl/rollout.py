@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from iclr24_jax.rl import normalization
-from iclr24_jax.rl.envs import Env, EnvState
+from iclr24_jax.rl.env_base import Env, EnvState
 
 PolicyFn = Callable[[jax.Array, jax.Array], tuple[jax.Array, jax.Array, dict]]
 

@@ -44,6 +44,7 @@ import numpy as np
 import optax
 
 from iclr24_jax.common import data as data_lib
+from iclr24_jax.common.sharding import constrain_batch
 from iclr24_jax.common.optim import make_schedule
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.vision import models as vision_models
@@ -193,26 +194,6 @@ def _block_class(remat: bool, prevent_cse: bool = True) -> type[nn.Module]:
   return nn.remat(TransformerBlock, prevent_cse=prevent_cse) if remat else TransformerBlock
 
 
-def _constrain_batch(x: jax.Array) -> jax.Array:
-  """Pins an activation's leading (batch) axis to the mesh's 'data' axis when a mesh is set (`jax.set_mesh`).
-
-  The rule of `lm.layers.constrain_batch` (the vision family does not import lm). Without it XLA's sharding
-  propagation follows the FSDP-sharded weights: measured on the clip_ood paper step over 8 devices, every device
-  held the whole batch of 33,600 images (20 GB in float32) and activations sharded over their width instead.
-  No mesh (tests, eager use), or a 'data' axis that does not divide B: x unchanged.
-
-  Args:
-    x: [B, ...] activations.
-
-  Returns:
-    x, with a sharding constraint P('data') when the current mesh has a 'data' axis dividing B.
-  """
-  mesh = jax.sharding.get_abstract_mesh()
-  if mesh.empty or "data" not in mesh.axis_names or x.shape[0] % mesh.shape["data"]:
-    return x
-  return jax.lax.with_sharding_constraint(x, jax.sharding.PartitionSpec("data"))
-
-
 class _BlockStep(nn.Module):
   """One scanned layer: h -> (block(h) + control, block(h)); the block's params are stacked over the scan."""
 
@@ -225,7 +206,7 @@ class _BlockStep(nn.Module):
   def __call__(self, h: jax.Array, control: jax.Array | None, mask: jax.Array | None):
     # Inside a scan the loop boundary already keeps XLA from merging the recomputation with the forward.
     out = _block_class(self.remat, prevent_cse=False)(self.width, self.heads, dtype=self.dtype, name="block")(h, mask)
-    out = _constrain_batch(out)
+    out = constrain_batch(out)
     return (out if control is None else out + control), out
 
 
@@ -303,8 +284,8 @@ class ViT(nn.Module):
           raise ValueError(f"ViT control {i} has shape {c.shape}; expected {(b, num_tokens, self.width)} "
                            "(batch, 1 + patches, width).")
     h = nn.Conv(self.width, (p, p), strides=(p, p), padding="VALID", dtype=self.dtype,
-                name="patch_embed")(_constrain_batch(x))
-    h = _constrain_batch(h.reshape(b, -1, self.width))
+                name="patch_embed")(constrain_batch(x))
+    h = constrain_batch(h.reshape(b, -1, self.width))
     cls_tok = self.param("cls_token", nn.initializers.normal(0.02), (1, 1, self.width))
     # The token stream stays float32 (f32 class token and positions promote the bf16 patch embedding), as
     # under autocast, where the residual additions run in the stream's float32.
@@ -319,7 +300,7 @@ class ViT(nn.Module):
       hidden = []
       block = _block_class(self.remat)
       for i in range(self.depth):
-        h = _constrain_batch(block(self.width, self.heads, dtype=self.dtype, name=f"block{i}")(h))
+        h = constrain_batch(block(self.width, self.heads, dtype=self.dtype, name=f"block{i}")(h))
         hidden.append(h)
         if controls is not None:
           h = h + controls[i]
@@ -379,7 +360,7 @@ class TextTransformer(nn.Module):
                        "texts or raise model.text.max_len.")
     h = nn.Embed(self.vocab_size, self.width, embedding_init=nn.initializers.normal(0.02), name="token_embed")(ids)
     h = h + self.param("pos_embed", nn.initializers.normal(0.01), (self.max_len, self.width))[:t]
-    h = _constrain_batch(h)
+    h = constrain_batch(h)
     valid = ids != self.pad_id
     if self.causal:
       mask = nn.make_causal_mask(ids)                                  # [B, 1, T, T]
@@ -390,7 +371,7 @@ class TextTransformer(nn.Module):
     else:
       block = _block_class(self.remat)
       for i in range(self.depth):
-        h = _constrain_batch(block(self.width, self.heads, dtype=self.dtype, name=f"block{i}")(h, mask))
+        h = constrain_batch(block(self.width, self.heads, dtype=self.dtype, name=f"block{i}")(h, mask))
     h = nn.LayerNorm(epsilon=1e-5, name="ln_final")(h)
     last = jnp.maximum(jnp.sum(valid, axis=1) - 1, 0)                  # the <eot> position
     pooled = h[jnp.arange(b), last]

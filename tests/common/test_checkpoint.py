@@ -4,12 +4,10 @@ import os
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
-import numpy as np
 import optax
 import pytest
 
-from iclr24_jax.common import checkpoint, sharding
+from iclr24_jax.common import checkpoint
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.vision import classify
 from iclr24_jax.configs import classify as classify_config

@@ -1,6 +1,4 @@
 """jraph through common.graph: the alias shim, padding masks, and the exact kNN graph."""
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

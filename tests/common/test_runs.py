@@ -206,8 +206,8 @@ def test_fresh_clears_a_run_and_refuses_a_foreign_folder(tmp_path):
   assert (wd / "notes.txt").exists()
 
 
-def _cli(*args, script=None, timeout=300):
-  env = dict(os.environ, PYTHONPATH=ROOT)
+def _cli(*args, script=None, timeout=300, env=None):
+  env = dict(os.environ, PYTHONPATH=ROOT, **(env or {}))
   cmd = [sys.executable, script] if script else [sys.executable, "-m", "iclr24_jax.launch", "run"]
   return subprocess.run(cmd + list(args), cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=timeout)
 
@@ -241,8 +241,81 @@ def test_cli_sigterm_exits_with_one_line_and_resumes(uninterrupted, tmp_path):
   assert _rows(wd) == full_rows
 
 
+# The staged drivers (`common.loop.Stages`: one resumable loop per stage in workdir/<stage>) as real launcher
+# processes: SIGTERM at the first logged row at or after config.checkpoint_every (a row of the first stage that
+# reaches it: d2pruning's coreset training, mario's SFT, finetune_dissect's pretraining, motif's reward model)
+# saves that stage, prints one line and exits 143; resuming in a fresh process equals the uninterrupted run.
+STAGED_SIGTERM = [pytest.param("d2pruning", id="d2pruning"),
+                  pytest.param("mario", id="mario", marks=pytest.mark.slow),
+                  pytest.param("finetune_dissect", id="finetune_dissect", marks=pytest.mark.slow),
+                  pytest.param("motif", id="motif", marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("slug", STAGED_SIGTERM)
+def test_cli_sigterm_of_a_staged_driver_exits_with_one_line_and_resumes(slug, uninterrupted, tmp_path,
+                                                                        monkeypatch):
+  cfg = _config(slug)
+  at = _first_checkpoint(cfg)
+  wd = str(tmp_path / slug)
+  worker = os.path.join(ROOT, "tests", "common", "_sigterm_worker.py")
+  p = _cli(f"--config={slug}:tiny", f"--workdir={wd}", "--cpu_devices=8", script=worker, env={"SIGTERM_AT": str(at)})
+  assert p.returncode == 143, p.stderr[-3000:]
+  assert "Traceback" not in p.stderr
+  lines = [ln for ln in p.stderr.splitlines() if ln.startswith("iclr24:")]
+  assert len(lines) == 1 and "stopped by SIGTERM at step" in lines[0] and "resume" in lines[0], p.stderr[-3000:]
+  step = int(lines[0].split("at step ")[1].split(";")[0])
+  status = ckpt_lib.read_status(wd)
+  assert step >= at and status["status"] == "preempted" and status["step"] == step and status["signal"] == "SIGTERM"
+  # the stage it stopped in holds the checkpoint of that step (and no stage after it started)
+  saved = ckpt_lib.checkpoint_steps(wd)
+  assert step in saved.values(), saved
+  # Resumed in this process (its compilations are warm); the launcher checks the config once, the stages trust it
+  calls = []
+  check = ckpt_lib.check_config
+  monkeypatch.setattr(ckpt_lib, "check_config", lambda *a, **k: calls.append(a[0]) or check(*a, **k))
+  resumed = launch.run(cfg, wd)
+  assert calls == [os.path.abspath(wd)] and not resumed.stored
+  full_wd, full, full_rows = uninterrupted(slug)
+  assert _comparable(resumed.results, wd) == _comparable(full, full_wd)
+  assert _comparable(json.load(open(os.path.join(wd, "results.json"))), wd) == _comparable(full, full_wd)
+  assert _rows(wd) == full_rows   # every stage's metrics.jsonl reads as one uninterrupted run
+
+
+def test_staged_run_called_directly_refuses_a_changed_config(uninterrupted):
+  """`experiment.run(config, workdir)` without the launcher: `Stages.from_config` checks the workdir's record, so
+  a changed learning rate is refused (naming the key) before any finished stage is restored; a change accepted
+  with `check_config(..., allow_change=True)` is recorded with its step and then opens the stages."""
+  from iclr24_jax.papers.d2pruning import experiment
+  wd, _, _ = uninterrupted("d2pruning")
+  cfg = _config("d2pruning")
+  old_lr = cfg.optimizer.learning_rate
+  experiment_files = sorted(os.listdir(wd))
+  cfg.optimizer.learning_rate = 0.5
+  with pytest.raises(ckpt_lib.ConfigDrift) as info:
+    experiment.run(cfg, wd)
+  assert info.value.changes == {"optimizer.learning_rate": (old_lr, 0.5)}
+  assert f"optimizer.learning_rate: {old_lr} -> 0.5" in str(info.value)
+  assert "allow_change=True" in str(info.value)   # says how to accept it from Python
+  assert sorted(os.listdir(wd)) == experiment_files and not os.path.exists(os.path.join(wd, ckpt_lib.CHANGES_FILE))
+  assert ckpt_lib.check_config(wd, cfg, allow_change=True) == {"optimizer.learning_rate": (old_lr, 0.5)}
+  rows = metrics_lib.read_jsonl(os.path.join(wd, ckpt_lib.CHANGES_FILE))
+  # d2pruning's run is finished: its stages' last checkpoints are scores at epoch 4 and coresets at step 40
+  assert len(rows) == 1 and rows[0]["changes"] == {"optimizer.learning_rate": [old_lr, 0.5]}
+  assert rows[0]["checkpoints"] == {os.path.join("scores", "checkpoints"): 4,
+                                    os.path.join("coresets", "checkpoints"): 40}
+  stages = loop.Stages.from_config(cfg, wd, label="d2pruning")   # accepted: the record in force now says 0.5
+  assert stages.workdir == wd and len(metrics_lib.read_jsonl(os.path.join(wd, ckpt_lib.CHANGES_FILE))) == 1
+  cfg.optimizer.learning_rate = old_lr   # back to the first value: a change again, from the record in force
+  with pytest.raises(ckpt_lib.ConfigDrift, match=r"optimizer.learning_rate: 0.5 -> "):
+    loop.Stages.from_config(cfg, wd)
+  # a fresh workdir: the first direct start records the config (as the launcher would)
+  fresh = os.path.join(os.path.dirname(wd), "d2pruning_direct_record")
+  loop.Stages.from_config(cfg, fresh)
+  assert ckpt_lib.config_changes(ckpt_lib.recorded_config(fresh), cfg) == {}
+
+
 NO_TRAINING = {"cpm", "llmbar"}   # convex fits to tolerance; an LM judge with its own JSON-lines cache
-OWN_DRIVERS = {"coboosting", "unio4", "ldcq", "daclip", "motif"}
+OWN_DRIVERS = {"coboosting", "unio4", "ldcq", "motif"}
 
 
 def test_every_training_config_checkpoints_by_default():
@@ -284,7 +357,7 @@ LOOP_CONFIGS = [("classify", "tiny"), ("pmp", "tiny"), ("graphcare", "tiny"), ("
                 ("diffusion", "tiny"), ("lm", "tiny"), ("lm", "tiny_lora"), ("safeguards", "tiny"), ("mdm", "tiny"),
                 ("clip_ood", "tiny"), ("lm_inversion", "tiny"), ("coboosting", "tiny"),
                 ("unio4", "tiny"), ("ldcq", "tiny"), ("ppo", "tiny"), ("d2pruning", "tiny"), ("motif", "tiny"),
-                ("mario", "tiny"), ("finetune_dissect", "tiny")]
+                ("motif", "tiny,nethack"), ("mario", "tiny"), ("finetune_dissect", "tiny"), ("daclip", "tiny")]
 
 
 @pytest.mark.slow
@@ -318,3 +391,38 @@ def test_graphcare_sigterm_rerun_and_drift(uninterrupted, tmp_path):
   cfg.optimizer.learning_rate = 0.5
   with pytest.raises(ckpt_lib.ConfigDrift, match="learning_rate"):
     launch.run(cfg, wd)
+
+
+def _free_port():
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_stop_of_a_staged_driver(tmp_path):
+  """JAX's preemption service on two processes: SIGTERM to one of them stops both at the same boundary of the
+  same stage, although each stage's steps count from 0 in chunks of 5 (`StopCheck` gives the service its own
+  consecutive count of checks; a stage's step would make the agreed id one that no boundary reaches)."""
+  port = _free_port()
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)
+  worker = os.path.join(ROOT, "tests", "common", "_stop_agree_worker.py")
+  procs = [subprocess.Popen([sys.executable, worker, str(port), str(i), str(tmp_path / f"p{i}.json")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+  for p in procs:
+    try:
+      _, err = p.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+    assert p.returncode == 0, err[-3000:]
+  out = [json.load(open(tmp_path / f"p{i}.json")) for i in range(2)]
+  assert out[1]["signalled_at"] == ["first", 20]
+  assert out[0]["stopped"] is not None and out[0]["stopped"] == out[1]["stopped"], out
+  stage, step, name = out[0]["stopped"]
+  # the first boundary after the signal that every process reaches once the notice is shared: in the same stage,
+  # a few chunks later (the protocol runs on a background thread while the loops go on)
+  assert stage == "first" and 20 < step < 100 and step % 5 == 0 and name == "SIGTERM", out

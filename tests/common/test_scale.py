@@ -475,3 +475,16 @@ def test_every_paper_has_a_cited_paper_variant_and_table_rows():
     assert devices >= ({8, 64} if slug in LM_PAPERS else {8}), (slug, devices)
     # The table quotes the config's hardware / time (rebuilt from it), one line per row.
     assert table.count(f"| {config.scale.paper_hardware}; time: {config.scale.paper_time} |") == len(rows), slug
+
+
+def test_scale_variants_give_each_data_set_a_row_the_command_line_can_regenerate():
+  from experiments import scale as scale_cli
+  assert scale_cli.scale_variants("pmp") == ("paper", "paper,amazon", "paper,tfinance")
+  assert scale_cli.scale_variants("cdgm") == ("paper",)
+  names = [scale_cli.paper_entry("pmp", v)[0].data.name for v in scale_cli.scale_variants("pmp")]
+  assert names == ["yelpchi", "amazon", "tfinance"]
+  for slug in registry.PAPERS:
+    variants = scale_cli.scale_variants(slug)
+    with open(os.path.join(ROOT, "results", "scale", f"{slug}.json")) as f:
+      programs = {row["program"] for row in json.load(f) if row["devices"] == 8}
+    assert len(programs) >= len(variants), (slug, variants, programs)

@@ -2,7 +2,6 @@
 import chex
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
@@ -106,3 +105,22 @@ def test_simulated_devices_get_a_wider_cpu_thread_pool():
     assert sum(n.endswith("XLAEigen") for n in names) >= int(os.environ["NPROC"]) > jax.device_count()
   with pytest.raises(ValueError, match="n >= 1"):
     simulate_cpu_devices(0)
+
+
+def test_constrain_batch_pins_rows_to_data_axis_only_under_a_dividing_mesh():
+  x = jnp.arange(8 * 3, dtype=jnp.float32).reshape(8, 3)
+  # No mesh set: the identity, and no constraint in the traced program.
+  assert sharding.constrain_batch(x) is x
+  assert "sharding_constraint" not in str(jax.make_jaxpr(sharding.constrain_batch)(x))
+  mesh = sharding.make_mesh({"data": 4, "model": 2})
+  with jax.set_mesh(mesh):
+    jaxpr = str(jax.make_jaxpr(sharding.constrain_batch)(x))
+    assert "sharding_constraint" in jaxpr
+    # 8 rows over a data axis of 4: each data shard holds rows [2i, 2i+1], whole over 'model'.
+    y = jax.jit(lambda a: sharding.constrain_batch(a * 1.0))(x)
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+    assert y.sharding.spec == jax.sharding.PartitionSpec("data")
+    assert {s.data.shape for s in y.addressable_shards} == {(2, 3)}
+    # 6 rows do not divide over 4 data shards: left unconstrained rather than failing.
+    x6 = x[:6]
+    assert "sharding_constraint" not in str(jax.make_jaxpr(sharding.constrain_batch)(x6))

@@ -73,6 +73,7 @@ def _kmeans(x, k, key, num_iters, tol, chunk):
   centers = x[jax.random.choice(key, n, (k,), replace=False)]
 
   def step(centers):
+    # official: brendel-group/clip-ood@0f7b418 src/deduplication/assign_clusters.py:86-89, 196
     assign = _assign(x_p, centers, chunk)[:n]
     sums = jax.ops.segment_sum(x, assign, num_segments=k)
     counts = jax.ops.segment_sum(jnp.ones((n,), jnp.float32), assign, num_segments=k)
@@ -86,6 +87,7 @@ def _kmeans(x, k, key, num_iters, tol, chunk):
   def body(carry):
     it, centers, assign, _ = carry
     new_centers, new_assign = step(centers)
+    # official: brendel-group/clip-ood@0f7b418 src/deduplication/assign_clusters.py:207-210
     changed = jnp.mean((new_assign != assign).astype(jnp.float32))
     return it + 1, new_centers, new_assign, changed
 
@@ -149,8 +151,10 @@ def _within_cluster_duplicates(embeddings, assignments, threshold, window, chunk
     rows_c = lax.dynamic_slice_in_dim(c_p, start + window, chunk)
     keys = lax.dynamic_slice_in_dim(e_p, start, window + chunk)
     keys_c = lax.dynamic_slice_in_dim(c_p, start, window + chunk)
+    # official: brendel-group/clip-ood@0f7b418 src/deduplication/utils.py:162-163, 193-194
     sims = jnp.dot(rows, keys.T, precision=_HIGHEST)              # [chunk, window + chunk]
     valid = earlier & (rows_c[:, None] == keys_c[None, :]) & (keys_c[None, :] >= 0)
+    # official: brendel-group/clip-ood@0f7b418 src/deduplication/utils.py:202-205 (compute_dedup_paths)
     return jnp.any(valid & (sims > sim_threshold), axis=1)
 
   dup_sorted = lax.map(block, jnp.arange(n_blocks)).reshape(-1)[:n]

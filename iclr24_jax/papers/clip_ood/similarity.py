@@ -160,6 +160,7 @@ def _local_max_margin(queries: jax.Array, offsets: jax.Array, keys: jax.Array, c
 
   def body(_, kb):
     sims = jnp.dot(queries, kb.T, precision=_HIGHEST)                      # [Q, chunk]
+    # official: brendel-group/clip-ood@0f7b418 src/sims_and_paths/compute_max_sims.py:84-85 (max over the test set)
     return None, jnp.max(sims - offsets[:, None], axis=0)
 
   _, out = lax.scan(body, None, blocks)

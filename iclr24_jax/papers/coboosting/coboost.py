@@ -160,6 +160,7 @@ def update_weights(weights: jax.Array, client_logits: jax.Array, labels: jax.Arr
   def ce(w):
     return jnp.mean(losses.cross_entropy(losses.ensemble_logits(client_logits, w), labels))
   loss, grad = jax.value_and_grad(ce)(weights)
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:146-153 (weight step)
   return jnp.clip(weights - step_size * jnp.sign(grad), 0.0, 1.0), loss
 
 
@@ -197,17 +198,17 @@ class SynthState:
   best_x: jax.Array
 
 
-def init_synthesis(method: Method, key: jax.Array, batch_size: int, image_shape: tuple[int, ...]) -> SynthState:
+def init_synthesis(key: jax.Array, method: Method, batch_size: int, image_shape: tuple[int, ...]) -> SynthState:
   """A freshly initialised generator (official `reset_model`), z ~ N(0, I) and uniform targets.
 
   Args:
-    method: the run's Method.
     key: this epoch's key.
+    method: the run's Method.
     batch_size: B (official synthesis_batch_size = 128).
     image_shape: (S, S, C) of the real data.
   """
   k_gen, k_z, k_y = jax.random.split(key, 3)
-  variables = init_generator(method.generator, k_gen, method.nz)
+  variables = init_generator(k_gen, method.generator, method.nz)
   z = jax.random.normal(k_z, (batch_size, method.nz), jnp.float32)
   # The official Co-Boosting synthesizer leaves the random targets unsorted (DENSE sorts them; no effect).
   targets = jax.random.randint(k_y, (batch_size,), 0, method.num_classes)
@@ -252,6 +253,7 @@ def generator_loss(method: Method, gen_params: Any, batch_stats: Any, z: jax.Arr
     l_h = losses.hard_sample_loss(t, targets, knob["hardness"])
     mask = knob["adv_mask"] * losses.disagreement_mask(s, t) + (1.0 - knob["adv_mask"])
   l_a = losses.adversarial_loss(s, t, method.adv_temperature, mask)
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:114 (bn = 0)
   loss = method.oh_weight * l_h + method.adv_weight * l_a
   metrics = {"gen_loss": loss, "hard_ce": l_h, "adv_kl": -l_a,
              "ensemble_acc_on_targets": jnp.mean((jnp.argmax(t, -1) == targets).astype(jnp.float32))}
@@ -302,7 +304,7 @@ def hard_sample_synthesis(method: Method, key: jax.Array, teacher: Teacher, serv
   On CPU prefer calling a jitted `synthesis_step` from Python (what `fit` does): XLA:CPU runs convolution
   backward passes far slower inside loop bodies.
   """
-  state = init_synthesis(method, key, batch_size, image_shape)
+  state = init_synthesis(key, method, batch_size, image_shape)
 
   def body(_, carry):
     s, _m = carry
@@ -334,17 +336,18 @@ def ods_perturb(logits_fn: Callable[[jax.Array], jax.Array], x: jax.Array, key: 
     Perturbed inputs [B, ...] (no gradient flows through them).
   """
   k = jax.eval_shape(logits_fn, x).shape[-1]  # the class count only: no forward pass traced for it
+  # official: rong-dai/Co-Boosting@b95d715 datafree_kd.py:313-319 (ODS)
   r = jax.random.uniform(key, (x.shape[0], k), minval=-1.0, maxval=1.0)
   g = jax.grad(lambda v: jnp.sum(r * jax.nn.softmax(logits_fn(v) / temperature, axis=-1)))(x)
   return jax.lax.stop_gradient(x + eps * jnp.sign(g))
 
 
-def init(method: Method, key: jax.Array, input_shape: tuple[int, ...]) -> TrainState:
+def init(key: jax.Array, method: Method, input_shape: tuple[int, ...]) -> TrainState:
   """The server's TrainState (fresh init; tx = clip -> weight decay -> momentum, lr applied per step).
 
   Args:
-    method: the run's Method (its `server` module and `server_tx`).
     key: init key.
+    method: the run's Method (its `server` module and `server_tx`).
     input_shape: one image's shape, e.g. (8, 8, 1).
 
   Returns:
@@ -453,7 +456,7 @@ class Compiled:
     self.rep, self.dat = rep, dat
     synth_sh = SynthState(params=rep, batch_stats=rep, z=dat, targets=dat, opt_state=rep, step=rep, best_loss=rep,
                           best_x=dat)
-    self.init_synth = jax.jit(functools.partial(init_synthesis, method, batch_size=batch_size,
+    self.init_synth = jax.jit(functools.partial(init_synthesis, method=method, batch_size=batch_size,
                                                 image_shape=tuple(image_shape)), out_shardings=synth_sh)
     self.synth_step = jax.jit(functools.partial(synthesis_step, method),
                               in_shardings=(synth_sh, rep, rep, rep, rep), out_shardings=(synth_sh, rep),
@@ -463,7 +466,7 @@ class Compiled:
     self.distill_step = jax.jit(functools.partial(distill_step, method),
                                 in_shardings=(rep, rep, dat, rep, rep, rep), out_shardings=(rep, rep),
                                 donate_argnums=(0,))
-    self.init = jax.jit(functools.partial(init, method, input_shape=tuple(image_shape)), out_shardings=rep)
+    self.init = jax.jit(functools.partial(init, method=method, input_shape=tuple(image_shape)), out_shardings=rep)
     self.server_logits = jax.jit(functools.partial(server_logits, method))
     self.teacher_logits = jax.jit(functools.partial(teacher_logits, method))
     self.pool_add = jax.jit(

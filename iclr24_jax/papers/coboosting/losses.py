@@ -41,6 +41,7 @@ def ensemble_logits(client_logits: jax.Array, weights: jax.Array) -> jax.Array:
   total = jnp.sum(weights)
   # Guard: all-zero weights give 0 logits (a uniform prediction) instead of the official 0/0 = NaN.
   total = jnp.where(total > 0, total, 1.0)
+  # official: rong-dai/Co-Boosting@b95d715 utils_fl.py:80-81 (WEnsemble.forward)
   return checks.poison(jnp.tensordot(weights.astype(client_logits.dtype), client_logits, axes=1) / total, ok)
 
 
@@ -69,6 +70,7 @@ def hard_sample_loss(logits: jax.Array, labels: jax.Array, hardness: float = 1.0
   checks.dtype(where, "labels", labels, "integer")
   ok = checks.all_ok(checks.indices(where, "labels", labels, logits.shape[1], "class ids of the logits."),
                      checks.in_range(where, "hardness", hardness, 0.0, None, hint="h >= 0 (official --hs 1)."))
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:103-108 (L_H)
   p_y = jnp.exp(-cross_entropy(jax.lax.stop_gradient(logits), labels))
   weight = jnp.power(1.0 - p_y, hardness)  # 0^0 = 1: h = 0 gives plain CE even where p_y = 1
   return checks.poison(jnp.mean(weight * cross_entropy(logits, labels)), ok)
@@ -92,6 +94,7 @@ def _kl(student_logits, teacher_logits, temperature):
   log_q = jax.nn.log_softmax(student_logits / temperature, axis=-1)
   log_p = jax.nn.log_softmax(teacher_logits / temperature, axis=-1)
   p = jnp.exp(log_p)
+  # official: rong-dai/Co-Boosting@b95d715 datafree/utils/_utils.py:395-398 (dense_kldiv)
   return jnp.sum(p * (log_p - log_q), axis=-1) * temperature ** 2
 
 
@@ -117,6 +120,7 @@ def adversarial_loss(student_logits: jax.Array, teacher_logits: jax.Array, tempe
   kl = kl_divergence(student_logits, teacher_logits, temperature)
   if mask is not None:
     kl = kl * mask
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:112 (L_A)
   return -jnp.mean(kl)
 
 
@@ -127,4 +131,5 @@ def disagreement_mask(student_logits: jax.Array, teacher_logits: jax.Array) -> j
 
 def kd_loss(student_logits: jax.Array, teacher_logits: jax.Array, temperature: float = 4.0) -> jax.Array:
   """Distillation loss: batch-mean KL(softmax(t/T) || softmax(s/T)) * T^2 (official `KLDiv(T=kd_T)`)."""
+  # official: rong-dai/Co-Boosting@b95d715 datafree_kd.py:331 (KLDiv(T=kd_T))
   return jnp.mean(kl_divergence(student_logits, jax.lax.stop_gradient(teacher_logits), temperature))

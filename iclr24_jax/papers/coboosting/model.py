@@ -70,13 +70,21 @@ def _generator_shapes(generator: Generator, nz: int):
   return jax.eval_shape(lambda: generator.init(jax.random.key(0), jnp.zeros((2, nz), jnp.float32)))
 
 
-def init_generator(generator: Generator, key: jax.Array, nz: int) -> dict:
+def init_generator(key: jax.Array, generator: Generator, nz: int) -> dict:
   """Fresh generator variables ({'params', 'batch_stats'}) with the official `reset_model` initialisation.
 
   Co-Boosting re-initialises the generator at the start of every epoch (official `reset_model`): conv and
   linear weights N(0, 0.02), biases 0, BN scales N(1, 0.02), BN shifts 0. All random leaves come from one
   normal draw (the same distribution as the module's initialisers, but one RNG kernel instead of one per
   tensor, which keeps the compiled re-initialisation small on CPU).
+
+  Args:
+    key: PRNG key of the one normal draw.
+    generator: the Generator module.
+    nz: latent width (z is [B, nz]).
+
+  Returns:
+    {'params': ..., 'batch_stats': ...} with the shapes `generator.init` gives for z [2, nz].
   """
   shapes = _generator_shapes(generator, nz)
   flat, treedef = jax.tree_util.tree_flatten_with_path(shapes)
@@ -93,6 +101,7 @@ def init_generator(generator: Generator, key: jax.Array, nz: int) -> dict:
 
   kinds = [kind(path) for path, _ in flat]
   sizes = [int(np.prod(s.shape)) if k.startswith("normal") else 0 for k, (_, s) in zip(kinds, flat)]
+  # official: rong-dai/Co-Boosting@b95d715 datafree/synthesis/coboost.py:194-202 (reset_model)
   noise = 0.02 * jax.random.normal(key, (max(sum(sizes), 1),), jnp.float32)
   leaves, offset = [], 0
   for k, (_, s), n in zip(kinds, flat, sizes):

@@ -290,7 +290,7 @@ def scale_program(config, mesh):
   one = jax.eval_shape(lambda: client.init(jax.random.key(0), jnp.zeros((1,) + image_shape))["params"])
   teacher = {"clients": jax.tree.map(lambda a: jax.ShapeDtypeStruct((n_clients,) + a.shape, a.dtype), one),
              "weights": jax.ShapeDtypeStruct((n_clients,), jnp.float32)}
-  server_state = jax.eval_shape(lambda: coboost.init(method, jax.random.key(0), image_shape))
+  server_state = jax.eval_shape(lambda: coboost.init(jax.random.key(0), method, image_shape))
   rep, data2 = NamedSharding(mesh, P()), NamedSharding(mesh, P(None, "data"))
   server_abs = scale_lib.abstract(server_state, scale_lib.replicated(server_state, mesh))
   teacher_abs = scale_lib.abstract(teacher, scale_lib.replicated(teacher, mesh))

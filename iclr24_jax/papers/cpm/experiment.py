@@ -246,7 +246,7 @@ def run(config: Any, workdir: str, log=print) -> dict:
         f"{syn['acc_bayes'].mean():.3f} vs PM {syn['acc_pm'].mean():.3f}")
   if config.data.name == "hh_rlhf":
     cache = scoring.ScoreCache(cache_file(config))
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0 = time.perf_counter()
     scorer = make_scorer(config)
     load_s = time.perf_counter() - t0
     n_pool = config.data.num_train + config.data.num_test

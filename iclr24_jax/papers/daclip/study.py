@@ -1,4 +1,7 @@
-"""daclip: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+"""daclip: the small-scale reproductions (`reproduce_seeds`, its one-seed miniature `reproduce`) and the benchmark.
+
+`reproduce_seeds` is the 3-seed study (`--only daclip_seeds`, outside the main job: registry.EXTENDED);
+`reproduce`, the main job's, runs the same stages at one controller and one restorer seed.
 
 The method lives in the package's method modules and `experiment.run`; this module holds the study that the
 paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call it).
@@ -57,8 +60,54 @@ def _fmt_boot(d: dict, fmt: str) -> str:
   return f"diff {d['diff']:+{fmt}} [95% CI {d['lo']:+{fmt}}, {d['hi']:+{fmt}}]"
 
 
+# The main job's miniature: where its notes send the reader for the judged claims.
+SEEDS_ROWS = ("the seed-judged rows are in the extended study's (daclip_seeds: 3 controller and 3 restorer seeds, "
+              "results/rows/daclip_seeds.json; `python -m experiments.reproduce --only daclip_seeds`)")
+
+
 def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
               *, get_config: Callable[[str], Any]) -> list[dict]:
+  """The main job's miniature of `reproduce_seeds`: one controller and one restorer seed (`get_config('one_seed')`).
+
+  The same stages on the same data at one seed: rows judged over seeds are 'inconclusive' by rule (`stats.judge`
+  needs 3 seeds); the rows judged by a paired bootstrap over the held-out images keep their verdicts. Each row's
+  notes point to the extended study.
+
+  Args:
+    workdir: output folder (the run goes to workdir/run).
+    fast: the 'tiny,one_seed' config variant.
+    restoration: also run the restorers (stage 2).
+    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
+
+  Returns:
+    list of reproduction row dicts.
+  """
+  rows = _study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast, restoration)
+  for r in rows:
+    r["notes"] = f"Miniature of the main job (1 seed): {SEEDS_ROWS}. " + (r.get("notes") or "")
+  return rows
+
+
+def reproduce_seeds(workdir: str, fast: bool = False, restoration: bool = True,
+                    *, get_config: Callable[[str], Any]) -> list[dict]:
+  """The full study (outside the main job: `python -m experiments.reproduce --only daclip_seeds`).
+
+  3 controller seeds and 3 restorer seeds per condition (about 1,700 CPU-s, too heavy for the main job); see
+  `_study`.
+
+  Args:
+    workdir: output folder (the run goes to workdir/run).
+    fast: the 'tiny' config variant.
+    restoration: also run the restorers (stage 2).
+    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
+
+  Returns:
+    list of reproduction row dicts.
+  """
+  return _study(workdir, get_config("tiny" if fast else ""), fast, restoration)
+
+
+def _study(workdir: str, cfg: Any, fast: bool, restoration: bool) -> list[dict]:
   """DA-CLIP on the 7-type degradation suite of 32x32 MNIST-5k digits (see README.md for the setting).
 
   (a) degradation-type accuracy of e_d (zero-shot: nearest degradation-name embedding) on held-out degraded
@@ -69,18 +118,19 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
   the PSNR of the posterior mean (`restore_samples` chains) of none and DA-CLIP. restoration=False runs (a) only.
 
   Args:
-    workdir: output folder (the run goes to workdir/run).
-    fast: the 'tiny' config variant.
+    workdir: output folder (the run goes to workdir/run, a fast one to workdir/run_tiny).
+    cfg: the daclip config (configs/daclip.py).
+    fast: a smoke run (the tiny config: no progress lines, its own run folder).
     restoration: also run (b).
-    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  cfg = get_config("tiny" if fast else "")
   cfg.restoration = bool(restoration)
   t0 = time.time()
-  res = experiment.run(cfg, os.path.join(workdir, "run"), progress=not fast)
+  # The tiny and the full run resume in their own folders: one workdir holds the stages of one config (a rerun
+  # with another config is refused, `common.loop.Stages.from_config`).
+  res = experiment.run(cfg, os.path.join(workdir, "run_tiny" if fast else "run"), progress=not fast)
   items = res["accuracy_items"]
   plots = res["plots"]
   setting = (f"{res['num_train']} degraded training / {res['num_test']} held-out test digits "

@@ -102,5 +102,5 @@ def ddim_sample(key: jax.Array, denoiser: Denoiser, schedule: Any, x_shape: tupl
   Returns:
     [num_samples, *x_shape] float32 samples.
   """
-  return samplers.sample(denoiser, schedule, (num_samples,) + tuple(x_shape), key, method="ddim",
+  return samplers.sample(key, denoiser, schedule, (num_samples,) + tuple(x_shape), method="ddim",
                          num_steps=num_steps, eta=eta, prediction=prediction, clip_x0=clip_x0)

@@ -406,7 +406,7 @@ def scale_program(config, mesh):
     return jax.vmap(one)(keys, y)
 
   params = jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1,) + x_shape), jnp.zeros((1,)))["params"])
-  rep, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  data = NamedSharding(mesh, P("data"))
   params_abs = scale_lib.abstract(params, scale_lib.replicated(params, mesh))
   n = int(s.batch_size)
   y = jax.ShapeDtypeStruct((n,) + tuple(op.y_shape), jnp.float32, sharding=data)

@@ -139,7 +139,7 @@ def sample_latents(key: jax.Array, params: LDCQParams, states: jax.Array, n: int
       raise ValueError("this agent has prior='diffusion' but no diffusion params; train the prior first.")
     cond = jnp.repeat(s, n, axis=0)
     den = lambda z_t, t, c: spec.denoiser.apply({"params": params.diffusion}, z_t, t, cond=c)  # noqa: E731
-    z = samplers.sample(den, spec.make_schedule(), (b * n, z_dim), key, method="ddpm", prediction="x0",
+    z = samplers.sample(key, den, spec.make_schedule(), (b * n, z_dim), method="ddpm", prediction="x0",
                         variance=spec.variance, num_steps=spec.sample_steps or None, cond=cond).reshape(b, n, z_dim)
   return z[0] if single else z
 

@@ -22,8 +22,8 @@ from iclr24_jax.papers.llmbar.data import (ADVERSARIAL, SUBSETS, Instance, defau
 from iclr24_jax.papers.llmbar.evaluator import (STRATEGIES, Strategy, build_aux_prompt, build_prompt, call_choice,
                                                 call_judge, evaluate, evaluate_subsets, get_strategy,
                                                 synthesis_explanations)
-from iclr24_jax.papers.llmbar.model import (ConstantJudge, FakeJudge, SmolLMJudge, chatml_to_messages,
-                                            logit_bias_for)
+from iclr24_jax.lm.annotate import ConstantJudge, chatml_to_messages
+from iclr24_jax.papers.llmbar.model import FakeJudge, SmolLMJudge, logit_bias_for
 from iclr24_jax.papers.llmbar.parsing import map_back, parse_answer, parse_rating, swap_output_labels
 from iclr24_jax.papers.llmbar.scoring import score, score_subsets
 

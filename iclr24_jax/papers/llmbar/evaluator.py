@@ -150,6 +150,7 @@ def synthesis_explanations(completions: Sequence[str], winners: Sequence[int], o
   def explanation_for(output_id: int) -> str:
     text = completions[source[output_id]]
     return text if source[output_id] == o else parsing.swap_output_labels(text)
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:389-414
   exp_1, exp_2 = explanation_for(1), explanation_for(2)
   return (exp_1, exp_2) if o == 0 else (exp_2, exp_1)
 
@@ -437,6 +438,7 @@ def _winners_from_ratings(s1: int | None, s2: int | None, ties: str) -> tuple[in
     return 0, 0
   # ties == 'official': the official script's quirk. A tie gives (2, 1) ("1" if s1 > s2 else "2" and
   # "2" if s2 > s1 else "1"), a parse failure (1, 2): either way one order is right, and the orders disagree.
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:444-458
   return (2, 1) if (s1 is not None and s2 is not None) else (1, 2)
 
 

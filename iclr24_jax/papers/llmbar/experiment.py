@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from iclr24_jax.common import metrics as metrics_lib
+from iclr24_jax.lm import annotate
 from iclr24_jax.lm import cache as cache_lib
 from iclr24_jax.papers.llmbar import data as data_lib
 from iclr24_jax.papers.llmbar import evaluator
@@ -44,7 +45,7 @@ def make_judge(model_config: Any):
   if name == "fake":
     return model_lib.FakeJudge(seed=model_config.get("seed", 0))
   if name == "constant":
-    return model_lib.ConstantJudge(model_config.get("answer", "Output (a)"))
+    return annotate.ConstantJudge(model_config.get("answer", "Output (a)"))
   raise ValueError(f"unknown judge model {name!r}; choose 'smollm2', 'fake' or 'constant'.")
 
 

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from iclr24_jax import lm
 from iclr24_jax.lm import tokenizer as tok_lib
-from iclr24_jax.lm.annotate import SMOLLM2_ID, ConstantJudge, chatml_to_messages, stable_hash  # noqa: F401
+from iclr24_jax.lm.annotate import SMOLLM2_ID, stable_hash
 from iclr24_jax.papers.llmbar import prompts as prompts_lib
 
 KINDS = ("metrics", "reference", "direct", "cot", "rating", "free")
@@ -43,6 +43,7 @@ def logit_bias_for(tokenizer: tok_lib.Tokenizer, kind: str, favor: float = promp
   if kind not in ("direct", "cot"):
     return None
   bias: dict[int, float] = {}
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:92-106 (process_openai_kwargs)
   for word in prompts_lib.TOKENS_TO_AVOID:
     ids = tokenizer.encode(word, add_bos=False)
     if len(ids) == 1:

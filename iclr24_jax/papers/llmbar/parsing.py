@@ -35,6 +35,7 @@ def parse_answer(text: str, mode: str = "direct") -> int | None:
   else:
     raise ValueError(f"mode must be 'direct' or 'cot', got {mode!r}.")
   text = text.strip()
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:264-271 (completion_with_parsing)
   for label in (1, 2):
     if patterns[label].search(text):
       return label
@@ -54,6 +55,7 @@ def parse_rating(text: str, strict: bool = True) -> int | None:
   """
   if not isinstance(text, str):
     raise TypeError(f"parse_rating expects a str, got {type(text).__name__}.")
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:445 (int(completion))
   m = _STRICT_INT.match(text)
   if m:
     return int(m.group(1))
@@ -94,6 +96,7 @@ def map_back(winner: int | None, order: int | str) -> int:
     return 0
   if winner not in (1, 2):
     raise ValueError(f"winner must be 1, 2, 0 or None, got {winner!r}.")
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:336-344, 367 (reverse_label)
   return winner if order_index(order) == 0 else 3 - winner
 
 
@@ -103,4 +106,5 @@ def swap_output_labels(text: str) -> str:
   Used by swap-and-synthesize: an explanation written for one presentation order is relabelled so it refers
   to the same outputs in the order the synthesis prompt shows them.
   """
+  # official: princeton-nlp/LLMBar@900616b LLMEvaluator/evaluate.py:403-409 (reverse_OutputAB)
   return _AB.sub(lambda m: f"{m.group(1)} ({'b' if m.group(2) == 'a' else 'a'})", text)

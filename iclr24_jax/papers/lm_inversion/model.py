@@ -111,9 +111,11 @@ def _unroll(x: jax.Array, unigram: jax.Array, width: int, official_padding: bool
             topk_max: int | None = None) -> jax.Array:
   lead, v = x.shape[:-1], x.shape[-1]
   s = num_chunks(v, width, official_padding)
+  # official: jxmorris12/vec2text@e5022f1 vec2text/models/inversion_from_logits.py:121
   x = x - jnp.asarray(unigram, jnp.float32)
   pad = [(0, 0)] * len(lead) + [(0, s * width - v)]
   if topk is None:
+    # official: jxmorris12/vec2text@e5022f1 vec2text/models/inversion_from_logits.py:132-134, 181-186
     return jnp.pad(x, pad).reshape(lead + (s, width))
   kept = jnp.pad(topk_access(x, topk, k_max=topk_max), pad, constant_values=TOPK_FILL)
   if isinstance(topk, int):
@@ -139,6 +141,7 @@ def update_unigram(unigram: jax.Array, logprobs: jax.Array, decay: float = UNIGR
   checks.shapes(where, known={"V": x.shape[-1]}, unigram=(unigram, "V"))
   ok = checks.all_ok(ok, checks.in_range(where, "decay", decay, 0.0, 1.0, hint="the EMA decay (official 0.99)."))
   mean = jnp.mean(x.reshape(-1, x.shape[-1]), axis=0)
+  # official: jxmorris12/vec2text@e5022f1 vec2text/models/inversion_from_logits.py:116-120
   return checks.poison(decay * unigram + (1.0 - decay) * mean, ok)
 
 
@@ -272,6 +275,7 @@ def embed(params: Mapping[str, Any], unrolled: jax.Array, inverter: Inverter, ke
   """
   checks.shapes("lm_inversion.embed", unrolled=(unrolled, f"B {inverter.num_chunks} {inverter.width}"))
   rngs = None if key is None else {"dropout": key}
+  # official: jxmorris12/vec2text@e5022f1 vec2text/models/inversion_from_logits.py:135-137
   return inverter.projection.apply({"params": params["projection"]}, unrolled, deterministic=key is None, rngs=rngs)
 
 

@@ -13,7 +13,7 @@ Inference conditions on the best bin of every reward.
   mario.control_prefix(codes.best(), codes)                         # K code token ids
   loss, m = mario.quark_loss(params, config, batch, ref_params, kl_coef=0.1)
   step = mario.make_quark_step(config, lora_config)                 # pure step(state, batch, key)
-  out = mario.sample(params, config, prompt_ids, prompt_mask, codes_ids, key, max_new_tokens=48)
+  out = mario.sample(key, params, config, prompt_ids, prompt_mask, codes_ids, max_new_tokens=48)
 """
 from iclr24_jax.papers.mario import train
 from iclr24_jax.papers.mario.control import (ControlCodes, DataPool, assign_bins, control_prefix,

@@ -62,6 +62,7 @@ def quantile_bins(rewards: Sequence[float] | np.ndarray, num_bins: int = 5, ties
     return np.zeros((0,), np.int64)
   size = n // num_bins
   if ties == "official":
+    # official: INK-USC/RationaleMultiRewardDistillation@8f9ff58 mario/data_pool_n.py:158-168
     order = np.argsort(-r, kind="stable")               # best first; ties keep their pool order
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)

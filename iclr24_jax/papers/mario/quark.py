@@ -9,7 +9,7 @@ the policy's. The encoder-decoder path (a T5 with the codes after the decoder st
 
   batch = mario.encode_examples(tok, questions, responses, prefixes, max_len=96)
   step = mario.make_quark_step(config, lora_config, kl_coef=0.1)           # pure: step(state, batch, key)
-  out = mario.sample(params, config, prompt_ids, prompt_mask, codes, key, max_new_tokens=48)
+  out = mario.sample(key, params, config, prompt_ids, prompt_mask, codes, max_new_tokens=48)
 """
 from __future__ import annotations
 
@@ -100,11 +100,11 @@ def quark_loss(params: Any, config: Any, batch: Mapping[str, jax.Array], ref_par
                entropy_coef: float = 0.0, task_coef: float = 0.0) -> tuple[jax.Array, dict]:
   """Quark / MaRio objective: NLL(response | codes) + kl_coef KL(pi || pi_ref) - entropy_coef H(pi) [+ task NLL].
 
-  Eq. (MaRio Sec. 3 / official `ConditionTrainer.loss`): per response token, lm_loss + kl_coef * kl -
-  entropy_coef * entropy, averaged over the response tokens (`reduce_mean(..., masks)`); the reference policy
-  reads the response WITHOUT the codes. With `task_coef` > 0 and the batch holding a task sequence (`task_ids`,
-  `task_mask`, `task_loss_mask`: prompt | "So the answer is GOLD." without codes), its NLL is added (the official
-  glseq loss, task_loss_coef).
+  MaRio Sec. 3 / official `ConditionTrainer.loss` (mario/main_n_new.py:456-492): per response token,
+  lm_loss + kl_coef * kl - entropy_coef * entropy, averaged over the response tokens (`reduce_mean(..., masks)`);
+  the reference policy reads the response WITHOUT the codes. With `task_coef` > 0 and the batch holding a task
+  sequence (`task_ids`, `task_mask`, `task_loss_mask`: prompt | "So the answer is GOLD." without codes), its NLL is
+  added (the official glseq loss, task_loss_coef).
 
   Args:
     params: the policy's parameters (LoRA attached).
@@ -148,11 +148,13 @@ def quark_loss(params: Any, config: Any, batch: Mapping[str, jax.Array], ref_par
   # Optional batch scalars scale the two regularisers (SFT = scales 0 through the same compiled step).
   kl_w = kl_coef * batch.get("kl_scale", 1.0)
   ent_w = entropy_coef * batch.get("entropy_scale", 1.0)
+  # official: INK-USC/RationaleMultiRewardDistillation@8f9ff58 mario/main_n_new.py:489-491
   loss = nll + kl_w * kl - ent_w * ent                           # reduce_mean(lm + kl_coef kl - ent_coef H)
   task_nll = jnp.zeros((), jnp.float32)
   if task_coef > 0 and "task_ids" in batch:
     task_nll, _ = lm_train.causal_lm_loss(params, config, {"ids": batch["task_ids"], "mask": batch["task_mask"],
                                                            "loss_mask": batch["task_loss_mask"]})
+    # official: INK-USC/RationaleMultiRewardDistillation@8f9ff58 mario/main_n_new.py:492
     loss = loss + task_coef * task_nll
   acc = jnp.sum((jnp.argmax(logits, -1) == targets) * w) / n
   return checks.poison((loss, {"loss": loss, "nll": nll, "kl": kl, "entropy": ent, "task_nll": task_nll,
@@ -223,8 +225,8 @@ def quark_step(state, batch, key, *, config, lora_config=None, kl_coef: float = 
   return make_quark_step(config, lora_config, kl_coef, entropy_coef, task_coef)(state, batch, key)
 
 
-def sample(params: Any, config: Any, prompt_ids: jax.Array, prompt_mask: jax.Array, codes: jax.Array | None,
-           key: jax.Array, max_new_tokens: int, temperature: float = 1.0, top_p: float = 0.9,
+def sample(key: jax.Array, params: Any, config: Any, prompt_ids: jax.Array, prompt_mask: jax.Array,
+           codes: jax.Array | None, max_new_tokens: int, temperature: float = 1.0, top_p: float = 0.9,
            stop_ids: Sequence[int] = (), pad_id: int = 0) -> generation.GenerationOutput:
   """Samples responses conditioned on control codes (top-p; temperature 0 = greedy).
 
@@ -233,10 +235,10 @@ def sample(params: Any, config: Any, prompt_ids: jax.Array, prompt_mask: jax.Arr
   token (`t5.generate(decoder_prefix=codes)`; the returned tokens then start with the codes).
 
   Args:
+    key: PRNG key.
     params, config: the policy (merged / fused params are fastest).
     prompt_ids: [B, P] ids (Llama: left-padded); prompt_mask: [B, P] bool.
     codes: [B, K] control-code ids, or None.
-    key: PRNG key.
     max_new_tokens, temperature, top_p: decoding (static).
     stop_ids: stop tokens (static); pad_id: written after a stop (Llama).
 

@@ -84,6 +84,7 @@ def diversity_reward(text: str) -> float:
     raise TypeError(f"diversity_reward takes one str, got {type(text).__name__}.")
   rationale = text.split(ANSWER_MARKER)[0]
   r = repetition_rates(rationale)
+  # official: INK-USC/RationaleMultiRewardDistillation@8f9ff58 mario/reward.py:76-91 (compute_repetition)
   return float((1.0 - r[2]) * (1.0 - r[3]) * (1.0 - r[4]))
 
 
@@ -160,10 +161,10 @@ def consistency_reward(params, config, tokenizer, questions: Sequence[str], rati
                        memo: dict | None = None) -> np.ndarray:
   """Consistency (the paper's 'rationale quality'): P(gold | q, r) - P(gold | q).
 
-  Eq. (MaRio consistency, after Wiegreffe et al.): how much the rationale raises the answer model's probability of
-  the gold answer. Probabilities are a softmax over the answer choices of the length-normalised log-likelihoods
-  (the official rq_score.py, continuous mode). `choice_logprobs` scores each choice after the prompt with one
-  prefill (the same numbers as `lm.score_continuations` on prompt + choice).
+  MaRio's consistency, after Wiegreffe et al. (official mario/rq_score.py:155-189): how much the rationale raises the
+  answer model's probability of the gold answer. Probabilities are a softmax over the answer choices of the
+  length-normalised log-likelihoods (the official rq_score.py, continuous mode). `choice_logprobs` scores each choice
+  after the prompt with one prefill (the same numbers as `lm.score_continuations` on prompt + choice).
 
   Args:
     params, config, tokenizer: the frozen answer LM (a `lm` Llama; SmolLM2 in the reproduction).
@@ -191,6 +192,7 @@ def consistency_reward(params, config, tokenizer, questions: Sequence[str], rati
   without = _choice_probs(params, config, tokenizer, [answer_prompt(q) for q in questions], choices, batch_size,
                           memo=memo)
   rows = np.arange(n)
+  # official: INK-USC/RationaleMultiRewardDistillation@8f9ff58 mario/rq_score.py:189
   return with_r[rows, gold_idx] - without[rows, gold_idx]
 
 

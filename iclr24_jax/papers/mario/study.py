@@ -76,7 +76,7 @@ def _accuracy_note(arms: dict, items) -> str:
     a, k = _valid_accuracy(acc, valid)
     parts.append(f"{name} {a:.3f} on {k}/{len(np.ravel(valid))} valid")
   ans, share = _majority_baseline(items)
-  return (f"accuracy on valid responses (with 'So the answer is'): " + ", ".join(parts)
+  return ("accuracy on valid responses (with 'So the answer is'): " + ", ".join(parts)
           + f"; majority baseline (always '{ans}'): {share:.3f}")
 
 
@@ -366,7 +366,7 @@ def benchmark(quick: bool = True) -> list[dict]:
   def sample_case(mesh, b):
     cfg, batch, codes = _t5_case(b)
     params = jax.device_put(t5.init_params(jax.random.key(0), cfg), sharding.replicated_sharding(mesh))
-    fn = jax.jit(lambda p, ids, m, c, key: quark.sample(p, cfg, ids, m, c, key, max_new_tokens=48,
+    fn = jax.jit(lambda p, ids, m, c, key: quark.sample(key, p, cfg, ids, m, c, max_new_tokens=48,
                                                           temperature=1.0, top_p=0.7, stop_ids=(-1,)))
     ids, m, c = sharding.shard_batch((batch["inputs"], batch["input_mask"], codes), mesh)
     return fn, (params, ids, m, c, jax.random.key(2)), dict(

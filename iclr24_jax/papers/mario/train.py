@@ -139,14 +139,14 @@ def load_models(config: Any, texts: Sequence[str] = ()) -> Models:
   return _models(config, params, mcfg, tok)
 
 
-def init(models: Models, config: Any, key: jax.Array, base: Any = None):
+def init(key: jax.Array, models: Models, config: Any, base: Any = None):
   """LoRA TrainState on `base` (default the pretrained model); B = 0, so the policy starts as the base, and the
   base is also the frozen KL reference.
 
   Args:
+    key: PRNG key of the adapter init.
     models: the loaded models (params, LoRA config).
     config: a configs/mario.py ConfigDict (optimizer.learning_rate, optimizer.max_grad_norm).
-    key: PRNG key of the adapter init.
     base: host params to put the adapters on (e.g. the merged SFT model); None = models.params.
 
   Returns:
@@ -381,7 +381,7 @@ def generate(models: Models, config: Any, params: Any, questions: Sequence[str],
       codes = np.asarray(pre + [pre[0]] * (bsz - real), np.int32)
       if codes.shape[1] != k:
         raise ValueError(f"expected {k} codes per row, got {codes.shape[1]}.")
-    res = fn(params, prompt_ids=ids, prompt_mask=mask, codes=codes, key=jax.random.fold_in(key, start))
+    res = fn(jax.random.fold_in(key, start), params, prompt_ids=ids, prompt_mask=mask, codes=codes)
     tokens, lengths, stopped = jax.device_get((res.tokens, res.lengths, res.stopped))
     for j in range(real):
       m = int(lengths[j]) - int(bool(stopped[j]))
@@ -453,7 +453,7 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   history: list[dict] = []
   timing: dict[str, float] = {}
 
-  sft_state, rows = _train_stage(stages, "sft", models, config, init(models, config, key_init), "sft",
+  sft_state, rows = _train_stage(stages, "sft", models, config, init(key_init, models, config), "sft",
                                  lambda run: (questions, silver, None), int(config.sft_steps), rng, timing, "sft_s")
   history += rows
   log(f"[mario] SFT: {config.sft_steps} steps in {timing['sft_s']:.0f}s")
@@ -461,7 +461,7 @@ def train_mario(config: Any, models: Models, train_items: Sequence[dict], log: C
   # the SFT checkpoint): the SFT adapters are merged into a new frozen base and fresh adapters train on top.
   merge = _compiled(models, "merge_plain", lambda: jax.jit(lambda b, ad: lora.merge(b, ad, models.lora_config)))
   sft_base = jax.device_get(merge(sft_state.extra["base"], sft_state.params))
-  state = init(models, config, jax.random.fold_in(key_init, 1), base=sft_base)
+  state = init(jax.random.fold_in(key_init, 1), models, config, base=sft_base)
   del sft_base
 
   pool = control.DataPool(models.codes)

@@ -278,7 +278,7 @@ def sample(key: jax.Array, params: Any, *, model: nn.Module, schedules: Sequence
 
   guided = guidance_scale is not None and float(guidance_scale) != 1.0
   out = samplers.sample_levels(
-      den, tuple(schedules), shapes, key, method=method, num_steps=num_steps, spacing=spacing, eta=eta,
+      key, den, tuple(schedules), shapes, method=method, num_steps=num_steps, spacing=spacing, eta=eta,
       prediction=prediction, clip_x0=clip_x0, cond=labels if num_classes else None,
       null_cond=jnp.full((1,), num_classes, jnp.int32) if guided else None,
       guidance_scale=float(guidance_scale) if guided else None)

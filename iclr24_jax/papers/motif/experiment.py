@@ -55,9 +55,10 @@ def plot_toy(agents: dict, names: Sequence[str], path: str, title: str) -> str:
 def run(config: Any, workdir: str) -> dict:
   """The Motif pipeline for config.env.name ('toy' or 'nethack'); writes results.json, metrics.jsonl, plots.
 
-  The toy world's reward model and agents are resumable stages in `workdir/reward_model` and `workdir/agents`
-  (their checkpoints and metrics.jsonl; a killed run resumes inside the stage it was in). NetHack's host-loop
-  pipeline does not resume yet.
+  The reward model and the agents are resumable stages (their checkpoints and metrics.jsonl; a killed run resumes
+  inside the stage it was in): the toy world's in `workdir/reward_model` and `workdir/agents`, NetHack's in
+  `workdir/reward_model` and `workdir/agents_<setting>` (one per reward setting; the games mid-episode are saved
+  as their replays). The annotations resume from their cache in both.
 
   Args:
     config: the motif ConfigDict (`configs/motif.py`).
@@ -82,7 +83,8 @@ def run(config: Any, workdir: str) -> dict:
       raise ValueError("the oracle annotator exists only for the toy world; use annotator 'smollm2', "
                        "'generate' or 'keywords' for NetHack.")
     judge, name = annotators.make_judge(config)
-    res = nethack_motif.nethack_pipeline(config, workdir, judge, name)
+    res = nethack_motif.nethack_pipeline(config, workdir, judge, name,
+                                         stages=loop.Stages.from_config(config, workdir, label="motif"))
     with metrics_lib.open_writer(workdir) as writer:
       for kind_, r in res["runs"].items():
         for h in r["history"]:

@@ -214,6 +214,45 @@ class MotifRewardHook:
     self.cache: dict[bytes, float] = {}
     self.last: dict[str, float] = {}
 
+  def get_state(self) -> dict[str, Any]:
+    """The hook's state for a checkpoint (JSON-safe): each environment's episodic counts and the r_phi cache.
+
+    Message buffers are written as their bytes without trailing NULs, read as latin-1 (lossless: `set_state` pads
+    them back to `length`). The cache is saved too, so a resumed run uses the values the uninterrupted run
+    computed instead of recomputing them in other batches.
+
+    Returns:
+      dict: length (the buffer length), counts (per environment, [[message, count], ...]), cache
+      ([[message, r_phi], ...]).
+
+    Raises:
+      ValueError: a key that is not a message buffer (bytes).
+    """
+    keys = [k for c in self.counter.counts for k in c] + list(self.cache)
+    if any(not isinstance(k, bytes) for k in keys):
+      raise ValueError("MotifRewardHook.get_state: the counts and cache must be keyed by message bytes.")
+    length = max((len(k) for k in keys), default=0)
+    enc = lambda k: k.rstrip(b"\0").decode("latin-1")
+    return {"length": length, "counts": [[[enc(k), int(v)] for k, v in c.items()] for c in self.counter.counts],
+            "cache": [[enc(k), float(v)] for k, v in self.cache.items()]}
+
+  def set_state(self, saved: dict[str, Any]) -> None:
+    """Restores a `get_state` dict (the episodic counts and the r_phi cache).
+
+    Args:
+      saved: a `get_state` dict of a hook with the same num_envs.
+
+    Raises:
+      ValueError: the saved counts are for another number of environments.
+    """
+    if len(saved["counts"]) != self.counter.num_envs:
+      raise ValueError(f"the saved hook state has counts for {len(saved['counts'])} environments; this hook has "
+                       f"{self.counter.num_envs}.")
+    n = int(saved["length"])
+    dec = lambda t: t.encode("latin-1").ljust(n, b"\0")
+    self.counter.counts = [{dec(t): int(v) for t, v in c} for c in saved["counts"]]
+    self.cache = {dec(t): float(v) for t, v in saved["cache"]}
+
   def rewards_of(self, messages: np.ndarray) -> np.ndarray:
     """r_phi of messages [..., 256] through the per-message cache -> [...]."""
     flat = np.asarray(messages, np.uint8).reshape(-1, messages.shape[-1])

@@ -103,59 +103,92 @@ def message_reward_fn(params: Any, model: reward_model.RewardModel | None = None
   return fn
 
 
+def _floats(row: dict) -> dict:
+  """A logged row back as numbers: metrics.jsonl writes non-finite floats as strings ('nan')."""
+  return {k: float(v) if isinstance(v, str) else v for k, v in row.items() if k != "step"}
+
+
 def train_agents(config: Any, hooks: dict[str, dict[str, Any]], num_updates: int, seed: int = 0,
-                 num_envs: int = 4, max_episode_steps: int | None = None) -> dict[str, dict[str, Any]]:
+                 num_envs: int = 4, max_episode_steps: int | None = None, stages: Any = None,
+                 every: int = 0) -> dict[str, dict[str, Any]]:
   """HostPPO on NetHackScore with the Motif reward hook, one agent per reward setting (alpha_int = 0 gives the
   extrinsic-only agent). The settings share one environment and one compiled agent; each starts from the same
   params and the same games (the environment's seed streams restart).
+
+  Each setting is the resumable stage `agents_<setting>` (a `common.loop.ResumableLoop` in
+  `stages.workdir/agents_<setting>`, one row per PPO update): its checkpoint holds the TrainState (params, Adam
+  state, step) and, as JSON, what the next update depends on besides it: the games mid-episode
+  (`NetHackVecEnv.get_state`: replayed on restore), the hook's episodic counts and r_phi cache, the message
+  counts of the results and the per-update rows. Update u draws its keys from fold_in(key, u), so a resumed stage
+  continues the uninterrupted run's stream. A finished stage restores without training.
 
   Args:
     config: a PPO config (the configs/ppo.py `ppo_defaults()` layout).
     hooks: setting name -> MotifRewardHook keyword arguments except num_envs (reward_fn, mu, sigma, eps, beta,
       alpha_ext, alpha_int).
     num_updates: PPO updates per setting; seed: games and params; num_envs: games.
+    max_episode_steps: nle's time limit (None: nle's default).
+    stages: where the stages save (a `common.loop.Stages`; None: nothing saved).
+    every: save every N updates (0: not by updates; `stages.every_secs` and SIGTERM / SIGINT still save).
 
   Returns:
-    setting -> dict: history (per-update metrics), env_steps, steps_per_s (collect + hook + learn, wall),
-    episode_returns, message statistics (unique messages, fraction non-empty), intrinsic statistics of the hook.
+    setting -> dict: history (per-update metrics), env_steps, steps_per_s (collect + hook + learn, wall, over
+    every resume), episode_returns, message statistics (unique messages, fraction non-empty), intrinsic
+    statistics of the hook.
+
+  Raises:
+    common.loop.Preempted: SIGTERM / SIGINT stopped a stage (its checkpoint is saved).
+    rl.nethack.ReplayMismatch: a saved game could not be replayed here.
   """
+  from iclr24_jax.common import loop
   # Deviation: nle's NetHackScore-v0, host-loop PPO and the small NetHackNet policy instead of the official
   # NetHackScore-v1 (fixed eat action), APPO with V-trace and a CNN + LSTM policy.
   env = nethack.NetHackVecEnv(num_envs=num_envs, seed=seed, max_episode_steps=max_episode_steps)
   model = nethack.NetHackNet(env.num_actions, crop=9, glyph_dim=16, msg_dim=32, hidden=256)
   agent = ppo_host.HostPPO(config, env, model)
+  key = jax.random.key(seed + 1)
   results = {}
-  for name, hook_args in hooks.items():
-    hook = intrinsic.MotifRewardHook(num_envs=num_envs, **hook_args)
-    seen = collections.Counter()
+  try:
+    for name, hook_args in hooks.items():
+      hook = intrinsic.MotifRewardHook(num_envs=num_envs, **hook_args)
+      seen = collections.Counter()
 
-    def counting_hook(batch, hook=hook, seen=seen):
-      for m in nethack.decode_messages(batch["next_obs"]["message"].reshape(-1, nethack.MESSAGE_LEN)):
-        seen[m] += 1
-      return hook(batch)
+      def counting_hook(batch, hook=hook, seen=seen):
+        for m in nethack.decode_messages(batch["next_obs"]["message"].reshape(-1, nethack.MESSAGE_LEN)):
+          seen[m] += 1
+        return hook(batch)
 
-    agent.reward_hook = counting_hook
-    env.reset(seed=seed)                      # the same games for every setting
-    state = agent.init(jax.random.key(seed))  # the same initial params
-    history = []
-
-    def log(u, m, hook=hook, history=history):
-      m.update({f"hook/{k}": v for k, v in hook.last.items()})
-      history.append(dict(m))
-
-    t0 = time.perf_counter()
-    agent.train(state, num_updates, jax.random.key(seed + 1), log_fn=log)
-    dt = time.perf_counter() - t0
-    steps = num_updates * num_envs * agent.rollout_steps
-    returns = [h["episode_return"] for h in history if h["episodes"] > 0 and np.isfinite(h["episode_return"])]
-    total = sum(seen.values())
-    results[name] = {
-        "history": history, "env_steps": steps, "steps_per_s": steps / dt, "episode_returns": returns,
-        "unique_messages": len(seen), "nonempty_fraction": 1.0 - seen.get("", 0) / max(total, 1),
-        "extrinsic_per_step": float(np.mean([h["extrinsic_reward"] for h in history])),
-        "intrinsic_per_step": float(np.mean([h["hook/intrinsic_reward"] for h in history])),
-        "top_messages": seen.most_common(8)}
-  env.close()
+      agent.reward_hook = counting_hook
+      env.reset(seed=seed)                      # the same games for every setting
+      initial = agent.init(jax.random.key(seed))  # the same initial params
+      with loop.stage_loop(stages, f"agents_{name}", num_updates, every_steps=every) as lp:
+        state, run = lp.start(lambda: initial, target=initial)
+        if run.step and not lp.finished:      # resumed mid-stage: the games, the hook and the counts of then
+          agent.restore_env(run.extra["env"])
+          hook.set_state(run.extra["hook"])
+          seen.update(dict(run.extra["seen"]))  # (insertion order kept: most_common breaks ties by it)
+        while not lp.finished and run.step < num_updates:
+          t0 = time.perf_counter()
+          state, m = agent.update(state, run.step, key)
+          run.extra["seconds"] = run.extra.get("seconds", 0.0) + time.perf_counter() - t0
+          m.update({f"hook/{k}": v for k, v in hook.last.items()})
+          run.extra.update(env=agent.env_state(), hook=hook.get_state(), seen=list(seen.items()))
+          lp.boundary(run.step + 1, state, m, loss_key="loss")
+        lp.finish(state)
+      history = [_floats(h) for h in run.history]
+      steps = num_updates * num_envs * agent.rollout_steps
+      returns = [h["episode_return"] for h in history if h["episodes"] > 0 and np.isfinite(h["episode_return"])]
+      seen = collections.Counter(dict(run.extra.get("seen", [])))
+      total = sum(seen.values())
+      results[name] = {
+          "history": history, "env_steps": steps, "steps_per_s": steps / max(run.extra.get("seconds", 0.0), 1e-9),
+          "episode_returns": returns, "unique_messages": len(seen),
+          "nonempty_fraction": 1.0 - seen.get("", 0) / max(total, 1),
+          "extrinsic_per_step": float(np.mean([h["extrinsic_reward"] for h in history])),
+          "intrinsic_per_step": float(np.mean([h["hook/intrinsic_reward"] for h in history])),
+          "top_messages": seen.most_common(8)}
+  finally:
+    env.close()
   return results
 
 
@@ -179,7 +212,8 @@ def agent_config(config: Any) -> Any:
 
 
 def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
-                     settings: Sequence[str] = ("extrinsic", "intrinsic", "both")) -> dict[str, Any]:
+                     settings: Sequence[str] = ("extrinsic", "intrinsic", "both"),
+                     stages: Any = None) -> dict[str, Any]:
   """NetHack: messages of a random and a scripted agent -> pairs -> annotations -> reward model -> HostPPO
   agents per reward setting (a CPU-sized budget: measurements, no claims).
 
@@ -189,6 +223,9 @@ def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
     judge: the annotation judge.
     judge_name: its cache name.
     settings: reward settings to train: 'extrinsic', 'intrinsic', 'both'.
+    stages: where the reward model and the agents save (a `common.loop.Stages`: stages 'reward_model' and
+      'agents_<setting>', see `train.fit_from_records` and `train_agents`; None: nothing saved). The messages are
+      collected again on a resume (seeded games: the same data) and the annotations come from their cache.
 
   Returns:
     dict: collect_steps_per_s, num_messages, unique_messages, annotated_pairs, decided_pairs, annotate_seconds,
@@ -208,15 +245,15 @@ def nethack_pipeline(config: Any, workdir: str, judge: Any, judge_name: str,
   records = annotate(config, pairs, annotation.GOALS.get(nh.goal, nh.goal), judge, judge_name, path,
                      max_unique=int(nh.max_unique_pairs))
   annotate_s = time.perf_counter() - t0
-  fitted = train.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False)
+  fitted = train.fit_from_records(config, records, jax.random.key(int(config.seed)), oracle=False, stages=stages)
   fit = fitted["fit"]
   agent_cfg = agent_config(config)
   hooks = {kind: dict(reward_fn=message_reward_fn(fit["params"], fitted["model"]), mu=fit["mu"],
                       sigma=fit["sigma"], eps=fit["eps"], beta=float(config.intrinsic.beta),
                       alpha_ext=0.0 if kind == "intrinsic" else float(nh.alpha_ext),
                       alpha_int=0.0 if kind == "extrinsic" else float(nh.alpha_int)) for kind in settings}
-  runs = train_agents(agent_cfg, hooks, int(nh.updates), int(config.seed), int(nh.num_envs),
-                                    max_steps)
+  runs = train_agents(agent_cfg, hooks, int(nh.updates), int(config.seed), int(nh.num_envs), max_steps,
+                      stages=stages, every=int(nh.get("checkpoint_every", 0) or 0))
   n_decided = sum(r["label"] in (0, 1) for r in records)
   return {"collect_steps_per_s": rates, "num_messages": len(data), "unique_messages": len(set(data)),
           "annotated_pairs": len(records), "decided_pairs": n_decided, "annotate_seconds": annotate_s,

@@ -52,6 +52,7 @@ def discriminator_loss(disc_params: Any, nets: Networks, source_features: jax.Ar
   labels_s = source_domain_labels(k, b)
   logits_t = nets.domain_logits(disc_params, ft)                          # [B_t, K+1]
   labels_t = jnp.full(ft.shape[:1], TARGET_DOMAIN, jnp.int32)
+  # official: abhrac/nci@d475ba1 algorithms.py:120-133 (loss_d)
   loss = jnp.sum(jnp.mean(_ce(logits_s, labels_s), axis=1)) + jnp.mean(_ce(logits_t, labels_t))
   acc = (jnp.sum(jnp.argmax(logits_s, -1) == labels_s) + jnp.sum(jnp.argmax(logits_t, -1) == labels_t)) / (
       k * b + ft.shape[0])
@@ -66,6 +67,7 @@ def _nll(nets: Networks, model_params: Any, source_x: jax.Array, source_y: jax.A
   feats, logits = nets.features_and_logits(model_params, source_x)        # [K, B, F], [K, B, C]
   ok = checks.all_ok(checks.indices(where, "source_y", source_y, logits.shape[-1], "class ids of the classifier."),
                      checks.in_range(where, "adv_weight", adv_weight, 0.0, None, hint="lambda (official 1/K)."))
+  # official: abhrac/nci@d475ba1 algorithms.py:124, 142 (nll)
   nll = checks.poison(jnp.mean(jnp.mean(_ce(logits, source_y), axis=1)), ok)   # mean_k of per-domain means
   acc = jnp.mean(jnp.argmax(logits, -1) == source_y)
   return feats, nll, acc
@@ -102,7 +104,9 @@ def loss_fn(model_params: Any, disc_params: Any, nets: Networks, source_x: jax.A
   del target_x
   feats, nll, acc = _nll(nets, model_params, source_x, source_y, adv_weight)
   logits_d = nets.domain_logits(disc_params, feats)                       # [K, B, K+1]
+  # official: abhrac/nci@d475ba1 algorithms.py:139-141 (loss_adv)
   adv = jnp.mean(_ce(logits_d, jnp.full(feats.shape[:2], TARGET_DOMAIN, jnp.int32)))
+  # official: abhrac/nci@d475ba1 algorithms.py:145
   loss = nll + adv_weight * adv
   return loss, {"loss": loss, "nll": nll, "adv": adv, "src_acc": acc}
 

@@ -131,6 +131,7 @@ def partition_aggregate(graph: GraphsTuple, h: jax.Array, label_state: jax.Array
   k = num_classes + 1
   state = jnp.clip(label_state, 0, num_classes)[graph.senders]          # [E]
   seg = graph.receivers * k + state                                     # [E] in [0, N*k)
+  # official: Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:158-175 (mp_func, agg_func)
   agg = segment_sum(h[graph.senders], seg, n * k).reshape(n, k, f)      # [N, C+1, F]
   if aggregation == "mean":
     deg = in_degree(graph.receivers, n)
@@ -144,6 +145,7 @@ def balance_weights(h: jax.Array, params: Mapping[str, jax.Array], num_classes: 
   Official `fc_balance`: Linear(F, H) -> ReLU -> Linear(H, 1) -> sigmoid = alpha for fraud, 1 - alpha for benign.
   For C > 2 the last layer has C outputs and a softmax (our generalisation).
   """
+  # official: Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:232-236, 320 (fc_balance, balance_w)
   z = jax.nn.relu(h @ params["alpha_kernel_1"] + params["alpha_bias_1"])
   z = z @ params["alpha_kernel_2"] + params["alpha_bias_2"]
   if num_classes == 2:
@@ -157,7 +159,7 @@ def partition_messages(graph: GraphsTuple, h: jax.Array, label_state: jax.Array,
                        activation: Callable[[jax.Array], jax.Array] | None = jax.nn.relu) -> jax.Array:
   """One PMP layer on one relation graph (pure; compile it yourself).
 
-  Eq. (PMP layer, official LASAGESConv.forward):
+  The PMP layer (official `LASAGESConv.forward`, Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:304-322, 370):
     out_v = act( h_v W_self + b_self + sum_c [ ((A_c(v) + alpha_vc A_unk(v)) * (h_v T_c + t_c)) W_c + (1 + alpha_vc) b_c ] )
   which is W_self h_v + W_fr^(v) A_fr + W_be^(v) A_be + [alpha W_fr^(v) + (1 - alpha) W_be^(v)] A_unk
   with W_c^(v) x = W_c (x * T_c h_v) + b_c (the two are equal by linearity).
@@ -181,10 +183,13 @@ def partition_messages(graph: GraphsTuple, h: jax.Array, label_state: jax.Array,
   agg = partition_aggregate(graph, h, label_state, num_classes, aggregation)   # [N, C+1, F]
   alpha = balance_weights(h, params, num_classes)                              # [N, C]
   known, unknown = agg[:, :num_classes], agg[:, num_classes]                   # [N, C, F], [N, F]
+  # official: Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:138-148 (LILinear.forward)
   t = jnp.einsum("nf,cfg->ncg", h, params["trans_kernel"]) + params["trans_bias"]   # T_c h_v + t_c, [N, C, F]
+  # official: Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:318-322
   x = (known + alpha[..., None] * unknown[:, None, :]) * t                     # [N, C, F]
   neigh = jnp.einsum("ncf,cfh->nh", x, params["class_kernel"])
   neigh = neigh + (1.0 + alpha) @ params["class_bias"]                         # b_c once per known + alpha_c b_c
+  # official: Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:370
   out = h @ params["self_kernel"] + params["self_bias"] + neigh
   return checks.poison(activation(out) if activation is not None else out, ok)
 

@@ -142,8 +142,10 @@ def propagate_exact(concept_probs: jax.Array, front_end_params: Any, front_end_f
     # Two matmuls rather than offset + (log p - log(1-p)) . c: the -1e4 stand-ins are only ever multiplied by
     # an exact 0 or added to assignments whose weight is 0, so no large terms cancel. Where every p_k is 0 or 1
     # the matching assignment has log_w == 0 exactly and the rest weight 0: y_bar = f(c) exactly.
+    # official: hljames/conceptual_safeguards@c8b33a2 models/concept_bottleneck_model.py:555-566 (c_probability)
     log_w = (jnp.dot(log_p, c.T, precision=_HIGHEST)
              + jnp.dot(log_1mp, (1.0 - c).T, precision=_HIGHEST))             # [B, chunk]
+    # official: hljames/conceptual_safeguards@c8b33a2 models/concept_bottleneck_model.py:623-642 (propagation)
     return acc + jnp.dot(jnp.exp(log_w), f, precision=_HIGHEST), None
 
   if num_chunks == 1:
@@ -185,6 +187,7 @@ def propagate_mc(concept_probs: jax.Array, front_end_params: Any, key: jax.Array
   def body(carry, j):
     s1, s2 = carry
     u = jax.random.uniform(jax.random.fold_in(key, j), (chunk, num_rows, k), p.dtype)
+    # official: hljames/conceptual_safeguards@c8b33a2 models/concept_bottleneck_model.py:593-599 (MC propagation)
     c = (u < p[None]).astype(p.dtype)                                        # [chunk, B, K]
     f = fn(front_end_params, c.reshape(chunk * num_rows, k)).reshape(chunk, num_rows)
     valid = (j * chunk + jnp.arange(chunk)) < num_samples                    # the last chunk may overshoot

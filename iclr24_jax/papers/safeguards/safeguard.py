@@ -72,6 +72,7 @@ def abstain_mask(y_bar: jax.Array, tau: jax.Array | float) -> jax.Array:
   where = "safeguards.abstain_mask"
   ok = checks.all_ok(_check_y_bar(where, "y_bar", y_bar), _check_tau(where, tau))
   y_bar = jnp.asarray(y_bar)
+  # official: hljames/conceptual_safeguards@c8b33a2 models/concept_bottleneck_model.py:40-44 (get_abstension_mask)
   return checks.poison(jnp.maximum(y_bar, 1.0 - y_bar) <= tau, ok, bool_fill=True)
 
 
@@ -160,6 +161,7 @@ def confirmation_scores(concept_probs: jax.Array, front_end_params: Any, method:
   p = jnp.asarray(concept_probs)
   # p f1^2 + (1-p) f0^2 - (p f1 + (1-p) f0)^2 == p (1-p) (f1 - f0)^2; the factored form is exact at p in {0, 1}
   # and never negative in floating point.
+  # official: hljames/conceptual_safeguards@c8b33a2 intervention.py:215-230 (VarianceIntervention.get_score)
   return p * (1.0 - p) * (f1 - f0) ** 2
 
 
@@ -292,5 +294,6 @@ def apply_confirmation(concept_probs: jax.Array, confirmed: jax.Array, true_conc
   checks.dtype(where, "confirmed", confirmed, "int_or_bool")
   ok = checks.all_ok(propagation.check_concept_probs(concept_probs, where=where),
                      _check_labels(where, "true_concepts", true_concepts))
+  # official: hljames/conceptual_safeguards@c8b33a2 intervention.py:9-28 (intervene)
   out = jnp.where(confirmed, jnp.asarray(true_concepts, jnp.asarray(concept_probs).dtype), concept_probs)
   return checks.poison(out, ok)

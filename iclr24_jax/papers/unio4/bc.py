@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from iclr24_jax.common import checks
+from iclr24_jax.common import checks, optim
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -62,6 +62,7 @@ def ensemble_bc_loss(params_list_or_stacked: Any, batch: dict, alpha: float, *,
   # max_{j != i} log pi_j(a|s) [K, B]: the diagonal (j = i) masked out, then stop-gradient (official .detach()).
   others = jnp.where(jnp.eye(k, dtype=bool)[:, :, None], -jnp.inf, logp[None])  # [i, j, B]
   max_other = jax.lax.stop_gradient(jnp.max(others, axis=1))
+  # official: Lei-Kun/Uni-O4@1eecc45 BC_ensemble.py:104-130 (kl_type='heuristic')
   per = jnp.mean(nll - alpha * (logp - max_other), axis=-1)  # official joint_loss, kl_bc='data'
   return jnp.sum(per), {"bc_loss": per, "nll": jnp.mean(nll, axis=-1), "max_other_logp": jnp.mean(max_other, -1)}
 
@@ -88,7 +89,7 @@ def make_policy(action_dim: int, config: Any) -> GaussianPolicy:
 
 @functools.lru_cache(maxsize=32)   # the jitted programs of one configuration
 def _programs(frozen_policy: tuple, frozen_bc: tuple, obs_dim: int, act_dim: int):
-  pcfg, bcfg = stages.thaw(frozen_policy), stages.thaw(frozen_bc)
+  pcfg, bcfg = optim.thaw(frozen_policy), optim.thaw(frozen_bc)
   policy = make_policy(act_dim, pcfg)
   tx = optax.adam(float(bcfg["lr"]))
   kw = dict(policy=policy, alpha=float(bcfg["alpha"]))
@@ -133,7 +134,7 @@ def fit_bc_ensemble(key: jax.Array, data: data_lib.OfflineData, policy_config: A
   """
   if int(bc_config["num_policies"]) < 1:
     raise ValueError(f"unio4 bc.num_policies must be >= 1, got {bc_config['num_policies']}.")
-  policy, init, chunk = _programs(stages.freeze(policy_config), stages.freeze(bc_config), data.obs_dim,
+  policy, init, chunk = _programs(optim.freeze(policy_config), optim.freeze(bc_config), data.obs_dim,
                                   data.action_dim)
   num_steps = int(bc_config["num_steps"])
   k_init, k_train = jax.random.split(key)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from iclr24_jax.common import checks
+from iclr24_jax.common import checks, optim
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -83,6 +83,7 @@ def expectile_loss(diff: jax.Array, expectile: float) -> jax.Array:
   """
   ok = checks.in_range("unio4.expectile_loss", "expectile", expectile, 0.0, 1.0, low_open=True, high_open=True,
                        hint="IQL's expectile tau (0.5 is the mean).")
+  # official: Lei-Kun/Uni-O4@1eecc45 critic.py:296-298 (expectile_loss)
   weight = jnp.where(diff > 0, expectile, 1.0 - expectile)
   return checks.poison(weight * jnp.square(diff), ok)
 
@@ -101,8 +102,10 @@ def value_loss(v_params: Any, q_target: Any, batch: dict, *, v_module: nn.Module
   """
   v = v_module.apply({"params": v_params}, batch["obs"])
   if mode == "sarsa":
+    # official: Lei-Kun/Uni-O4@1eecc45 critic.py:44-45 (V on the return)
     return jnp.mean(jnp.square(v - batch["returns"]))
   target = jax.lax.stop_gradient(jnp.min(q_module.apply({"params": q_target}, batch["obs"], batch["actions"]), 0))
+  # official: Lei-Kun/Uni-O4@1eecc45 critic.py:302-309 (IQL V)
   return jnp.mean(expectile_loss(target - v, expectile))
 
 
@@ -122,6 +125,7 @@ def q_loss(q_params: Any, q_target: Any, v_params: Any, batch: dict, *, v_module
     nxt = jnp.min(q_module.apply({"params": q_target}, batch["next_obs"], batch["next_actions"]), 0)
   else:
     nxt = v_module.apply({"params": v_params}, batch["next_obs"])
+  # official: Lei-Kun/Uni-O4@1eecc45 critic.py:186-191 (SARSA Q), 317-327 (IQL Q)
   y = jax.lax.stop_gradient(batch["rewards"] + gamma * batch["not_done"] * nxt)
   q = q_module.apply({"params": q_params}, batch["obs"], batch["actions"])  # [num_q, B]
   return jnp.sum(jnp.mean(jnp.square(q - y[None]), axis=-1))
@@ -168,7 +172,7 @@ def critic_modules(spec: dict) -> tuple[nn.Module, nn.Module]:
 @functools.lru_cache(maxsize=32)   # the jitted programs of one configuration
 def _programs(frozen_spec: tuple, obs_dim: int, act_dim: int) -> tuple[Callable, Callable]:
   """Jitted (init, chunk) of the supervised stage for one configuration (cached: reused across data sets)."""
-  spec = stages.thaw(frozen_spec)
+  spec = optim.thaw(frozen_spec)
   v_module, q_module = critic_modules(spec)
   tx_v, tx_q = optax.adam(float(spec["v_lr"])), optax.adam(float(spec["q_lr"]))
   kw = dict(v_module=v_module, q_module=q_module, mode=spec["mode"], gamma=float(spec["gamma"]),
@@ -237,7 +241,7 @@ def fit_value_functions(key: jax.Array, data: data_lib.OfflineData, config: Any,
   num_steps = int(config["num_steps"])
   if num_steps < 1:
     raise ValueError(f"unio4 critic.num_steps must be >= 1, got {num_steps}.")
-  init, chunk = _programs(stages.freeze(spec), data.obs_dim, data.action_dim)
+  init, chunk = _programs(optim.freeze(spec), data.obs_dim, data.action_dim)
   k_init, k_train = jax.random.split(key)
   state, history = stages.run_in_chunks(chunk, lambda: init(k_init), data, k_train, num_steps, log_every,
                                         lambda m: {k: float(v) for k, v in m.items()}, callback, checkpoints,

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from iclr24_jax.common import optim
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.papers.unio4 import stages
 from iclr24_jax.papers.unio4 import data as data_lib
@@ -133,7 +134,7 @@ def dynamics_loss(params: Any, inputs: jax.Array, targets: jax.Array, *, module:
 
 @functools.lru_cache(maxsize=16)   # the jitted programs of one configuration
 def _programs(frozen_cfg: tuple, obs_dim: int, act_dim: int):
-  cfg = stages.thaw(frozen_cfg)
+  cfg = optim.thaw(frozen_cfg)
   hidden = tuple(cfg["hidden"])
   wds = tuple(float(w) for w in cfg["weight_decays"])
   if len(wds) != len(hidden) + 1:
@@ -203,7 +204,7 @@ def train_dynamics(key: jax.Array, data: data_lib.OfflineData, config: Any, term
   e, n_el = int(config["num_members"]), int(config["num_elites"])
   if not 1 <= n_el <= e:
     raise ValueError(f"unio4 dynamics: need 1 <= num_elites ({n_el}) <= num_members ({e}).")
-  module, init, chunk, holdout_mse, keep_improved = _programs(stages.freeze(config), data.obs_dim, data.action_dim)
+  module, init, chunk, holdout_mse, keep_improved = _programs(optim.freeze(config), data.obs_dim, data.action_dim)
   n = int(data.num_rows)
   obs = np.asarray(data.observations[:n])
   act = np.asarray(data.actions[:n])

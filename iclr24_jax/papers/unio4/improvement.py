@@ -32,6 +32,7 @@ def normalize_advantage(adv: jax.Array, eps: float = CONST_EPS) -> jax.Array:
   """(A - mean A) / (std A + eps) with torch's unbiased std (ddof = 1), as the official code: [B] -> [B]."""
   checks.nonempty("unio4.normalize_advantage", "adv", int(np.size(adv)), "advantages")
   checks.in_range("unio4.normalize_advantage", "eps", eps, 0.0, None, low_open=True)
+  # official: Lei-Kun/Uni-O4@1eecc45 abppo.py:238
   return (adv - jnp.mean(adv)) / (jnp.std(adv, ddof=1) + eps)
 
 
@@ -50,6 +51,7 @@ def advantage_weights(adv: jax.Array, omega: float) -> jax.Array:
     [...] float32 weights (NaN under jit for a traced omega outside [0, 1]; a Python omega raises at once).
   """
   ok = checks.in_range("unio4.advantage_weights", "omega", omega, 0.0, 1.0, hint="0.5 is plain PPO.")
+  # official: Lei-Kun/Uni-O4@1eecc45 abppo.py:324-336 (weighted_advantage)
   w = jnp.where(adv > 0, omega, 1.0 - omega).astype(jnp.float32)
   return checks.poison(jnp.where(jnp.asarray(omega) == 0.5, jnp.ones_like(w), w), ok)
 
@@ -65,6 +67,7 @@ def asymmetric_clipped_objective(log_prob: jax.Array, old_log_prob: jax.Array, a
   Returns:
     (loss, rl.losses.PPOStats).
   """
+  # official: Lei-Kun/Uni-O4@1eecc45 abppo.py:64-82 (loss)
   return losses.ppo_clip_objective(log_prob, old_log_prob, adv, clip_eps, weights=advantage_weights(adv, omega))
 
 

@@ -50,6 +50,7 @@ def ope_per_state(key: jax.Array, dynamics: Any, policy: PolicyFn, q: QFn, state
     return (s, alive, q_sum, count), None
 
   init = (states, jnp.ones((b,), bool), jnp.zeros((b,), jnp.float32), jnp.zeros((b,), jnp.float32))
+  # official: Lei-Kun/Uni-O4@1eecc45 dynamics_eval.py:44-75 (rollout)
   (_, _, q_sum, count), _ = jax.lax.scan(body, init, jnp.arange(int(horizon)))
   return q_sum, count
 

@@ -1,5 +1,5 @@
-"""Small shared helpers: hashable config specs (to cache compiled programs), per-member optimizers, where the
-stages save (`Checkpoints`), and the chunked supervised loop of the critic and BC stages."""
+"""Small shared helpers: per-member optimizers, where the stages save (`Checkpoints`), and the chunked supervised
+loop of the critic and BC stages."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -9,25 +9,6 @@ import optax
 
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common.train_state import TrainState
-
-
-def freeze(cfg: Any) -> Any:
-  """A hashable, order-independent copy of a (nested) ConfigDict / dict / list (for lru_cache keys)."""
-  if hasattr(cfg, "to_dict"):
-    cfg = cfg.to_dict()
-  if isinstance(cfg, dict):
-    return tuple(sorted((k, freeze(v)) for k, v in cfg.items()))
-  if isinstance(cfg, (list, tuple)):
-    return tuple(freeze(v) for v in cfg)
-  return cfg
-
-
-def thaw(spec: Any) -> Any:
-  """Inverse of `freeze` for the dict level (tuples of (key, value) pairs become dicts)."""
-  if isinstance(spec, tuple) and spec and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
-                                               for x in spec):
-    return {k: thaw(v) for k, v in spec}
-  return spec
 
 
 def ensemble_state(params: Any, tx: optax.GradientTransformation, extra: Any = None) -> TrainState:

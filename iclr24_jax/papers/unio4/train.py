@@ -133,9 +133,9 @@ _PROGRAM_KEYS = ("batch_size", "ope_batch", "ope_horizon", "clip_eps", "omega")
 @functools.lru_cache(maxsize=16)   # the jitted programs of one configuration
 def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple, num_steps: int, obs_dim: int,
                       act_dim: int, obs_clip: float):
-  pcfg, icfg = stages.thaw(frozen_policy), stages.thaw(frozen_imp)
+  pcfg, icfg = optim.thaw(frozen_policy), optim.thaw(frozen_imp)
   policy = bc_lib.make_policy(act_dim, pcfg)
-  tx = optim.make_optimizer(ml_collections.ConfigDict(stages.thaw(frozen_opt)), num_steps)
+  tx = optim.make_optimizer(ml_collections.ConfigDict(optim.thaw(frozen_opt)), num_steps)
   batch_size, ope_batch, horizon = int(icfg["batch_size"]), int(icfg["ope_batch"]), int(icfg["ope_horizon"])
   kw = dict(policy=policy, clip_eps=float(icfg["clip_eps"]), omega=float(icfg["omega"]), obs_clip=obs_clip)
 
@@ -192,8 +192,8 @@ def _improve_programs(frozen_policy: tuple, frozen_opt: tuple, frozen_imp: tuple
 
 def _programs(config: Any, data: data_lib.OfflineData):
   icfg = config.improve
-  frozen_imp = stages.freeze({k: icfg[k] for k in _PROGRAM_KEYS})
-  return _improve_programs(stages.freeze(config.model), stages.freeze(config.optimizer), frozen_imp,
+  frozen_imp = optim.freeze({k: icfg[k] for k in _PROGRAM_KEYS})
+  return _improve_programs(optim.freeze(config.model), optim.freeze(config.optimizer), frozen_imp,
                            int(config.num_steps), data.obs_dim, data.action_dim, float(config.obs_clip))
 
 

@@ -47,8 +47,8 @@ def test_ods_perturbation_is_a_signed_step(mlp_method):
 def test_synthesis_keeps_the_best_batch_and_fori_loop_matches(mlp_method):
   method, params = mlp_method
   teacher = {"clients": params, "weights": jnp.asarray([0.2, 0.3, 0.5])}
-  server = coboosting.init(method, jax.random.key(5), (S, S, 1))
-  state = jax.jit(lambda k: coboosting.init_synthesis(method, k, 8, (S, S, 1)))(jax.random.key(2))
+  server = coboosting.init(jax.random.key(5), method, (S, S, 1))
+  state = jax.jit(lambda k: coboosting.init_synthesis(k, method, 8, (S, S, 1)))(jax.random.key(2))
   step = jax.jit(lambda s: coboosting.synthesis_step(method, s, teacher, server.params, server.extra))
   seen = []
   for _ in range(3):
@@ -67,7 +67,7 @@ def test_synthesis_keeps_the_best_batch_and_fori_loop_matches(mlp_method):
 def test_distill_step_lowers_kl_and_compiles_once(mlp_method):
   method, params = mlp_method
   teacher = {"clients": params, "weights": jnp.asarray([0.2, 0.3, 0.5])}
-  state = coboosting.init(method, jax.random.key(5), (S, S, 1))
+  state = coboosting.init(jax.random.key(5), method, (S, S, 1))
   x = jax.random.uniform(jax.random.key(0), (16, S, S, 1))
   t = coboost.teacher_logits(method, teacher, x)
 
@@ -93,7 +93,7 @@ def test_distill_step_same_on_1_and_8_devices(mlp_method):
   x = np.asarray(jax.random.uniform(jax.random.key(0), (16, S, S, 1)))
   outs = []
   for mesh in sharding.device_meshes((1, 8)):
-    state = sharding.replicate(coboosting.init(method, jax.random.key(5), (S, S, 1)), mesh)
+    state = sharding.replicate(coboosting.init(jax.random.key(5), method, (S, S, 1)), mesh)
     fn = jax.jit(lambda st, b: coboosting.distill_step(method, st, teacher, b, jax.random.key(1), 0.05))
     state, _ = fn(state, sharding.shard_batch({"x": x}, mesh))
     outs.append(jax.device_get(state.params))

@@ -18,7 +18,7 @@ def test_generator_shapes_and_range(mlp_method):
 
   @jax.jit
   def init_and_generate(k, z):
-    v = model_lib.init_generator(method.generator, k, 8)
+    v = model_lib.init_generator(k, method.generator, 8)
     return v, model_lib.generate(method.generator, v, z)
 
   v, x = init_and_generate(jax.random.key(0), jax.random.normal(jax.random.key(1), (6, 8)))

@@ -9,11 +9,11 @@ from .helpers import INST, _gen_eval, _inst
 
 
 def test_chatml_to_messages():
-  msgs = model.chatml_to_messages(llmbar.build_prompt("vanilla", INST, 0))
+  msgs = llmbar.chatml_to_messages(llmbar.build_prompt("vanilla", INST, 0))
   assert [m["role"] for m in msgs] == ["system", "user"]
   assert msgs[0]["content"].endswith("select the best output for the given instruction.")
   assert msgs[1]["content"].startswith("Select the Output (a)") and msgs[1]["content"].endswith('"Output (b)":')
-  assert model.chatml_to_messages("  plain text ") == [{"role": "user", "content": "plain text"}]
+  assert llmbar.chatml_to_messages("  plain text ") == [{"role": "user", "content": "plain text"}]
 
 
 def test_fake_judge_is_deterministic_and_bad_judges_fail_clearly():

@@ -72,7 +72,7 @@ def test_t5_quark_loss_and_decoder_prefix():
                loss_mask=np.concatenate([np.zeros((2, 2), bool), np.ones((2, 6), bool)], 1))
   _, m = jax.jit(lambda q, b: mario.quark_loss(q, cfg, b, q))(p, coded)
   assert float(m["tokens"]) == 12.0 and float(m["kl"]) > 0
-  out = jax.jit(lambda q, i, msk, c, k: mario.sample(q, cfg, i, msk, c, k, max_new_tokens=4, temperature=0.0))(
+  out = jax.jit(lambda q, i, msk, c, k: mario.sample(k, q, cfg, i, msk, c, max_new_tokens=4, temperature=0.0))(
       p, base["inputs"], base["input_mask"], codes, jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(out.tokens[:, :2]), codes)  # the codes right after the start token
 
@@ -81,14 +81,14 @@ def test_llama_sample_continues_after_codes(params, tok):
   codes = mario.ControlCodes.from_tokenizer(tok)
   ids, mask = mario.encode_prompts(tok, ["Can a cat swim?", "Is the sun a planet?"], 32)
   c = np.asarray([mario.control_prefix(codes.best(), codes)] * 2, np.int32)
-  out = jax.jit(lambda p, i, m, cc, k: mario.sample(p, CFG, i, m, cc, k, max_new_tokens=3, temperature=0.0))(
+  out = jax.jit(lambda p, i, m, cc, k: mario.sample(k, p, CFG, i, m, cc, max_new_tokens=3, temperature=0.0))(
       params, ids, mask, c, jax.random.key(0))
   full = np.concatenate([ids, c], 1)
   fmask = np.concatenate([mask, np.ones_like(c, bool)], 1)
   first = np.argmax(np.asarray(llama.forward(params, CFG, full, fmask, last_only=True)), -1)
   np.testing.assert_array_equal(np.asarray(out.tokens[:, 0]), first)  # greedy token after prompt + codes
   with pytest.raises(ValueError, match="codes must be"):
-    mario.sample(params, CFG, ids, mask, c[:1], jax.random.key(0), max_new_tokens=2)
+    mario.sample(jax.random.key(0), params, CFG, ids, mask, c[:1], max_new_tokens=2)
 
 
 def test_quark_step_learns_fixed_batch(params, tok):

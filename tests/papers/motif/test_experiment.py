@@ -52,3 +52,37 @@ def test_tiny_run_cut_inside_the_agents_stage_resumes_exactly(tmp_path):
   resumed = launch.run(c, wd).results
   assert _comparable(resumed, wd) == _comparable(full, str(tmp_path / "full"))
   assert _rows(wd) == _rows(str(tmp_path / "full"))
+
+
+@pytest.mark.slow
+def test_tiny_nethack_run_cut_inside_an_agent_stage_resumes_exactly(tmp_path):
+  """NetHack: a crash (no save at the kill) at the second agent's last update, after its saves at updates 1 and 2,
+  with 12-step episodes so the saved games are mid-episode after an auto-reset: the resume replays the games,
+  restores the hook's counts and cache, and reports the uninterrupted run's numbers and rows."""
+  pytest.importorskip("nle")
+  from iclr24_jax.common import checkpoint as ckpt_lib
+  from iclr24_jax.configs import motif as cfg_mod
+  from iclr24_jax.launch import run as launch
+  from tests.common.test_runs import _Crash, _comparable, _rows
+  c = cfg_mod.get_config("tiny,nethack")
+  c.nethack.update(dict(updates=3, checkpoint_every=1, max_episode_steps=12))   # 3 x 8 steps: resets at 12, 24
+  full = launch.run(c, str(tmp_path / "full")).results
+  assert any(r["episode_returns"] for r in full["runs"].values())   # episodes ended inside the run
+  agent_rows = []
+
+  def crash_in_second_agent(step, row):
+    if "hook/intrinsic_reward" in row:
+      agent_rows.append(step)
+      if len(agent_rows) == 6:          # extrinsic 1, 2, 3; intrinsic 1, 2, then the kill at intrinsic 3
+        raise _Crash(step)
+
+  wd = str(tmp_path / "killed")
+  with pytest.raises(_Crash):
+    launch.run(c, wd, progress_fn=crash_in_second_agent)
+  steps = ckpt_lib.checkpoint_steps(wd)
+  assert steps == {os.path.join("reward_model", "checkpoints"): 20, os.path.join("agents_extrinsic", "checkpoints"): 3,
+                   os.path.join("agents_intrinsic", "checkpoints"): 2}, steps
+  resumed = launch.run(c, wd).results
+  assert _comparable(resumed, wd) == _comparable(full, str(tmp_path / "full"))
+  assert _rows(wd) == _rows(str(tmp_path / "full"))
+  assert launch.run(c, wd).stored      # a finished workdir is a result: nothing trains

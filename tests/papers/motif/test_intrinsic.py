@@ -80,3 +80,39 @@ def test_motif_reward_hook_batches():
   assert sum(calls) == 3                                      # cached
   with pytest.raises(ValueError, match="source"):
     motif.MotifRewardHook(reward_fn, 0.0, 1.0, 0.0, 2, source="state")
+
+
+def test_motif_reward_hook_state_round_trip():
+  """get_state -> JSON -> set_state on a fresh hook: the next batch gets the same rewards from the saved counts and
+  the saved r_phi cache (reward_fn is not called again), also for a buffer with bytes after its NUL."""
+  import json
+  calls = []
+
+  def reward_fn(msgs):
+    calls.append(len(msgs))
+    return msgs[:, 0].astype(np.float64) - 65.0           # 'A' -> 0, 'B' -> 1, 'C' -> 2
+
+  def buf(ch, tail=b""):
+    b = np.zeros(256, np.uint8)
+    b[0] = ord(ch)
+    b[2:2 + len(tail)] = np.frombuffer(tail, np.uint8)     # bytes after the terminating NUL
+    return b
+
+  msgs = np.stack([[buf("C"), buf("B", b"\xe9x")], [buf("C"), buf("B", b"\xe9x")]])    # [T=2, N=2, 256]
+  batch = {"next_obs": {"message": msgs}, "obs": {"message": msgs}, "reward": np.zeros((2, 2)),
+           "terminated": np.zeros((2, 2), bool), "truncated": np.zeros((2, 2), bool)}
+  kw = dict(mu=0.0, sigma=1.0, eps=0.5, num_envs=2, beta=3.0, alpha_ext=0.5, alpha_int=1.0)
+  hook = motif.MotifRewardHook(reward_fn, **kw)
+  hook(batch)                                               # counts: env 0 C: 2, env 1 B-with-tail: 2
+  saved = json.loads(json.dumps(hook.get_state()))
+  assert saved["length"] == 256 and [sorted(v for _, v in c) for c in saved["counts"]] == [[2], [2]]
+  resumed = motif.MotifRewardHook(reward_fn, **kw)
+  resumed.set_state(saved)
+  n_calls = sum(calls)
+  out = resumed(batch)
+  # third and fourth occurrences: env 0 C (r_hat 2) -> 2 / 27, 2 / 64; env 1 B (r_hat 1) -> 1 / 27, 1 / 64
+  np.testing.assert_allclose(out, [[2.0 / 27, 1.0 / 27], [2.0 / 64, 1.0 / 64]], rtol=1e-6)
+  np.testing.assert_allclose(out, hook(batch), rtol=0)     # the uninterrupted hook's next batch
+  assert sum(calls) == n_calls                              # both messages came from the restored cache
+  with pytest.raises(ValueError, match="counts for 2 environments; this hook has 3"):
+    motif.MotifRewardHook(reward_fn, **dict(kw, num_envs=3)).set_state(saved)
