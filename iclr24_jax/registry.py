@@ -30,10 +30,12 @@ PAPERS = ("llmbar", "fps", "clip_ood", "finetune_dissect", "motif", "coboosting"
           "graphcare", "nci", "mdm", "ldcq", "pmp", "cdgm", "lm_inversion", "mario", "safeguards", "daclip")
 
 
-# Studies too heavy for the main job (about 75 minutes on 2 cores): run by name, e.g.
+# Studies too heavy for the main job (about 80 minutes on 2 cores): run by name, e.g.
 # `python -m experiments.reproduce --only mario_seeds`; their recorded rows (results/rows/<name>.json) are tabled
 # with the rest. name -> (paper, function of the paper's study module with the `reproduce` signature).
-EXTENDED = {"mario_seeds": ("mario", "reproduce_seeds"), "nci_pretrained": ("nci", "reproduce_pretrained")}
+EXTENDED = {"mario_seeds": ("mario", "reproduce_seeds"), "nci_pretrained": ("nci", "reproduce_pretrained"),
+            "lm_inversion_seeds": ("lm_inversion", "reproduce_seeds"), "daclip_seeds": ("daclip", "reproduce_seeds"),
+            "mdm_seeds": ("mdm", "reproduce_seeds")}
 
 
 def module_name(name: str) -> str:

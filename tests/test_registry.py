@@ -53,6 +53,20 @@ def test_extended_studies_resolve_and_stay_out_of_the_main_job():
   assert registry.reproduce_fn("mario") is registry.study_module("mario").reproduce
 
 
+@pytest.mark.parametrize("paper", ["lm_inversion", "daclip", "mdm"])
+def test_heavy_studies_run_by_name_and_the_main_job_runs_their_one_seed_miniature(paper):
+  """The full 3-seed study runs as `<paper>_seeds` (outside the main job); the main job's `<paper>` runs the same
+  study on the config's 'one_seed' variant."""
+  module = registry.study_module(paper)
+  assert f"{paper}_seeds" in registry.extended() and paper in registry.available()
+  assert registry.reproduce_fn(f"{paper}_seeds") is module.reproduce_seeds
+  assert registry.reproduce_fn(paper) is module.reproduce
+  full, mini = registry.config_factory(paper)(""), registry.config_factory(paper)("one_seed")
+  seeds = {"lm_inversion": lambda c: len(c.seeds), "daclip": lambda c: (c.num_seeds, c.controller.seeds),
+           "mdm": lambda c: len(c.repro.seeds)}[paper]
+  assert seeds(full) in (3, (3, 3)) and seeds(mini) in (1, (1, 1))
+
+
 def test_runners_pass_each_study_its_packaged_get_config():
   """Configs are data the library never imports: the runners hand a study function the experiment's
   packaged `get_config` exactly when it declares the keyword."""

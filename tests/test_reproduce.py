@@ -116,3 +116,23 @@ def test_every_recorded_row_and_not_run_claim_has_a_valid_kind():
   assert sum(sum(c.values()) for c in counts.values()) == sum(len(r) for r in rows.values())
   with open(os.path.join(ROOT, "results", "rows", "cdgm.json")) as f:   # a recorded claim quotes the paper
     assert all(r.get("basis") for r in json.load(f)["rows"] if r["kind"] == "claim")
+
+
+# README's first screen: the main job takes ~80 minutes on 2 cores, two experiments at once (~2 CPU-s per second).
+MAIN_JOB_BUDGET_CPU_S = 9600
+
+
+def test_the_main_job_fits_its_time_budget():
+  """Every experiment of the main job has recorded CPU seconds, and they sum to at most the README's budget; a
+  study that outgrows it runs by name (`registry.EXTENDED`) beside a miniature in the main job."""
+  names = registry.available()
+  _, times = reproduce.load_saved_rows(os.path.join(ROOT, "results"), names)
+  missing = [n for n in names if (times.get(n) or {}).get("cpu_seconds") is None]
+  assert not missing, f"experiments of the main job without recorded CPU seconds: {missing}"
+  total = sum(times[n]["cpu_seconds"] for n in names)
+  largest = sorted(names, key=lambda n: -times[n]["cpu_seconds"])[:3]
+  assert total <= MAIN_JOB_BUDGET_CPU_S, (
+      f"the main job's recorded CPU seconds sum to {total:,.0f} > {MAIN_JOB_BUDGET_CPU_S:,}; largest {largest}: "
+      "move the heaviest study to registry.EXTENDED with a miniature in the main job, or raise the budget in README")
+  for name in registry.extended():    # the extended studies stay out of the sum but keep their recorded rows
+    assert name not in names and os.path.exists(os.path.join(ROOT, "results", "rows", f"{name}.json")), name

@@ -264,6 +264,35 @@ def not_run_row(*, paper: str, basis: str, reason: str, variant: str, experiment
               basis=basis, variant=variant, notes=f"not run: {reason}; would run with {variant}")
 
 
+def miniature_rows(rows: list[dict[str, Any]], label: str, seeds_rows: str) -> list[dict[str, Any]]:
+  """The rows of a main-job miniature whose claims and checks a run-by-name study judges with seeds.
+
+  A miniature (one seed of a study too heavy for the main job) repeats the study's rows; counting its verdicts as
+  well would count each claim twice, once on a budget that cannot resolve it. So its claims and checks become
+  measurements: the verdict at this budget stays readable in the notes, the count goes to the seeded study's rows.
+
+  Args:
+    rows: the miniature's rows (as the study built them).
+    label: what the miniature is ("1 seed, no top-k arms").
+    seeds_rows: where the judged rows are and how to rerun them ("results/rows/x_seeds.json, --only x_seeds").
+
+  Returns:
+    New row dicts: kind 'measurement', holds None, notes opening with the miniature's label, the pointer and the
+    verdict it had ("verdict at this budget: inconclusive").
+  """
+  out = []
+  for r in rows:
+    r = dict(r)
+    kind, holds = r.get("kind"), normalise_holds(r.get("holds"))
+    note = f"Miniature of the main job ({label}): {seeds_rows}."
+    if kind in ("claim", "check") and holds in HOLDS:   # a 'not run' claim stays: it marks a gap, not a verdict
+      note += f" As a {kind} at this budget: {holds} (not counted; the seeded study's row is)."
+      r["kind"], r["holds"] = "measurement", None
+    r["notes"] = f"{note} {r.get('notes') or ''}".rstrip()
+    out.append(r)
+  return out
+
+
 def row_kind(row: dict[str, Any], where: str = "", require_verdict: bool = True) -> str:
   """The row's kind after checking that it fits the row's verdict.
 

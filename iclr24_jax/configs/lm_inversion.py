@@ -2,7 +2,8 @@
 
 Paper: https://openreview.net/forum?id=t9dWHpGkPj -- official code: https://github.com/jxmorris12/vec2text
 Run:   python -m experiments.main --config=configs/lm_inversion.py:tiny --workdir=runs/lm_inversion
-Variants: '' (SmolLM2-135M target, ~2,000 train / 500 test prompts), 'tiny' (a tiny random Llama target with
+Variants: '' (SmolLM2-135M target, ~2,000 train / 500 test prompts, 3 seeds), 'one_seed' (the same at one seed
+          without the top-k arms: the main job's miniature), 'tiny' (a tiny random Llama target with
           a 512-token BPE, 96 prompts, a few steps), 'official_padding', 'paper' (the official T5-base inverter of
           Llama-2-7B distributions, compiled ahead of time by `python -m experiments.scale --only lm_inversion`).
 """
@@ -15,7 +16,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   """The lm_inversion config: invert SmolLM2-135M next-token distributions with a small T5 (~2,000 train prompts).
 
   Args:
-    arg: comma-separated variants: 'tiny' (a tiny random Llama target, 96 prompts, a few steps),
+    arg: comma-separated variants: 'tiny' (a tiny random Llama target, 96 prompts, a few steps), 'one_seed'
+      (seed 0 only, no top-k arms: the main job's miniature),
       'official_padding', 'paper' (the official run's sizes); None or '' gives the default.
 
   Returns:
@@ -60,8 +62,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
   c.checkpoint_every_secs = 600.0   # also every 10 minutes of wall time (the big_vision habit)
   c.eval = ml_collections.ConfigDict(dict(topk=(1, 10, 100), bag_k=10, bootstrap=2000))
   c.mesh = ml_collections.ConfigDict(dict(data=-1, model=1))
-  for part in variants.parse(arg, ("tiny", "official_padding", "paper"), name="lm_inversion"):
-    if part == "tiny":
+  for part in variants.parse(arg, ("tiny", "official_padding", "paper", "one_seed"), name="lm_inversion"):
+    if part == "one_seed":
+      # The main job's miniature (study.reproduce): one seed, no top-k arms, on the same prompts and caches; the
+      # 3-seed study with the top-k arms runs by name (lm_inversion_seeds) and is tabled from its recorded rows.
+      c.seeds = (0,)
+      c.eval.topk = ()
+    elif part == "tiny":
       c.target.name = "tiny_random"
       c.data.max_prompts = 96
       c.data.num_test = 32

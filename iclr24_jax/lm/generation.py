@@ -204,7 +204,9 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
   ends when every row has stopped or `max_new_tokens` were produced.
 
   Args:
-    params: LM parameters (`llama.fuse_params` form is fastest).
+    params: LM parameters (`llama.fuse_params` form is fastest). When B > 1 and N > 1 they are laid out for
+      GEMMs once per call (`quant.batched_decoding_params`: a float32 [D, V] copy of a tied head, int8 kernels widened
+      to bfloat16), which holds that extra memory while the call runs.
     config: the LM configuration (static).
     prompt_ids: [B, P] int32 ids.
     prompt_mask: [B, P] bool, true at real prompt tokens (each row needs at least one).
@@ -250,6 +252,11 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
       logits = logits + bias
     return sample_token(jax.random.fold_in(key, step), logits, temperature, top_k, top_p)
 
+  if b > 1 and n > 1:
+    # Several rows share each weight read: lay the weights out for GEMMs once, before the loop (the head as a
+    # float32 [D, V] table, int8 kernels widened to bfloat16; `quant.batched_decoding_params`). The one-time
+    # copy costs about one slow step, so a single new token (prefill only) skips it.
+    params = quant.batched_decoding_params(params)
   if use_cache:
     cache = llama.init_cache(config, b, total, cache_dtype or llama.param_dtype(params))
     logits, cache = llama.forward(params, config, prompt_ids, prompt_mask, cache=cache, last_only=True)
@@ -262,7 +269,9 @@ def generate(params: llama.Params, config: llama.LlamaConfig, prompt_ids: jax.Ar
 
   def next_logits(carry, step, last, live):
     feed = jnp.where(live, last, pad_id)
-    p_step = quant.bind_to_step(params, step)  # keeps compact weights' widening inside each step
+    # One row: keep the compact weights' widening fused into each step's dots (no hoisted float32 copy).
+    # Several rows: the weights are already GEMM-ready (see above); binding would copy them every step.
+    p_step = quant.bind_to_step(params, step) if b == 1 else params
     if use_cache:
       return llama.forward(p_step, config, feed[:, None], live[:, None], cache=carry, last_only=True)
     seq, seq_mask = carry

@@ -79,3 +79,16 @@ def test_compare_row_and_normalise():
   assert fixed["holds"] == "yes" and "3 seeds, vs a fixed value" in fixed["ours"]
   assert stats.normalise_holds(True) == "yes" and stats.normalise_holds("No") == "no"
   assert stats.normalise_holds("-") is None and stats.normalise_holds("inconclusive") == "inconclusive"
+
+
+def test_miniature_rows_count_no_verdict_twice():
+  rows = [dict(kind="claim", holds="inconclusive", basis="'x' (abstract)", notes="n1"),
+          dict(kind="check", holds="yes", notes=""),
+          dict(kind="measurement", holds=None, notes="m"),
+          stats.not_run_row(paper="p", basis="'y' (abstract)", reason="data", variant="paper")]
+  out = stats.miniature_rows(rows, "1 seed", "results/rows/p_seeds.json")
+  assert [(r["kind"], r["holds"]) for r in out] == [("measurement", None), ("measurement", None),
+                                                    ("measurement", None), ("claim", stats.NOT_RUN)]
+  assert out[0]["notes"] == ("Miniature of the main job (1 seed): results/rows/p_seeds.json. As a claim at this "
+                             "budget: inconclusive (not counted; the seeded study's row is). n1")
+  assert all(stats.row_kind(r) for r in out) and rows[0]["kind"] == "claim"   # the input is not changed

@@ -135,3 +135,49 @@ def test_weight_bytes_and_errors(fused):
     quant.convert_params(lora.apply(fused, adapted, lora.LoraConfig(rank=2, targets=("qkv_proj",))), "int8")
   with pytest.raises(ValueError, match="either quantize"):
     generation.Generator(fused, CFG, None, quantize=True, weight_format="int8")
+
+
+@pytest.mark.parametrize("weight_format", ["float32", "int8"])
+def test_batched_decoding_params(fused, weight_format):
+  """Several rows per step: the head as a float32 [D, V] table and int8 kernels widened to bfloat16 once.
+
+  The table is the format's own table transposed (float32: the embedding itself; int8: its dequantized
+  codes, checked against a numpy dequantization), the widened kernels are exactly the codes' bfloat16
+  widening, a two-row forward matches the float32 model holding the same weights, and batch-2 greedy
+  decoding through `generate` (which calls it) gives the tokens of that float32 model decoded without a cache.
+  """
+  p = quant.convert_params(fused, weight_format)
+  prep = quant.batched_decoding_params(p)
+  head_t = np.asarray(prep["head_t"])
+  assert head_t.shape == (CFG.hidden_size, CFG.vocab_size) and head_t.dtype == np.float32
+  if weight_format == "float32":
+    np.testing.assert_array_equal(head_t, np.asarray(fused["embed"]).T)
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+                 prep["layers"], p["layers"])
+  else:
+    q, s = np.asarray(p["embed_int8"]), np.asarray(p["embed_scale_int8"])
+    v, d = q.shape
+    table = (q.reshape(v, -1, 32).astype(np.float32) * s[..., None]).reshape(v, d)  # q * scale per 32 inputs
+    np.testing.assert_allclose(head_t, table.T, rtol=1e-6, atol=0)
+    for old, new in zip(p["layers"], prep["layers"]):
+      for name, dense in old.items():
+        if isinstance(dense, dict) and "kernel_int8" in dense:
+          assert set(new[name]) == {"kernel_bf16"} | (set(dense) - {"kernel_int8", "scale_int8", "min_int8"})
+          want = quant.dequantize_groups(dense["kernel_int8"], dense["scale_int8"], dense["min_int8"], jnp.bfloat16)
+          np.testing.assert_array_equal(np.asarray(new[name]["kernel_bf16"]), np.asarray(want))
+  # The step's logits on the prepared params equal those on the unprepared ones (float32 head either way,
+  # same bfloat16 trunk): compare a two-row forward, then generate (which prepares them itself at B > 1).
+  ids = np.random.default_rng(4).integers(3, 64, (2, 5)).astype(np.int32)
+  fwd = jax.jit(lambda q: llama.forward(q, CFG, ids))
+  ref = np.asarray(fwd(_dequantized_float(p) if weight_format == "int8" else p))
+  got = np.asarray(fwd(prep))
+  # int8: the trunk multiplies bfloat16-rounded activations (as before), so compare within bfloat16 error
+  np.testing.assert_allclose(got, ref, atol=1e-5 if weight_format == "float32" else 2e-2)
+  gen = jax.jit(functools.partial(generation.generate, config=CFG, max_new_tokens=6))
+  a = gen(p, prompt_ids=ids, prompt_mask=np.ones_like(ids, bool), key=jax.random.key(0))
+  b = jax.jit(functools.partial(generation.generate, config=CFG, max_new_tokens=6, use_cache=False))(
+      _dequantized_float(p) if weight_format == "int8" else p, prompt_ids=ids,
+      prompt_mask=np.ones_like(ids, bool), key=jax.random.key(0))
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+  stacked_or_w8a8 = llama.quantize_params(fused)
+  assert quant.batched_decoding_params(stacked_or_w8a8) is stacked_or_w8a8

@@ -1,4 +1,7 @@
-"""daclip: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+"""daclip: the small-scale reproductions (`reproduce_seeds`, its one-seed miniature `reproduce`) and the benchmark.
+
+`reproduce_seeds` is the 3-seed study (`--only daclip_seeds`, outside the main job: registry.EXTENDED);
+`reproduce`, the main job's, runs the same stages at one controller and one restorer seed.
 
 The method lives in the package's method modules and `experiment.run`; this module holds the study that the
 paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call it).
@@ -57,8 +60,53 @@ def _fmt_boot(d: dict, fmt: str) -> str:
   return f"diff {d['diff']:+{fmt}} [95% CI {d['lo']:+{fmt}}, {d['hi']:+{fmt}}]"
 
 
+# The main job's miniature: where its notes send the reader for the judged claims.
+SEEDS_ROWS = ("the seed-judged rows are in the extended study's (daclip_seeds: 3 controller and 3 restorer seeds, "
+              "results/rows/daclip_seeds.json; `python -m experiments.reproduce --only daclip_seeds`)")
+
+
 def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
               *, get_config: Callable[[str], Any]) -> list[dict]:
+  """The main job's miniature of `reproduce_seeds`: one controller and one restorer seed (`get_config('one_seed')`).
+
+  The same stages on the same data at one seed. Its claims and checks are the seeded study's, so they are
+  recorded as measurements (`stats.miniature_rows`): the one-seed verdict (over seeds 'inconclusive' by rule; a
+  paired bootstrap over the held-out images where the row has one) stays in the notes, which point to the
+  extended study's judged rows.
+
+  Args:
+    workdir: output folder (the run goes to workdir/run).
+    fast: the 'tiny,one_seed' config variant.
+    restoration: also run the restorers (stage 2).
+    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
+
+  Returns:
+    list of reproduction row dicts.
+  """
+  return stats.miniature_rows(_study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast, restoration),
+                               "1 seed", SEEDS_ROWS)
+
+
+def reproduce_seeds(workdir: str, fast: bool = False, restoration: bool = True,
+                    *, get_config: Callable[[str], Any]) -> list[dict]:
+  """The full study (outside the main job: `python -m experiments.reproduce --only daclip_seeds`).
+
+  3 controller seeds and 3 restorer seeds per condition (about 1,700 CPU-s, too heavy for the main job); see
+  `_study`.
+
+  Args:
+    workdir: output folder (the run goes to workdir/run).
+    fast: the 'tiny' config variant.
+    restoration: also run the restorers (stage 2).
+    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
+
+  Returns:
+    list of reproduction row dicts.
+  """
+  return _study(workdir, get_config("tiny" if fast else ""), fast, restoration)
+
+
+def _study(workdir: str, cfg: Any, fast: bool, restoration: bool) -> list[dict]:
   """DA-CLIP on the 7-type degradation suite of 32x32 MNIST-5k digits (see README.md for the setting).
 
   (a) degradation-type accuracy of e_d (zero-shot: nearest degradation-name embedding) on held-out degraded
@@ -70,14 +118,13 @@ def reproduce(workdir: str, fast: bool = False, restoration: bool = True,
 
   Args:
     workdir: output folder (the run goes to workdir/run, a fast one to workdir/run_tiny).
-    fast: the 'tiny' config variant.
+    cfg: the daclip config (configs/daclip.py).
+    fast: a smoke run (the tiny config: no progress lines, its own run folder).
     restoration: also run (b).
-    get_config: `get_config(variant)` of configs/daclip.py (the runners pass it; tests pass the module's).
 
   Returns:
     list of reproduction row dicts.
   """
-  cfg = get_config("tiny" if fast else "")
   cfg.restoration = bool(restoration)
   t0 = time.time()
   # The tiny and the full run resume in their own folders: one workdir holds the stages of one config (a rerun

@@ -1,4 +1,7 @@
-"""lm_inversion: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+"""lm_inversion: the small-scale reproductions (`reproduce_seeds`, its one-seed miniature `reproduce`), the benchmark.
+
+`reproduce_seeds` is the study below (`--only lm_inversion_seeds`, outside the main job: registry.EXTENDED);
+`reproduce`, the main job's, runs it at one seed without the top-k arms, on the same prompts and caches.
 
 Reproduction: distribution inverters trained on SmolLM2-135M's next-token distributions of ~2,000 real prompts
 (3 seeds, and one inverter trained per top-k access level k = 1, 10, 100, in one vmapped program), evaluated on 500
@@ -89,8 +92,37 @@ def _scores(preds: list[list[str]], refs: list[str]) -> tuple[dict, dict]:
   return seed_means, item
 
 
+# The main job's miniature: where its notes send the reader for the judged claims.
+SEEDS_ROWS = ("the seed-judged claims are in the extended study's rows (lm_inversion_seeds: 3 seeds and the top-k "
+              "arms, results/rows/lm_inversion_seeds.json; `python -m experiments.reproduce --only "
+              "lm_inversion_seeds`)")
+
+
 def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
-  """Runs the study and returns its reproduction rows (see the module docstring).
+  """The main job's miniature of the study: one seed, no top-k arms (`get_config('one_seed')`).
+
+  The same study as `reproduce_seeds` on the same prompts, cached distributions and samples, at one seed. Its
+  claims and checks are the seeded study's, so they are recorded as measurements (`stats.miniature_rows`: the
+  one-seed verdict, 'inconclusive' by rule since `stats.judge` needs 3 seeds, and the per-prompt bootstrap
+  intervals stay in the notes, which point to the extended study's judged rows).
+
+  Args:
+    workdir: where the plot goes.
+    fast: the 'tiny,one_seed' config: a smoke run of the whole pipeline.
+    get_config: `get_config(variant)` of configs/lm_inversion.py (the runners pass it; tests pass the module's).
+
+  Returns:
+    Row dicts (paper, experiment, metric, ours, paper_value, holds, kind, notes[, plots]).
+  """
+  return stats.miniature_rows(_study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast),
+                               "1 seed, no top-k arms", SEEDS_ROWS)
+
+
+def reproduce_seeds(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
+  """The full study (outside the main job: `python -m experiments.reproduce --only lm_inversion_seeds`).
+
+  3 seeds of the inverter and of the sample inverter, one inverter per top-k access level (see the module
+  docstring); about 3,300 CPU-s with cold caches, too heavy for the main job.
 
   Args:
     workdir: where the plot goes.
@@ -98,9 +130,13 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
     get_config: `get_config(variant)` of configs/lm_inversion.py (the runners pass it; tests pass the module's).
 
   Returns:
-    Row dicts (paper, experiment, metric, ours, paper_value, holds, notes[, plots]).
+    Row dicts (paper, experiment, metric, ours, paper_value, holds, kind, notes[, plots]).
   """
-  config = get_config("tiny" if fast else "")
+  return _study(workdir, get_config("tiny" if fast else ""), fast)
+
+
+def _study(workdir: str, config: Any, fast: bool) -> list[dict]:
+  """Runs the study on `config` and returns its rows (see the module docstring)."""
   os.makedirs(workdir, exist_ok=True)
   prep = experiment.prepare(config)
   t_dist, t_samp = prep["seconds_distributions"], prep.get("seconds_samples", 0.0)

@@ -1,4 +1,7 @@
-"""mdm: the small-scale reproduction (`reproduce`) and the benchmark (`benchmark`).
+"""mdm: the small-scale reproductions (`reproduce_seeds`, its one-seed miniature `reproduce`) and the benchmark.
+
+`reproduce_seeds` is the 3-seed study with the sample judge's learning curve (`--only mdm_seeds`, outside the main
+job: registry.EXTENDED); `reproduce`, the main job's, runs the same study at one seed without the curve.
 
 The method lives in the package's method modules and `experiment.run`; this module holds the studies
 that the paper's claims are checked with (experiments/reproduce.py and experiments/benchmark.py call them).
@@ -98,11 +101,36 @@ def budget_plan(flops: dict[str, float], high_res_steps: int, inner_fraction: fl
                           "progressive": h * f_nested + inner * f_inner}}
 
 
+# The main job's miniature: where its notes send the reader for the judged claims.
+SEEDS_ROWS = ("the 3-seed rows and the sample judge's learning curve are the extended study's (mdm_seeds, "
+              "results/rows/mdm_seeds.json; `python -m experiments.reproduce --only mdm_seeds`)")
+
+
 def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
+  """The main job's miniature of `reproduce_seeds`: one seed, no sample curve (`get_config('one_seed')`).
+
+  The same three arms at the same equal high-res steps, judge included, at seed 0 only. Its claims are the seeded
+  study's, so they are recorded as measurements (`stats.miniature_rows`: the one-seed verdict, 'inconclusive' by
+  rule since `stats.judge` needs 3 seeds, stays in the notes, which point to the extended study's rows).
+
+  Args:
+    workdir: output folder (created).
+    fast: run the 'tiny,one_seed' config variant without the judge.
+    get_config: `get_config(variant)` of configs/mdm.py (the runners pass it; tests pass the module's).
+
+  Returns:
+    list of reproduction row dicts.
+  """
+  return stats.miniature_rows(_study(workdir, get_config("tiny,one_seed" if fast else "one_seed"), fast),
+                               "1 seed, no sample curve", SEEDS_ROWS)
+
+
+def reproduce_seeds(workdir: str, fast: bool = False, *, get_config: Callable[[str], Any]) -> list[dict]:
   """Nested + progressive vs nested from scratch vs single resolution at equal high-res steps (3 seeds).
 
-  The budget rule is `budget_plan`'s. With the judge on, the single arm of the first seed then trains on to
-  `repro.curve_steps` (the sample judge's learning curve: the budget at which samples become digits).
+  Outside the main job (`python -m experiments.reproduce --only mdm_seeds`, ~860 CPU-s). The budget rule is
+  `budget_plan`'s. With the judge on, the single arm of the first seed then trains on to `repro.curve_steps` (the
+  sample judge's learning curve: the budget at which samples become digits).
 
   Args:
     workdir: output folder (created).
@@ -112,8 +140,12 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
   Returns:
     list of reproduction row dicts.
   """
+  return _study(workdir, get_config("tiny" if fast else ""), fast)
+
+
+def _study(workdir: str, cfg: Any, fast: bool) -> list[dict]:
+  """The study on `cfg` (see `reproduce_seeds`); `fast` leaves the judge out."""
   os.makedirs(workdir, exist_ok=True)
-  cfg = get_config("tiny" if fast else "")
   rp = cfg.repro
   t_start = time.time()
   ds, arrays = load_images(cfg.data)

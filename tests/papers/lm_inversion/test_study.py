@@ -8,10 +8,11 @@ from .helpers import needs_data
 @pytest.mark.slow
 @needs_data
 def test_study_fast_rows(tmp_path, monkeypatch):
-  """The whole study on the tiny config: every arm trains and the rows carry seed-judged verdicts."""
+  """The whole 3-seed study (lm_inversion_seeds) on the tiny config: every arm trains and the rows carry
+  seed-judged verdicts."""
   from iclr24_jax.papers.lm_inversion import study
   monkeypatch.setenv("ICLR24_LM_INVERSION_CACHE", str(tmp_path / "cache"))
-  rows = study.reproduce(str(tmp_path / "study"), fast=True, get_config=cfg_mod.get_config)
+  rows = study.reproduce_seeds(str(tmp_path / "study"), fast=True, get_config=cfg_mod.get_config)
   # 10 seed comparisons (F1 and BLEU each): shuffled input (claims), the sample inverter's own control (checks),
   # vs samples (claims only where that control says 'yes'), bag of tokens and nearest by KL (measurements)
   compared = [r for r in rows if r.get("judgement")]

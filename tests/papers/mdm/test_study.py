@@ -72,7 +72,7 @@ def test_sample_curve_needs_increasing_steps_past_the_study():
     study.sample_curve(None, None, 150, None, {}, [300, 300], None, None, 10)
 
 
-@pytest.mark.slow   # ~3-4 min CPU: the judged path of study.reproduce (judge, curve, qualify) on the tiny digits
+@pytest.mark.slow   # ~3-4 min CPU: the judged path of study.reproduce_seeds (judge, curve, qualify) on the tiny digits
 def test_reproduce_judged_path_on_tiny(tmp_path):
   """The full (non-fast) reproduction path, judge and sample curve included, on the tiny config: every claim row
   has its kind and basis, the curve row its points."""
@@ -80,7 +80,7 @@ def test_reproduce_judged_path_on_tiny(tmp_path):
   from iclr24_jax.papers.mdm import study
   cfg = cfg_mod.get_config("tiny")
   cfg.repro.curve_steps = (12, 14)   # past the single arm's equal-FLOPs point (8)
-  rows = study.reproduce(str(tmp_path), fast=False, get_config=lambda arg: cfg)
+  rows = study.reproduce_seeds(str(tmp_path), fast=False, get_config=lambda arg: cfg)
   claims = [r for r in rows if r["kind"] == "claim"]
   assert len(claims) == 6 and all(r["basis"] and r["holds"] in ("yes", "no", "inconclusive") for r in claims)
   assert all(r["holds"] is None for r in rows if r["kind"] == "measurement")
