@@ -26,6 +26,7 @@ C++ error line).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -212,10 +213,48 @@ def _load(key: str):
       lapack.prepare_lapack_call("getrf_ffi", np.float32)   # fills jaxlib's LAPACK pointers (see above)
     import jax
     by_id = {d.id: d for d in jax.devices()}
-    return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
-                                                     execution_devices=[by_id[i] for i in device_ids])
+    with _known_loader_noise_dropped():
+      return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                       execution_devices=[by_id[i] for i in device_ids])
   except Exception:  # noqa: BLE001  (a stale or unreadable entry: compiled again and rewritten)
     return None
+
+
+# What XLA logs on every load of an executable it compiled on this very machine: its target features include the
+# tuning flags prefer-no-gather / prefer-no-scatter, which the host's feature list never names, so the loader
+# warns of SIGILL for each; and PjRt cannot check executable versions (the key holds the jaxlib version). A line
+# naming any other feature (a real mismatch) or anything else passes through.
+_KNOWN_LOADER_NOISE = re.compile(
+    r"cpu_aot_loader\.cc:\d+\] Loading XLA:CPU AOT result\. Target machine feature \+prefer-no-(gather|scatter) "
+    r"is not|pjrt_executable\.cc:\d+\] Assume version compatibility")
+
+
+@contextlib.contextmanager
+def _known_loader_noise_dropped():
+  """Runs its block with file descriptor 2 in a temporary file, then writes back every line but the known loader
+  noise (`_KNOWN_LOADER_NOISE`; a few KB per load otherwise). The redirection holds only while an executable loads
+  (milliseconds); another thread's stderr in that window is delayed, not lost."""
+  import sys
+  import tempfile
+  try:
+    sys.stderr.flush()
+    saved = os.dup(2)
+  except (OSError, ValueError):   # no file descriptor 2 (an embedded interpreter): nothing to filter
+    yield
+    return
+  with tempfile.TemporaryFile() as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      tmp.seek(0)
+      kept = [line for line in tmp.read().decode(errors="replace").splitlines(keepends=True)
+              if not _KNOWN_LOADER_NOISE.search(line)]
+      if kept:
+        sys.stderr.write("".join(kept))
+        sys.stderr.flush()
 
 
 def _store(key: str, compiled) -> None:

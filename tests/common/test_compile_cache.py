@@ -145,6 +145,19 @@ def test_a_lapack_program_loads_whole_in_a_fresh_process(tmp_path):
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     outs.append(out.stdout.split())
+    errs = out.stderr
   assert len(list((tmp_path / "jax" / "executables").glob("*.pkl"))) == 1
+  assert "could lead to execution errors such as SIGILL" not in errs   # the load's known noise is dropped
   # [[2, 1], [1, 3]] x = [3, 5]: x = (3 * 3 - 5, 2 * 5 - 3) / 5 = (0.8, 1.4)
   assert outs[0] == outs[1] == ["1", "0.8", "1.4"]
+
+
+def test_loader_noise_is_dropped_and_every_other_line_kept(capfd):
+  noise = ("E1204 15:51:26.0 575 cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine feature "
+           "+prefer-no-gather is not  supported on the host machine. ... such as SIGILL.\n")
+  real = ("E1204 15:51:26.0 575 cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine feature "
+          "+avx512fp16 is not  supported on the host machine.\n")
+  with compile_cache._known_loader_noise_dropped():
+    os.write(2, noise.encode() + b"W pjrt_executable.cc:642] Assume version compatibility. ...\n"
+             + real.encode() + b"other\n")
+  assert capfd.readouterr().err == real + "other\n"
