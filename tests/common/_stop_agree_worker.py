@@ -26,7 +26,7 @@ def main():
       with loop.stage_loop(stages, name, steps) as lp:
         _, run = lp.start(lambda: 0)
         while run.step < steps:
-          time.sleep(0.02)   # a chunk's work: the notice reaches every process while the loops run
+          time.sleep(0.05)   # a chunk's work: the notice reaches every process while the loops run
           step = run.step + chunk
           if pid == 1 and name == "first" and step == 20:
             os.kill(os.getpid(), signal.SIGTERM)   # JAX's notifier takes it: no Python handler is installed

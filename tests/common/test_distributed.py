@@ -1,12 +1,11 @@
 """Two processes on localhost (2 x 2 CPU devices) agree with a single-process run."""
 import os
-import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import optax
+
+from tests.multiprocess import ROOT, run_workers
 
 NUM_STEPS = 6
 
@@ -27,28 +26,8 @@ def train_digits(mesh):
   return jax.device_get(res.state.params)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def test_two_processes_match_single_process(tmp_path):
-  port = _free_port()
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env = dict(os.environ, PYTHONPATH=root)
-  env.pop("XLA_FLAGS", None)
-  procs = [subprocess.Popen([sys.executable, os.path.join(root, "tests", "common", "_dist_worker.py"), str(port),
-                             str(i), str(tmp_path / f"p{i}.npy")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
-  for p in procs:
-    try:
-      _, err = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-    assert p.returncode == 0, err[-3000:]
+  run_workers(os.path.join(ROOT, "tests", "common", "_dist_worker.py"), [tmp_path / f"p{i}.npy" for i in range(2)])
   from iclr24_jax.common import sharding
   single = train_digits(sharding.make_mesh(devices=jax.devices()[:4]))
   flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(single)])

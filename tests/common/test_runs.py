@@ -396,36 +396,21 @@ def test_graphcare_sigterm_rerun_and_drift(uninterrupted, tmp_path):
     launch.run(cfg, wd)
 
 
-def _free_port():
-  import socket
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_agree_on_the_stop_of_a_staged_driver(tmp_path):
   """JAX's preemption service on two processes: SIGTERM to one of them stops both at the same boundary of the
   same stage, although each stage's steps count from 0 in chunks of 5 (`StopCheck` gives the service its own
   consecutive count of checks; a stage's step would make the agreed id one that no boundary reaches)."""
-  port = _free_port()
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  env.pop("XLA_FLAGS", None)
-  worker = os.path.join(ROOT, "tests", "common", "_stop_agree_worker.py")
-  procs = [subprocess.Popen([sys.executable, worker, str(port), str(i), str(tmp_path / f"p{i}.json")], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
-  for p in procs:
-    try:
-      _, err = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-    assert p.returncode == 0, err[-3000:]
+  from tests.multiprocess import run_workers
+  run_workers(os.path.join(ROOT, "tests", "common", "_stop_agree_worker.py"),
+              [tmp_path / f"p{i}.json" for i in range(2)])
   out = [json.load(open(tmp_path / f"p{i}.json")) for i in range(2)]
   assert out[1]["signalled_at"] == ["first", 20]
   assert out[0]["stopped"] is not None and out[0]["stopped"] == out[1]["stopped"], out
   stage, step, name = out[0]["stopped"]
-  # the first boundary after the signal that every process reaches once the notice is shared: in the same stage,
-  # a few chunks later (the protocol runs on a background thread while the loops go on)
-  assert stage == "first" and 20 < step < 100 and step % 5 == 0 and name == "SIGTERM", out
+  # the first boundary after the signal that every process reaches once the notice is shared: usually a few chunks
+  # later in the same stage, but the protocol runs on a background thread while the loops go on, so on a fast
+  # machine the notice can land in the next stage, whose steps count from 0 again: the case the per-process count
+  # of checks exists for (with the loop's step as the id the run never stopped, and `stopped` was None).
+  assert name == "SIGTERM" and step % 5 == 0 and 0 < step < 100, out
+  assert (stage == "first" and step > 20) or stage == "second", out

@@ -2,37 +2,16 @@
 on arrays spanning both, get the single-process answers, a NaN (not a crash) for a bad value they cannot read,
 and a named error from a host-side function."""
 import os
-import socket
-import subprocess
-import sys
 
 import numpy as np
 
 from tests.contracts import _multihost_worker as worker
-
-
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+from tests.multiprocess import ROOT, run_workers
 
 
 def test_eager_checks_on_global_arrays(tmp_path):
-  port = _free_port()
-  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  env = dict(os.environ, PYTHONPATH=root)
-  env.pop("XLA_FLAGS", None)
-  procs = [subprocess.Popen([sys.executable, os.path.join(root, "tests", "contracts", "_multihost_worker.py"),
-                             str(port), str(i), str(tmp_path / f"p{i}.npz")], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True) for i in range(2)]
-  for p in procs:
-    try:
-      _, err = p.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-      for q in procs:
-        q.kill()
-      raise
-    assert p.returncode == 0, err[-3000:]
+  run_workers(os.path.join(ROOT, "tests", "contracts", "_multihost_worker.py"),
+              [tmp_path / f"p{i}.npz" for i in range(2)])
   # the single-process answers, from the same (addressable) inputs
   data = worker.inputs()
   data["p_bad"] = data["p"]
