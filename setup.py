@@ -40,7 +40,7 @@ RL = ["brax==0.14.2", "mujoco==3.17.0", "mujoco-mjx==3.17.0", "gymnax>=0.0.8", "
       "h5py>=3.10"]  # D4RL's HDF5 files (rl.offline.load_d4rl: unio4, ldcq)
 TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
         "pyflakes>=3",  # tests/test_registry.py: no undefined names after code moves between modules
-        "setuptools>=68", "wheel>=0.41",  # tests/common/test_install.py builds a wheel without build isolation
+        "setuptools>=68", "wheel>=0.41",  # tests/launch/test_init.py builds a wheel without build isolation
         "mkdocs>=1.6,<2", "mkdocstrings-python>=1.10",  # tests/test_docs.py: the API reference builds (--strict)
         "sacrebleu>=2.4"]  # tests/papers/lm_inversion/test_evaluation.py: our BLEU against sacrebleu (the official metric)
 # Optional: the llama.cpp anchor that experiments/benchmark.py times beside our SmolLM2 decoding (it compiles

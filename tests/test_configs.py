@@ -79,3 +79,9 @@ def test_one_takes_a_single_variant():
   with pytest.raises(ValueError,
                      match=r"unknown variant 'tiny,tiny' for configs/demo\.py; choose one of \['', 'tiny'\]"):
     variants.one("tiny,tiny", ("tiny",), name="demo")
+
+
+def test_unknown_variant_is_named():
+  from iclr24_jax.configs import classify
+  with pytest.raises(ValueError, match="unknown variant 'huge'"):
+    classify.get_config("huge")

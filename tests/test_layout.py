@@ -1,9 +1,12 @@
-"""The test tree mirrors the package: `tests/papers/<slug>/test_<module>.py` and `tests/<family>/test_<module>.py`
-each name a library module, so a change to `papers/mdm/model.py` runs `tests/papers/mdm/test_model.py`.
+"""The test tree mirrors the package: `tests/papers/<slug>/test_<module>.py`, `tests/<family>/test_<module>.py`,
+`tests/common/test_<module>.py` and `tests/launch/test_<module>.py` each name a library module, so a change to
+`papers/mdm/model.py` runs `tests/papers/mdm/test_model.py` and a change to `launch/run.py` runs
+`tests/launch/test_run.py`.
 
-Filesystem only (no JAX): a new test module that names no module, a flat `tests/papers/test_<slug>.py`, or a test
-folder without `__init__.py` (pytest's default import mode would clash on basenames such as `test_model.py`) fails
-here with the path and the fix."""
+Filesystem only (no JAX): a new test module that names no module, a flat `tests/papers/test_<slug>.py`, a test
+folder without `__init__.py` (pytest's default import mode would clash on basenames such as `test_model.py`), a
+subprocess worker script that no test beside it launches, or a top-level `tests/test_*.py` that is not a test of the
+repository as a whole fails here with the path and the fix."""
 import pathlib
 
 import pytest
@@ -12,10 +15,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 PACKAGE = ROOT / "iclr24_jax"
 FAMILIES = ("lm", "diffusion", "vision", "rl")
+# Library packages outside the papers and families whose tests mirror them the same way.
+PACKAGES = ("common", "launch")
 # Test modules that may span several library modules: the end-to-end run and the study.
 CROSS_MODULE = {"experiment", "study"}
 # Python files in a test folder that are not test modules.
 SUPPORT = {"__init__.py", "conftest.py", "helpers.py"}
+# A script a test runs in a subprocess (multi-process runs, real signals) is `_<what>_worker.py`, beside that test.
+WORKER_PREFIX, WORKER_SUFFIX = "_", "_worker.py"
+# Top-level test modules: each tests the repository as a whole, not one library module, so it mirrors none.
+TOP_LEVEL = {
+    "test_layout.py": "this check: the test tree against the package",
+    "test_registry.py": "the registry of experiments: every paper package registered, every study and runner "
+                        "importable, no undefined name or config import anywhere in the library",
+    "test_configs.py": "every packaged config (iclr24_jax/configs/<slug>.py, one per paper and family) builds, and "
+                       "their shared variant parser",
+    "test_docs.py": "the API reference site (docs/, mkdocs) builds from every public docstring",
+}
 
 
 def _slugs() -> list[str]:
@@ -37,12 +53,20 @@ def _mirrored(test_dir: pathlib.Path, lib_dir: pathlib.Path, root: pathlib.Path 
   if not (test_dir / "__init__.py").is_file():
     problems.append(f"{test_dir.relative_to(root)} has no __init__.py: add an empty one (basenames such as "
                     f"test_model.py repeat across folders)")
+  tests_text = None
   for f in sorted(test_dir.glob("*.py")):
     if f.name in SUPPORT:
       continue
+    if f.name.startswith(WORKER_PREFIX) and f.name.endswith(WORKER_SUFFIX):
+      if tests_text is None:
+        tests_text = "".join(t.read_text() for t in sorted(test_dir.glob("test_*.py")))
+      if f"\"{f.name}\"" not in tests_text:
+        problems.append(f"{f.relative_to(root)}: no test module beside it launches this worker: move it next to the "
+                        f"test that runs it (and fix the path there), or delete it")
+      continue
     if not f.name.startswith("test_"):
-      problems.append(f"{f.relative_to(root)}: only test_<module>.py, {', '.join(sorted(SUPPORT))} belong here; "
-                      f"move shared code into helpers.py")
+      problems.append(f"{f.relative_to(root)}: only test_<module>.py, {', '.join(sorted(SUPPORT))} and "
+                      f"_<what>_worker.py belong here; move shared code into helpers.py")
       continue
     name = f.stem[len("test_"):]
     module = "__init__" if name == "init" else name      # test_init.py: the package's own API
@@ -62,6 +86,25 @@ def test_layout_sees_the_packages():
 @pytest.mark.parametrize("family", FAMILIES)
 def test_family_tests_name_family_modules(family):
   problems = _mirrored(TESTS / family, PACKAGE / family)
+  assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_tests_name_package_modules(package):
+  # tests/common mirrors iclr24_jax/common and tests/launch iclr24_jax/launch (test_init.py: the `iclr24` command
+  # of launch/__init__.py); a test of the launcher's command line sits beside the module the command runs.
+  assert (PACKAGE / package / "__init__.py").is_file(), package
+  problems = _mirrored(TESTS / package, PACKAGE / package)
+  assert not problems, "\n".join(problems)
+
+
+def test_top_level_tests_are_tests_of_the_whole_repository():
+  found = {p.name for p in TESTS.glob("test_*.py")}
+  problems = [f"tests/{n} tests no repository-wide concern: move it to tests/<package>/test_<module>.py beside the "
+              f"module it tests (or, if it truly spans the repository, list it in TOP_LEVEL with the reason)"
+              for n in sorted(found - set(TOP_LEVEL))]
+  problems += [f"TOP_LEVEL lists tests/{n}, which does not exist: remove the entry"
+               for n in sorted(set(TOP_LEVEL) - found)]
   assert not problems, "\n".join(problems)
 
 
@@ -86,11 +129,14 @@ def test_the_check_names_a_stray_module(tmp_path):
   lib.mkdir()
   tests.mkdir()
   (lib / "model.py").write_text("")
-  for name in ("__init__.py", "conftest.py", "test_model.py", "test_experiment.py", "test_modle.py", "shared.py"):
+  for name in ("__init__.py", "conftest.py", "test_model.py", "test_experiment.py", "test_modle.py", "shared.py",
+               "_run_worker.py", "_lost_worker.py"):
     (tests / name).write_text("")
+  (tests / "test_model.py").write_text('WORKER = os.path.join(HERE, "_run_worker.py")\n')   # launched: fine
   problems = _mirrored(tests, lib, root=tmp_path)
-  assert len(problems) == 2, problems
-  assert problems[0].startswith("tests/shared.py: only test_<module>.py")
-  assert problems[1].startswith("tests/test_modle.py names no module of lib")
+  assert len(problems) == 3, problems
+  assert problems[0].startswith("tests/_lost_worker.py: no test module beside it launches this worker")
+  assert problems[1].startswith("tests/shared.py: only test_<module>.py")
+  assert problems[2].startswith("tests/test_modle.py names no module of lib")
   (tests / "__init__.py").unlink()
   assert _mirrored(tests, lib, root=tmp_path)[0].startswith("tests has no __init__.py")

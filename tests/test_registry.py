@@ -94,3 +94,8 @@ def test_no_library_module_imports_a_config():
         assert not re.search(r"^\s*(from|import) iclr24_jax\.(?!configs)", text, re.M), path
       else:
         assert not re.search(r"^\s*from iclr24_jax\.configs import|^\s*import iclr24_jax\.configs", text, re.M), path
+
+
+def test_unknown_experiment_is_named():
+  with pytest.raises(ValueError, match="unknown experiment"):
+    registry.experiment_module("nope")

@@ -1,4 +1,4 @@
-"""Worker for test_distributed: one of two processes (2 CPU devices each) training the digits CNN."""
+"""Worker for test_sharding's two-process test: one of two processes (2 CPU devices each) training the digits CNN."""
 import sys
 
 
@@ -10,7 +10,7 @@ def main():
   sharding.initialize_distributed(f"127.0.0.1:{port}", num_processes=2, process_id=pid, cpu_devices_per_process=2)
   import jax
   import numpy as np
-  from tests.common.test_distributed import train_digits
+  from tests.common.helpers import train_digits
   assert jax.process_count() == 2 and jax.device_count() == 4 and jax.local_device_count() == 2
   params = train_digits(sharding.make_mesh())
   flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(params)])

@@ -1,4 +1,4 @@
-"""Worker for test_runs' multi-host stop test: one of two processes (JAX's distributed runtime on localhost, its
+"""Worker for test_loop's multi-host stop test: one of two processes (JAX's distributed runtime on localhost, its
 preemption service on) running the boundaries of a staged driver (two `Stages` loops whose steps each count from
 0 in chunks of 5). Process 1 sends itself SIGTERM at a boundary of the first stage; every process writes where
 its loop stopped (stage, step, signal) as JSON."""

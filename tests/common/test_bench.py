@@ -1,4 +1,4 @@
-"""The shared 1-vs-N-device timing helper."""
+"""The shared timing helpers: one compiled function's row, and 1-vs-N-device rows."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,3 +19,12 @@ def test_across_devices_rows_for_each_size_and_mesh():
   assert [(r["size"], r["mesh_devices"]) for r in rows] == [(s, n) for s in (64, 256) for n in counts]
   assert all(r["name"] == "matmul" and r["steps_per_s"] > 0 and r["compile_s"] is not None for r in rows)
   np.testing.assert_allclose(rows[0]["items_per_s"], 64 * rows[0]["steps_per_s"], rtol=1e-6)
+
+
+def test_bench_time_fn_reports_compile_and_rate():
+  f = jax.jit(lambda x: (x @ x.T).sum())
+  row = bench.time_fn(f, jnp.ones((64, 64)), repeats=3, items=64, name="matmul", size=64)
+  assert row["compile_s"] > 0 and row["median_s"] > 0 and row["items_per_s"] > 0
+  assert row["size"] == 64 and row["compiled_bytes"] > 0
+  table = bench.format_table([row], ["name", "size", "steps_per_s"])
+  assert table.splitlines()[0] == "| name | size | steps_per_s |"

@@ -1,4 +1,6 @@
-"""train_loop's scan chunks (K steps per compiled call) and best-parameter keeping."""
+"""train_loop's scan chunks (K steps per compiled call), best-parameter keeping, stop requests and their
+agreement across processes."""
+import json
 import os
 
 import jax
@@ -10,6 +12,7 @@ import pytest
 from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common.train_state import TrainState
+from tests.multiprocess import run_workers
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(64, 3)).astype(np.float32)
@@ -235,3 +238,22 @@ def test_runs_with_equal_configs_compile_once():
   assert not np.allclose(third.state.params["w"], first.state.params["w"])
   assert optim.make_optimizer(ml_collections.ConfigDict({"name": "sgd", "learning_rate": 0.05, "momentum": 0.0}),
                               8) is first.state.tx
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_stop_of_a_staged_driver(tmp_path):
+  """JAX's preemption service on two processes: SIGTERM to one of them stops both at the same boundary of the
+  same stage, although each stage's steps count from 0 in chunks of 5 (`StopCheck` gives the service its own
+  consecutive count of checks; a stage's step would make the agreed id one that no boundary reaches)."""
+  run_workers(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_stop_agree_worker.py"),
+              [tmp_path / f"p{i}.json" for i in range(2)])
+  out = [json.load(open(tmp_path / f"p{i}.json")) for i in range(2)]
+  assert out[1]["signalled_at"] == ["first", 20]
+  assert out[0]["stopped"] is not None and out[0]["stopped"] == out[1]["stopped"], out
+  stage, step, name = out[0]["stopped"]
+  # the first boundary after the signal that every process reaches once the notice is shared: usually a few chunks
+  # later in the same stage, but the protocol runs on a background thread while the loops go on, so on a fast
+  # machine the notice can land in the next stage, whose steps count from 0 again: the case the per-process count
+  # of checks exists for (with the loop's step as the id the run never stopped, and `stopped` was None).
+  assert name == "SIGTERM" and step % 5 == 0 and 0 < step < 100, out
+  assert (stage == "first" and step > 20) or stage == "second", out

@@ -1,4 +1,7 @@
-"""Mesh and sharding: the same step on 1 and 8 devices gives the same params; clear errors."""
+"""Mesh and sharding: the same step on 1 and 8 devices, and on two processes of 2 devices each, gives the same
+params; clear errors."""
+import os
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -11,6 +14,9 @@ from iclr24_jax.common.data import BatchStream, load_digits
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.vision import classify
 from iclr24_jax.vision.models import CNN
+from tests.multiprocess import run_workers
+
+from .helpers import train_digits
 
 
 def test_eight_devices_exist():
@@ -124,3 +130,13 @@ def test_constrain_batch_pins_rows_to_data_axis_only_under_a_dividing_mesh():
     # 6 rows do not divide over 4 data shards: left unconstrained rather than failing.
     x6 = x[:6]
     assert "sharding_constraint" not in str(jax.make_jaxpr(sharding.constrain_batch)(x6))
+
+
+def test_two_processes_match_single_process(tmp_path):
+  # `initialize_distributed` on localhost: 2 processes x 2 CPU devices train as one 4-device mesh.
+  run_workers(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_dist_worker.py"),
+              [tmp_path / f"p{i}.npy" for i in range(2)])
+  single = train_digits(sharding.make_mesh(devices=jax.devices()[:4]))
+  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(single)])
+  for i in range(2):
+    np.testing.assert_allclose(np.load(tmp_path / f"p{i}.npy"), flat, atol=1e-5)

@@ -36,7 +36,7 @@ def test_tiny_run_cut_inside_a_quark_round_resumes_exactly(tmp_path):
   from iclr24_jax.common import checkpoint as ckpt_lib
   from iclr24_jax.configs import mario as cfg_mod
   from iclr24_jax.launch import run as launch
-  from tests.common.test_runs import _Crash, _comparable, _rows
+  from tests.launch.helpers import _Crash, _comparable, _rows
   cfg = cfg_mod.get_config("tiny")
   cfg.sft_matched = "pool"
   full_wd, wd = str(tmp_path / "full"), str(tmp_path / "killed")

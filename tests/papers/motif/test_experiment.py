@@ -36,7 +36,7 @@ def test_tiny_run_cut_inside_the_agents_stage_resumes_exactly(tmp_path):
   from iclr24_jax.common import checkpoint as ckpt_lib
   from iclr24_jax.configs import motif as cfg_mod
   from iclr24_jax.launch import run as launch
-  from tests.common.test_runs import _Crash, _comparable, _rows
+  from tests.launch.helpers import _Crash, _comparable, _rows
   c = cfg_mod.get_config("tiny")
   full = launch.run(c, str(tmp_path / "full")).results
 
@@ -63,7 +63,7 @@ def test_tiny_nethack_run_cut_inside_an_agent_stage_resumes_exactly(tmp_path):
   from iclr24_jax.common import checkpoint as ckpt_lib
   from iclr24_jax.configs import motif as cfg_mod
   from iclr24_jax.launch import run as launch
-  from tests.common.test_runs import _Crash, _comparable, _rows
+  from tests.launch.helpers import _Crash, _comparable, _rows
   c = cfg_mod.get_config("tiny,nethack")
   c.nethack.update(dict(updates=3, checkpoint_every=1, max_episode_steps=12))   # 3 x 8 steps: resets at 12, 24
   full = launch.run(c, str(tmp_path / "full")).results

@@ -1,17 +1,20 @@
-"""Two processes on localhost (2 x 2 CPU devices) agree with a single-process run."""
-import os
-
+"""Shared by test_sharding and its multi-process worker (`_dist_worker.py`): the same few training steps, run in
+one process or split over two."""
 import jax
-import numpy as np
 import optax
-
-from tests.multiprocess import ROOT, run_workers
 
 NUM_STEPS = 6
 
 
 def train_digits(mesh):
-  """Trains the digits CNN a few steps with the shared loop; returns host params."""
+  """Trains the digits CNN a few steps with the shared loop.
+
+  Args:
+    mesh: the device mesh the loop shards its batches over (one process's or every process's devices).
+
+  Returns:
+    The parameters after NUM_STEPS steps, on the host.
+  """
   from iclr24_jax.common import loop
   from iclr24_jax.common.data import BatchStream, load_digits
   from iclr24_jax.vision import classify
@@ -24,12 +27,3 @@ def train_digits(mesh):
                         train_step=classify.make_train_step(model), batches=stream, num_steps=NUM_STEPS,
                         key=jax.random.key(0), mesh=mesh, log_every=NUM_STEPS, progress=False)
   return jax.device_get(res.state.params)
-
-
-def test_two_processes_match_single_process(tmp_path):
-  run_workers(os.path.join(ROOT, "tests", "common", "_dist_worker.py"), [tmp_path / f"p{i}.npy" for i in range(2)])
-  from iclr24_jax.common import sharding
-  single = train_digits(sharding.make_mesh(devices=jax.devices()[:4]))
-  flat = np.concatenate([np.ravel(x) for x in jax.tree.leaves(single)])
-  for i in range(2):
-    np.testing.assert_allclose(np.load(tmp_path / f"p{i}.npy"), flat, atol=1e-5)

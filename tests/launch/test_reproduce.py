@@ -1,17 +1,18 @@
-"""experiments/reproduce.py's report structure: every row has a kind (claim / check / measurement), the summary
-counts claims (yes / no / inconclusive / not run) apart from checks (pass / fail / inconclusive) and measurements,
-a row without a valid kind stops the table, and every paper's NOT_RUN claims are tabled as 'not run'."""
+"""`iclr24 reproduce` (`iclr24_jax.launch.reproduce`; `experiments/reproduce.py` from a checkout): every row has
+a kind (claim / check / measurement), the summary counts claims (yes / no / inconclusive / not run) apart from
+checks (pass / fail / inconclusive) and measurements, a row without a valid kind stops the table, and every
+paper's NOT_RUN claims are tabled as 'not run'."""
 import glob
 import json
 import os
 
 import pytest
 
-from experiments import reproduce
+from iclr24_jax.launch import reproduce
 from iclr24_jax import registry
 from iclr24_jax.common import stats
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _claim(holds, **kw):

@@ -1,4 +1,5 @@
-"""A plain (non-editable) install works from another directory: configs are packaged, experiments run.
+"""The `iclr24` console script (`iclr24_jax.launch.main`, this package's __init__) from a plain (non-editable)
+install, run from another directory: configs are packaged, experiments run.
 
 Builds the project as a wheel into a temporary --target folder (no dependencies: the test venv has them), then,
 from an unrelated working directory, imports the installed copy and runs a fast reproduction of one experiment.

@@ -1,4 +1,4 @@
-"""Worker for test_runs: the `iclr24 run` command line, whose progress callback sends this process SIGTERM at the
+"""Worker for test_run: the `iclr24 run` command line, whose progress callback sends this process SIGTERM at the
 first logged row at or after step $SIGTERM_AT (default 10, pmp:tiny's first checkpoint; a staged driver's rows
 count each stage's own steps), so the signal lands at a known step boundary."""
 import os

@@ -20,8 +20,9 @@ from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common import tensorboard
 from iclr24_jax.launch import run as launch
 
+from .helpers import _Crash, _comparable, _rows
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TIMING = ("steps_per_s", "seconds", "_s", "wall_seconds", "train_seconds")
 
 
 # The default run's variants: pmp's tiny graph without its two baseline models (a third of the time); the slow tests
@@ -32,34 +33,6 @@ FAST = {"pmp": "tiny,nobaselines"}
 def _config(slug: str, variant: str | None = None):
   import importlib
   return importlib.import_module(f"iclr24_jax.configs.{slug}").get_config(variant or FAST.get(slug, "tiny"))
-
-
-def _comparable(tree, workdir: str | None = None):
-  """The results without wall-clock figures (speeds, seconds) and the resume step, which differ between runs, and
-  with the workdir's path (in plot paths) written as '<workdir>' (arrays as lists, as results.json has them)."""
-  tree = metrics_lib.to_python(tree)
-  if isinstance(tree, dict):
-    return {k: _comparable(v, workdir) for k, v in tree.items()
-            if not (k.endswith(TIMING) or k.startswith("resumed_from") or k in ("seconds_distributions",))}
-  if isinstance(tree, list):
-    return [_comparable(v, workdir) for v in tree]
-  if workdir and isinstance(tree, str):
-    return tree.replace(workdir, "<workdir>")
-  return tree
-
-
-def _rows(workdir: str) -> dict:
-  """Every metrics.jsonl under workdir (relative path -> rows without their speed column)."""
-  out = {}
-  for root, _, files in os.walk(workdir):
-    if "metrics.jsonl" in files:
-      rows = metrics_lib.read_jsonl(os.path.join(root, "metrics.jsonl"))
-      out[os.path.relpath(root, workdir)] = [_comparable(r) for r in rows]
-  return out
-
-
-class _Crash(Exception):
-  """Stands for a process killed without warning (nothing is saved at the kill)."""
 
 
 def _first_checkpoint(config) -> int:
@@ -226,7 +199,7 @@ def test_cli_sigterm_exits_with_one_line_and_resumes(uninterrupted, tmp_path):
   """A real launcher process: SIGTERM (sent by its own progress callback at step 10, deterministic) saves, prints
   one line, exits 143; the same command resumes and reports the uninterrupted run's numbers."""
   wd = str(tmp_path / "pmp")
-  worker = os.path.join(ROOT, "tests", "common", "_sigterm_worker.py")
+  worker = os.path.join(ROOT, "tests", "launch", "_sigterm_worker.py")
   devices = "--cpu_devices=8"   # the mesh of this test process (tests/conftest.py), so the numbers compare
   p = _cli("--config=pmp:tiny,nobaselines", f"--workdir={wd}", devices, script=worker)
   assert p.returncode == 143, p.stderr[-3000:]
@@ -260,7 +233,7 @@ def test_cli_sigterm_of_a_staged_driver_exits_with_one_line_and_resumes(slug, un
   cfg = _config(slug)
   at = _first_checkpoint(cfg)
   wd = str(tmp_path / slug)
-  worker = os.path.join(ROOT, "tests", "common", "_sigterm_worker.py")
+  worker = os.path.join(ROOT, "tests", "launch", "_sigterm_worker.py")
   p = _cli(f"--config={slug}:tiny", f"--workdir={wd}", "--cpu_devices=8", script=worker, env={"SIGTERM_AT": str(at)})
   assert p.returncode == 143, p.stderr[-3000:]
   assert "Traceback" not in p.stderr
@@ -396,21 +369,45 @@ def test_graphcare_sigterm_rerun_and_drift(uninterrupted, tmp_path):
     launch.run(cfg, wd)
 
 
-@pytest.mark.slow
-def test_two_processes_agree_on_the_stop_of_a_staged_driver(tmp_path):
-  """JAX's preemption service on two processes: SIGTERM to one of them stops both at the same boundary of the
-  same stage, although each stage's steps count from 0 in chunks of 5 (`StopCheck` gives the service its own
-  consecutive count of checks; a stage's step would make the agreed id one that no boundary reaches)."""
-  from tests.multiprocess import run_workers
-  run_workers(os.path.join(ROOT, "tests", "common", "_stop_agree_worker.py"),
-              [tmp_path / f"p{i}.json" for i in range(2)])
-  out = [json.load(open(tmp_path / f"p{i}.json")) for i in range(2)]
-  assert out[1]["signalled_at"] == ["first", 20]
-  assert out[0]["stopped"] is not None and out[0]["stopped"] == out[1]["stopped"], out
-  stage, step, name = out[0]["stopped"]
-  # the first boundary after the signal that every process reaches once the notice is shared: usually a few chunks
-  # later in the same stage, but the protocol runs on a background thread while the loops go on, so on a fast
-  # machine the notice can land in the next stage, whose steps count from 0 again: the case the per-process count
-  # of checks exists for (with the loop's step as the id the run never stopped, and `stopped` was None).
-  assert name == "SIGTERM" and step % 5 == 0 and 0 < step < 100, out
-  assert (stage == "first" and step > 20) or stage == "second", out
+# ------------------------------------------------------------------------------------------------------------------
+# The absl command line (`python -m experiments.main` from a checkout, `iclr24 run` installed) end to end
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def _launch(*args, timeout=180):
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  return subprocess.run([sys.executable, "-m", "experiments.main", *args], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def test_launcher_trains_writes_and_a_rerun_prints_the_result(tmp_path):
+  wd = str(tmp_path / "classify")
+  p = _launch("--config=configs/classify.py:tiny", f"--workdir={wd}")
+  assert p.returncode == 0, p.stderr[-2000:]
+  for f in ("metrics.jsonl", "results.json", "curves.png", "test_predictions.png", "checkpoints/config.json",
+            "config.json", "status.json"):
+    assert os.path.exists(os.path.join(wd, f)), f
+  assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["20", "40", "config.json"]
+  first = open(os.path.join(wd, "results.json")).read()
+  assert json.loads(first)["resumed_from_step"] == 0
+  assert '"test_accuracy"' in p.stdout
+  # the packaged config by name, from another directory: the finished workdir is printed, nothing trains
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  p = subprocess.run([sys.executable, "-m", "iclr24_jax.launch", "run", "--config=classify:tiny", f"--workdir={wd}"],
+                     cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=180)
+  assert p.returncode == 0, p.stderr[-2000:]
+  assert "holds a finished run" in p.stdout and '"test_accuracy"' in p.stdout
+  assert open(os.path.join(wd, "results.json")).read() == first
+
+
+def test_unknown_config_key_is_named(tmp_path):
+  p = _launch("--config=configs/classify.py:tiny", "--config.num_stepz=3", f"--workdir={tmp_path}")
+  assert p.returncode != 0
+  assert "num_stepz" in p.stderr
+
+
+def test_missing_data_dir_is_named(tmp_path):
+  p = _launch("--config=configs/classify.py:tiny", "--config.data.name=npz",
+              f"--config.data.data_dir={tmp_path}/nowhere.npz", f"--workdir={tmp_path}/w")
+  assert p.returncode != 0
+  assert "nowhere.npz' does not exist" in p.stderr
