@@ -14,7 +14,9 @@ themselves (importing a function should not write to a user's home).
 `cached_call(jitted, *host_args, **static)` goes one step further for small programs whose first call is mostly
 tracing and lowering (which JAX's cache cannot skip): it keeps the whole executable, in the process and, while the
 cache is on, in `executables/` inside the cache folder, keyed by the package's source files, the versions, the
-devices, the host CPU and the arguments' shapes / dtypes / static values.
+devices, the host CPU and the arguments' shapes / dtypes / static values. Every edit of the package's sources
+changes that key, so the folder is kept to $ICLR24_JAX_EXECUTABLES_MAX_MB (default 256 MB): after each write the
+least recently used entries (by modification time, which a load refreshes) go first.
 
 Every program is cached, whatever its compile time (JAX's default writes only programs that took over 1 s, which
 skips the many small programs of a test run). Entries are keyed by the program, the JAX / XLA versions, the
@@ -34,6 +36,8 @@ import re
 ENV_SWITCH = "ICLR24_JAX_COMPILATION_CACHE"
 ENV_DIR = "ICLR24_JAX_COMPILATION_CACHE_DIR"
 ENV_ROOT = "ICLR24_JAX_CACHE"
+ENV_EXECUTABLES_MB = "ICLR24_JAX_EXECUTABLES_MAX_MB"
+DEFAULT_EXECUTABLES_MB = 256
 _OFF = ("0", "off", "false", "no", "none")
 
 
@@ -214,8 +218,11 @@ def _load(key: str):
     import jax
     by_id = {d.id: d for d in jax.devices()}
     with _known_loader_noise_dropped():
-      return serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
-                                                       execution_devices=[by_id[i] for i in device_ids])
+      compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                           execution_devices=[by_id[i] for i in device_ids])
+    with contextlib.suppress(OSError):
+      os.utime(path)   # recently used: the last to be pruned
+    return compiled
   except Exception:  # noqa: BLE001  (a stale or unreadable entry: compiled again and rewritten)
     return None
 
@@ -278,3 +285,40 @@ def _store(key: str, compiled) -> None:
     os.replace(tmp, os.path.join(folder, key + ".pkl"))   # atomic: a reader never sees half an entry
   except Exception:  # noqa: BLE001  (not storable: this process still has it)
     return
+  prune_executables(folder)
+
+
+def prune_executables(folder: str | None = None, max_mb: float | None = None) -> int:
+  """Deletes the least recently used `cached_call` entries until `folder` holds at most `max_mb` megabytes.
+
+  Args:
+    folder: the executables folder (default `executable_folder()`; nothing happens while it is None).
+    max_mb: the cap (default $ICLR24_JAX_EXECUTABLES_MAX_MB, else 256); 0 empties the folder.
+
+  Returns:
+    the number of entries deleted.
+  """
+  folder = folder or executable_folder()
+  if not folder or not os.path.isdir(folder):
+    return 0
+  if max_mb is None:
+    raw = os.environ.get(ENV_EXECUTABLES_MB, "").strip()
+    try:
+      max_mb = float(raw) if raw else DEFAULT_EXECUTABLES_MB
+    except ValueError:
+      raise ValueError(f"{ENV_EXECUTABLES_MB}={raw!r}: expected a number of megabytes (e.g. 256)") from None
+  entries = []
+  for name in os.listdir(folder):
+    if name.endswith(".pkl"):
+      with contextlib.suppress(OSError):   # another process may delete it meanwhile
+        st = os.stat(os.path.join(folder, name))
+        entries.append((st.st_mtime_ns, st.st_size, name))
+  total, cap, removed = sum(e[1] for e in entries), max_mb * 1e6, 0
+  for _, size, name in sorted(entries):   # oldest first
+    if total <= cap:
+      break
+    with contextlib.suppress(OSError):
+      os.remove(os.path.join(folder, name))
+      removed += 1
+    total -= size
+  return removed

@@ -8,6 +8,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from iclr24_jax.common import compile_cache
 
@@ -161,3 +162,32 @@ def test_loader_noise_is_dropped_and_every_other_line_kept(capfd):
     os.write(2, noise.encode() + b"W pjrt_executable.cc:642] Assume version compatibility. ...\n"
              + real.encode() + b"other\n")
   assert capfd.readouterr().err == real + "other\n"
+
+
+def test_the_executables_folder_is_pruned_least_recently_used_first(tmp_path, monkeypatch):
+  # four 1 MB entries, used in the order a, b, c, d (mtimes 1..4 s); a cap of 2.5 MB keeps the two newest
+  for i, name in enumerate("abcd"):
+    path = tmp_path / f"{name}.pkl"
+    path.write_bytes(b"x" * 1_000_000)
+    os.utime(path, ns=((i + 1) * 10**9, (i + 1) * 10**9))
+  (tmp_path / "other.tmp").write_bytes(b"x" * 5_000_000)   # not an entry: never counted or deleted
+  assert compile_cache.prune_executables(str(tmp_path), max_mb=2.5) == 2
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pkl", "d.pkl", "other.tmp"]
+  monkeypatch.setenv(compile_cache.ENV_EXECUTABLES_MB, "lots")
+  with pytest.raises(ValueError, match="ICLR24_JAX_EXECUTABLES_MAX_MB='lots': expected a number"):
+    compile_cache.prune_executables(str(tmp_path))
+  monkeypatch.setenv(compile_cache.ENV_EXECUTABLES_MB, "0")
+  assert compile_cache.prune_executables(str(tmp_path)) == 2 and [p.name for p in tmp_path.iterdir()] == ["other.tmp"]
+
+
+def test_a_load_marks_the_entry_recently_used(tmp_path, monkeypatch):
+  monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
+  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+  program, _ = _counting_program()
+  x = np.asarray([1.0], np.float32)
+  compile_cache.cached_call(program, x, np.float32(1.0), power=2)
+  (entry,) = tmp_path.glob("*.pkl")
+  os.utime(entry, ns=(10**9, 10**9))               # as if written long ago
+  compile_cache._EXECUTABLES.clear()
+  compile_cache.cached_call(program, x, np.float32(1.0), power=2)   # loaded from disk
+  assert entry.stat().st_mtime_ns > 10**9
