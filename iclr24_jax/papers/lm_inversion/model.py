@@ -275,6 +275,7 @@ def embed(params: Mapping[str, Any], unrolled: jax.Array, inverter: Inverter, ke
   """
   checks.shapes("lm_inversion.embed", unrolled=(unrolled, f"B {inverter.num_chunks} {inverter.width}"))
   rngs = None if key is None else {"dropout": key}
+  # Sec. 4, c_i = MLP_i(log v_[d(i-1):di]) (the paper numbers none of its method equations)
   # official: jxmorris12/vec2text@e5022f1 vec2text/models/inversion_from_logits.py:135-137
   return inverter.projection.apply({"params": params["projection"]}, unrolled, deterministic=key is None, rngs=rngs)
 

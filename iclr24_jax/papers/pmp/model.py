@@ -185,6 +185,7 @@ def partition_messages(graph: GraphsTuple, h: jax.Array, label_state: jax.Array,
   known, unknown = agg[:, :num_classes], agg[:, num_classes]                   # [N, C, F], [N, F]
   # official: Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:138-148 (LILinear.forward)
   t = jnp.einsum("nf,cfg->ncg", h, params["trans_kernel"]) + params["trans_bias"]   # T_c h_v + t_c, [N, C, F]
+  # Eq. (4): unknown-label neighbours go through alpha_v W_fr + (1 - alpha_v) W_be (alpha[:, 1] = alpha_v)
   # official: Xtra-Computing/PMP@3f7629f model/LASAGE_S.py:318-322
   x = (known + alpha[..., None] * unknown[:, None, :]) * t                     # [N, C, F]
   neigh = jnp.einsum("ncf,cfh->nh", x, params["class_kernel"])

@@ -62,7 +62,8 @@ def ensemble_bc_loss(params_list_or_stacked: Any, batch: dict, alpha: float, *,
   # max_{j != i} log pi_j(a|s) [K, B]: the diagonal (j = i) masked out, then stop-gradient (official .detach()).
   others = jnp.where(jnp.eye(k, dtype=bool)[:, :, None], -jnp.inf, logp[None])  # [i, j, B]
   max_other = jax.lax.stop_gradient(jnp.max(others, axis=1))
-  # official: Lei-Kun/Uni-O4@1eecc45 BC_ensemble.py:104-130 (kl_type='heuristic')
+  # Eq. (6): ensemble BC with the disagreement term, f = max over the other members (here in the official
+  # code's form). official: Lei-Kun/Uni-O4@1eecc45 BC_ensemble.py:104-130 (kl_type='heuristic')
   per = jnp.mean(nll - alpha * (logp - max_other), axis=-1)  # official joint_loss, kl_bc='data'
   return jnp.sum(per), {"bc_loss": per, "nll": jnp.mean(nll, axis=-1), "max_other_logp": jnp.mean(max_other, -1)}
 

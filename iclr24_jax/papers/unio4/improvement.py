@@ -67,6 +67,8 @@ def asymmetric_clipped_objective(log_prob: jax.Array, old_log_prob: jax.Array, a
   Returns:
     (loss, rl.losses.PPOStats).
   """
+  # Eq. (7): the multi-step improvement objective (the PPO loss) of policy i against its behaviour policy pi^i_k
+  # of iteration k; the omega weights come from the official code.
   # official: Lei-Kun/Uni-O4@1eecc45 abppo.py:64-82 (loss)
   return losses.ppo_clip_objective(log_prob, old_log_prob, adv, clip_eps, weights=advantage_weights(adv, omega))
 
