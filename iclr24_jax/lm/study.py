@@ -347,7 +347,7 @@ def side_by_side(params: llama.Params, fused: llama.Params, cfg: llama.LlamaConf
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
   threads = threads or cores
   gguf = str(weights.find_smollm2_gguf())
-  # process_devices: simulated CPU devices share the cores' thread pools and slow these one-device programs
+  # process_devices: simulated CPU devices (the benchmark default) slow these one-device programs (measured)
   common = dict(mesh_devices=1, llamacpp_version=getattr(llama_cpp, "__version__", "?"),
                 llamacpp_threads=threads, cores=cores, process_devices=jax.device_count())
   rows = []
