@@ -70,9 +70,15 @@ def _counting_program():
   return program, traces
 
 
-def test_cached_call_keeps_the_executable_on_disk_and_loads_it_without_tracing(tmp_path, monkeypatch):
+@pytest.fixture
+def executables(tmp_path, monkeypatch):
+  """`cached_call` writes to tmp_path and starts with nothing in memory (a fresh process)."""
   monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
   monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+  return tmp_path
+
+
+def test_cached_call_keeps_the_executable_on_disk_and_loads_it_without_tracing(tmp_path, executables):
   program, traces = _counting_program()
   x = np.asarray([1.0, 2.0, 3.0], np.float32)
   # [1, 2, 3] ** 2 * 0.5 + 1 = [1.5, 3.0, 5.5]
@@ -87,9 +93,7 @@ def test_cached_call_keeps_the_executable_on_disk_and_loads_it_without_tracing(t
   assert traces == [2, 3, 3] and len(list(tmp_path.glob("*.pkl"))) == 3
 
 
-def test_cached_call_rewrites_a_broken_entry_and_leaves_device_arrays_to_jit(tmp_path, monkeypatch):
-  monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
-  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+def test_cached_call_rewrites_a_broken_entry_and_leaves_device_arrays_to_jit(tmp_path, executables):
   program, _ = _counting_program()
   x = np.asarray([2.0], np.float32)
   compile_cache.cached_call(program, x, np.float32(1.0), power=2)
@@ -113,9 +117,7 @@ def test_cached_call_writes_nothing_while_the_cache_is_off(tmp_path, monkeypatch
   assert not list(tmp_path.iterdir())
 
 
-def test_cached_call_keeps_python_callbacks_in_memory_only(tmp_path, monkeypatch):
-  monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
-  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+def test_cached_call_keeps_python_callbacks_in_memory_only(tmp_path, executables):
   program = jax.jit(lambda x: jax.pure_callback(lambda v: np.asarray(v) * 3.0, jax.ShapeDtypeStruct((2,), jnp.float32),
                                                 x))
   np.testing.assert_array_equal(compile_cache.cached_call(program, np.asarray([1.0, 2.0], np.float32)), [3.0, 6.0])
@@ -180,9 +182,7 @@ def test_the_executables_folder_is_pruned_least_recently_used_first(tmp_path, mo
   assert compile_cache.prune_executables(str(tmp_path)) == 2 and [p.name for p in tmp_path.iterdir()] == ["other.tmp"]
 
 
-def test_a_load_marks_the_entry_recently_used(tmp_path, monkeypatch):
-  monkeypatch.setattr(compile_cache, "executable_folder", lambda: str(tmp_path))
-  monkeypatch.setattr(compile_cache, "_EXECUTABLES", {})
+def test_a_load_marks_the_entry_recently_used(tmp_path, executables):
   program, _ = _counting_program()
   x = np.asarray([1.0], np.float32)
   compile_cache.cached_call(program, x, np.float32(1.0), power=2)
