@@ -5,8 +5,9 @@
 
 Filesystem only (no JAX): a new test module that names no module, a flat `tests/papers/test_<slug>.py`, a test
 folder without `__init__.py` (pytest's default import mode would clash on basenames such as `test_model.py`), a
-subprocess worker script that no test beside it launches, or a top-level `tests/test_*.py` that is not a test of the
-repository as a whole fails here with the path and the fix."""
+subprocess worker script that no test beside it launches, a top-level `tests/test_*.py` that is not a test of the
+repository as a whole, or a test folder that neither mirrors a package nor is listed as cross-cutting (`contracts`,
+`data`) fails here with the path and the fix."""
 import pathlib
 
 import pytest
@@ -32,19 +33,29 @@ TOP_LEVEL = {
                        "their shared variant parser",
     "test_docs.py": "the API reference site (docs/, mkdocs) builds from every public docstring",
 }
+# Test folders that cut across the package instead of mirroring one part of it, each with its reason. Their test
+# modules are named after what they check; the other rules (an __init__.py, shared code in helpers.py, workers
+# beside the test that launches them) hold as everywhere.
+CROSS_CUTTING = {
+    "contracts": "one contract (shapes, empty inputs, non-finite values ...) checked across every public function",
+    "data": "the readers of every paper's real data formats, each against a tiny file written in that format",
+}
+# Files that may sit at the top of tests/ besides the TOP_LEVEL test modules.
+TOP_SUPPORT = {"conftest.py"}
 
 
 def _slugs() -> list[str]:
   return sorted(p.name for p in (PACKAGE / "papers").iterdir() if (p / "__init__.py").is_file())
 
 
-def _mirrored(test_dir: pathlib.Path, lib_dir: pathlib.Path, root: pathlib.Path = ROOT,
+def _mirrored(test_dir: pathlib.Path, lib_dir: pathlib.Path | None, root: pathlib.Path = ROOT,
               cross_module: frozenset[str] = frozenset(CROSS_MODULE)) -> list[str]:
   """Problems of one test folder against its library package.
 
   Args:
     test_dir: a folder of test modules, e.g. tests/papers/mdm.
-    lib_dir: the library package it mirrors, e.g. iclr24_jax/papers/mdm.
+    lib_dir: the library package it mirrors, e.g. iclr24_jax/papers/mdm; None for a CROSS_CUTTING folder (its test
+      modules need not name a module).
     root: paths in the messages are relative to it.
     cross_module: test module names (without `test_`) allowed although no library module has them.
 
@@ -69,6 +80,8 @@ def _mirrored(test_dir: pathlib.Path, lib_dir: pathlib.Path, root: pathlib.Path 
     if not f.name.startswith("test_"):
       problems.append(f"{f.relative_to(root)}: only test_<module>.py, {', '.join(sorted(SUPPORT))} and "
                       f"_<what>_worker.py belong here; move shared code into helpers.py")
+      continue
+    if lib_dir is None:
       continue
     name = f.stem[len("test_"):]
     module = "__init__" if name == "init" else name      # test_init.py: the package's own API
@@ -111,6 +124,27 @@ def test_top_level_tests_are_tests_of_the_whole_repository():
   assert not problems, "\n".join(problems)
 
 
+@pytest.mark.parametrize("folder", sorted(CROSS_CUTTING))
+def test_cross_cutting_folders_follow_the_same_rules(folder):
+  problems = _mirrored(TESTS / folder, None)
+  assert not problems, "\n".join(problems)
+
+
+def test_every_test_folder_has_a_place():
+  # A folder of tests/ mirrors a family, a package or the papers, or is listed in CROSS_CUTTING with its reason;
+  # the top of tests/ holds only TOP_LEVEL test modules and conftest.py (shared code goes in a folder's helpers.py).
+  known = set(FAMILIES) | set(PACKAGES) | {"papers"} | set(CROSS_CUTTING)
+  folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+  problems = [f"tests/{n}/ mirrors no package: move its tests beside the module they test, or list it in "
+              f"CROSS_CUTTING with the reason" for n in sorted(folders - known)]
+  problems += [f"CROSS_CUTTING lists tests/{n}/, which does not exist: remove the entry"
+               for n in sorted(set(CROSS_CUTTING) - folders)]
+  strays = {p.name for p in TESTS.glob("*.py")} - set(TOP_LEVEL) - TOP_SUPPORT
+  problems += [f"tests/{n}: only TOP_LEVEL test modules and conftest.py belong at the top of tests/; move shared "
+               f"code into the helpers.py of the folder that uses it" for n in sorted(strays)]
+  assert not problems, "\n".join(problems)
+
+
 def test_paper_tests_name_paper_modules():
   flat = sorted(p.name for p in (TESTS / "papers").glob("test_*.py"))
   problems = [f"tests/papers/{n}: split it into tests/papers/<slug>/test_<module>.py" for n in flat]
@@ -141,5 +175,7 @@ def test_the_check_names_a_stray_module(tmp_path):
   assert problems[0].startswith("tests/_lost_worker.py: no test module beside it launches this worker")
   assert problems[1].startswith("tests/shared.py: only test_<module>.py")
   assert problems[2].startswith("tests/test_modle.py names no module of lib")
+  # A cross-cutting folder (no library package): the same rules except the module names.
+  assert _mirrored(tests, None, root=tmp_path) == problems[:2]
   (tests / "__init__.py").unlink()
   assert _mirrored(tests, lib, root=tmp_path)[0].startswith("tests has no __init__.py")

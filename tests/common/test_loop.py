@@ -12,7 +12,7 @@ import pytest
 from iclr24_jax.common import loop
 from iclr24_jax.common import metrics as metrics_lib
 from iclr24_jax.common.train_state import TrainState
-from tests.multiprocess import run_workers
+from tests.common.helpers import run_workers
 
 RNG = np.random.default_rng(0)
 X = RNG.normal(size=(64, 3)).astype(np.float32)

@@ -14,7 +14,7 @@ from iclr24_jax.common.data import BatchStream, load_digits
 from iclr24_jax.common.train_state import TrainState
 from iclr24_jax.vision import classify
 from iclr24_jax.vision.models import CNN
-from tests.multiprocess import run_workers
+from tests.common.helpers import run_workers
 
 from .helpers import train_digits
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import checks
-from tests.contracts import _cases as C
+from tests.contracts import helpers as C
 
 MOTIF, MDM, CPM, D2, LM = C.motif, C.mdm, C.cpm, C.d2pruning, C.lm
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import checks
-from tests.contracts import _cases as C
+from tests.contracts import helpers as C
 
 LDCQ, CPM, MDM, D2, SG, FPS, FAM = C.ldcq, C.cpm, C.mdm, C.d2pruning, C.safeguards, C.fps, C.families
 

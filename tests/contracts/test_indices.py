@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import checks
-from tests.contracts import _cases as C
+from tests.contracts import helpers as C
 
 PMP, MOTIF, LM, FAM = C.pmp, C.motif, C.lm, C.families
 

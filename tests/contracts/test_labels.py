@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import checks
-from tests.contracts import _cases as C
+from tests.contracts import helpers as C
 
 CPM, MOTIF, MDM, PMP, LDCQ, SG, FAM = C.cpm, C.motif, C.mdm, C.pmp, C.ldcq, C.safeguards, C.families
 

@@ -6,7 +6,7 @@ import os
 import numpy as np
 
 from tests.contracts import _multihost_worker as worker
-from tests.multiprocess import ROOT, run_workers
+from tests.common.helpers import ROOT, run_workers
 
 
 def test_eager_checks_on_global_arrays(tmp_path):

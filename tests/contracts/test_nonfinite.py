@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import checks
-from tests.contracts import _cases as C
+from tests.contracts import helpers as C
 
 SG, CPM, PMP, LI, D2, FPS, LDCQ = C.safeguards, C.cpm, C.pmp, C.lm_inversion, C.d2pruning, C.fps, C.ldcq
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from iclr24_jax.common import checks
-from tests.contracts import _cases as C
+from tests.contracts import helpers as C
 
 LDCQ, MOTIF, CPM, SG, LI, CDGM, FPS = C.ldcq, C.motif, C.cpm, C.safeguards, C.lm_inversion, C.cdgm, C.fps
 
