@@ -49,7 +49,7 @@ def _edges_from_table(dist: np.ndarray, idx: np.ndarray, valid: np.ndarray, symm
 
 
 def knn_graph(embeddings, k: int, groups=None, symmetric: bool = True, squared: bool = False,
-              block_size: int = 2048) -> GraphsTuple:
+              block_size: int = graph_lib.DEFAULT_BLOCK) -> GraphsTuple:
   """Builds the (symmetric) k-nearest-neighbour dataset graph.
 
   Exact blocked top-k (`iclr24_jax.common.graph.knn`, O(block_size * N) memory), so N = 1e5 fits on a
