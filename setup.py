@@ -48,7 +48,9 @@ TEST = ["pytest>=8", "pytest-xdist>=3.5", "hypothesis>=6.100",
 # On 2 cores: CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 pip install llama-cpp-python took ~40 min
 # while other jobs loaded the machine.
 # >= 0.3.36: the benchmark's batched decoding uses its llama_batch / llama_memory_* API.
-BENCH = ["llama-cpp-python>=0.3.36"]
+# PiShield: the official constraint layer of cdgm (packaged by the paper's first author), timed beside ours; it
+# needs torch (a CPU build, installed first, keeps the download small: `pip install torch==<version>+cpu`).
+BENCH = ["llama-cpp-python>=0.3.36", "pishield>=1.0"]
 
 setuptools.setup(
     name="iclr24_jax",

@@ -10,6 +10,7 @@ classifiers use seed s for every arm.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from typing import Any, Callable
@@ -28,7 +29,7 @@ from iclr24_jax.papers.cdgm import model as model_lib
 from iclr24_jax.papers.cdgm import train as train_lib
 from iclr24_jax.papers.cdgm import transform as tfm
 from iclr24_jax.papers.cdgm.constraints import Constraints
-from iclr24_jax.papers.cdgm.layer import ConstraintLayer, on_boundary, violation_rate
+from iclr24_jax.papers.cdgm.layer import ConstraintLayer, on_boundary, satisfied, violation_rate
 from iclr24_jax.papers.cdgm.experiment import (PAPER, build_model, evaluate_rows, model_data, ordered, plot_pair,
                                                prepare_table)
 
@@ -316,6 +317,97 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _pishield_or_reason() -> str | None:
+  """None when PiShield (the official constraint layer, packaged by the paper's first author) imports, else why."""
+  try:
+    importlib.import_module("pishield.linear_requirements.shield_layer")
+  except Exception as e:  # ImportError, or torch failing to load
+    return (f"PiShield does not import ({type(e).__name__}: {str(e)[:160]}); install the 'bench' extra "
+            "(pip install pishield; it needs torch, e.g. a CPU build of torch installed first)")
+  return None
+
+
+def layer_vs_pishield(name: str, constraints: Constraints, text: str, batch: int, repeats: int = 5,
+                      max_peer_s: float = 2.0) -> dict:
+  """Our jitted constraint layer against PiShield's (the official CL, torch) on the same rows, side by side.
+
+  Both layers are built from the same constraint text; the rows are N(0, 10^2) draws of shape [batch, D] (the
+  layer's cost does not depend on where they come from). The calls alternate, ours first; each side's median.
+  PiShield runs on every core torch is allowed (`torch.get_num_threads()`). A peer call slower than `max_peer_s`
+  is timed once.
+
+  Args:
+    name: the constraint set's name (e.g. 'url').
+    constraints: the parsed set (`data.load_constraints`).
+    text: the same set in the official text format (PiShield reads it from a file).
+    batch: rows per call.
+    repeats: timed calls per side.
+    max_peer_s: above this a single peer call is timed.
+
+  Returns:
+    a benchmark row: name, size, batch, median_s / cpu_s (ours), peer, peer_median_s, ratio (PiShield time / ours),
+    build_s / peer_build_s (our reduction + first compiled call / PiShield's constructor), max_abs_diff,
+    both_satisfy (every corrected row of both satisfies every constraint), load.
+  """
+  import contextlib
+  import io
+  import statistics
+  import tempfile
+
+  import torch
+  from pishield.linear_requirements.shield_layer import ShieldLayer
+  d = constraints.num_variables
+  x = np.random.default_rng(0).normal(0, 10, (batch, d)).astype(np.float32)
+  t0 = time.perf_counter()
+  ours = jax.jit(ConstraintLayer(constraints, d))
+  y_ours = np.asarray(jax.block_until_ready(ours(x)))
+  build = time.perf_counter() - t0
+  with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, f"{name}_constraints.txt")
+    with open(path, "w") as f:
+      f.write(text)
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()):   # it prints its reduction
+      peer = ShieldLayer(d, path)
+    peer_build = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  with torch.no_grad():
+    y_peer = peer(torch.from_numpy(x.copy())).numpy()
+  peer_first = time.perf_counter() - t0
+  t_ours, c_ours, t_peer = [], [], []
+  for r in range(repeats):
+    t0, c0 = time.perf_counter(), time.process_time()
+    jax.block_until_ready(ours(x))
+    t_ours.append(time.perf_counter() - t0)
+    c_ours.append(time.process_time() - c0)
+    if peer_first <= max_peer_s or r == 0:
+      xt = torch.from_numpy(x.copy())
+      t0 = time.perf_counter()
+      with torch.no_grad():
+        peer(xt)
+      t_peer.append(time.perf_counter() - t0)
+  med, peer_med = statistics.median(t_ours), statistics.median(t_peer)
+  both = bool(np.all(np.asarray(satisfied(y_ours, constraints, tol=1e-4)))
+              and np.all(np.asarray(satisfied(y_peer, constraints, tol=1e-4))))
+  return {"name": "cdgm/layer_vs_pishield", "size": f"{name}: C={constraints.num_constraints},D={d}", "batch": batch,
+          "mesh_devices": 1, "median_s": med, "cpu_s": statistics.median(c_ours), "items_per_s": batch / med,
+          "peer": f"PiShield {_version('pishield')} ShieldLayer (torch {torch.__version__}, "
+                  f"{torch.get_num_threads()} threads)",
+          "peer_median_s": peer_med, "ratio": peer_med / med, "build_s": build, "peer_build_s": peer_build,
+          "max_abs_diff": float(np.max(np.abs(y_ours - y_peer))), "both_satisfy": both,
+          "load": os.getloadavg()[0], "repeats": repeats, "peer_repeats": len(t_peer),
+          "notes": "N(0, 10^2) rows; outputs differ where the official reduction arithmetic differs (README: "
+                   "Differences), both corrections satisfying every constraint"}
+
+
+def _version(package: str) -> str:
+  from importlib import metadata
+  try:
+    return metadata.version(package)
+  except metadata.PackageNotFoundError:
+    return "?"
+
+
 def _bench_constraint_sets(quick: bool) -> list[tuple[str, Constraints]]:
   sets = [("generated", data_lib.load_generated().constraints)]
   if data_lib.cdgm_data_dir(required=False) is not None:
@@ -330,6 +422,16 @@ def benchmark(quick: bool = True, *, get_config: Callable[[str], Any]) -> list[d
   from iclr24_jax.papers.cdgm.constraints import reduce_constraints
   rows = []
   repeats, min_time = (5, 0.3) if quick else (20, 1.0)
+  # Side by side with the official constraint layer (PiShield) where it installs (the 'bench' extra).
+  why = _pishield_or_reason()
+  if why is not None:
+    rows.append({"name": "cdgm/layer_vs_pishield", "size": "-", "batch": 0, "mesh_devices": 1, "notes": why})
+  else:
+    for name, cons in _bench_constraint_sets(quick):
+      text = (data_lib.GENERATED_CONSTRAINTS if name == "generated"
+              else open(data_lib.constraints_path(name)).read())
+      for batch in ((1024,) if name == "botnet" else (1024, 16384)):   # PiShield: ~8 s per 1,024 botnet rows
+        rows.append(layer_vs_pishield(name, cons, text, batch))
   for name, cons in _bench_constraint_sets(quick):
     d = cons.num_variables
     r = bench.time_host(lambda c=cons: reduce_constraints(c), repeats=2, name=f"cdgm/reduce/{name}",
