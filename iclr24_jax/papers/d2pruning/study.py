@@ -333,7 +333,8 @@ def class_d2_select(embeddings: jax.Array, scores: jax.Array, valid: jax.Array, 
 
   def one(x, s, ok, quota):
     groups = jnp.where(ok, 0, -1)
-    dist, idx = graph_lib.knn(x, k, block_size=min(m, 2048), groups=groups)   # [M, k]; inf where absent (one block per class: results/SCALE.md)
+    # [M, k]; inf where absent. One block per class (up to 2,048 rows): the program results/SCALE.md measured.
+    dist, idx = graph_lib.knn(x, k, block_size=min(m, 2048), groups=groups)
     live = jnp.isfinite(dist).reshape(-1)
     rows = jnp.repeat(jnp.arange(m, dtype=jnp.int32), k)
     cols = idx.reshape(-1).astype(jnp.int32)
