@@ -106,8 +106,9 @@ def graph_from_edges(senders: np.ndarray, receivers: np.ndarray, num_nodes: int,
 
 # Query rows per distance block of `knn`. Small blocks keep the [block, N] distance buffer small, and so its
 # first-touch page faults: at N = 2,000 (D 64, k 10) a 2,048-row block (one block, 16 MB) cost ~4,200 page faults
-# per call in a fresh process's first calls and ~5 ms more CPU per D2 selection than 256-row blocks (~700 faults),
-# with the same neighbours; at N = 20,000 256-row blocks were ~7% faster too (same process, interleaved).
+# in each of a fresh process's first D2 selections and ~5 ms more CPU per selection than 256-row blocks (~700
+# faults), with the same picks; the kNN alone at N = 20,000 took ~7% less CPU in 256-row blocks (fresh processes,
+# load ~3 on 2 cores, 2026-12-04).
 DEFAULT_BLOCK = 256
 
 
