@@ -53,15 +53,6 @@ NOT_RUN = [
                "and QASC show that ... MaRio improve[s] task accuracy' (abstract)"),
         reason="the seeded study runs StrategyQA only; QuaRel is wired, the other three are not",
         variant="configs/mario.py:quarel,seeds (and loaders for OpenBookQA, NumerSense, QASC)"),
-    # The StrategyQA claim itself: the recorded 3-seed rows gave SFT fewer training steps than MaRio, so they are
-    # measurements; drop this row once `--only mario_seeds` has been rerun with the budget-matched arm.
-    stats.not_run_row(
-        paper=PAPER, experiment="SFT (budget-matched) vs MaRio on StrategyQA, 3 training seeds",
-        metric="accuracy, plausibility, diversity, consistency", basis=BASIS,
-        reason=("the recorded mario_seeds rows predate the budget-matched SFT arm (SFT got fewer steps than MaRio: "
-                "measurements now) and a rerun costs ~4,800 CPU-s, beyond a session here; the main job's one-seed "
-                "miniature on 32 questions is a measurement"),
-        variant="python -m experiments.reproduce --only mario_seeds (configs/mario.py:seeds, sft_matched='pool')"),
 ]
 
 
@@ -199,7 +190,7 @@ def reproduce(workdir: str, fast: bool = False, variant: str = "strategyqa",
     r["kind"] = "measurement"
     if r.get("holds") is not None:
       r["notes"] = (f"one training seed: a measurement, not a verdict (bootstrap over questions says "
-                    f"'{r['holds']}'); the claim is judged over seeds by the mario_seeds study (budget-matched SFT; its rerun is pending: see the 'not run' row). " + r["notes"]).strip()
+                    f"'{r['holds']}'); the claim is judged over seeds by the mario_seeds study (against budget-matched SFT). " + r["notes"]).strip()
       r["holds"] = None
   cpu = time.process_time() - cpu_start
   rows[0]["plots"] = [plot]
