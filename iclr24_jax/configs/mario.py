@@ -6,8 +6,9 @@ Run:  python -m experiments.main --config=configs/mario.py:tiny --workdir=runs/m
       python -m experiments.main --config=configs/mario.py --workdir=runs/mario          # SmolLM2 + LoRA, StrategyQA
 Variants (comma-separated): a data set 'strategyqa' (default) or 'quarel'; 'tiny' (random tiny Llama, seconds);
 a scale 'seeds' (the recorded 3-seed study, `python -m experiments.reproduce --only mario_seeds`: 200 test
-questions, 2 Quark rounds x 150 samples, ~25 CPU-minutes per seed) or 'full' (the issue's scale: the whole test
-split, 458 StrategyQA questions, 2 rounds x 256 samples; ~1 CPU-hour per seed, not run on 2 cores) or 'paper'
+questions, 2 Quark rounds x 150 samples, ~46 CPU-minutes per seed with the budget-matched SFT arm) or 'full' (the
+issue's scale: the whole test split, 458 StrategyQA questions, 2 rounds x 256 samples; ~1.5-2 CPU-hours per
+seed scaled from the seeds run, not run on 2 cores) or 'paper'
 (the official T5-large run's sizes, compiled ahead of time by `python -m experiments.scale --only mario`).
 The default sizes are those of the 2-core reproduction (see papers/mario/README.md); the official run used
 batch 64, lr 1e-5, 10,000 steps with sampling every 500 steps, on T5-large.
