@@ -1,6 +1,7 @@
 """Timing compiled functions: compile seconds, median step time, items/s, memory; tables and JSON."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import resource
@@ -117,6 +118,53 @@ def time_host(fn: Callable[[], Any], repeats: int = 3, items: int | None = None,
   row.update(peak_memory_bytes())
   row.update(extra)
   return row
+
+
+def peer_unavailable(module: str, install_hint: str) -> str | None:
+  """Why a peer a benchmark times beside ours cannot run here, or None when its module imports.
+
+  Args:
+    module: the peer's importable module (e.g. 'llama_cpp').
+    install_hint: how to install it, appended to the reason.
+
+  Returns:
+    None, or "<module> does not import (<error>); <install_hint>" (an ImportError, or a shared library failing
+    to load).
+  """
+  try:
+    importlib.import_module(module)
+  except Exception as e:  # noqa: BLE001  (any failure to load is a reason, reported, never hidden)
+    return f"{module} does not import ({type(e).__name__}: {str(e)[:160]}); {install_hint}"
+  return None
+
+
+def alternate(fns: Sequence[Callable[[], Any]], repeats: int, once_over_s: float | None = None) -> list[dict]:
+  """Times several zero-argument routines side by side, one call of each per round, `repeats` rounds.
+
+  Alternating calls lets a change of machine load hit every side alike. Each call's outputs are blocked on
+  (jax.block_until_ready) before the clock stops. A routine whose first timed call takes longer than
+  `once_over_s` is timed once (a slow peer); the others every round.
+
+  Args:
+    fns: the routines, each already warm (compiled / built).
+    repeats: rounds.
+    once_over_s: above this a routine is not called again after the first round (None: always).
+
+  Returns:
+    one dict per routine: wall [n] and cpu [n] (process CPU) seconds, median_s and cpu_s (their medians).
+  """
+  out = [{"wall": [], "cpu": []} for _ in fns]
+  for r in range(repeats):
+    for fn, o in zip(fns, out):
+      if r > 0 and once_over_s is not None and o["wall"][0] > once_over_s:
+        continue
+      t0, c0 = time.perf_counter(), time.process_time()
+      _block(fn())
+      o["wall"].append(time.perf_counter() - t0)
+      o["cpu"].append(time.process_time() - c0)
+  for o in out:
+    o["median_s"], o["cpu_s"] = statistics.median(o["wall"]), statistics.median(o["cpu"])
+  return out
 
 
 def _fmt(v: Any) -> str:

@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import ctypes
-import importlib
 import functools
 import os
 import shutil
@@ -291,11 +290,10 @@ class LlamaCppBatch:
 
 def _llamacpp_or_reason() -> str | None:
   """None when llama-cpp-python imports and finds the GGUF, else why not."""
-  try:
-    importlib.import_module("llama_cpp")
-  except Exception as e:  # ImportError, or the shared library failing to load
-    return (f"llama-cpp-python does not import ({type(e).__name__}: {str(e)[:160]}); install the 'bench' extra "
-            "(pip install llama-cpp-python; it compiles llama.cpp from source)")
+  why = bench.peer_unavailable("llama_cpp", "install the 'bench' extra (pip install llama-cpp-python; it "
+                                            "compiles llama.cpp from source)")
+  if why is not None:
+    return why
   try:
     weights.find_smollm2_gguf()
   except Exception as e:

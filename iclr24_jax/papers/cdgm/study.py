@@ -10,7 +10,6 @@ classifiers use seed s for every arm.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from typing import Any, Callable
@@ -319,12 +318,9 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
 
 def _pishield_or_reason() -> str | None:
   """None when PiShield (the official constraint layer, packaged by the paper's first author) imports, else why."""
-  try:
-    importlib.import_module("pishield.linear_requirements.shield_layer")
-  except Exception as e:  # ImportError, or torch failing to load
-    return (f"PiShield does not import ({type(e).__name__}: {str(e)[:160]}); install the 'bench' extra "
-            "(pip install pishield; it needs torch, e.g. a CPU build of torch installed first)")
-  return None
+  return bench.peer_unavailable("pishield.linear_requirements.shield_layer",
+                                "install the 'bench' extra (pip install pishield; it needs torch, e.g. a CPU "
+                                "build of torch installed first)")
 
 
 def layer_vs_pishield(name: str, constraints: Constraints, text: str, batch: int, repeats: int = 5,
@@ -351,7 +347,6 @@ def layer_vs_pishield(name: str, constraints: Constraints, text: str, batch: int
   """
   import contextlib
   import io
-  import statistics
   import tempfile
 
   import torch
@@ -370,32 +365,24 @@ def layer_vs_pishield(name: str, constraints: Constraints, text: str, batch: int
     with contextlib.redirect_stdout(io.StringIO()):   # it prints its reduction
       peer = ShieldLayer(d, path)
     peer_build = time.perf_counter() - t0
-  t0 = time.perf_counter()
   with torch.no_grad():
     y_peer = peer(torch.from_numpy(x.copy())).numpy()
-  peer_first = time.perf_counter() - t0
-  t_ours, c_ours, t_peer = [], [], []
-  for r in range(repeats):
-    t0, c0 = time.perf_counter(), time.process_time()
-    jax.block_until_ready(ours(x))
-    t_ours.append(time.perf_counter() - t0)
-    c_ours.append(time.process_time() - c0)
-    if peer_first <= max_peer_s or r == 0:
-      xt = torch.from_numpy(x.copy())
-      t0 = time.perf_counter()
-      with torch.no_grad():
-        peer(xt)
-      t_peer.append(time.perf_counter() - t0)
-  med, peer_med = statistics.median(t_ours), statistics.median(t_peer)
+
+  def peer_call():
+    with torch.no_grad():
+      return peer(torch.from_numpy(x.copy()))
+
+  ours_t, peer_t = bench.alternate([lambda: ours(x), peer_call], repeats, once_over_s=max_peer_s)
+  med, peer_med = ours_t["median_s"], peer_t["median_s"]
   both = bool(np.all(np.asarray(satisfied(y_ours, constraints, tol=1e-4)))
               and np.all(np.asarray(satisfied(y_peer, constraints, tol=1e-4))))
   return {"name": "cdgm/layer_vs_pishield", "size": f"{name}: C={constraints.num_constraints},D={d}", "batch": batch,
-          "mesh_devices": 1, "median_s": med, "cpu_s": statistics.median(c_ours), "items_per_s": batch / med,
+          "mesh_devices": 1, "median_s": med, "cpu_s": ours_t["cpu_s"], "items_per_s": batch / med,
           "peer": f"PiShield {_version('pishield')} ShieldLayer (torch {torch.__version__}, "
                   f"{torch.get_num_threads()} threads)",
           "peer_median_s": peer_med, "ratio": peer_med / med, "build_s": build, "peer_build_s": peer_build,
           "max_abs_diff": float(np.max(np.abs(y_ours - y_peer))), "both_satisfy": both,
-          "load": os.getloadavg()[0], "repeats": repeats, "peer_repeats": len(t_peer),
+          "load": os.getloadavg()[0], "repeats": repeats, "peer_repeats": len(peer_t["wall"]),
           "notes": "N(0, 10^2) rows; where the outputs differ (botnet's equality pairs) both corrections satisfy "
                    "every constraint (both_satisfy)"}
 

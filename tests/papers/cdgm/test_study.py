@@ -3,6 +3,7 @@ import importlib
 
 import pytest
 
+from iclr24_jax.common import bench
 from iclr24_jax.papers.cdgm import data as data_lib
 from iclr24_jax.papers.cdgm import study
 
@@ -15,7 +16,7 @@ def test_pishield_missing_says_how_to_install(monkeypatch):
       raise ImportError("No module named 'pishield'")
     return real(name, *args, **kwargs)
 
-  monkeypatch.setattr(study.importlib, "import_module", no_pishield)
+  monkeypatch.setattr(bench.importlib, "import_module", no_pishield)
   why = study._pishield_or_reason()
   assert "ImportError" in why and "'bench' extra" in why and "pip install pishield" in why
 
