@@ -64,7 +64,7 @@ setuptools.setup(
     # `experiments` would collide with a user's own.
     packages=setuptools.find_packages(include=["iclr24_jax", "iclr24_jax.*"]),
     entry_points={"console_scripts": ["iclr24 = iclr24_jax.launch:main"]},
-    package_data={"iclr24_jax": ["py.typed", "rl/*.json", "papers/*/*.json", "**/README.md"]},
+    package_data={"iclr24_jax": ["py.typed", "rl/*.json", "papers/*/*.json", "**/README.md", "lm/kernels/*.cc"]},
     license="Apache-2.0",
     python_requires=">=3.10",
     install_requires=CORE,

@@ -38,7 +38,7 @@ ENV_DIR = "ICLR24_JAX_COMPILATION_CACHE_DIR"
 ENV_ROOT = "ICLR24_JAX_CACHE"
 ENV_EXECUTABLES_MB = "ICLR24_JAX_EXECUTABLES_MAX_MB"
 DEFAULT_EXECUTABLES_MB = 256
-_OFF = ("0", "off", "false", "no", "none")
+OFF_VALUES = ("0", "off", "false", "no", "none")
 
 
 def enable_compilation_cache(path: str | None = None) -> str | None:
@@ -54,8 +54,8 @@ def enable_compilation_cache(path: str | None = None) -> str | None:
   Returns:
     The folder in use, or None when the cache is switched off by the environment.
   """
-  if (os.environ.get(ENV_SWITCH, "").strip().lower() in _OFF
-      or os.environ.get(ENV_ROOT, "").strip().lower() in _OFF):
+  if (os.environ.get(ENV_SWITCH, "").strip().lower() in OFF_VALUES
+      or os.environ.get(ENV_ROOT, "").strip().lower() in OFF_VALUES):
     return None
   import jax
   from jax.experimental.compilation_cache import compilation_cache
@@ -113,8 +113,8 @@ def executable_folder() -> str | None:
   folder = jax.config.jax_compilation_cache_dir
   if not folder or not jax.config.jax_enable_compilation_cache:
     return None
-  if (os.environ.get(ENV_SWITCH, "").strip().lower() in _OFF
-      or os.environ.get(ENV_ROOT, "").strip().lower() in _OFF):
+  if (os.environ.get(ENV_SWITCH, "").strip().lower() in OFF_VALUES
+      or os.environ.get(ENV_ROOT, "").strip().lower() in OFF_VALUES):
     return None
   return os.path.join(folder, "executables")
 

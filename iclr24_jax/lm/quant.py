@@ -12,10 +12,19 @@ and the scoring functions accept the result unchanged:
 Formats (kernels are stored transposed, [out, in], so each output is a contiguous dot over the input):
   'float32'   the parameters as they are (the reference numerics).
   'bfloat16'  `kernel_bf16` [out, in] bfloat16 (half the bytes).
-  'int8'      `kernel_int8` [out, in] int8 with one float32 scale per output and group of `group_size`
-              consecutive inputs, `scale_int8` [out, in // group_size] (symmetric, w ~ q * scale).
-Activations, norms, rotary embeddings, attention, the KV cache and logits stay float32 in every format:
-these are weight-storage formats, not low-precision arithmetic.
+  'int8'      `kernel_int8` [out, in] uint8 codes with one float32 scale and minimum per output and group of
+              `group_size` consecutive inputs, `scale_int8` / `min_int8` [out, in // group_size]
+              (affine, w ~ q * scale + minimum); the tied table `embed_int8` int8 with `embed_scale_int8`
+              (symmetric, w ~ q * scale, llama.cpp's Q8_0).
+  'int8_a16'  the same codes under `kernel_a16` / `scale_a16` / `min_a16` (`embed_a16`, `embed_scale_a16`),
+              multiplied by activations rounded to 16-bit integers per row and group of 32 inputs (two int8
+              codes each): exact integer group dots in the native CPU kernel `native.q8_matmul` (AVX-512 VNNI;
+              its XLA reference elsewhere). The fastest format for decoding on the CPU (lm README); groups of 32.
+In 'float32', 'bfloat16' and 'int8', activations, norms, rotary embeddings, attention, the KV cache and logits
+stay float32: these are weight-storage formats, not low-precision arithmetic. 'int8_a16' also rounds the
+activations entering each matmul, in steps of 1/32512 of their group's largest magnitude (norms, attention, the
+cache and logits stay float32); SmolLM2's per-token log-probabilities move by 0.001 nats on the test paragraph.
+One int8 code per activation (llama.cpp's Q8 activations) moved them by 0.12 nats there, hence the second code.
 
 How the matmul runs (measured on XLA:CPU, 2 AVX-512 cores; see the lm README):
   one row (batch-1 decoding): the int8 -> float32 (or bfloat16 -> float32) conversion and the group
@@ -37,9 +46,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.lm import native
+
 Params = dict[str, Any]
 
-WEIGHT_FORMATS = ("float32", "bfloat16", "int8")
+WEIGHT_FORMATS = ("float32", "bfloat16", "int8", "int8_a16")
 DEFAULT_GROUP_SIZE = 32  # llama.cpp's Q8_0 / Q4_1 block length; SmolLM2's widths (576, 1536) are multiples
 
 
@@ -130,17 +141,22 @@ def matmul_t(x: jax.Array, p: dict) -> jax.Array:
   """x @ W for a dense dict in a compact format (`kernel_bf16`, or `kernel_int8` + `scale_int8`).
 
   One row: a float32 vector-matrix dot whose weight conversion XLA fuses into the dot, so only the compact
-  weights are read. Several rows: bfloat16 x bfloat16 with float32 accumulation.
+  weights are read. Several rows: bfloat16 x bfloat16 with float32 accumulation. 'int8_a16' kernels: the
+  native int8 x int8 kernel at any number of rows (`native.q8_matmul`).
 
   Args:
     x: [..., in] float activations.
-    p: {'kernel_bf16': [out, in]} or {'kernel_int8': int8 [out, in], 'scale_int8': [out, G]}.
+    p: {'kernel_bf16': [out, in]}, {'kernel_int8': [out, in], 'scale_int8': [out, G] (, 'min_int8')} or
+      {'kernel_a16': [out, in], 'scale_a16': [out, G] (, 'min_a16')}.
 
   Returns:
     [..., out] in x's dtype.
   """
   lead = x.shape[:-1]
   rows = math.prod(lead)
+  if "kernel_a16" in p:
+    y = native.q8_matmul(x.reshape(rows, -1), p["kernel_a16"], p["scale_a16"], p.get("min_a16"))
+    return y.reshape(*lead, -1).astype(x.dtype)
   if rows == 1:
     w = _stored_t(p, jnp.float32)
     # The barrier keeps the vector's producers (norms, activations) out of the fused dot: XLA:CPU's fused
@@ -155,7 +171,7 @@ def matmul_t(x: jax.Array, p: dict) -> jax.Array:
 
 
 def is_compact(p: Any) -> bool:
-  """Whether a dense dict holds a `convert_params` kernel (bfloat16 or int8).
+  """Whether a dense dict holds a `convert_params` kernel (bfloat16, int8 or int8_a16).
 
   Args:
     p: any pytree node.
@@ -163,7 +179,7 @@ def is_compact(p: Any) -> bool:
   Returns:
     bool.
   """
-  return isinstance(p, dict) and ("kernel_bf16" in p or "kernel_int8" in p)
+  return isinstance(p, dict) and ("kernel_bf16" in p or "kernel_int8" in p or "kernel_a16" in p)
 
 
 def _convert_dense(p: Any, weight_format: str, group_size: int) -> Any:
@@ -176,8 +192,12 @@ def _convert_dense(p: Any, weight_format: str, group_size: int) -> Any:
   if weight_format == "bfloat16":
     out["kernel_bf16"] = w_t.astype(jnp.bfloat16)
   else:
-    out["kernel_int8"], out["scale_int8"], out["min_int8"] = quantize_groups(w_t, group_size, affine=True)
+    tag = _TAGS[weight_format]
+    out[f"kernel_{tag}"], out[f"scale_{tag}"], out[f"min_{tag}"] = quantize_groups(w_t, group_size, affine=True)
   return out
+
+
+_TAGS = {"int8": "int8", "int8_a16": "a16"}  # key suffix of each 8-bit format's arrays
 
 
 def convert_params(params: Params, weight_format: str, group_size: int = DEFAULT_GROUP_SIZE,
@@ -201,6 +221,9 @@ def convert_params(params: Params, weight_format: str, group_size: int = DEFAULT
   _check_format(weight_format)
   if weight_format == "float32":
     return params
+  if weight_format == "int8_a16" and group_size != native.GROUP:
+    raise ValueError(f"weight_format='int8_a16' runs the native kernel, whose groups are {native.GROUP} inputs; "
+                     f"got group_size={group_size} (use 'int8' for other group sizes).")
   if not isinstance(params["layers"], list):
     raise ValueError("convert_params expects the list layer form; call llama.unstack_layers(params) first "
                      "(the stacked form serves training and scoring, compact formats serve decoding).")
@@ -217,7 +240,8 @@ def convert_params(params: Params, weight_format: str, group_size: int = DEFAULT
   elif weight_format == "bfloat16":
     out["embed_bf16"] = embed.astype(jnp.bfloat16)
   else:
-    out["embed_int8"], out["embed_scale_int8"], _ = quantize_groups(embed, group_size)
+    tag = _TAGS[weight_format]
+    out[f"embed_{tag}"], out[f"embed_scale_{tag}"], _ = quantize_groups(embed, group_size)
   if "lm_head" in params:
     out["lm_head"] = _convert_dense(params["lm_head"], weight_format, group_size) if include_head \
         else params["lm_head"]
@@ -225,7 +249,8 @@ def convert_params(params: Params, weight_format: str, group_size: int = DEFAULT
 
 
 def weight_format(params: Params) -> str:
-  """'float32', 'bfloat16', 'int8' (`convert_params`), 'w8a8' (`llama.quantize_params`) or the table's dtype.
+  """'float32', 'bfloat16', 'int8', 'int8_a16' (`convert_params`), 'w8a8' (`llama.quantize_params`) or the table's
+  dtype.
 
   Args:
     params: a `llama` parameter pytree.
@@ -239,6 +264,8 @@ def weight_format(params: Params) -> str:
     if isinstance(v, dict):
       if "kernel_int8" in v:
         return "int8"
+      if "kernel_a16" in v:
+        return "int8_a16"
       if "kernel_bf16" in v:
         return "bfloat16"
       if "qkernel" in v:
@@ -258,9 +285,10 @@ def embed_lookup(params: Params, ids: jax.Array) -> jax.Array | None:
   Returns:
     [..., D] float32 rows, or None when the table is not converted.
   """
-  if "embed_int8" in params:
-    q = jnp.take(params["embed_int8"], ids, axis=0)                 # [..., D]
-    s = jnp.take(params["embed_scale_int8"], ids, axis=0)           # [..., G]
+  tag = "int8" if "embed_int8" in params else "a16" if "embed_a16" in params else None
+  if tag:
+    q = jnp.take(params[f"embed_{tag}"], ids, axis=0)                 # [..., D]
+    s = jnp.take(params[f"embed_scale_{tag}"], ids, axis=0)           # [..., G]
     g = s.shape[-1]
     w = q.reshape(*q.shape[:-1], g, -1).astype(jnp.float32) * s[..., None]
     return w.reshape(q.shape)
@@ -283,6 +311,8 @@ def head_logits(params: Params, hidden: jax.Array) -> jax.Array | None:
     return hidden.astype(jnp.float32) @ params["head_t"]
   if "embed_int8" in params:
     return matmul_t(hidden, {"kernel_int8": params["embed_int8"], "scale_int8": params["embed_scale_int8"]})
+  if "embed_a16" in params:
+    return matmul_t(hidden, {"kernel_a16": params["embed_a16"], "scale_a16": params["embed_scale_a16"]})
   if "embed_bf16" in params:
     return matmul_t(hidden, {"kernel_bf16": params["embed_bf16"]})
   return None
@@ -334,8 +364,8 @@ def batched_decoding_params(params: Params) -> Params:
     The same pytree with `head_t` (float32 [D, V]) for a tied head and int8 kernels replaced by
     `kernel_bf16`; params quantised by `llama.quantize_params` or in the stacked form are returned unchanged.
   """
-  if not isinstance(params.get("layers"), list) or "embed_q" in params:
-    return params
+  if not isinstance(params.get("layers"), list) or "embed_q" in params or weight_format(params) == "int8_a16":
+    return params  # 'int8_a16': the native kernel shares each read of the codes among the rows as they are
 
   def widen(p):
     if isinstance(p, dict) and "kernel_int8" in p:

@@ -134,7 +134,7 @@ def reproduce(workdir: str, fast: bool = False, *, get_config: Callable[[str], A
 
 
 # Weight formats timed per greedy batch size (`quant.WEIGHT_FORMATS`; float32 is the reference everywhere).
-BENCH_FORMATS = ("float32", "bfloat16", "int8")
+BENCH_FORMATS = ("float32", "bfloat16", "int8", "int8_a16")
 
 
 def benchmark(quick: bool = True) -> list[dict]:
