@@ -127,3 +127,16 @@ def test_nucleus_fast_paths_equal_full_sort():
   np.testing.assert_array_equal(np.asarray(gen_lib.nucleus_mask(tied, 0.5, candidates=4)), [[1, 1, 1, 1]])
   with pytest.raises(ValueError, match="method"):
     gen_lib.nucleus_mask(tied, 0.5, method="heap")
+
+
+def test_greedy_token_is_argmax_with_its_logprob():
+  """Ties go to the first index (as `jnp.argmax`), the log-probability is the log-softmax's at that token, and a
+  row with a NaN reports NaN instead of a silent token."""
+  logits = jnp.asarray([[1.0, 3.0, 3.0, -2.0], [0.5, 0.25, -1.0, 0.5], [0.0, jnp.nan, 1.0, 2.0]], jnp.float32)
+  tokens, logp = jax.jit(gen_lib.greedy_token)(logits)
+  np.testing.assert_array_equal(np.asarray(tokens[:2]), [1, 0])
+  ref = jax.nn.log_softmax(logits[:2], axis=-1)
+  np.testing.assert_allclose(np.asarray(logp[:2]), np.asarray(ref[jnp.arange(2), tokens[:2]]), rtol=1e-6)
+  assert int(tokens[2]) == 0 and np.isnan(float(logp[2]))
+  big = jax.random.normal(jax.random.key(0), (5, 49152))
+  np.testing.assert_array_equal(np.asarray(gen_lib.greedy_token(big)[0]), np.asarray(jnp.argmax(big, -1)))
