@@ -388,8 +388,8 @@ class Generator:
       closer option.
     weight_format: 'float32' (default, the reference), 'bfloat16', 'int8' or 'int8_a16'
       (`quant.convert_params`): weights stored in fewer bytes. Measured on 2 CPU cores (lm README):
-      'int8_a16' is the fastest (the native int8 x 16-bit kernel; batch-1 greedy decoding ~3.4x float32 and
-      faster than llama.cpp on the same GGUF, batch 8 ~1.7x float32), its log-probabilities within 0.001 nats
+      'int8_a16' is the fastest (the native int8 x 16-bit kernel; batch-1 greedy decoding ~4x float32 and
+      1.1-1.2x llama.cpp on the same GGUF, batch 8 ~2x float32), its log-probabilities within 0.001 nats
       per token of float32 on SmolLM2's test paragraph. 'int8' keeps activations float32 (its codes reproduce
       SmolLM2's Q4_1 GGUF weights exactly; within 1e-4 per token at batch 1, 0.02 nats when several rows share
       a matmul in bfloat16); 'bfloat16' halves the bytes.
