@@ -36,7 +36,7 @@ from iclr24_jax.common import compile_cache
 
 GROUP = 32  # inputs per weight scale and per activation scale (the kernel's fixed block)
 _SOURCE = os.path.join(os.path.dirname(__file__), "kernels", "q8_matmul.cc")
-ENV_SWITCH = "ICLR24_NATIVE"   # "0" turns the kernel off (the XLA reference runs instead)
+ENV_SWITCH = "ICLR24_NATIVE"   # 0 / off / false / no turns the kernel off (the XLA reference runs instead)
 
 # Process-wide state: the library is built and its targets registered at most once per process (a second
 # registration under the same name is an error in XLA).
@@ -60,7 +60,8 @@ def _build() -> str:
   flags = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-w", f"-I{include}"]
   with open(_SOURCE, "rb") as f:
     source = f.read()
-  key = hashlib.sha1(source + " ".join([cxx, jax.__version__, *flags[:-1]]).encode()
+  import jaxlib
+  key = hashlib.sha1(source + " ".join([cxx, jax.__version__, jaxlib.__version__, *flags[:-1]]).encode()
                      + _cpu_model().encode()).hexdigest()[:16]
   folder = _cache_dir()
   path = os.path.join(folder, f"q8_matmul-{key}.so")
@@ -81,22 +82,27 @@ def _build() -> str:
 
 
 def _cpu_model() -> str:
+  """The CPU's model name and feature flags (`-march=native` builds for them)."""
+  found: dict[str, str] = {}
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
-        if line.startswith(("model name", "flags")):
-          return line
+        name = line.split(":", 1)[0].strip()
+        if name in ("model name", "flags") and name not in found:
+          found[name] = line
+        if len(found) == 2:
+          break
   except OSError:
     pass
-  return ""
+  return "".join(found.values())
 
 
 def _load() -> None:
   with _lock:
     if _state:
       return
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-      _state["reason"] = f"{ENV_SWITCH}=0 turns it off"
+    if os.environ.get(ENV_SWITCH, "").strip().lower() in compile_cache.OFF_VALUES:
+      _state["reason"] = f"{ENV_SWITCH}={os.environ[ENV_SWITCH]} turns it off"
       return
     try:
       lib = ctypes.cdll.LoadLibrary(_build())

@@ -31,6 +31,8 @@ How the matmul runs (measured on XLA:CPU, 2 AVX-512 cores; see the lm README):
     scales are fused into XLA's vector-matrix dot, so only the compact weights cross the memory bus.
   several rows (prefill, batched decoding, scoring): the weights are widened to bfloat16 and multiplied
     in bfloat16 with float32 accumulation (activations are rounded to bfloat16 there).
+  'int8_a16', any number of rows: the native kernel reads the 8-bit codes once per call and shares each
+    load among up to eight rows (`native.q8_matmul`).
 
 Deviation: int8 here is weight-only with group scales (like llama.cpp's Q8_0 weights, 32 per group),
 not W8A8. Per-row int8 weights with per-token int8 activations (`llama.quantize_params`, kept for
