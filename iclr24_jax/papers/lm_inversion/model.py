@@ -214,11 +214,22 @@ class Projection(nn.Module):
     # projected vectors keep the inputs' scale (with unit variance a d=256 projection multiplies it by 16).
     w = self.param("sequence_weights", nn.initializers.normal(1.0 / math.sqrt(self.width)),
                    (self.num_chunks, self.width, self.width))
-    h = jnp.einsum("bsd,sdw->bsw", x, w)
+    h = _per_position(x, w)
     h = nn.Dense(self.bottleneck, name="fc1")(h)
     h = nn.Dropout(self.dropout_rate)(h, deterministic=deterministic)
     h = nn.gelu(h, approximate=False)
     return nn.Dense(self.d_model, name="fc2")(h)
+
+
+def _per_position(x: jax.Array, w: jax.Array) -> jax.Array:
+  """h[b, s] = x[b, s] @ w[s]: [B, S, d] x [S, d, w] -> [B, S, w], as S batched [B, d] x [d, w] GEMMs.
+
+  Written with S leading on both operands: from `einsum("bsd,sdw->bsw")` XLA:CPU chose a transposed-operand batched
+  dot that took 20.5 ms of a ~210 ms train step at batch 16 (the benchmark's case), ~4.5 ms in this form; the
+  whole step, interleaved A/B at load ~1.5: 299 -> 278 ms at batch 16, 460 -> 462 ms at batch 32 (same loss).
+  """
+  h = jax.lax.dot_general(jnp.swapaxes(x, 0, 1), w, (((2,), (1,)), ((0,), (0,))))   # [S, B, w]
+  return jnp.swapaxes(h, 0, 1)
 
 
 @dataclasses.dataclass(frozen=True)
