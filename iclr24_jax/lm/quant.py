@@ -144,7 +144,7 @@ def matmul_t(x: jax.Array, p: dict) -> jax.Array:
 
   One row: a float32 vector-matrix dot whose weight conversion XLA fuses into the dot, so only the compact
   weights are read. Several rows: bfloat16 x bfloat16 with float32 accumulation. 'int8_a16' kernels: the
-  native int8 x int8 kernel at any number of rows (`native.q8_matmul`).
+  native kernel (8-bit codes x 16-bit integer activations) at any number of rows (`native.q8_matmul`).
 
   Args:
     x: [..., in] float activations.
