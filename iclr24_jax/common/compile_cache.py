@@ -41,6 +41,15 @@ DEFAULT_EXECUTABLES_MB = 256
 OFF_VALUES = ("0", "off", "false", "no", "none")
 
 
+def cache_root() -> str | None:
+  """The project's cache root, which every cache of the library lives under: $ICLR24_JAX_CACHE, else
+  ~/.cache/iclr24_jax; None when $ICLR24_JAX_CACHE is off (0 / off / false / no / none)."""
+  env = os.environ.get(ENV_ROOT, "").strip()
+  if env.lower() in OFF_VALUES and env:
+    return None
+  return env or os.path.join(os.path.expanduser("~"), ".cache", "iclr24_jax")
+
+
 def enable_compilation_cache(path: str | None = None) -> str | None:
   """Turns on JAX's persistent compilation cache (see the module docstring for the folder and the switches).
 
@@ -54,14 +63,13 @@ def enable_compilation_cache(path: str | None = None) -> str | None:
   Returns:
     The folder in use, or None when the cache is switched off by the environment.
   """
-  if (os.environ.get(ENV_SWITCH, "").strip().lower() in OFF_VALUES
-      or os.environ.get(ENV_ROOT, "").strip().lower() in OFF_VALUES):
+  root = cache_root()
+  if os.environ.get(ENV_SWITCH, "").strip().lower() in OFF_VALUES or root is None:
     return None
   import jax
   from jax.experimental.compilation_cache import compilation_cache
   folder = jax.config.jax_compilation_cache_dir   # set by the user through JAX: theirs
   if not folder:
-    root = os.environ.get(ENV_ROOT) or os.path.join(os.path.expanduser("~"), ".cache", "iclr24_jax")
     folder = path or os.environ.get(ENV_DIR) or os.path.join(root, "jax")
     os.makedirs(folder, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", folder)

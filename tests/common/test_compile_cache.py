@@ -191,3 +191,23 @@ def test_a_load_marks_the_entry_recently_used(tmp_path, executables):
   compile_cache._EXECUTABLES.clear()
   compile_cache.cached_call(program, x, np.float32(1.0), power=2)   # loaded from disk
   assert entry.stat().st_mtime_ns > 10**9
+
+
+def test_cache_root_is_the_one_root_of_every_cache(monkeypatch, tmp_path):
+  """Every cache of the library (compiled programs, converted LM weights, the native kernel, cpm's scores, fps's
+  prior, rl's data sets) lives under `cache_root`; ICLR24_JAX_CACHE moves it and its off values turn it off."""
+  from iclr24_jax.lm import weights
+  from iclr24_jax.papers.fps import model as fps_model
+  from iclr24_jax.rl import offline
+  monkeypatch.delenv("ICLR24_RL_CACHE", raising=False)
+  monkeypatch.setenv(compile_cache.ENV_ROOT, str(tmp_path))
+  assert compile_cache.cache_root() == str(tmp_path)
+  assert weights.cache_dir() == tmp_path and fps_model.cache_dir() == str(tmp_path / "fps")
+  assert offline.default_cache_dir() == tmp_path / "rl"
+  for off in ("off", "0", "None"):
+    monkeypatch.setenv(compile_cache.ENV_ROOT, off)
+    assert compile_cache.cache_root() is None and weights.cache_dir() is None and fps_model.cache_dir() is None
+    assert compile_cache.enable_compilation_cache() is None
+    assert not str(offline.default_cache_dir()).startswith(off)
+  monkeypatch.delenv(compile_cache.ENV_ROOT)
+  assert compile_cache.cache_root() == os.path.join(os.path.expanduser("~"), ".cache", "iclr24_jax")

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from iclr24_jax.common import compile_cache
 from iclr24_jax.common import data as common_data
 from iclr24_jax.common import jsonl_cache
 from iclr24_jax.common import metrics as metrics_lib
@@ -32,8 +33,8 @@ def cache_file(config: Any) -> str | None:
   None when the cache is off."""
   d = config.get("cache_dir", "")
   if not d:
-    root = os.environ.get("ICLR24_JAX_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "iclr24_jax"))
-    if root == "off":
+    root = compile_cache.cache_root()
+    if root is None:
       return None
     d = os.path.join(root, "cpm")
   return os.path.join(d, "scores.jsonl")

@@ -5,7 +5,7 @@ MLP denoiser (config.model.name = 'mlp'; 'unet' works too) is trained on scikit-
 16 x 16 (or MNIST-5k resized), in [-1, 1]. Deviation: an MLP rather than a UNet because DPS differentiates
 through the denoiser at every step and, on CPU, conv-net backward passes inside `lax.scan` are 40-80x slower
 (see the project notes); the filter itself is indifferent to the architecture.
-Trained params are cached under `$ICLR24_CACHE` (default `~/.cache/iclr24_jax`) / fps / <hash of the model,
+Trained params are cached under `$ICLR24_JAX_CACHE` (default `~/.cache/iclr24_jax`; `off` disables) / fps / <hash of the model,
 schedule, optimizer and data config> / params.msgpack, so reruns reuse them.
 """
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from iclr24_jax.common import compile_cache
 from iclr24_jax.common import data as data_lib
 from iclr24_jax.common import loop as loop_lib
 from iclr24_jax.common import sharding
@@ -28,10 +29,11 @@ from iclr24_jax.common.optim import make_optimizer
 from iclr24_jax.diffusion import schedules, train, unet
 
 
-def cache_dir() -> str:
-  """The user cache folder for fps artefacts ($ICLR24_CACHE or ~/.cache/iclr24_jax, then /fps)."""
-  root = os.environ.get("ICLR24_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "iclr24_jax")
-  return os.path.join(root, "fps")
+def cache_dir() -> str | None:
+  """The cache folder for fps artefacts: the project's cache root (`compile_cache.cache_root`) / fps; None when
+  `ICLR24_JAX_CACHE=off`."""
+  root = compile_cache.cache_root()
+  return None if root is None else os.path.join(root, "fps")
 
 
 def load_images(data_cfg: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -83,7 +85,9 @@ def get_prior(cfg: Any, workdir: str | None = None, use_cache: bool = True, prog
   x_shape = x_train.shape[1:]
   tx = make_optimizer(cfg.optimizer, int(cfg.train_steps))
   ema = float(cfg.ema_decay) > 0
-  path = os.path.join(cache_dir(), model_key(cfg), "params.msgpack")
+  folder = cache_dir()
+  use_cache = use_cache and folder is not None
+  path = os.path.join(folder, model_key(cfg), "params.msgpack") if use_cache else None
   template = jax.eval_shape(lambda k: train.init(k, model, x_shape, tx, ema=ema), jax.random.key(0))
   params_template = template.extra["ema_params"] if ema else template.params
   if use_cache and os.path.exists(path):
