@@ -127,3 +127,19 @@ def test_switched_off_runs_the_reference():
   env = {**os.environ, native.ENV_SWITCH: "0", "JAX_PLATFORMS": "cpu"}
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
   assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_activations_give_non_finite_rows(affine, bad):
+  """A NaN or inf in a row's activations makes that row's outputs non-finite (never a finite wrong number);
+  the other rows are unaffected."""
+  _kernel_or_skip()
+  rng = np.random.default_rng(3)
+  q, s, m = quant.quantize_groups(jnp.asarray(rng.normal(size=(24, 96)), jnp.float32), 32, affine=affine)
+  x = rng.normal(size=(3, 96)).astype(np.float32)
+  x[1, 40] = bad
+  got = np.asarray(jax.jit(native.q8_matmul)(jnp.asarray(x), q, s, m))
+  assert not np.isfinite(got[1]).any()
+  ref = np.asarray(native.q8_matmul_reference(jnp.asarray(x[[0, 2]]), q, s, m))
+  np.testing.assert_allclose(got[[0, 2]], ref, rtol=1e-5, atol=1e-4)
